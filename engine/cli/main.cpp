@@ -1,0 +1,147 @@
+// shardscope-engine: the worker the explorer launches, and a tool on its own.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "core/error.h"
+#include "cpu/kernels.h"
+#include "io/checkpoint.h"
+#include "model/config.h"
+#include "runtime/bench.h"
+#include "runtime/run.h"
+
+namespace {
+
+std::vector<int32_t> parse_tokens(const std::string& s) {
+  std::vector<int32_t> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string tok = s.substr(i, j - i);
+    try {
+      size_t used = 0;
+      long long v = std::stoll(tok, &used);
+      if (used != tok.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(tok);
+      out.push_back(int32_t(v));
+    } catch (...) {
+      throw ss::UsageError("--tokens: '" + tok + "' is not a token id; write e.g. --tokens 1,2,3");
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
+void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, std::string& capacity) {
+  cmd->add_option("--model", o.model, "preset name (see `presets`) or a Hugging Face model folder")->capture_default_str();
+  cmd->add_option("--set", o.overrides, "override a config.json field, e.g. --set hidden_size=512 (repeatable)");
+  cmd->add_option("--backend", o.backend, "cpu")->capture_default_str();
+  cmd->add_option("--strategy", o.strategy, "single")->capture_default_str();
+  cmd->add_option("--prompt-len", o.prompt_len, "synthetic prompt length (tokens drawn from --seed)");
+  cmd->add_option("--tokens", tokens, "explicit prompt token ids, comma separated");
+  cmd->add_option("--decode", o.decode, "greedy decode steps after the prompt")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "seed of synthetic weights and prompt")->capture_default_str();
+  cmd->add_option("--capacity", capacity, "memory per device, e.g. 2GiB (over it: an oom error event)");
+  cmd->add_option("--logits-out", o.logits_out, "write float32 .npy [prompt+decoded, vocab]: row i = logits after token i");
+  cmd->add_option("--threads", o.threads, "threads for kernels and OpenBLAS (0 = all cores)")->capture_default_str();
+}
+
+int run_command(ss::RunOptions& o, const std::string& tokens, const std::string& capacity,
+                const std::string& events) {
+  std::FILE* f = stdout;
+  if (!tokens.empty()) o.tokens = parse_tokens(tokens);
+  if (!capacity.empty()) o.capacity = ss::parse_bytes(capacity);
+  if (!events.empty() && events != "-") {
+    f = std::fopen(events.c_str(), "w");
+    if (!f) throw ss::UsageError("--events " + events + ": cannot create the file");
+  }
+  ss::proto::Writer w(f);
+  ss::RunResult r = ss::run_inference(o, w);
+  if (f != stdout) std::fclose(f);
+  if (r.exit_code != 0) std::fprintf(stderr, "shardscope-engine: error: %s\n", r.error.c_str());
+  return r.exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Hand-written kernels and OpenBLAS take turns on the cores: idle OpenMP
+  // threads must sleep rather than spin.
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+
+  CLI::App app{"shardscope-engine: runs and measures model-parallel inference (events as JSON Lines)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", ss::engine_version());
+
+  ss::RunOptions run_opts;
+  std::string tokens, capacity, events;
+  auto* run = app.add_subcommand("run", "run a model on one device: prefill, then greedy decode");
+  add_model_options(run, run_opts, tokens, capacity);
+  run->add_option("--events", events, "write the event stream to FILE instead of stdout");
+
+  auto* info = app.add_subcommand("info", "backends, devices and library versions found");
+
+  auto* presets = app.add_subcommand("presets", "list the model presets");
+
+  std::string export_dir, export_dtype = "f32";
+  int export_shards = 1;
+  ss::RunOptions ex_opts;
+  auto* exp = app.add_subcommand("export", "write a Hugging Face model folder with the synthetic weights of --seed");
+  exp->add_option("--model", ex_opts.model, "preset name")->required();
+  exp->add_option("--set", ex_opts.overrides, "override a config.json field (repeatable)");
+  exp->add_option("--seed", ex_opts.seed, "seed of the synthetic weights")->capture_default_str();
+  exp->add_option("--out", export_dir, "folder to write")->required();
+  exp->add_option("--dtype", export_dtype, "f32, bf16 or f16")->capture_default_str();
+  exp->add_option("--shards", export_shards, "number of safetensors files (> 1 writes an index)")->capture_default_str();
+
+  ss::BenchOptions bench_opts;
+  auto* bench = app.add_subcommand("bench", "benchmarks: forward vs bare sgemm, tokens/s, memory");
+  bench->add_option("--prompt-lens", bench_opts.prompt_lens, "prompt lengths")->capture_default_str();
+  bench->add_option("--models", bench_opts.models, "presets to measure")->capture_default_str();
+  bench->add_option("--decode", bench_opts.decode, "decode steps per run")->capture_default_str();
+  bench->add_option("--repeat", bench_opts.repeat, "runs per configuration (best is kept)")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*run) return run_command(run_opts, tokens, capacity, events);
+    if (*info) return ss::print_info(std::cout);
+    if (*presets) {
+      for (auto& n : ss::preset_names()) {
+        ss::ModelConfig c = ss::resolve_model(n, nullptr);
+        std::printf("%-22s %-13s d=%-5lld layers=%-3d vocab=%lld\n", n.c_str(), c.family_name().c_str(),
+                    static_cast<long long>(c.d_model), c.n_layers, static_cast<long long>(c.vocab));
+      }
+      return 0;
+    }
+    if (*exp) {
+      std::filesystem::path dir;
+      ss::ModelConfig cfg = ss::resolve_model(ex_opts.model, &dir, ex_opts.overrides);
+      ss::DType dt = export_dtype == "f32"    ? ss::DType::F32
+                     : export_dtype == "bf16" ? ss::DType::BF16
+                     : export_dtype == "f16"  ? ss::DType::F16
+                                              : throw ss::UsageError("--dtype must be f32, bf16 or f16");
+      if (export_shards < 1) throw ss::UsageError("--shards must be >= 1");
+      ss::export_checkpoint(cfg, ex_opts.seed, export_dir, dt, export_shards);
+      std::printf("wrote %s (%s, %d file(s))\n", export_dir.c_str(), export_dtype.c_str(), export_shards);
+      return 0;
+    }
+    if (*bench) return ss::run_bench(bench_opts, std::cout);
+  } catch (const ss::UsageError& e) {
+    std::fprintf(stderr, "shardscope-engine: error: %s\n", e.what());
+    return ss::kExitUsage;
+  } catch (const ss::FormatError& e) {
+    std::fprintf(stderr, "shardscope-engine: error: %s\n", e.what());
+    return ss::kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardscope-engine: error: %s\n", e.what());
+    return ss::kExitFailure;
+  }
+  return 0;
+}

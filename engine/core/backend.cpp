@@ -1,0 +1,235 @@
+#include "core/backend.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "core/error.h"
+
+namespace ss {
+namespace {
+
+void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw std::logic_error(std::string(op) + ": " + what);
+}
+void require_2d(const Tensor& t, const char* op, const char* name) {
+  require(t.defined() && t.ndim() == 2 && t.stride(1) == 1, op,
+          std::string(name) + " must be a 2-D tensor with unit column stride");
+}
+double fbytes(const Tensor& t) { return t.defined() ? double(t.nbytes()) : 0.0; }
+
+[[noreturn]] void no_kernel(const char* op) {
+  throw std::logic_error(std::string("kernel ") + op + " is not available on this backend");
+}
+
+}  // namespace
+
+Tensor Backend::alloc(const Shape& shape, Category cat, std::string label, DType dtype) {
+  const int64_t bytes = numel(shape) * dtype_size(dtype);
+  m_alloc.charge(cat, bytes, label);  // throws OomError before anything is allocated
+  void* data = nullptr;
+  if (has_data() && bytes > 0) {
+    data = allocate_data(bytes);
+    if (!data) {
+      m_alloc.release(cat, bytes);
+      throw OomError("host allocation of " + format_bytes(bytes) + " for " + label + " failed",
+                     std::string(category_name(cat)), bytes, m_alloc.state().total, m_alloc.capacity());
+    }
+  }
+  auto buf = std::make_shared<Buffer>(m_alloc, cat, bytes, std::move(label), data, free_fn());
+  return Tensor(std::move(buf), shape, dtype);
+}
+
+void Backend::execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
+                      const std::function<void()>& kernel) {
+  const int64_t t0 = m_rec.now();
+  kernel();
+  m_rec.span(StreamKind::Compute, op, t0, m_rec.now(), flops, bytes, std::move(dims));
+}
+
+void Backend::upload(const Tensor& dst, const void* src, DType src_dtype) {
+  require(dst.is_contiguous(), "upload", "destination must be contiguous");
+  if (has_data()) k_upload(dst, src, src_dtype);
+}
+
+void Backend::download(const Tensor& src, float* dst) {
+  require(src.is_contiguous() && src.dtype() == DType::F32, "download", "source must be contiguous f32");
+  if (has_data()) k_download(src, dst);
+}
+
+void Backend::fill(const Tensor& dst, float value) {
+  if (has_data()) k_fill(dst, value);
+}
+
+void Backend::matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
+  require_2d(y, "matmul", "y");
+  require_2d(x, "matmul", "x");
+  require_2d(w, "matmul", "w");
+  const int64_t M = x.rows(), K = x.cols(), N = w.rows();
+  require(w.cols() == K && y.rows() == M && y.cols() == N, "matmul",
+          "shapes y" + y.shape_str() + " = x" + x.shape_str() + " · w" + w.shape_str() + "^T do not match");
+  const double bytes = fbytes(x) + fbytes(w) + fbytes(y) * (accumulate ? 2 : 1);
+  execute("gemm", 2.0 * M * N * K, bytes, {M, N, K}, [&] { k_matmul(y, x, w, accumulate); });
+}
+
+void Backend::embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) {
+  require_2d(y, "embedding", "y");
+  require_2d(table, "embedding", "table");
+  require(y.rows() == int64_t(tokens.size()) && y.cols() == table.cols(), "embedding", "shape mismatch");
+  for (int32_t t : tokens)
+    require(t >= 0 && t < table.rows(), "embedding", "token id " + std::to_string(t) + " outside the vocabulary");
+  execute("embedding", 0, 2.0 * fbytes(y), {y.rows(), y.cols()}, [&] { k_embedding(y, table, tokens); });
+}
+
+void Backend::rmsnorm(const Tensor& y, const Tensor& x, const Tensor& w, float eps, int64_t group) {
+  require_2d(y, "rmsnorm", "y");
+  require_2d(x, "rmsnorm", "x");
+  require(y.rows() == x.rows() && y.cols() == x.cols() && group > 0 && x.cols() % group == 0, "rmsnorm",
+          "shape mismatch or group does not divide the columns");
+  require(!w.defined() || w.numel() == x.cols(), "rmsnorm", "weight size");
+  execute("rmsnorm", 4.0 * x.numel(), fbytes(x) + fbytes(y) + fbytes(w), {x.rows(), x.cols()},
+          [&] { k_rmsnorm(y, x, Tensor{}, w, eps, group); });
+}
+
+void Backend::gated_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
+                            float eps, int64_t group) {
+  require_2d(y, "gated_rmsnorm", "y");
+  require_2d(x, "gated_rmsnorm", "x");
+  require_2d(z, "gated_rmsnorm", "z");
+  require(y.rows() == x.rows() && z.rows() == x.rows() && y.cols() == x.cols() && z.cols() == x.cols() &&
+              group > 0 && x.cols() % group == 0 && w.numel() == x.cols(),
+          "gated_rmsnorm", "shape mismatch");
+  execute("gated_rmsnorm", 8.0 * x.numel(), fbytes(x) + fbytes(z) + fbytes(y), {x.rows(), x.cols()},
+          [&] { k_rmsnorm(y, x, z, w, eps, group); });
+}
+
+void Backend::rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) {
+  require_2d(x, "rope", "x");
+  require(x.cols() == int64_t(n_heads) * head_dim && head_dim % 2 == 0 && x.rows() == int64_t(pos.size()),
+          "rope", "shape mismatch");
+  execute("rope", 6.0 * x.numel(), 2.0 * fbytes(x), {x.rows(), x.cols()}, [&] { k_rope(x, n_heads, head_dim, pos, theta); });
+}
+
+void Backend::attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const AttentionArgs& a, const Tensor& lse) {
+  for (auto* t : {&o, &q, &k, &v}) require_2d(*t, "attention", "q, k, v and o");
+  const int64_t hq = int64_t(a.n_heads) * a.head_dim, hkv = int64_t(a.n_kv_heads) * a.head_dim;
+  require(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "attention", "heads must be a multiple of kv heads");
+  require(q.cols() == hq && o.cols() == hq && k.cols() == hkv && v.cols() == hkv && o.rows() == q.rows() &&
+              v.rows() == k.rows() && int64_t(a.q_pos.size()) == q.rows() && int64_t(a.k_pos.size()) == k.rows(),
+          "attention", "shape mismatch");
+  require(!lse.defined() || (lse.is_contiguous() && lse.numel() == q.rows() * a.n_heads), "attention", "lse shape");
+  // FLOPs of the visible (query, key) pairs: QK^T and PV, 2*head_dim each.
+  double pairs = 0;
+  const bool sorted = std::is_sorted(a.k_pos.begin(), a.k_pos.end());
+  for (int32_t p : a.q_pos) {
+    if (sorted) pairs += double(std::upper_bound(a.k_pos.begin(), a.k_pos.end(), p) - a.k_pos.begin());
+    else pairs += double(std::count_if(a.k_pos.begin(), a.k_pos.end(), [p](int32_t kp) { return kp <= p; }));
+  }
+  const double flops = pairs * a.n_heads * 4.0 * a.head_dim;
+  execute("attention", flops, fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o),
+          {q.rows(), k.rows(), a.n_heads, a.head_dim}, [&] { k_attention(o, q, k, v, a, lse); });
+}
+
+void Backend::attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2,
+                              int n_heads, int head_dim) {
+  require_2d(o, "attention_merge", "o");
+  require_2d(o2, "attention_merge", "o2");
+  require(o.rows() == o2.rows() && o.cols() == int64_t(n_heads) * head_dim && o2.cols() == o.cols() &&
+              lse.numel() == o.rows() * n_heads && lse2.numel() == lse.numel(),
+          "attention_merge", "shape mismatch");
+  execute("attention_merge", 4.0 * o.numel(), 3.0 * fbytes(o), {o.rows(), o.cols()},
+          [&] { k_attention_merge(o, lse, o2, lse2, n_heads, head_dim); });
+}
+
+void Backend::silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up) {
+  for (auto* t : {&y, &gate, &up}) require_2d(*t, "silu_mul", "y, gate and up");
+  require(y.rows() == gate.rows() && y.rows() == up.rows() && y.cols() == gate.cols() && y.cols() == up.cols(),
+          "silu_mul", "shape mismatch");
+  execute("silu_mul", 5.0 * y.numel(), 3.0 * fbytes(y), {y.rows(), y.cols()}, [&] { k_silu_mul(y, gate, up); });
+}
+
+void Backend::add(const Tensor& y, const Tensor& a, const Tensor& b) {
+  for (auto* t : {&y, &a, &b}) require_2d(*t, "add", "y, a and b");
+  require(y.rows() == a.rows() && y.rows() == b.rows() && y.cols() == a.cols() && y.cols() == b.cols(), "add",
+          "shape mismatch");
+  execute("add", double(y.numel()), 3.0 * fbytes(y), {y.rows(), y.cols()}, [&] { k_add(y, a, b); });
+}
+
+void Backend::copy(const Tensor& dst, const Tensor& src) {
+  require(dst.shape() == src.shape(), "copy", "shape " + dst.shape_str() + " vs " + src.shape_str());
+  execute("copy", 0, 2.0 * fbytes(dst), dst.shape(), [&] { k_copy(dst, src); });
+}
+
+void Backend::conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                            const Tensor& state, bool silu) {
+  require_2d(y, "conv1d", "y");
+  require_2d(x, "conv1d", "x");
+  require(w.ndim() == 2 && w.is_contiguous(), "conv1d", "w must be [channels, kernel]");
+  const int64_t C = x.cols(), K = w.cols();
+  require(w.rows() == C && y.rows() == x.rows() && y.cols() == C && (!b.defined() || b.numel() == C),
+          "conv1d", "shape mismatch");
+  require(!state.defined() || (state.is_contiguous() && state.numel() == (K - 1) * C), "conv1d", "state shape");
+  execute("conv1d", 2.0 * x.rows() * C * K, fbytes(x) + fbytes(y) + fbytes(w), {x.rows(), C, K},
+          [&] { k_conv1d_causal(y, x, w, b, state, silu); });
+}
+
+void Backend::ssd_scan(const SsdArgs& a) {
+  const int64_t T = a.x.rows(), P = a.head_dim, N = a.d_state, H = a.n_heads, G = a.n_groups;
+  require(H > 0 && G > 0 && H % G == 0 && a.chunk > 0, "ssd_scan", "heads must be a multiple of groups");
+  for (auto* t : {&a.y, &a.x, &a.dt, &a.B, &a.C}) require_2d(*t, "ssd_scan", "y, x, dt, B and C");
+  require(a.x.cols() == H * P && a.y.cols() == H * P && a.y.rows() == T && a.dt.rows() == T && a.dt.cols() == H &&
+              a.B.rows() == T && a.C.rows() == T && a.B.cols() == G * N && a.C.cols() == G * N &&
+              a.dt_bias.numel() == H && a.A_log.numel() == H && a.D.numel() == H,
+          "ssd_scan", "shape mismatch");
+  require(!a.state.defined() || (a.state.is_contiguous() && a.state.numel() == H * P * N), "ssd_scan", "state shape");
+  // Work of the chunked algorithm: C·B^T per group, masked (CB)·X per head,
+  // chunk states X^T·B, and the inter-chunk term C·S per head.
+  double flops = 0;
+  for (int64_t c0 = 0; c0 < T; c0 += a.chunk) {
+    const double L = double(std::min<int64_t>(a.chunk, T - c0));
+    flops += 2.0 * G * L * L * N + 2.0 * H * L * L * P + 4.0 * H * L * P * N;
+  }
+  execute("ssd_scan", flops, fbytes(a.x) + fbytes(a.y) + fbytes(a.B) + fbytes(a.C) + 2 * fbytes(a.state),
+          {T, H, P, N, G, a.chunk}, [&] { k_ssd_scan(a); });
+}
+
+void Backend::selective_scan(const SelectiveScanArgs& a) {
+  const int64_t T = a.x.rows(), Di = a.x.cols(), N = a.A_log.numel() / std::max<int64_t>(1, Di);
+  for (auto* t : {&a.y, &a.x, &a.dt, &a.B, &a.C}) require_2d(*t, "selective_scan", "y, x, dt, B and C");
+  require(a.y.rows() == T && a.y.cols() == Di && a.dt.rows() == T && a.dt.cols() == Di && a.A_log.numel() == Di * N &&
+              a.B.rows() == T && a.C.rows() == T && a.B.cols() == N && a.C.cols() == N && a.D.numel() == Di &&
+              a.dt_bias.numel() == Di && (!a.z.defined() || (a.z.rows() == T && a.z.cols() == Di)),
+          "selective_scan", "shape mismatch");
+  require(!a.state.defined() || (a.state.is_contiguous() && a.state.numel() == Di * N), "selective_scan", "state shape");
+  execute("selective_scan", 7.0 * T * Di * N, fbytes(a.x) + fbytes(a.y) + fbytes(a.dt) + fbytes(a.z) + 2 * fbytes(a.state),
+          {T, Di, N}, [&] { k_selective_scan(a); });
+}
+
+int32_t Backend::argmax_row(const Tensor& x, int64_t row) {
+  require_2d(x, "argmax", "x");
+  require(row >= 0 && row < x.rows(), "argmax", "row out of range");
+  int32_t r = 0;
+  execute("argmax", double(x.cols()), 4.0 * x.cols(), {x.cols()}, [&] { r = k_argmax_row(x, row); });
+  return r;
+}
+
+void Backend::k_upload(const Tensor&, const void*, DType) { no_kernel("upload"); }
+void Backend::k_download(const Tensor&, float*) { no_kernel("download"); }
+void Backend::k_fill(const Tensor&, float) { no_kernel("fill"); }
+void Backend::k_matmul(const Tensor&, const Tensor&, const Tensor&, bool) { no_kernel("matmul"); }
+void Backend::k_embedding(const Tensor&, const Tensor&, std::span<const int32_t>) { no_kernel("embedding"); }
+void Backend::k_rmsnorm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) { no_kernel("rmsnorm"); }
+void Backend::k_rope(const Tensor&, int, int, std::span<const int32_t>, float) { no_kernel("rope"); }
+void Backend::k_attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionArgs&, const Tensor&) { no_kernel("attention"); }
+void Backend::k_attention_merge(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int, int) { no_kernel("attention_merge"); }
+void Backend::k_silu_mul(const Tensor&, const Tensor&, const Tensor&) { no_kernel("silu_mul"); }
+void Backend::k_add(const Tensor&, const Tensor&, const Tensor&) { no_kernel("add"); }
+void Backend::k_copy(const Tensor&, const Tensor&) { no_kernel("copy"); }
+void Backend::k_conv1d_causal(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) { no_kernel("conv1d_causal"); }
+void Backend::k_ssd_scan(const SsdArgs&) { no_kernel("ssd_scan"); }
+void Backend::k_selective_scan(const SelectiveScanArgs&) { no_kernel("selective_scan"); }
+int32_t Backend::k_argmax_row(const Tensor&, int64_t) {
+  no_kernel("argmax_row");
+}
+
+}  // namespace ss

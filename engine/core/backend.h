@@ -1,0 +1,147 @@
+// The Backend: allocation, host transfer and every kernel the models use.
+//
+// Model and strategy code calls the public methods below and nothing else. The
+// base class checks shapes and counts FLOPs and bytes once, for every backend;
+// `execute` then runs the backend's kernel (cpu, cuda) and records its span, or
+// (sim) advances a virtual clock by a cost model without touching data.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+#include "core/trace.h"
+
+namespace ss {
+
+struct AttentionArgs {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 0;
+  std::span<const int32_t> q_pos, k_pos;  // absolute positions: key j is visible to query i iff k_pos[j] <= q_pos[i]
+};
+
+// Mamba2 SSD scan over T tokens (Dao & Gu 2024, "Transformers are SSMs", §6):
+// per head h with group g = h / (n_heads / n_groups):
+//   dt_t = softplus(dt_raw_t + dt_bias_h) clamped to [dt_min, dt_max], a_t = dt_t * A_h, A_h = -exp(A_log_h)
+//   S_t = exp(a_t) S_{t-1} + dt_t x_t B_t^T          (S: head_dim x d_state)
+//   y_t = S_t C_t + D_h x_t
+// computed chunk by chunk with GEMMs. `state` (n_heads x head_dim x d_state)
+// is read as S_{-1} and overwritten with S_{T-1}; undefined means zero and not kept.
+struct SsdArgs {
+  Tensor y, x;          // [T, n_heads*head_dim]
+  Tensor dt;            // [T, n_heads], before bias and softplus
+  Tensor dt_bias, A_log, D;  // [n_heads]
+  Tensor B, C;          // [T, n_groups*d_state]
+  Tensor state;         // [n_heads, head_dim, d_state] or undefined
+  int n_heads = 0, head_dim = 0, n_groups = 0, d_state = 0, chunk = 256;
+  float dt_min = 0, dt_max = INFINITY;
+};
+
+// Mamba (v1) selective scan (Gu & Dao 2023, Alg. 2), per channel c:
+//   dt = softplus(dt_raw + dt_bias_c); h_t = exp(dt A_c) ∘ h_{t-1} + dt B_t x_t
+//   y_t = (h_t · C_t + D_c x_t) * silu(z_t)          (h: d_state per channel)
+// `state` (channels x d_state) is read and overwritten like SsdArgs::state.
+struct SelectiveScanArgs {
+  Tensor y, x, dt, z;   // [T, channels]; z may be undefined (no gate)
+  Tensor dt_bias, D;    // [channels]
+  Tensor A_log;         // [channels, d_state]
+  Tensor B, C;          // [T, d_state]
+  Tensor state;         // [channels, d_state] or undefined
+};
+
+class Backend {
+ public:
+  Backend(Allocator& alloc, Recorder& rec) : m_alloc(alloc), m_rec(rec) {}
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string_view kind() const = 0;      // cpu, cuda, sim
+  virtual std::string device_name() const = 0;
+  virtual bool has_data() const { return true; }  // false: meta tensors (sim)
+
+  Allocator& allocator() { return m_alloc; }
+  Recorder& recorder() { return m_rec; }
+
+  // An accounted tensor (uninitialised). Throws OomError over capacity.
+  Tensor alloc(const Shape& shape, Category cat, std::string label, DType dtype = DType::F32);
+
+  // Host transfers (contiguous tensors; `src` is dtype `src_dtype`, converted to the tensor's dtype).
+  void upload(const Tensor& dst, const void* src, DType src_dtype);
+  void download(const Tensor& src, float* dst);
+  void fill(const Tensor& dst, float value);
+
+  // y[M,N] = x[M,K] · w[N,K]^T (+ y when accumulate). Rows may be strided.
+  void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate = false);
+  // y[T,d] = table[tokens[t], :]
+  void embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens);
+  // RMSNorm per row over groups of `group` columns (group = cols for plain RMSNorm); w may be undefined.
+  void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& w, float eps, int64_t group);
+  // Mamba2 gated norm (norm_before_gate = False): rmsnorm(x * silu(z)) per group, times w.
+  void gated_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                     int64_t group);
+  // Rotary embedding in place on x[T, n_heads*head_dim], rotate-half pairing (i, i + head_dim/2).
+  void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta);
+  // Causal attention by position, blockwise with an online softmax (never a T×T matrix).
+  // o[Tq, nh*hd]; lse[Tq, nh] (optional) receives each row's log-sum-exp for merging partials.
+  void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const AttentionArgs& a, const Tensor& lse = {});
+  // Merges a second partial attention (o2, lse2) into (o, lse): softmax over the union of keys.
+  void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2,
+                       int n_heads, int head_dim);
+  // y = silu(gate) * up
+  void silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up);
+  // y = a + b (y may alias a)
+  void add(const Tensor& y, const Tensor& a, const Tensor& b);
+  void copy(const Tensor& dst, const Tensor& src);
+  // Depthwise causal conv over time: x[T,C], w[C,K], b[C] (optional). `state`
+  // [K-1, C] holds the K-1 inputs before x (zeros if undefined) and is
+  // overwritten with the last K-1 inputs. Applies SiLU when `silu`.
+  void conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                     const Tensor& state, bool silu);
+  void ssd_scan(const SsdArgs& a);
+  void selective_scan(const SelectiveScanArgs& a);
+  // Index of the largest value in row `row` of a 2-D tensor (greedy decoding).
+  int32_t argmax_row(const Tensor& x, int64_t row);
+
+ protected:
+  // Runs (or, for sim, costs) one kernel and records its span.
+  virtual void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
+                       const std::function<void()>& kernel);
+  virtual void* allocate_data(int64_t bytes) = 0;
+  virtual Buffer::FreeFn free_fn() const = 0;
+
+  // Kernels: each backend with data implements all of them; the defaults
+  // throw (a meta backend never runs a kernel).
+  virtual void k_upload(const Tensor& dst, const void* src, DType src_dtype);
+  virtual void k_download(const Tensor& src, float* dst);
+  virtual void k_fill(const Tensor& dst, float value);
+  virtual void k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate);
+  virtual void k_embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens);
+  virtual void k_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
+                         float eps, int64_t group);
+  virtual void k_rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos,
+                      float theta);
+  virtual void k_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const AttentionArgs& a, const Tensor& lse);
+  virtual void k_attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2,
+                                 const Tensor& lse2, int n_heads, int head_dim);
+  virtual void k_silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up);
+  virtual void k_add(const Tensor& y, const Tensor& a, const Tensor& b);
+  virtual void k_copy(const Tensor& dst, const Tensor& src);
+  virtual void k_conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                               const Tensor& state, bool silu);
+  virtual void k_ssd_scan(const SsdArgs& a);
+  virtual void k_selective_scan(const SelectiveScanArgs& a);
+  virtual int32_t k_argmax_row(const Tensor& x, int64_t row);
+
+ private:
+  Allocator& m_alloc;
+  Recorder& m_rec;
+};
+
+}  // namespace ss

@@ -1,0 +1,47 @@
+#include "core/trace.h"
+
+namespace ss {
+
+Recorder::Recorder(int rank) : m_rank(rank), m_origin(std::chrono::steady_clock::now()) {}
+
+int64_t Recorder::now() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              m_origin)
+      .count();
+}
+
+void Recorder::span(StreamKind stream, const char* op, int64_t t0, int64_t t1, double flops,
+                    double bytes, std::vector<int64_t> dims, std::vector<int> peers) {
+  proto::Span s;
+  s.rank = m_rank;
+  s.stream = stream == StreamKind::Compute ? "compute" : "comm";
+  s.op = op;
+  s.site = m_site;
+  s.layer = m_layer;
+  s.phase = m_phase;
+  s.t0 = t0;
+  s.t1 = t1;
+  s.flops = flops;
+  s.bytes = bytes;
+  s.peers = std::move(peers);
+  s.dims = std::move(dims);
+  m_spans.push_back(std::move(s));
+}
+
+void Recorder::mem_sample(int64_t t, const MemState& m) {
+  if (!m_sample_mem) return;
+  proto::Mem s;
+  s.rank = m_rank;
+  s.t = t;
+  for (int c = 0; c < kCategoryCount; ++c) s.bytes[c] = m.bytes[c];
+  s.peak = m.peak_total;
+  // Several changes within one microsecond collapse into the latest state.
+  if (!m_mem.empty() && t - m_mem.back().t < 1000) {
+    m_mem.back() = s;
+    m_mem.back().t = t;
+    return;
+  }
+  m_mem.push_back(s);
+}
+
+}  // namespace ss

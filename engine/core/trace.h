@@ -1,0 +1,81 @@
+// The span and memory recorder of one rank. Backends record a span per kernel
+// or collective on the rank's compute or comm stream, tagged with the phase,
+// layer and site the model code is in; the allocator's changes become memory
+// samples. The runner drains both at step boundaries into the event stream.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "protocol/events.h"
+
+namespace ss {
+
+enum class StreamKind { Compute, Comm };
+
+class Recorder {
+ public:
+  explicit Recorder(int rank = 0);
+
+  int rank() const { return m_rank; }
+  // Nanoseconds since the run's origin on the host's steady clock.
+  int64_t now() const;
+  void set_origin(std::chrono::steady_clock::time_point t) { m_origin = t; }
+  std::chrono::steady_clock::time_point origin() const { return m_origin; }
+
+  void set_phase(std::string phase) { m_phase = std::move(phase); }
+  const std::string& phase() const { return m_phase; }
+  void set_layer(int layer) { m_layer = layer; }
+  int layer() const { return m_layer; }
+  void set_site(std::string site) { m_site = std::move(site); }
+  const std::string& site() const { return m_site; }
+
+  void span(StreamKind stream, const char* op, int64_t t0, int64_t t1, double flops, double bytes,
+            std::vector<int64_t> dims = {}, std::vector<int> peers = {});
+  void mem_sample(int64_t t, const MemState& m);
+  // Turns sampling on and off (off while weights load, to keep streams small).
+  void set_mem_sampling(bool on) { m_sample_mem = on; }
+
+  std::vector<proto::Span>& spans() { return m_spans; }
+  std::vector<proto::Mem>& mem_samples() { return m_mem; }
+  void clear() {
+    m_spans.clear();
+    m_mem.clear();
+  }
+
+ private:
+  int m_rank;
+  std::chrono::steady_clock::time_point m_origin;
+  std::string m_phase = "load";
+  std::string m_site;
+  int m_layer = -1;
+  bool m_sample_mem = true;
+  std::vector<proto::Span> m_spans;
+  std::vector<proto::Mem> m_mem;
+};
+
+// Sets the layer and site label for the kernels issued in a scope.
+class SiteScope {
+ public:
+  SiteScope(Recorder& rec, int layer, std::string site)
+      : m_rec(rec), m_layer(rec.layer()), m_site(rec.site()) {
+    rec.set_layer(layer);
+    rec.set_site(std::move(site));
+  }
+  ~SiteScope() {
+    m_rec.set_layer(m_layer);
+    m_rec.set_site(std::move(m_site));
+  }
+  SiteScope(const SiteScope&) = delete;
+  SiteScope& operator=(const SiteScope&) = delete;
+
+ private:
+  Recorder& m_rec;
+  int m_layer;
+  std::string m_site;
+};
+
+}  // namespace ss

@@ -1,0 +1,107 @@
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/kernels.h"
+
+namespace ss::cpu {
+namespace {
+constexpr int kQueryBlock = 128;
+constexpr int kKeyBlock = 512;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}  // namespace
+
+// Causal attention with an online softmax over key blocks (the FlashAttention
+// recurrence, Dao et al. 2022, §3.1): per query block only a
+// kQueryBlock × kKeyBlock score tile exists at a time. Key blocks no query of
+// the block can see are skipped. GEMMs of a tile go to OpenBLAS.
+void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
+               const Tensor& lse) {
+  const int64_t Tq = q.rows(), Tk = k.rows();
+  const int hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  // Smallest key position per key block, to skip blocks entirely in the future.
+  const int64_t n_kb = (Tk + kKeyBlock - 1) / kKeyBlock;
+  std::vector<int32_t> kb_min(n_kb, std::numeric_limits<int32_t>::max());
+  for (int64_t j = 0; j < Tk; ++j) kb_min[j / kKeyBlock] = std::min(kb_min[j / kKeyBlock], a.k_pos[j]);
+
+  std::vector<float> S(size_t(kQueryBlock) * kKeyBlock), acc(size_t(kQueryBlock) * hd);
+  std::vector<float> m(kQueryBlock), l(kQueryBlock);
+  for (int h = 0; h < a.n_heads; ++h) {
+    const int kvh = h / group;
+    const float* kh = k.data<float>() + int64_t(kvh) * hd;
+    const float* vh = v.data<float>() + int64_t(kvh) * hd;
+    for (int64_t i0 = 0; i0 < Tq; i0 += kQueryBlock) {
+      const int bq = int(std::min<int64_t>(kQueryBlock, Tq - i0));
+      const float* qh = q.data<float>() + i0 * q.ld() + int64_t(h) * hd;
+      int32_t qmax = std::numeric_limits<int32_t>::min();
+      for (int i = 0; i < bq; ++i) qmax = std::max(qmax, a.q_pos[i0 + i]);
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.0f);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t kb = 0; kb < n_kb; ++kb) {
+        if (kb_min[kb] > qmax) continue;
+        const int64_t j0 = kb * kKeyBlock;
+        const int bk = int(std::min<int64_t>(kKeyBlock, Tk - j0));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, hd, a.scale, qh, int(q.ld()),
+                    kh + j0 * k.ld(), int(k.ld()), 0.0f, S.data(), kKeyBlock);
+        for (int i = 0; i < bq; ++i) {
+          float* s = S.data() + size_t(i) * kKeyBlock;
+          const int32_t qp = a.q_pos[i0 + i];
+          float mx = m[i];
+          for (int j = 0; j < bk; ++j) {
+            if (a.k_pos[j0 + j] > qp) s[j] = kNegInf;
+            mx = std::max(mx, s[j]);
+          }
+          if (mx == kNegInf) {  // nothing visible yet in this row
+            for (int j = 0; j < bk; ++j) s[j] = 0.0f;
+            continue;
+          }
+          const float corr = std::exp(m[i] - mx);
+          float sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int j = 0; j < bk; ++j) {
+            s[j] = std::exp(s[j] - mx);
+            sum += s[j];
+          }
+          l[i] = l[i] * corr + sum;
+          m[i] = mx;
+          float* ar = acc.data() + size_t(i) * hd;
+          for (int d = 0; d < hd; ++d) ar[d] *= corr;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, hd, bk, 1.0f, S.data(), kKeyBlock,
+                    vh + j0 * v.ld(), int(v.ld()), 1.0f, acc.data(), hd);
+      }
+      for (int i = 0; i < bq; ++i) {
+        float* orow = o.data<float>() + (i0 + i) * o.ld() + int64_t(h) * hd;
+        const float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
+        for (int d = 0; d < hd; ++d) orow[d] = acc[size_t(i) * hd + d] * inv;
+        if (lse.defined()) lse.data<float>()[(i0 + i) * a.n_heads + h] = l[i] > 0 ? m[i] + std::log(l[i]) : kNegInf;
+      }
+    }
+  }
+}
+
+// Combines two partial attentions over disjoint key sets:
+// o = (e^{lse1} o1 + e^{lse2} o2) / (e^{lse1} + e^{lse2}), lse = log(e^{lse1} + e^{lse2}).
+void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2, int n_heads,
+                     int head_dim) {
+  const int64_t T = o.rows();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int h = 0; h < n_heads; ++h) {
+      float& l1 = lse.data<float>()[t * n_heads + h];
+      const float l2 = lse2.data<float>()[t * n_heads + h];
+      const float mx = std::max(l1, l2);
+      if (mx == kNegInf) continue;
+      const float w1 = std::exp(l1 - mx), w2 = std::exp(l2 - mx), inv = 1.0f / (w1 + w2);
+      float* a = o.data<float>() + t * o.ld() + int64_t(h) * head_dim;
+      const float* b = o2.data<float>() + t * o2.ld() + int64_t(h) * head_dim;
+      for (int d = 0; d < head_dim; ++d) a[d] = (a[d] * w1 + b[d] * w2) * inv;
+      l1 = mx + std::log(w1 + w2);
+    }
+  }
+}
+
+}  // namespace ss::cpu

@@ -1,0 +1,41 @@
+// The cpu backend: host memory (64-byte aligned), OpenBLAS GEMMs and the
+// hand-written kernels of cpu/*.cpp. One MPI process per virtual device.
+#pragma once
+
+#include "core/backend.h"
+
+namespace ss {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(Allocator& alloc, Recorder& rec) : Backend(alloc, rec) {}
+  std::string_view kind() const override { return "cpu"; }
+  std::string device_name() const override;
+
+ protected:
+  void* allocate_data(int64_t bytes) override;
+  Buffer::FreeFn free_fn() const override;
+
+  void k_upload(const Tensor& dst, const void* src, DType src_dtype) override;
+  void k_download(const Tensor& src, float* dst) override;
+  void k_fill(const Tensor& dst, float value) override;
+  void k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) override;
+  void k_embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) override;
+  void k_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                 int64_t group) override;
+  void k_rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) override;
+  void k_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
+                   const Tensor& lse) override;
+  void k_attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2, int n_heads,
+                         int head_dim) override;
+  void k_silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up) override;
+  void k_add(const Tensor& y, const Tensor& a, const Tensor& b) override;
+  void k_copy(const Tensor& dst, const Tensor& src) override;
+  void k_conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
+                       bool silu) override;
+  void k_ssd_scan(const SsdArgs& a) override;
+  void k_selective_scan(const SelectiveScanArgs& a) override;
+  int32_t k_argmax_row(const Tensor& x, int64_t row) override;
+};
+
+}  // namespace ss

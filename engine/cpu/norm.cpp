@@ -1,0 +1,57 @@
+#include <cmath>
+
+#include "cpu/kernels.h"
+
+namespace ss::cpu {
+
+// RMSNorm over groups of `group` columns; with z, the Mamba2 gated form
+// rmsnorm(x * silu(z)) (norm_before_gate = False). w may be undefined.
+void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group) {
+  const int64_t T = x.rows(), n = x.cols();
+  const float* W = w.defined() ? w.data<float>() : nullptr;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x.data<float>() + t * x.ld();
+    const float* zr = z.defined() ? z.data<float>() + t * z.ld() : nullptr;
+    float* yr = y.data<float>() + t * y.ld();
+    for (int64_t g0 = 0; g0 < n; g0 += group) {
+      float ss = 0;
+      if (zr) {
+        for (int64_t i = g0; i < g0 + group; ++i) {
+          yr[i] = xr[i] * silu(zr[i]);
+          ss += yr[i] * yr[i];
+        }
+      } else {
+        for (int64_t i = g0; i < g0 + group; ++i) ss += xr[i] * xr[i];
+      }
+      const float inv = 1.0f / std::sqrt(ss / float(group) + eps);
+      const float* src = zr ? yr : xr;
+      for (int64_t i = g0; i < g0 + group; ++i) yr[i] = src[i] * inv * (W ? W[i] : 1.0f);
+    }
+  }
+}
+
+// Rotary position embedding, rotate-half pairing as in HF Llama:
+// (x_i, x_{i+d/2}) rotated by pos * theta^(-2i/d).
+void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) {
+  const int half = head_dim / 2;
+  std::vector<double> inv_freq(half);
+  for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(double(theta), -2.0 * i / head_dim);
+  const int64_t T = x.rows();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = x.data<float>() + t * x.ld();
+    for (int i = 0; i < half; ++i) {
+      const double ang = double(pos[t]) * inv_freq[i];
+      const float c = float(std::cos(ang)), s = float(std::sin(ang));
+      for (int h = 0; h < n_heads; ++h) {
+        float* hp = row + int64_t(h) * head_dim;
+        const float a = hp[i], b = hp[i + half];
+        hp[i] = a * c - b * s;
+        hp[i + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+}  // namespace ss::cpu

@@ -1,0 +1,92 @@
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/kernels.h"
+
+namespace ss::cpu {
+
+// The SSD chunked scan (Dao & Gu 2024, "Transformers are SSMs", §6, the
+// "minimal SSD" decomposition): within a chunk the output is a masked
+// quadratic form (C B^T ∘ decay ∘ dt) X; across chunks a state S (head_dim ×
+// d_state) carries the prefix: y_t += e^{cum_t} C_t S^T, and
+// S <- e^{cum_L} S + X^T (B ∘ e^{cum_L - cum_s} dt_s). Every product is a GEMM.
+void ssd_scan(const SsdArgs& a) {
+  const int64_t T = a.x.rows();
+  const int H = a.n_heads, P = a.head_dim, N = a.d_state, G = a.n_groups, L = a.chunk;
+  const int heads_per_group = H / G;
+  // dt after bias, softplus and clamping; A = -exp(A_log).
+  std::vector<float> dt(size_t(T) * H), A(H);
+  for (int h = 0; h < H; ++h) A[h] = -std::exp(a.A_log.data<float>()[h]);
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      float v = softplus(a.dt.data<float>()[t * a.dt.ld() + h] + a.dt_bias.data<float>()[h]);
+      dt[size_t(t) * H + h] = std::clamp(v, a.dt_min, a.dt_max);
+    }
+  // States of every head, from the caller's state or zero.
+  std::vector<float> S(size_t(H) * P * N, 0.0f);
+  if (a.state.defined()) std::copy_n(a.state.data<float>(), S.size(), S.data());
+
+  std::vector<float> CB(size_t(L) * L), M(size_t(L) * L), Bw(size_t(L) * N), cum(L);
+  const float* X = a.x.data<float>();
+  const float* Bm = a.B.data<float>();
+  const float* Cm = a.C.data<float>();
+  float* Y = a.y.data<float>();
+  const int64_t ldx = a.x.ld(), ldy = a.y.ld(), ldb = a.B.ld(), ldc = a.C.ld();
+
+  for (int64_t c0 = 0; c0 < T; c0 += L) {
+    const int l = int(std::min<int64_t>(L, T - c0));
+    for (int g = 0; g < G; ++g) {
+      const float* Bg = Bm + c0 * ldb + int64_t(g) * N;
+      const float* Cg = Cm + c0 * ldc + int64_t(g) * N;
+      // CB[t][s] = C_t · B_s, shared by the heads of the group.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, l, N, 1.0f, Cg, int(ldc), Bg, int(ldb), 0.0f,
+                  CB.data(), L);
+      for (int h = g * heads_per_group; h < (g + 1) * heads_per_group; ++h) {
+        float run = 0;
+        for (int t = 0; t < l; ++t) cum[t] = (run += dt[size_t(c0 + t) * H + h] * A[h]);
+        // Masked, decayed, dt-weighted quadratic form (lower triangle).
+        for (int t = 0; t < l; ++t) {
+          float* mr = M.data() + size_t(t) * L;
+          const float* cbr = CB.data() + size_t(t) * L;
+          for (int s = 0; s <= t; ++s) mr[s] = cbr[s] * std::exp(cum[t] - cum[s]) * dt[size_t(c0 + s) * H + h];
+          for (int s = t + 1; s < l; ++s) mr[s] = 0.0f;
+        }
+        float* Sh = S.data() + size_t(h) * P * N;
+        const float* Xh = X + c0 * ldx + int64_t(h) * P;
+        float* Yh = Y + c0 * ldy + int64_t(h) * P;
+        // Inter-chunk term first: Y = diag(e^cum) C S^T ...
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, P, N, 1.0f, Cg, int(ldc), Sh, N, 0.0f, Yh,
+                    int(ldy));
+        for (int t = 0; t < l; ++t) {
+          const float e = std::exp(cum[t]);
+          float* yr = Yh + int64_t(t) * ldy;
+          for (int p = 0; p < P; ++p) yr[p] *= e;
+        }
+        // ... plus the intra-chunk term M X.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, l, P, l, 1.0f, M.data(), L, Xh, int(ldx), 1.0f,
+                    Yh, int(ldy));
+        // D skip connection.
+        const float Dh = a.D.data<float>()[h];
+        for (int t = 0; t < l; ++t)
+          for (int p = 0; p < P; ++p) Yh[int64_t(t) * ldy + p] += Dh * Xh[int64_t(t) * ldx + p];
+        // Carry the state to the next chunk.
+        const float last = cum[l - 1];
+        for (int s = 0; s < l; ++s) {
+          const float wgt = std::exp(last - cum[s]) * dt[size_t(c0 + s) * H + h];
+          const float* br = Bg + int64_t(s) * ldb;
+          for (int n = 0; n < N; ++n) Bw[size_t(s) * N + n] = br[n] * wgt;
+        }
+        const float decay = std::exp(last);
+        for (int64_t i = 0; i < int64_t(P) * N; ++i) Sh[i] *= decay;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, N, l, 1.0f, Xh, int(ldx), Bw.data(), N, 1.0f, Sh,
+                    N);
+      }
+    }
+  }
+  if (a.state.defined()) std::copy(S.begin(), S.end(), a.state.data<float>());
+}
+
+}  // namespace ss::cpu

@@ -1,0 +1,66 @@
+#include "io/checkpoint.h"
+
+#include <fstream>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "sim/meta_backend.h"
+#include <cstring>
+
+namespace ss {
+namespace fs = std::filesystem;
+
+CheckpointSource::CheckpointSource(const fs::path& dir, const std::vector<WeightSpec>& needed)
+    : m_dir(dir), m_index(SafetensorsIndex::open_dir(dir)) {
+  const std::string where = fs::exists(dir / "model.safetensors.index.json") ? (dir / "model.safetensors.index.json").string()
+                                                                              : (dir / "model.safetensors").string();
+  for (const WeightSpec& w : needed) {
+    const SafetensorsEntry* e = m_index.find(w.name);
+    if (!e) throw FormatError(where + ": tensor '" + w.name + "' is missing (config.json asks for it)");
+    if (e->shape != w.shape)
+      throw FormatError(e->file.string() + ": tensor '" + w.name + "' has shape " + shape_str(e->shape) +
+                        " but config.json implies " + shape_str(w.shape));
+  }
+}
+
+void CheckpointSource::fill(Backend& be, const WeightSpec& w, const Tensor& dst) {
+  if (!be.has_data()) return;
+  const SafetensorsEntry& e = *m_index.find(w.name);
+  std::vector<uint8_t> bytes = m_index.read(w.name);
+  be.upload(dst, bytes.data(), e.dtype);
+}
+
+void export_checkpoint(const ModelConfig& cfg, uint64_t seed, const fs::path& dir, DType dtype, int shards) {
+  // Describe the weights on a meta backend: nothing is allocated.
+  Allocator acc;
+  Recorder rec;
+  std::vector<TensorBlob> blobs;
+  {
+    MetaBackend be(acc, rec);
+    Model model(cfg, be);
+    for (const WeightSpec& w : model.weights()) {
+      TensorBlob b;
+      b.name = w.name;
+      b.dtype = dtype;
+      b.shape = w.shape;
+      const int64_t n = numel(w.shape);
+      b.bytes.resize(size_t(n * dtype_size(dtype)));
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = synthetic_value(w, seed, i);
+        if (dtype == DType::F32) std::memcpy(b.bytes.data() + 4 * i, &v, 4);
+        else {
+          const uint16_t h = dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+          std::memcpy(b.bytes.data() + 2 * i, &h, 2);
+        }
+      }
+      blobs.push_back(std::move(b));
+    }
+  }
+  fs::create_directories(dir);
+  nlohmann::json j = cfg.source;
+  j["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
+  std::ofstream(dir / "config.json") << j.dump(2) << "\n";
+  write_checkpoint_tensors(dir, blobs, shards);
+}
+
+}  // namespace ss

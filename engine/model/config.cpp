@@ -1,0 +1,311 @@
+#include "model/config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <optional>
+
+#include "core/error.h"
+
+namespace ss {
+namespace {
+
+using json = nlohmann::json;
+
+struct Fields {
+  const json& j;
+  const std::string& origin;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    throw FormatError(origin + ": field '" + key + "' " + why);
+  }
+  int64_t i(const char* key, std::optional<int64_t> def = std::nullopt) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) {
+      if (def) return *def;
+      fail(key, "is missing");
+    }
+    if (!it->is_number_integer()) fail(key, "must be an integer");
+    int64_t v = it->get<int64_t>();
+    if (v < 0 || v > (int64_t(1) << 40)) fail(key, "is out of range");
+    return v;
+  }
+  double f(const char* key, double def) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return def;
+    if (!it->is_number()) fail(key, "must be a number");
+    return it->get<double>();
+  }
+  bool b(const char* key, bool def) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return def;
+    if (!it->is_boolean()) fail(key, "must be true or false");
+    return it->get<bool>();
+  }
+  std::string s(const char* key, const std::string& def) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return def;
+    if (!it->is_string()) fail(key, "must be a string");
+    return it->get<std::string>();
+  }
+  void positive(const char* key, int64_t v) const {
+    if (v <= 0) fail(key, "must be positive");
+  }
+};
+
+void parse_attention(const Fields& F, ModelConfig& c) {
+  c.n_heads = int(F.i("num_attention_heads"));
+  F.positive("num_attention_heads", c.n_heads);
+  c.n_kv_heads = int(F.i("num_key_value_heads", c.n_heads));
+  F.positive("num_key_value_heads", c.n_kv_heads);
+  if (c.n_heads % c.n_kv_heads)
+    F.fail("num_key_value_heads", "(" + std::to_string(c.n_kv_heads) + ") must divide num_attention_heads (" +
+                                      std::to_string(c.n_heads) + ")");
+  if (c.d_model % c.n_heads && !F.j.contains("head_dim"))
+    F.fail("num_attention_heads", "must divide hidden_size, or head_dim must be given");
+  c.head_dim = int(F.i("head_dim", c.d_model / c.n_heads));
+  if (c.head_dim % 2) F.fail("head_dim", "must be even for rotary embeddings");
+  c.ffn_dim = F.i("intermediate_size");
+  F.positive("intermediate_size", c.ffn_dim);
+  c.rope_theta = float(F.f("rope_theta", 10000.0));
+  if (F.b("attention_bias", false) || F.b("mlp_bias", false))
+    F.fail("attention_bias", "is true; attention and MLP biases are not supported");
+  if (F.j.contains("rope_scaling") && !F.j["rope_scaling"].is_null())
+    F.fail("rope_scaling", "is set; scaled rotary embeddings are not supported");
+  if (F.s("hidden_act", "silu") != "silu") F.fail("hidden_act", "must be silu (SwiGLU MLP)");
+}
+
+void parse_mamba2(const Fields& F, ModelConfig& c) {
+  c.d_state = int(F.i("state_size", 128));
+  c.d_conv = int(F.i("conv_kernel", 4));
+  const int64_t expand = F.i("expand", 2);
+  c.d_inner = expand * c.d_model;
+  c.ssm_head_dim = int(F.i("head_dim", 64));
+  F.positive("head_dim", c.ssm_head_dim);
+  if (c.d_inner % c.ssm_head_dim)
+    F.fail("head_dim", "(" + std::to_string(c.ssm_head_dim) + ") must divide expand*hidden_size (" +
+                           std::to_string(c.d_inner) + ")");
+  c.ssm_heads = int(F.i("num_heads", c.d_inner / c.ssm_head_dim));
+  if (int64_t(c.ssm_heads) * c.ssm_head_dim != c.d_inner)
+    F.fail("num_heads", "times head_dim must equal expand*hidden_size (" + std::to_string(c.d_inner) + ")");
+  c.n_groups = int(F.i("n_groups", 1));
+  F.positive("n_groups", c.n_groups);
+  if (c.ssm_heads % c.n_groups) F.fail("n_groups", "must divide num_heads");
+  c.chunk = int(F.i("chunk_size", 256));
+  F.positive("chunk_size", c.chunk);
+  c.conv_bias = F.b("use_conv_bias", true);
+  if (F.b("use_bias", false)) F.fail("use_bias", "is true; projection biases are not supported");
+  if (!F.b("rms_norm", true)) F.fail("rms_norm", "is false; only the gated RMSNorm variant is supported");
+  if (auto it = F.j.find("time_step_limit"); it != F.j.end() && it->is_array() && it->size() == 2) {
+    auto lim = [](const json& v, float def) { return v.is_number() ? float(v.get<double>()) : def; };
+    c.dt_min = lim((*it)[0], 0.0f);
+    c.dt_max = lim((*it)[1], INFINITY);
+  }
+}
+
+}  // namespace
+
+LayerKind ModelConfig::layer_kind(int i) const {
+  switch (layer_pattern.at(size_t(i))) {
+    case 'A': return LayerKind::Attention;
+    case 'S': return LayerKind::Mamba;
+    default: return LayerKind::Mamba2;
+  }
+}
+
+int64_t ModelConfig::conv_dim() const {
+  if (family == Family::Mamba) return d_inner;
+  return d_inner + 2 * int64_t(n_groups) * d_state;
+}
+
+int64_t ModelConfig::in_proj_dim() const {
+  if (family == Family::Mamba) return 2 * d_inner;
+  return 2 * d_inner + 2 * int64_t(n_groups) * d_state + ssm_heads;  // [z, x, B, C, dt]
+}
+
+std::string ModelConfig::family_name() const {
+  switch (family) {
+    case Family::Llama: return "transformer";
+    case Family::Mamba: return bcdt_rms ? "falcon_mamba" : "mamba";
+    case Family::Mamba2: return "mamba2";
+    case Family::Hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+json ModelConfig::to_json() const {
+  json j = {{"name", name}, {"model_type", model_type}, {"family", family_name()}, {"vocab_size", vocab},
+            {"hidden_size", d_model}, {"num_hidden_layers", n_layers}, {"tie_word_embeddings", tie_embeddings},
+            {"norm_eps", norm_eps}, {"layer_pattern", layer_pattern}};
+  if (n_heads) {
+    j["num_attention_heads"] = n_heads;
+    j["num_key_value_heads"] = n_kv_heads;
+    j["head_dim"] = head_dim;
+    j["intermediate_size"] = ffn_dim;
+    j["rope_theta"] = rope_theta;
+  }
+  if (d_inner) {
+    j["d_inner"] = d_inner;
+    j["state_size"] = d_state;
+    j["conv_kernel"] = d_conv;
+  }
+  if (family == Family::Mamba) j["time_step_rank"] = dt_rank;
+  if (ssm_heads) {
+    j["ssm_heads"] = ssm_heads;
+    j["ssm_head_dim"] = ssm_head_dim;
+    j["n_groups"] = n_groups;
+    j["chunk_size"] = chunk;
+  }
+  return j;
+}
+
+ModelConfig parse_model_config(const json& j, const std::string& origin) {
+  if (!j.is_object()) throw FormatError(origin + ": not a JSON object");
+  Fields F{j, origin};
+  ModelConfig c;
+  c.source = j;
+  c.model_type = F.s("model_type", "");
+  c.name = F.s("shardscope_name", F.s("_name_or_path", ""));
+  c.vocab = F.i("vocab_size");
+  F.positive("vocab_size", c.vocab);
+  c.d_model = F.i("hidden_size");
+  F.positive("hidden_size", c.d_model);
+  c.n_layers = int(F.i("num_hidden_layers", F.i("n_layer", 0)));
+  F.positive("num_hidden_layers", c.n_layers);
+
+  const std::string& t = c.model_type;
+  if (t == "llama") {
+    c.family = Family::Llama;
+    c.norm_eps = float(F.f("rms_norm_eps", 1e-6));
+    c.tie_embeddings = F.b("tie_word_embeddings", false);
+    parse_attention(F, c);
+    c.layer_pattern.assign(size_t(c.n_layers), 'A');
+  } else if (t == "mamba" || t == "falcon_mamba") {
+    c.family = Family::Mamba;
+    c.bcdt_rms = t == "falcon_mamba";
+    c.norm_eps = float(F.f("layer_norm_epsilon", 1e-5));
+    c.mixer_rms_eps = float(F.f("mixer_rms_eps", 1e-6));
+    c.tie_embeddings = F.b("tie_word_embeddings", t == "mamba");
+    c.d_state = int(F.i("state_size", 16));
+    c.d_conv = int(F.i("conv_kernel", 4));
+    c.d_inner = F.i("intermediate_size", F.i("expand", 2) * c.d_model);
+    auto r = j.find("time_step_rank");
+    if (r == j.end() || r->is_null() || (r->is_string() && r->get<std::string>() == "auto"))
+      c.dt_rank = int((c.d_model + 15) / 16);
+    else
+      c.dt_rank = int(F.i("time_step_rank"));
+    F.positive("time_step_rank", c.dt_rank);
+    c.conv_bias = F.b("use_conv_bias", true);
+    if (F.b("use_bias", false)) F.fail("use_bias", "is true; projection biases are not supported");
+    c.layer_pattern.assign(size_t(c.n_layers), 'S');
+  } else if (t == "mamba2") {
+    c.family = Family::Mamba2;
+    c.norm_eps = float(F.f("layer_norm_epsilon", 1e-5));
+    c.tie_embeddings = F.b("tie_word_embeddings", false);
+    parse_mamba2(F, c);
+    c.layer_pattern.assign(size_t(c.n_layers), 'M');
+  } else if (t == "shardscope_hybrid") {
+    c.family = Family::Hybrid;
+    c.norm_eps = float(F.f("rms_norm_eps", 1e-5));
+    c.tie_embeddings = F.b("tie_word_embeddings", false);
+    json attn = j.value("attention", json::object());
+    json ssm = j.value("mamba2", json::object());
+    for (auto& [k, v] : j.items())
+      if (k != "attention" && k != "mamba2") {
+        if (!attn.contains(k)) attn[k] = v;
+        if (!ssm.contains(k)) ssm[k] = v;
+      }
+    parse_attention(Fields{attn, origin}, c);
+    parse_mamba2(Fields{ssm, origin}, c);
+    c.layer_pattern = F.s("layer_pattern", "");
+    if (c.layer_pattern.empty()) {
+      const int64_t every = F.i("attention_every", 6);
+      F.positive("attention_every", every);
+      for (int i = 0; i < c.n_layers; ++i) c.layer_pattern += ((i + 1) % every == 0) ? 'A' : 'M';
+    }
+    if (int(c.layer_pattern.size()) != c.n_layers ||
+        c.layer_pattern.find_first_not_of("AM") != std::string::npos)
+      F.fail("layer_pattern", "must have one letter per layer, A (attention) or M (Mamba2)");
+  } else {
+    throw FormatError(origin + ": unknown architecture model_type '" + t +
+                      "'; supported: llama, mamba, falcon_mamba, mamba2, shardscope_hybrid");
+  }
+  return c;
+}
+
+std::filesystem::path resources_dir() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("SHARDSCOPE_RESOURCES"); env && *env) return env;
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (fs::path cand : {exe.parent_path().parent_path() / "share" / "shardscope",
+                          exe.parent_path() / "resources"})
+      if (fs::exists(cand / "models", ec)) return cand;
+  }
+#ifdef SHARDSCOPE_SOURCE_RESOURCES
+  return SHARDSCOPE_SOURCE_RESOURCES;
+#else
+  return "resources";
+#endif
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(resources_dir() / "models", ec))
+    if (e.path().extension() == ".json") out.push_back(e.path().stem().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void apply_overrides(json& j, const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("--set '" + o + "' must look like key=value, e.g. hidden_size=512");
+    std::string key = o.substr(0, eq), val = o.substr(eq + 1);
+    json v = json::parse(val, nullptr, false);
+    j[key] = v.is_discarded() ? json(val) : v;
+  }
+}
+
+static json read_json_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  if (!in) throw FormatError(p.string() + ": cannot open");
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) throw FormatError(p.string() + ": not valid JSON");
+  return j;
+}
+
+ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
+                          const std::vector<std::string>& overrides) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(spec, ec)) {
+    fs::path cfg = fs::path(spec) / "config.json";
+    if (!fs::exists(cfg, ec)) throw FormatError(cfg.string() + ": missing (a model folder needs config.json)");
+    json j = read_json_file(cfg);
+    apply_overrides(j, overrides);
+    ModelConfig c = parse_model_config(j, cfg.string());
+    if (c.name.empty()) c.name = fs::path(spec).filename().string();
+    if (dir) *dir = spec;
+    return c;
+  }
+  fs::path preset = resources_dir() / "models" / (spec + ".json");
+  if (!fs::exists(preset, ec)) {
+    std::string names;
+    for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+    throw UsageError("--model '" + spec + "' is neither a preset nor a folder with config.json; presets: " + names);
+  }
+  json j = read_json_file(preset);
+  apply_overrides(j, overrides);
+  ModelConfig c = parse_model_config(j, preset.string());
+  if (c.name.empty()) c.name = spec;
+  if (dir) dir->clear();
+  return c;
+}
+
+}  // namespace ss

@@ -1,0 +1,69 @@
+// Model configuration, read from a Hugging Face config.json (llama, mamba,
+// falcon_mamba, mamba2) or from a preset in resources/models/ written in the
+// same format (plus "shardscope_hybrid" for the Zamba-like hybrid).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ss {
+
+enum class Family { Llama, Mamba, Mamba2, Hybrid };
+enum class LayerKind { Attention, Mamba, Mamba2 };  // Attention = attention + gated MLP block
+
+struct ModelConfig {
+  std::string name;        // preset name or folder name
+  std::string model_type;  // as in config.json
+  Family family = Family::Llama;
+  int64_t vocab = 0, d_model = 0;
+  int n_layers = 0;
+  bool tie_embeddings = false;
+  float norm_eps = 1e-5f;
+
+  // attention + MLP (Llama and the hybrid's attention layers)
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t ffn_dim = 0;
+  float rope_theta = 10000.0f;
+
+  // Mamba / Mamba2 mixers
+  int64_t d_inner = 0;
+  int d_state = 0, d_conv = 4;
+  bool conv_bias = true;
+  int dt_rank = 0;              // Mamba (v1)
+  bool bcdt_rms = false;        // Falcon-Mamba: RMS-normalise dt, B, C
+  float mixer_rms_eps = 1e-6f;  // Falcon-Mamba
+  int ssm_heads = 0, ssm_head_dim = 0, n_groups = 1, chunk = 256;  // Mamba2
+  float dt_min = 0.0f, dt_max = INFINITY;                            // Mamba2 time_step_limit
+
+  std::string layer_pattern;  // one letter per layer: A attention, M Mamba2, S Mamba (v1)
+  nlohmann::json source;      // the config.json object it was read from (with overrides)
+
+  LayerKind layer_kind(int i) const;
+  int64_t conv_dim() const;   // channels through conv1d
+  int64_t in_proj_dim() const;
+  std::string family_name() const;
+  nlohmann::json to_json() const;  // the effective configuration, for the config event
+};
+
+// Parses a config.json object; `origin` names the file in error messages.
+// Throws FormatError/UsageError with one line naming the file and the field.
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& origin);
+
+// Where resources live: $SHARDSCOPE_RESOURCES, next to the executable
+// (../share/shardscope when installed), or the source tree.
+std::filesystem::path resources_dir();
+std::vector<std::string> preset_names();
+
+// Resolves --model: a preset name, or a folder with config.json. Sets `dir`
+// to the checkpoint folder (empty for presets, which use synthetic weights).
+ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
+                          const std::vector<std::string>& overrides = {});
+
+// Applies "key=value" overrides (e.g. from --set hidden_size=512) before parsing.
+void apply_overrides(nlohmann::json& j, const std::vector<std::string>& overrides);
+
+}  // namespace ss

@@ -1,0 +1,51 @@
+// One inference run: load a model, prefill a prompt, decode greedily, and
+// write the whole event stream (hello ... done). Shared by `run` and the tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "protocol/events.h"
+
+namespace ss {
+
+struct RunOptions {
+  std::string model = "tiny-llama";      // preset name or HF model folder
+  std::vector<std::string> overrides;    // config.json key=value
+  std::string backend = "cpu";
+  std::string strategy = "single";
+  int64_t prompt_len = 0;                // synthetic prompt of this length ...
+  std::vector<int32_t> tokens;           // ... or these tokens
+  int decode = 0;                        // greedy decode steps after the prompt
+  uint64_t seed = 0;                     // synthetic weights and prompt
+  int64_t capacity = 0;                  // bytes per device; 0 = unlimited
+  std::string logits_out;                // .npy of [prompt + decoded, vocab]
+  int threads = 0;                       // 0 = all cores
+};
+
+struct RunResult {
+  int exit_code = 0;
+  std::string status;             // ok | oom | failed
+  std::string error;              // one line when not ok
+  std::vector<int32_t> generated; // greedy tokens
+  double ttft_s = 0, prefill_s = 0, decode_s = 0;
+  int64_t peak_bytes = 0;
+};
+
+// The prompt a run uses: the given tokens, or prompt_len tokens drawn from the seed.
+std::vector<int32_t> make_prompt(const RunOptions& o, int64_t vocab);
+
+// Validates the options (throws UsageError with one line saying what to change).
+void validate(const RunOptions& o);
+
+RunResult run_inference(const RunOptions& o, proto::Writer& out);
+
+// Peak and current resident set of this process, in bytes (from /proc/self/status).
+int64_t peak_rss_bytes();
+int64_t current_rss_bytes();
+
+std::string engine_version();
+std::string host_name();
+
+}  // namespace ss
