@@ -11,6 +11,8 @@
 #include "model/config.h"
 #include "runtime/bench.h"
 #include "runtime/run.h"
+#include "runtime/summary.h"
+#include <fstream>
 
 namespace {
 
@@ -96,6 +98,10 @@ int main(int argc, char** argv) {
   exp->add_option("--dtype", export_dtype, "f32, bf16 or f16")->capture_default_str();
   exp->add_option("--shards", export_shards, "number of safetensors files (> 1 writes an index)")->capture_default_str();
 
+  std::string summary_file;
+  auto* summarize = app.add_subcommand("summarize", "print the summary of a recorded event stream (- for stdin)");
+  summarize->add_option("file", summary_file, "stream file written with --events")->required();
+
   ss::BenchOptions bench_opts;
   auto* bench = app.add_subcommand("bench", "benchmarks: forward vs bare sgemm, tokens/s, memory");
   bench->add_option("--prompt-lens", bench_opts.prompt_lens, "prompt lengths")->capture_default_str();
@@ -133,6 +139,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*bench) return ss::run_bench(bench_opts, std::cout);
+    if (*summarize) {
+      if (summary_file == "-") return ss::summarize_stream(std::cin, std::cout);
+      std::ifstream in(summary_file);
+      if (!in) throw ss::UsageError(summary_file + ": cannot open");
+      return ss::summarize_stream(in, std::cout);
+    }
   } catch (const ss::UsageError& e) {
     std::fprintf(stderr, "shardscope-engine: error: %s\n", e.what());
     return ss::kExitUsage;

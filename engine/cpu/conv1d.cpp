@@ -17,7 +17,7 @@ void conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tens
     if (r < H) return st ? st[r * C + c] : 0.0f;
     return x.data<float>()[(r - H) * x.ld() + c];
   };
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C * K > (1 << 16))
   for (int64_t t = 0; t < T; ++t) {
     float* yr = y.data<float>() + t * y.ld();
     for (int64_t c = 0; c < C; ++c) {

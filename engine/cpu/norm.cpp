@@ -9,7 +9,7 @@ namespace ss::cpu {
 void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group) {
   const int64_t T = x.rows(), n = x.cols();
   const float* W = w.defined() ? w.data<float>() : nullptr;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * n > (1 << 16))
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = x.data<float>() + t * x.ld();
     const float* zr = z.defined() ? z.data<float>() + t * z.ld() : nullptr;
@@ -38,7 +38,7 @@ void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> p
   std::vector<double> inv_freq(half);
   for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(double(theta), -2.0 * i / head_dim);
   const int64_t T = x.rows();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * n_heads * head_dim > (1 << 16))
   for (int64_t t = 0; t < T; ++t) {
     float* row = x.data<float>() + t * x.ld();
     for (int i = 0; i < half; ++i) {

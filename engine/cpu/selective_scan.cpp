@@ -12,7 +12,7 @@ void selective_scan(const SelectiveScanArgs& a) {
   const int64_t T = a.x.rows(), Di = a.x.cols(), N = a.A_log.numel() / Di;
   const float* Alog = a.A_log.data<float>();
   float* st = a.state.defined() ? a.state.data<float>() : nullptr;
-#pragma omp parallel
+#pragma omp parallel if (T * Di * N > (1 << 15))
   {
     std::vector<float> A(N), h(N);
 #pragma omp for schedule(static)

@@ -30,11 +30,20 @@ int64_t as_i64(const json& v, const char* key) {
     return v.get<int64_t>();
   }
   if (v.is_number_float()) {
+    // Writers in other languages may print whole numbers as 1e9 or 1024.0;
+    // a fraction would be silently truncated, so it is refused.
     double d = v.get<double>();
     if (!std::isfinite(d) || std::fabs(d) > 9.2e18) bad(key, "is out of range");
+    if (d != std::trunc(d)) bad(key, "must be an integer");
     return int64_t(d);
   }
   bad(key, "must be an integer");
+}
+
+int as_int(const json& v, const char* key) {
+  int64_t i = as_i64(v, key);
+  if (i < INT32_MIN || i > INT32_MAX) bad(key, "is out of range");
+  return int(i);
 }
 
 int64_t get_i64(const json& j, const char* key, bool required = true, int64_t def = 0) {
@@ -43,9 +52,8 @@ int64_t get_i64(const json& j, const char* key, bool required = true, int64_t de
 }
 
 int get_int(const json& j, const char* key, bool required = true, int def = 0) {
-  int64_t v = get_i64(j, key, required, def);
-  if (v < INT32_MIN || v > INT32_MAX) bad(key, "is out of range");
-  return int(v);
+  const json* v = find(j, key, required);
+  return v ? as_int(*v, key) : def;
 }
 
 double get_num(const json& j, const char* key, bool required = true, double def = 0) {
@@ -209,6 +217,7 @@ Event from_json(const json& j) {
     for (auto& p : *r) {
       if (!p.is_array() || p.size() != 2) bad("ranges", "must be an array of [begin, end] pairs");
       e.ranges.emplace_back(as_i64(p[0], "ranges"), as_i64(p[1], "ranges"));
+      if (e.ranges.back().second < e.ranges.back().first) bad("ranges", "need begin <= end");
     }
     return e;
   }
@@ -227,7 +236,7 @@ Event from_json(const json& j) {
     e.bytes = get_num(j, "bytes", false);
     if (const json* p = find(j, "peers", false)) {
       if (!p->is_array()) bad("peers", "must be an array of ranks");
-      for (auto& r : *p) e.peers.push_back(int(as_i64(r, "peers")));
+      for (auto& r : *p) e.peers.push_back(as_int(r, "peers"));
     }
     if (const json* d = find(j, "dims", false)) {
       if (!d->is_array() || d->size() > 8) bad("dims", "must be an array of at most 8 integers");
@@ -289,10 +298,25 @@ Event from_json(const json& j) {
 Reader::Result Reader::parse_line(std::string_view line) {
   Result r;
   if (m_refused) return r;  // a newer stream: nothing after the hello is read
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  // Copying or printing a JSON value recurses once per nesting level, so a
+  // hostile line of a million '[' would overflow the stack; parsing itself
+  // does not recurse, so the depth is measured while parsing.
+  bool too_deep = false;
+  json j = json::parse(
+      line,
+      [&](int depth, json::parse_event_t, json&) {
+        if (depth > kMaxDepth) too_deep = true;
+        return true;
+      },
+      /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     ++m_rejected;
     r.error = "not valid JSON";
+    return r;
+  }
+  if (too_deep) {
+    ++m_rejected;
+    r.error = "nested deeper than " + std::to_string(kMaxDepth) + " levels";
     return r;
   }
   try {

@@ -154,7 +154,10 @@ class Reader {
       size_t nl = chunk.find('\n', start);
       if (nl == std::string_view::npos) break;
       std::string_view line = chunk.substr(start, nl - start);
-      if (!m_pending.empty()) {
+      if (m_dropping) {
+        // The rest of a line already reported as too long: not a record of its own.
+        m_dropping = false;
+      } else if (!m_pending.empty()) {
         m_pending.append(line);
         consume(m_pending, on_event, on_error);
         m_pending.clear();
@@ -163,11 +166,13 @@ class Reader {
       }
       start = nl + 1;
     }
+    if (m_dropping) return;
     m_pending.append(chunk.substr(start));
     if (m_pending.size() > kMaxLine) {
       ++m_rejected;
       on_error("line longer than " + std::to_string(kMaxLine) + " bytes dropped");
       m_pending.clear();
+      m_dropping = true;
     }
   }
   // Parses what is left after the stream ended (a last line without newline).
@@ -175,6 +180,7 @@ class Reader {
   void finish(OnEvent&& on_event, OnError&& on_error) {
     if (!m_pending.empty()) consume(m_pending, on_event, on_error);
     m_pending.clear();
+    m_dropping = false;
   }
 
   int64_t accepted() const { return m_accepted; }
@@ -183,6 +189,7 @@ class Reader {
   int version() const { return m_version; }    // 0 until the hello
 
   static constexpr size_t kMaxLine = 16 << 20;
+  static constexpr int kMaxDepth = 64;  // JSON nesting levels in one record
 
  private:
   template <class OnEvent, class OnError>
@@ -193,6 +200,7 @@ class Reader {
     else if (!r.error.empty()) on_error(r.error);
   }
   std::string m_pending;
+  bool m_dropping = false;  // inside a line that went over kMaxLine
   int64_t m_accepted = 0, m_rejected = 0;
   bool m_refused = false;
   int m_version = 0;

@@ -1,0 +1,108 @@
+#include "runtime/summary.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "core/allocator.h"
+#include "protocol/events.h"
+
+namespace ss {
+
+int summarize_stream(std::istream& in, std::ostream& out) {
+  proto::Reader reader;
+  nlohmann::json config;
+  std::map<std::string, double> metrics;
+  std::map<int, proto::Mem> peak_mem;  // per rank: the sample with the highest total
+  std::map<std::string, std::pair<double, int>> op_time;  // op -> (ns, count)
+  std::map<std::string, double> phase_time;
+  std::vector<proto::Error> errors;
+  std::string status = "(no done record: the run did not finish)";
+  std::string first_error;
+  int64_t bad = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto r = reader.parse_line(line);
+    if (!r.event) {
+      if (!r.error.empty()) {
+        ++bad;
+        if (first_error.empty()) first_error = r.error;
+      }
+      if (reader.refused()) {
+        out << "cannot read this stream: " << r.error << "\n";
+        return 2;
+      }
+      continue;
+    }
+    std::visit(
+        [&](auto&& e) {
+          using T = std::decay_t<decltype(e)>;
+          if constexpr (std::is_same_v<T, proto::Config>) config = e.config;
+          else if constexpr (std::is_same_v<T, proto::Metric>) metrics[e.name] = e.value;
+          else if constexpr (std::is_same_v<T, proto::Mem>) {
+            int64_t tot = 0, best = 0;
+            for (auto b : e.bytes) tot += b;
+            if (auto it = peak_mem.find(e.rank); it != peak_mem.end())
+              for (auto b : it->second.bytes) best += b;
+            if (!peak_mem.count(e.rank) || tot >= best) peak_mem[e.rank] = e;
+          } else if constexpr (std::is_same_v<T, proto::Span>) {
+            auto& [ns, n] = op_time[e.stream + ":" + e.op];
+            ns += double(e.t1 - e.t0);
+            ++n;
+            phase_time[e.phase] += double(e.t1 - e.t0);
+          } else if constexpr (std::is_same_v<T, proto::Error>) errors.push_back(e);
+          else if constexpr (std::is_same_v<T, proto::Done>) status = e.status;
+        },
+        *r.event);
+  }
+  if (reader.version() == 0) {
+    out << "cannot read this stream: no hello line" << (first_error.empty() ? "" : " (" + first_error + ")") << "\n";
+    return 2;
+  }
+  char buf[256];
+  const auto& model = config.value("model", nlohmann::json::object());
+  const auto& work = config.value("workload", nlohmann::json::object());
+  out << "run: " << model.value("name", "?") << " (" << model.value("family", "?") << ", "
+      << config.value("parameters", 0LL) / 1e6 << " M parameters), backend " << config.value("backend", "?")
+      << ", strategy " << config.value("strategy", "?") << ", " << config.value("devices", 1) << " device(s)\n";
+  out << "workload: prompt " << work.value("prompt_len", 0) << " tokens, decode " << work.value("decode", 0)
+      << " tokens; weights " << config.value("weights", "?") << "\n";
+  out << "status: " << status << "\n";
+  for (auto& e : errors) out << "error (" << e.code << ", rank " << e.rank << "): " << e.message << "\n";
+  auto metric = [&](const char* name, const char* label, const char* fmt) {
+    if (auto it = metrics.find(name); it != metrics.end()) {
+      std::snprintf(buf, sizeof buf, fmt, it->second);
+      out << "  " << label << ": " << buf << "\n";
+    }
+  };
+  out << "throughput and latency:\n";
+  metric("ttft_ms", "time to first token", "%.2f ms");
+  metric("prefill_tokens_per_s", "prefill", "%.1f tokens/s");
+  metric("decode_tokens_per_s", "decode", "%.1f tokens/s");
+  metric("decode_ms_per_token", "per decoded token", "%.2f ms");
+  out << "peak memory per device (accounted):\n";
+  for (auto& [rank, m] : peak_mem) {
+    int64_t tot = 0;
+    for (auto b : m.bytes) tot += b;
+    out << "  rank " << rank << ": " << format_bytes(tot) << " =";
+    for (int c = 0; c < proto::kCategoryCount; ++c)
+      if (m.bytes[size_t(c)]) out << " " << kCategoryNames[size_t(c)] << " " << format_bytes(m.bytes[size_t(c)]);
+    out << "\n";
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> ops(op_time.begin(), op_time.end());
+  std::sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
+  double total_ns = 0;
+  for (auto& o : ops) total_ns += o.second.first;
+  out << "time by op (all ranks, all phases):\n";
+  for (size_t i = 0; i < std::min<size_t>(ops.size(), 8); ++i) {
+    std::snprintf(buf, sizeof buf, "  %-24s %10.2f ms %6.1f%%  (%d calls)\n", ops[i].first.c_str(),
+                  ops[i].second.first * 1e-6, 100.0 * ops[i].second.first / std::max(total_ns, 1.0),
+                  ops[i].second.second);
+    out << buf;
+  }
+  if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";
+  return 0;
+}
+
+}  // namespace ss

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The one command that sets up a fresh Debian 12 machine, builds ShardScope and
+# runs every test. Exits non-zero when anything fails.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${SHARDSCOPE_BUILD_DIR:-$root/build}"
+
+"$root/packaging/setup-deps.sh"
+"$root/packaging/build.sh"
+
+export QT_QPA_PLATFORM=offscreen
+# Two test processes at a time: several suites start MPI ranks of their own.
+ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 900

@@ -1,0 +1,915 @@
+// Every kernel of the cpu backend, called through the public Backend methods,
+// against the naive float64 references of reference.h. Inputs are random
+// (seeded), outputs must agree to a relative L2 error of 1e-5. Views are
+// column windows of wider buffers whose padding holds NaN: a kernel that reads
+// the padding poisons its result, one that writes it is caught directly.
+#include <QtTest>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/backend.h"
+#include "cpu/cpu_backend.h"
+#include "reference.h"
+
+using ss::Category;
+using ss::Tensor;
+
+namespace {
+
+constexpr double kTol = 1e-5;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+#define VERIFY_CLOSE(got, want, what)                                                     \
+  do {                                                                                    \
+    const double err_ = ref::rel_l2(got, want);                                           \
+    QVERIFY2(err_ <= kTol, qPrintable(QStringLiteral("%1: relative L2 error %2 > %3")     \
+                                          .arg(QStringLiteral(what))                      \
+                                          .arg(err_)                                      \
+                                          .arg(kTol)));                                   \
+  } while (0)
+
+std::vector<float> randn(std::mt19937& g, size_t n, double mean = 0.0, double sd = 1.0) {
+  std::normal_distribution<double> d(mean, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = float(d(g));
+  return v;
+}
+
+// A 2-D matrix on the backend: `view` is rows x cols; with pad > 0 it is the
+// column window [pad, pad + cols) of a [rows, cols + 2 pad] buffer whose other
+// columns hold NaN.
+struct Mat {
+  Tensor full, view;
+  int64_t pad = 0;
+};
+
+// One device: an unlimited allocator, a recorder and the cpu backend.
+struct Rig {
+  ss::Allocator alloc;
+  ss::Recorder rec;
+  ss::CpuBackend be{alloc, rec};
+
+  Tensor tensor(const ss::Shape& shape, const std::vector<float>& values) {
+    Tensor t = be.alloc(shape, Category::Workspace, "test");
+    be.upload(t, values.data(), ss::DType::F32);
+    return t;
+  }
+
+  Mat mat(int64_t rows, int64_t cols, int64_t pad, const std::vector<float>& values) {
+    const int64_t w = cols + 2 * pad;
+    std::vector<float> host(size_t(rows * w), kNaN);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(values.begin() + r * cols, cols, host.begin() + r * w + pad);
+    Mat m;
+    m.full = tensor({rows, w}, host);
+    m.view = m.full.slice(1, pad, cols);
+    m.pad = pad;
+    return m;
+  }
+};
+
+// The values of a tensor (a 2-D view of any row stride, or a contiguous tensor).
+std::vector<float> read(const Tensor& t) {
+  if (t.is_contiguous()) return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
+  std::vector<float> out;
+  out.reserve(size_t(t.numel()));
+  for (int64_t r = 0; r < t.rows(); ++r)
+    out.insert(out.end(), t.data<float>() + r * t.ld(), t.data<float>() + r * t.ld() + t.cols());
+  return out;
+}
+
+// True when every column outside the view still holds NaN.
+bool padding_intact(const Mat& m) {
+  const std::vector<float> all = read(m.full);
+  const int64_t w = m.full.cols(), cols = m.view.cols();
+  for (int64_t r = 0; r < m.full.rows(); ++r)
+    for (int64_t c = 0; c < w; ++c)
+      if ((c < m.pad || c >= m.pad + cols) && !std::isnan(all[size_t(r * w + c)])) return false;
+  return true;
+}
+
+std::vector<int32_t> iota_pos(int64_t n, int32_t first = 0) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), first);
+  return p;
+}
+
+}  // namespace
+
+class TestKernels : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void matmul_data();
+  void matmul();
+  void embedding();
+  void argmax_row();
+  void rmsnorm_data();
+  void rmsnorm();
+  void gated_rmsnorm_data();
+  void gated_rmsnorm();
+  void rope_data();
+  void rope();
+  void attention_data();
+  void attention();
+  void attention_merge_data();
+  void attention_merge();
+  void silu_mul();
+  void add();
+  void copy();
+  void conv1d_causal_data();
+  void conv1d_causal();
+  void conv1d_state_carries_data();
+  void conv1d_state_carries();
+  void ssd_scan_data();
+  void ssd_scan();
+  void ssd_scan_state_carries();
+  void selective_scan_data();
+  void selective_scan();
+};
+
+void TestKernels::matmul_data() {
+  QTest::addColumn<int>("M");
+  QTest::addColumn<int>("N");
+  QTest::addColumn<int>("K");
+  QTest::addColumn<int>("pad");
+  QTest::addColumn<bool>("accumulate");
+  QTest::newRow("contiguous") << 17 << 23 << 31 << 0 << false;
+  QTest::newRow("contiguous accumulate") << 17 << 23 << 31 << 0 << true;
+  QTest::newRow("strided rows") << 33 << 20 << 48 << 3 << false;
+  QTest::newRow("strided rows accumulate") << 33 << 20 << 48 << 5 << true;
+  QTest::newRow("one row accumulate") << 1 << 64 << 64 << 2 << true;
+  QTest::newRow("larger") << 130 << 96 << 200 << 1 << false;
+}
+
+void TestKernels::matmul() {
+  QFETCH(int, M);
+  QFETCH(int, N);
+  QFETCH(int, K);
+  QFETCH(int, pad);
+  QFETCH(bool, accumulate);
+  std::mt19937 g(uint32_t(M * 1000 + N * 10 + K));
+  const auto xv = randn(g, size_t(M) * K), wv = randn(g, size_t(N) * K), yv = randn(g, size_t(M) * N);
+  Rig r;
+  Mat x = r.mat(M, K, pad, xv), w = r.mat(N, K, pad, wv), y = r.mat(M, N, pad, yv);
+  r.be.matmul(y.view, x.view, w.view, accumulate);
+  const ref::Vec y0 = ref::to_double(yv);
+  const ref::Vec want = ref::matmul(ref::to_double(xv), ref::to_double(wv), M, N, K, accumulate ? &y0 : nullptr);
+  VERIFY_CLOSE(read(y.view), want, "y");
+  QVERIFY(padding_intact(y));
+}
+
+void TestKernels::embedding() {
+  std::mt19937 g(7);
+  const int V = 50, d = 24, T = 40;
+  const auto table = randn(g, size_t(V) * d);
+  std::vector<int32_t> tokens(T);
+  std::uniform_int_distribution<int> tok(0, V - 1);
+  for (auto& t : tokens) t = tok(g);
+  tokens[0] = 0;
+  tokens[1] = V - 1;
+  tokens[2] = tokens[3];  // a repeated token
+  Rig r;
+  Mat tab = r.mat(V, d, 2, table), y = r.mat(T, d, 3, std::vector<float>(size_t(T) * d, 0.0f));
+  r.be.embedding(y.view, tab.view, tokens);
+  const auto got = read(y.view);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < d; ++c) QCOMPARE(got[size_t(t * d + c)], table[size_t(tokens[size_t(t)] * d + c)]);
+  QVERIFY(padding_intact(y));
+}
+
+void TestKernels::argmax_row() {
+  std::mt19937 g(11);
+  const int rows = 5, cols = 300;
+  const auto v = randn(g, size_t(rows) * cols);
+  Rig r;
+  Mat x = r.mat(rows, cols, 4, v);
+  for (int row = 0; row < rows; ++row) {
+    const auto first = v.begin() + row * cols;
+    QCOMPARE(r.be.argmax_row(x.view, row), int32_t(std::max_element(first, first + cols) - first));
+  }
+}
+
+void TestKernels::rmsnorm_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("n");
+  QTest::addColumn<int>("group");
+  QTest::addColumn<bool>("weight");
+  QTest::addColumn<int>("pad");
+  QTest::addColumn<bool>("in_place");
+  QTest::newRow("plain") << 7 << 64 << 64 << true << 0 << false;
+  QTest::newRow("no weight") << 7 << 64 << 64 << false << 0 << false;
+  QTest::newRow("grouped") << 9 << 96 << 24 << true << 0 << false;
+  QTest::newRow("grouped no weight") << 9 << 96 << 32 << false << 0 << false;
+  QTest::newRow("strided") << 13 << 40 << 40 << true << 3 << false;
+  QTest::newRow("strided in place no weight") << 13 << 48 << 16 << false << 2 << true;
+}
+
+void TestKernels::rmsnorm() {
+  QFETCH(int, T);
+  QFETCH(int, n);
+  QFETCH(int, group);
+  QFETCH(bool, weight);
+  QFETCH(int, pad);
+  QFETCH(bool, in_place);
+  std::mt19937 g(uint32_t(T * 131 + n + group));
+  const auto xv = randn(g, size_t(T) * n, 0.3, 2.0), wv = randn(g, size_t(n), 1.0, 0.2);
+  Rig r;
+  Mat x = r.mat(T, n, pad, xv);
+  Mat y = in_place ? x : r.mat(T, n, pad, std::vector<float>(size_t(T) * n, 0.0f));
+  const Tensor w = weight ? r.tensor({n}, wv) : Tensor{};
+  const float eps = 1e-5f;
+  r.be.rmsnorm(y.view, x.view, w, eps, group);
+  const ref::Vec wd = ref::to_double(wv);
+  const ref::Vec want = ref::rmsnorm(ref::to_double(xv), nullptr, weight ? &wd : nullptr, T, n, group, eps);
+  VERIFY_CLOSE(read(y.view), want, "y");
+  QVERIFY(padding_intact(y));
+}
+
+void TestKernels::gated_rmsnorm_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("n");
+  QTest::addColumn<int>("group");
+  QTest::addColumn<int>("pad");
+  QTest::addColumn<bool>("in_place");
+  QTest::newRow("one group") << 6 << 64 << 64 << 0 << false;
+  QTest::newRow("four groups") << 11 << 128 << 32 << 0 << false;
+  QTest::newRow("strided z, in place") << 10 << 96 << 48 << 4 << true;
+}
+
+void TestKernels::gated_rmsnorm() {
+  QFETCH(int, T);
+  QFETCH(int, n);
+  QFETCH(int, group);
+  QFETCH(int, pad);
+  QFETCH(bool, in_place);
+  std::mt19937 g(uint32_t(T * 17 + n + group));
+  const auto xv = randn(g, size_t(T) * n), zv = randn(g, size_t(T) * n, 0.0, 2.0),
+             wv = randn(g, size_t(n), 1.0, 0.2);
+  Rig r;
+  Mat x = r.mat(T, n, pad, xv), z = r.mat(T, n, pad, zv);
+  Mat y = in_place ? x : r.mat(T, n, pad, std::vector<float>(size_t(T) * n, 0.0f));
+  const Tensor w = r.tensor({n}, wv);
+  const float eps = 1e-5f;
+  r.be.gated_rmsnorm(y.view, x.view, z.view, w, eps, group);
+  const ref::Vec zd = ref::to_double(zv), wd = ref::to_double(wv);
+  const ref::Vec want = ref::rmsnorm(ref::to_double(xv), &zd, &wd, T, n, group, eps);
+  VERIFY_CLOSE(read(y.view), want, "y");
+  QVERIFY(padding_intact(y));
+}
+
+void TestKernels::rope_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("n_heads");
+  QTest::addColumn<int>("head_dim");
+  QTest::addColumn<double>("theta");
+  QTest::addColumn<QString>("positions");
+  QTest::addColumn<int>("pad");
+  QTest::newRow("from zero") << 20 << 4 << 16 << 10000.0 << "from zero" << 0;
+  QTest::newRow("decode at 4097") << 1 << 8 << 64 << 10000.0 << "offset" << 0;
+  QTest::newRow("scattered, theta 5e5") << 33 << 2 << 128 << 500000.0 << "scattered" << 0;
+  QTest::newRow("strided k heads") << 17 << 2 << 32 << 10000.0 << "scattered" << 5;
+}
+
+void TestKernels::rope() {
+  QFETCH(int, T);
+  QFETCH(int, n_heads);
+  QFETCH(int, head_dim);
+  QFETCH(double, theta);
+  QFETCH(QString, positions);
+  QFETCH(int, pad);
+  std::mt19937 g(uint32_t(T * 7 + n_heads + head_dim));
+  std::vector<int32_t> pos;
+  if (positions == "from zero") {
+    pos = iota_pos(T);
+  } else if (positions == "offset") {
+    pos = iota_pos(T, 4097);
+  } else {
+    std::uniform_int_distribution<int32_t> d(0, 200000);
+    for (int t = 0; t < T; ++t) pos.push_back(d(g));
+  }
+  const int cols = n_heads * head_dim;
+  const auto xv = randn(g, size_t(T) * cols);
+  Rig r;
+  Mat x = r.mat(T, cols, pad, xv);
+  r.be.rope(x.view, n_heads, head_dim, pos, float(theta));
+  // The kernel turns by the fp32 theta; the reference does the same so the
+  // comparison measures the kernel's arithmetic, not the rounding of theta.
+  const ref::Vec want = ref::rope(ref::to_double(xv), T, n_heads, head_dim, pos, double(float(theta)));
+  VERIFY_CLOSE(read(x.view), want, "x");
+  QVERIFY(padding_intact(x));
+}
+
+namespace {
+
+// Query and key positions of an attention test row.
+//   prefill:   Tq == Tk, both 0..T-1
+//   suffix:    keys 0..Tk-1, queries the last Tq of them (chunked prefill, decode)
+//   zigzag:    L = Tk tokens in 2D chunks, rank r holds chunks {r, 2D-1-r};
+//              keys are all-gathered in rank order (so not sorted), the
+//              queries are rank `rank`'s tokens
+//   shuffled:  keys a random permutation of 0..Tk-1, queries random positions
+//   gaps:      keys at 100 + 3j, queries anywhere in [0, 100 + 3Tk), some
+//              before every key (they see nothing: o = 0, lse = -inf)
+void make_positions(const QString& mode, int Tq, int Tk, std::mt19937& g, std::vector<int32_t>& q_pos,
+                    std::vector<int32_t>& k_pos) {
+  q_pos.clear();
+  k_pos.clear();
+  if (mode == "prefill") {
+    q_pos = k_pos = iota_pos(Tk);
+  } else if (mode == "suffix") {
+    k_pos = iota_pos(Tk);
+    q_pos = iota_pos(Tq, Tk - Tq);
+  } else if (mode == "zigzag") {
+    const int D = 3, rank = 1, chunk = Tk / (2 * D);
+    auto chunk_pos = [&](int c, std::vector<int32_t>& out) {
+      for (int i = 0; i < chunk; ++i) out.push_back(c * chunk + i);
+    };
+    for (int r = 0; r < D; ++r) {
+      chunk_pos(r, k_pos);
+      chunk_pos(2 * D - 1 - r, k_pos);
+    }
+    chunk_pos(rank, q_pos);
+    chunk_pos(2 * D - 1 - rank, q_pos);
+  } else if (mode == "shuffled") {
+    k_pos = iota_pos(Tk);
+    std::shuffle(k_pos.begin(), k_pos.end(), g);
+    std::uniform_int_distribution<int32_t> d(0, Tk - 1);
+    for (int i = 0; i < Tq; ++i) q_pos.push_back(d(g));
+  } else if (mode == "gaps") {
+    for (int j = 0; j < Tk; ++j) k_pos.push_back(100 + 3 * j);
+    std::uniform_int_distribution<int32_t> d(0, 100 + 3 * Tk);
+    for (int i = 0; i < Tq; ++i) q_pos.push_back(i < 3 ? 40 * i : d(g));
+  }
+}
+
+// lse values compared where finite; where the reference is -inf the kernel must be too.
+void verify_lse(const std::vector<float>& got, const ref::Vec& want) {
+  QCOMPARE(got.size(), want.size());
+  std::vector<float> g;
+  ref::Vec w;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i])) {
+      QVERIFY2(std::isinf(got[i]) && got[i] < 0, "a query that sees no key must get lse = -inf");
+    } else {
+      g.push_back(got[i]);
+      w.push_back(want[i]);
+    }
+  }
+  VERIFY_CLOSE(g, w, "lse");
+}
+
+}  // namespace
+
+void TestKernels::attention_data() {
+  QTest::addColumn<int>("Tq");
+  QTest::addColumn<int>("Tk");
+  QTest::addColumn<int>("n_heads");
+  QTest::addColumn<int>("n_kv_heads");
+  QTest::addColumn<int>("head_dim");
+  QTest::addColumn<QString>("positions");
+  QTest::addColumn<bool>("packed");  // q, k, v column windows of one [T, q|k|v] buffer
+  QTest::newRow("prefill 200, GQA") << 200 << 200 << 4 << 2 << 32 << "prefill" << false;
+  QTest::newRow("prefill 600, MHA") << 600 << 600 << 2 << 2 << 16 << "prefill" << false;
+  QTest::newRow("prefill 150, packed qkv") << 150 << 150 << 4 << 1 << 16 << "prefill" << true;
+  QTest::newRow("decode Tq=1 Tk=777, MQA") << 1 << 777 << 8 << 1 << 64 << "suffix" << false;
+  QTest::newRow("chunk Tq=37 Tk=1100") << 37 << 1100 << 4 << 2 << 32 << "suffix" << false;
+  QTest::newRow("zigzag rank 1 of 3, L=1200") << 400 << 1200 << 4 << 2 << 32 << "zigzag" << false;
+  QTest::newRow("shuffled keys 300/700") << 300 << 700 << 2 << 1 << 16 << "shuffled" << false;
+  QTest::newRow("gaps, queries before all keys") << 50 << 530 << 3 << 3 << 8 << "gaps" << false;
+}
+
+void TestKernels::attention() {
+  QFETCH(int, Tq);
+  QFETCH(int, Tk);
+  QFETCH(int, n_heads);
+  QFETCH(int, n_kv_heads);
+  QFETCH(int, head_dim);
+  QFETCH(QString, positions);
+  QFETCH(bool, packed);
+  std::mt19937 g(uint32_t(Tq * 31 + Tk + n_heads * 7 + head_dim));
+  std::vector<int32_t> q_pos, k_pos;
+  make_positions(positions, Tq, Tk, g, q_pos, k_pos);
+  QCOMPARE(int(q_pos.size()), Tq);
+  QCOMPARE(int(k_pos.size()), Tk);
+  const int hq = n_heads * head_dim, hkv = n_kv_heads * head_dim;
+  // Spread scores so the softmax is far from uniform.
+  const auto qv = randn(g, size_t(Tq) * hq, 0.0, 1.5), kv = randn(g, size_t(Tk) * hkv, 0.0, 1.5),
+             vv = randn(g, size_t(Tk) * hkv);
+  Rig r;
+  Tensor q, k, v;
+  Mat qkv;
+  if (packed) {  // one fused projection output [T, q | k | v], as a QKV GEMM writes it
+    std::vector<float> all;
+    for (int t = 0; t < Tq; ++t) {
+      all.insert(all.end(), qv.begin() + t * hq, qv.begin() + (t + 1) * hq);
+      all.insert(all.end(), kv.begin() + t * hkv, kv.begin() + (t + 1) * hkv);
+      all.insert(all.end(), vv.begin() + t * hkv, vv.begin() + (t + 1) * hkv);
+    }
+    qkv = r.mat(Tq, hq + 2 * hkv, 1, all);
+    q = qkv.view.slice(1, 0, hq);
+    k = qkv.view.slice(1, hq, hkv);
+    v = qkv.view.slice(1, hq + hkv, hkv);
+  } else {
+    q = r.mat(Tq, hq, 0, qv).view;
+    k = r.mat(Tk, hkv, 0, kv).view;
+    v = r.mat(Tk, hkv, 0, vv).view;
+  }
+  Mat o = r.mat(Tq, hq, packed ? 2 : 0, std::vector<float>(size_t(Tq) * hq, kNaN));
+  const Tensor lse = r.tensor({Tq, n_heads}, std::vector<float>(size_t(Tq) * n_heads, kNaN));
+  ss::AttentionArgs a;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.head_dim = head_dim;
+  a.scale = 1.0f / std::sqrt(float(head_dim));
+  a.q_pos = q_pos;
+  a.k_pos = k_pos;
+  r.be.attention(o.view, q, k, v, a, lse);
+
+  ref::Vec want_lse;
+  const ref::Vec want = ref::attention(ref::to_double(qv), ref::to_double(kv), ref::to_double(vv), Tq, Tk, n_heads,
+                                       n_kv_heads, head_dim, a.scale, q_pos, k_pos, &want_lse);
+  VERIFY_CLOSE(read(o.view), want, "o");
+  verify_lse(read(lse), want_lse);
+  if (packed) QVERIFY(padding_intact(o));
+
+  // Without lse the output is the same.
+  Mat o2 = r.mat(Tq, hq, 0, std::vector<float>(size_t(Tq) * hq, kNaN));
+  r.be.attention(o2.view, q, k, v, a);
+  VERIFY_CLOSE(read(o2.view), want, "o without lse");
+}
+
+void TestKernels::attention_merge_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<QString>("split");
+  QTest::newRow("random split of 300") << 300 << "random";
+  QTest::newRow("halves of 700 (late queries see both)") << 700 << "halves";
+  QTest::newRow("zigzag ranks 0 and 1 of 2") << 256 << "zigzag";
+}
+
+// Attention over keys split into two disjoint sets, each attended with its
+// lse and merged, equals attention over all keys.
+void TestKernels::attention_merge() {
+  QFETCH(int, T);
+  QFETCH(QString, split);
+  const int n_heads = 4, n_kv_heads = 2, head_dim = 16, hq = n_heads * head_dim, hkv = n_kv_heads * head_dim;
+  std::mt19937 g(uint32_t(T) + uint32_t(split.size()));
+  const std::vector<int32_t> pos = iota_pos(T);
+  std::vector<char> in_first(static_cast<size_t>(T));
+  if (split == "random") {
+    std::bernoulli_distribution b(0.4);
+    for (auto& f : in_first) f = b(g);
+  } else if (split == "halves") {
+    for (int t = 0; t < T; ++t) in_first[size_t(t)] = t < T / 2;
+  } else {  // zigzag: 4 chunks, rank 0 holds {0, 3}, rank 1 holds {1, 2}
+    for (int t = 0; t < T; ++t) in_first[size_t(t)] = (t / (T / 4)) % 3 == 0;
+  }
+  const auto qv = randn(g, size_t(T) * hq, 0.0, 1.5), kv = randn(g, size_t(T) * hkv, 0.0, 1.5),
+             vv = randn(g, size_t(T) * hkv);
+  // Gather each set's keys and values (rows of kv, vv) with their positions.
+  std::vector<float> k_set[2], v_set[2];
+  std::vector<int32_t> pos_set[2];
+  for (int t = 0; t < T; ++t) {
+    const int s = in_first[size_t(t)] ? 0 : 1;
+    k_set[s].insert(k_set[s].end(), kv.begin() + t * hkv, kv.begin() + (t + 1) * hkv);
+    v_set[s].insert(v_set[s].end(), vv.begin() + t * hkv, vv.begin() + (t + 1) * hkv);
+    pos_set[s].push_back(t);
+  }
+  QVERIFY(!pos_set[0].empty() && !pos_set[1].empty());
+
+  Rig r;
+  const Tensor q = r.tensor({T, hq}, qv);
+  Tensor o[2], lse[2];
+  for (int s = 0; s < 2; ++s) {
+    const int64_t Tk = int64_t(pos_set[s].size());
+    const Tensor k = r.tensor({Tk, hkv}, k_set[s]), v = r.tensor({Tk, hkv}, v_set[s]);
+    o[s] = r.be.alloc({T, hq}, Category::Workspace, "o");
+    lse[s] = r.be.alloc({T, n_heads}, Category::Workspace, "lse");
+    ss::AttentionArgs a;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv_heads;
+    a.head_dim = head_dim;
+    a.scale = 1.0f / std::sqrt(float(head_dim));
+    a.q_pos = pos;
+    a.k_pos = pos_set[s];
+    r.be.attention(o[s], q, k, v, a, lse[s]);
+  }
+  r.be.attention_merge(o[0], lse[0], o[1], lse[1], n_heads, head_dim);
+
+  ref::Vec want_lse;
+  const ref::Vec want = ref::attention(ref::to_double(qv), ref::to_double(kv), ref::to_double(vv), T, T, n_heads,
+                                       n_kv_heads, head_dim, 1.0 / std::sqrt(double(float(head_dim))), pos, pos,
+                                       &want_lse);
+  VERIFY_CLOSE(read(o[0]), want, "merged o");
+  verify_lse(read(lse[0]), want_lse);
+}
+
+void TestKernels::silu_mul() {
+  std::mt19937 g(3);
+  const int T = 19, n = 70;
+  const auto gv = randn(g, size_t(T) * n, 0.0, 3.0), uv = randn(g, size_t(T) * n);
+  ref::Vec want(gv.size());
+  for (size_t i = 0; i < gv.size(); ++i) want[i] = ref::silu(gv[i]) * double(uv[i]);
+  {
+    Rig r;
+    Mat gate = r.mat(T, n, 2, gv), up = r.mat(T, n, 1, uv), y = r.mat(T, n, 3, std::vector<float>(gv.size(), 0));
+    r.be.silu_mul(y.view, gate.view, up.view);
+    VERIFY_CLOSE(read(y.view), want, "y");
+    QVERIFY(padding_intact(y));
+  }
+  {  // in place into the gate, as the MLP does
+    Rig r;
+    Mat gate = r.mat(T, n, 0, gv), up = r.mat(T, n, 0, uv);
+    r.be.silu_mul(gate.view, gate.view, up.view);
+    VERIFY_CLOSE(read(gate.view), want, "y aliasing gate");
+  }
+}
+
+void TestKernels::add() {
+  std::mt19937 g(5);
+  const int T = 23, n = 45;
+  const auto av = randn(g, size_t(T) * n), bv = randn(g, size_t(T) * n);
+  ref::Vec want(av.size());
+  for (size_t i = 0; i < av.size(); ++i) want[i] = double(av[i]) + double(bv[i]);
+  {
+    Rig r;
+    Mat a = r.mat(T, n, 1, av), b = r.mat(T, n, 4, bv), y = r.mat(T, n, 2, std::vector<float>(av.size(), 0));
+    r.be.add(y.view, a.view, b.view);
+    VERIFY_CLOSE(read(y.view), want, "y");
+    QVERIFY(padding_intact(y));
+  }
+  {  // y aliasing a (a residual update)
+    Rig r;
+    Mat a = r.mat(T, n, 3, av), b = r.mat(T, n, 0, bv);
+    r.be.add(a.view, a.view, b.view);
+    VERIFY_CLOSE(read(a.view), want, "y aliasing a");
+    QVERIFY(padding_intact(a));
+  }
+}
+
+void TestKernels::copy() {
+  std::mt19937 g(9);
+  const int T = 17, n = 33;
+  const auto sv = randn(g, size_t(T) * n);
+  const ref::Vec want = ref::to_double(sv);
+  Rig r;
+  {  // contiguous, any rank
+    const Tensor src = r.tensor({T, n}, sv).reshape({T, 1, n});
+    const Tensor dst = r.be.alloc({T, 1, n}, Category::Workspace, "dst");
+    r.be.copy(dst, src);
+    QCOMPARE(ref::rel_l2(read(dst), want), 0.0);
+  }
+  {  // strided views on both sides
+    Mat src = r.mat(T, n, 2, sv), dst = r.mat(T, n, 5, std::vector<float>(sv.size(), 0));
+    r.be.copy(dst.view, src.view);
+    QCOMPARE(ref::rel_l2(read(dst.view), want), 0.0);
+    QVERIFY(padding_intact(dst));
+  }
+  {  // a row range of a buffer (a KV cache slice) into a contiguous tensor
+    Mat src = r.mat(T, n, 0, sv);
+    const Tensor dst = r.be.alloc({5, n}, Category::Workspace, "dst");
+    r.be.copy(dst, src.view.slice(0, 7, 5));
+    QCOMPARE(ref::rel_l2(read(dst), ref::Vec(want.begin() + 7 * n, want.begin() + 12 * n)), 0.0);
+  }
+}
+
+void TestKernels::conv1d_causal_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("C");
+  QTest::addColumn<int>("K");
+  QTest::addColumn<bool>("bias");
+  QTest::addColumn<bool>("state");
+  QTest::addColumn<bool>("silu");
+  QTest::addColumn<int>("pad");
+  QTest::newRow("no bias, no state") << 30 << 24 << 4 << false << false << false << 0;
+  QTest::newRow("bias") << 30 << 24 << 4 << true << false << false << 0;
+  QTest::newRow("bias, state, silu") << 29 << 40 << 4 << true << true << true << 0;
+  QTest::newRow("no bias, state, silu") << 29 << 40 << 4 << false << true << true << 0;
+  QTest::newRow("T < K-1, state") << 2 << 16 << 4 << true << true << true << 0;
+  QTest::newRow("decode T=1, state") << 1 << 48 << 4 << true << true << true << 0;
+  QTest::newRow("K=2, state") << 11 << 8 << 2 << true << true << false << 0;
+  QTest::newRow("strided x, K=3, state") << 21 << 36 << 3 << true << true << true << 3;
+}
+
+void TestKernels::conv1d_causal() {
+  QFETCH(int, T);
+  QFETCH(int, C);
+  QFETCH(int, K);
+  QFETCH(bool, bias);
+  QFETCH(bool, state);
+  QFETCH(bool, silu);
+  QFETCH(int, pad);
+  std::mt19937 g(uint32_t(T * 13 + C + K));
+  const auto xv = randn(g, size_t(T) * C), wv = randn(g, size_t(C) * K, 0.0, 0.5), bv = randn(g, size_t(C), 0.0, 0.1),
+             sv = randn(g, size_t(K - 1) * C);
+  Rig r;
+  Mat x = r.mat(T, C, pad, xv), y = r.mat(T, C, pad, std::vector<float>(size_t(T) * C, kNaN));
+  const Tensor w = r.tensor({C, K}, wv);
+  const Tensor b = bias ? r.tensor({C}, bv) : Tensor{};
+  const Tensor st = state ? r.tensor({K - 1, C}, sv) : Tensor{};
+  r.be.conv1d_causal(y.view, x.view, w, b, st, silu);
+  const ref::Vec bd = ref::to_double(bv), sd = ref::to_double(sv);
+  ref::Vec want_state;
+  const ref::Vec want = ref::conv1d_causal(ref::to_double(xv), ref::to_double(wv), bias ? &bd : nullptr,
+                                           state ? &sd : nullptr, T, C, K, silu, &want_state);
+  VERIFY_CLOSE(read(y.view), want, "y");
+  QVERIFY(padding_intact(y));
+  if (state) VERIFY_CLOSE(read(st), want_state, "conv state");
+}
+
+void TestKernels::conv1d_state_carries_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("split");
+  QTest::addColumn<bool>("bias");
+  QTest::newRow("21 = 10 + 11, bias") << 21 << 10 << true;
+  QTest::newRow("21 = 1 + 20, no bias") << 21 << 1 << false;
+  QTest::newRow("9 = 7 + 2, bias") << 9 << 7 << true;
+}
+
+// Running x in two pieces with the state carried equals one run on all of x,
+// and both equal the reference from a zero state.
+void TestKernels::conv1d_state_carries() {
+  QFETCH(int, T);
+  QFETCH(int, split);
+  QFETCH(bool, bias);
+  const int C = 20, K = 4;
+  std::mt19937 g(uint32_t(T * 3 + split));
+  const auto xv = randn(g, size_t(T) * C), wv = randn(g, size_t(C) * K, 0.0, 0.5), bv = randn(g, size_t(C), 0.0, 0.1);
+  Rig r;
+  const Tensor x = r.tensor({T, C}, xv), w = r.tensor({C, K}, wv);
+  const Tensor b = bias ? r.tensor({C}, bv) : Tensor{};
+  const Tensor y = r.be.alloc({T, C}, Category::Workspace, "y");
+  const Tensor st = r.tensor({K - 1, C}, std::vector<float>(size_t(K - 1) * C, 0.0f));
+  r.be.conv1d_causal(y.slice(0, 0, split), x.slice(0, 0, split), w, b, st, true);
+  r.be.conv1d_causal(y.slice(0, split, T - split), x.slice(0, split, T - split), w, b, st, true);
+
+  const Tensor y1 = r.be.alloc({T, C}, Category::Workspace, "y1");
+  const Tensor st1 = r.tensor({K - 1, C}, std::vector<float>(size_t(K - 1) * C, 0.0f));
+  r.be.conv1d_causal(y1, x, w, b, st1, true);
+  VERIFY_CLOSE(read(y), ref::to_double(read(y1)), "two pieces vs one run");
+  VERIFY_CLOSE(read(st), ref::to_double(read(st1)), "state after two pieces vs one run");
+
+  const ref::Vec bd = ref::to_double(bv);
+  ref::Vec want_state;
+  const ref::Vec want = ref::conv1d_causal(ref::to_double(xv), ref::to_double(wv), bias ? &bd : nullptr, nullptr, T,
+                                           C, K, true, &want_state);
+  VERIFY_CLOSE(read(y), want, "y");
+  VERIFY_CLOSE(read(st), want_state, "conv state");
+}
+
+namespace {
+
+struct SsdCase {
+  int T, H, P, G, N, chunk;
+  double dt_min = 0, dt_max = std::numeric_limits<double>::infinity();
+};
+
+// Random SSD inputs in the ranges of real Mamba2 layers: dt_bias the inverse
+// softplus of dt ~ logU[1e-3, 1e-1], A_log = log U[1, 16], D near 1.
+ref::SsdProblem random_ssd(const SsdCase& c, std::mt19937& g) {
+  ref::SsdProblem p;
+  p.T = c.T;
+  p.n_heads = c.H;
+  p.head_dim = c.P;
+  p.n_groups = c.G;
+  p.d_state = c.N;
+  p.dt_min = c.dt_min;
+  p.dt_max = c.dt_max;
+  // Values are rounded to float first: kernel and reference see the same inputs.
+  auto f = [](const std::vector<float>& v) { return ref::to_double(v); };
+  p.x = f(randn(g, size_t(c.T) * c.H * c.P));
+  p.dt = f(randn(g, size_t(c.T) * c.H, 0.0, 0.5));
+  std::vector<float> bias(size_t(c.H)), alog(size_t(c.H));
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int h = 0; h < c.H; ++h) {
+    const double dt = std::exp(std::log(1e-3) + u(g) * (std::log(1e-1) - std::log(1e-3)));
+    bias[size_t(h)] = float(dt + std::log(-std::expm1(-dt)));
+    alog[size_t(h)] = float(std::log(1.0 + 15.0 * u(g)));
+  }
+  p.dt_bias = f(bias);
+  p.A_log = f(alog);
+  p.D = f(randn(g, size_t(c.H), 1.0, 0.1));
+  p.B = f(randn(g, size_t(c.T) * c.G * c.N));
+  p.C = f(randn(g, size_t(c.T) * c.G * c.N));
+  return p;
+}
+
+std::vector<float> to_float(const ref::Vec& v) { return std::vector<float>(v.begin(), v.end()); }
+
+}  // namespace
+
+void TestKernels::ssd_scan_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("H");
+  QTest::addColumn<int>("P");
+  QTest::addColumn<int>("G");
+  QTest::addColumn<int>("N");
+  QTest::addColumn<int>("chunk");
+  QTest::addColumn<bool>("state");
+  QTest::addColumn<bool>("packed");  // x, B, C, dt as column windows of one in_proj-like buffer
+  QTest::addColumn<double>("dt_min");
+  QTest::addColumn<double>("dt_max");
+  const double inf = std::numeric_limits<double>::infinity();
+  QTest::newRow("chunk 1") << 23 << 4 << 8 << 1 << 16 << 1 << false << false << 0.0 << inf;
+  QTest::newRow("chunk 7, 2 groups, T=50") << 50 << 4 << 8 << 2 << 16 << 7 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 16, state, T=37") << 37 << 4 << 16 << 1 << 16 << 16 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 16, packed, 2 groups") << 45 << 8 << 16 << 2 << 16 << 16 << true << true << 0.0 << inf;
+  QTest::newRow("chunk 64, 4 groups, T=150") << 150 << 8 << 8 << 4 << 16 << 64 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 256, T=300") << 300 << 4 << 16 << 2 << 32 << 256 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 256, T=100 < chunk") << 100 << 2 << 16 << 1 << 16 << 256 << false << false << 0.0 << inf;
+  QTest::newRow("dt clamped to [0.01, 0.05]") << 70 << 4 << 8 << 2 << 16 << 16 << true << false << 0.01 << 0.05;
+  QTest::newRow("decode T=1, state") << 1 << 8 << 16 << 2 << 16 << 256 << true << false << 0.0 << inf;
+}
+
+void TestKernels::ssd_scan() {
+  QFETCH(int, T);
+  QFETCH(int, H);
+  QFETCH(int, P);
+  QFETCH(int, G);
+  QFETCH(int, N);
+  QFETCH(int, chunk);
+  QFETCH(bool, state);
+  QFETCH(bool, packed);
+  QFETCH(double, dt_min);
+  QFETCH(double, dt_max);
+  std::mt19937 g(uint32_t(T * 101 + H * 11 + G * 3 + chunk));
+  const ref::SsdProblem p = random_ssd({T, H, P, G, N, chunk, dt_min, dt_max}, g);
+  const auto s0 = randn(g, size_t(H) * P * N, 0.0, 0.5);
+
+  Rig r;
+  ss::SsdArgs a;
+  const int64_t HP = int64_t(H) * P, GN = int64_t(G) * N;
+  Mat buf;
+  if (packed) {  // [x | B | C | dt] per row, like the conv output and in_proj slices the model passes
+    std::vector<float> all;
+    for (int t = 0; t < T; ++t) {
+      for (const auto* part : {&p.x, &p.B, &p.C}) {
+        const int64_t w = part == &p.x ? HP : GN;
+        all.insert(all.end(), part->begin() + t * w, part->begin() + (t + 1) * w);
+      }
+      all.insert(all.end(), p.dt.begin() + t * H, p.dt.begin() + (t + 1) * H);
+    }
+    buf = r.mat(T, HP + 2 * GN + H, 2, all);
+    a.x = buf.view.slice(1, 0, HP);
+    a.B = buf.view.slice(1, HP, GN);
+    a.C = buf.view.slice(1, HP + GN, GN);
+    a.dt = buf.view.slice(1, HP + 2 * GN, H);
+  } else {
+    a.x = r.tensor({T, HP}, to_float(p.x));
+    a.B = r.tensor({T, GN}, to_float(p.B));
+    a.C = r.tensor({T, GN}, to_float(p.C));
+    a.dt = r.tensor({T, H}, to_float(p.dt));
+  }
+  Mat y = r.mat(T, HP, packed ? 1 : 0, std::vector<float>(size_t(T * HP), kNaN));
+  a.y = y.view;
+  a.dt_bias = r.tensor({H}, to_float(p.dt_bias));
+  a.A_log = r.tensor({H}, to_float(p.A_log));
+  a.D = r.tensor({H}, to_float(p.D));
+  if (state) a.state = r.tensor({H, P, N}, s0);
+  a.n_heads = H;
+  a.head_dim = P;
+  a.n_groups = G;
+  a.d_state = N;
+  a.chunk = chunk;
+  a.dt_min = float(dt_min);
+  a.dt_max = float(dt_max);
+  r.be.ssd_scan(a);
+
+  ref::SsdProblem pr = p;
+  pr.dt_min = double(float(dt_min));
+  pr.dt_max = double(float(dt_max));
+  ref::Vec want_state = state ? ref::to_double(s0) : ref::Vec{};
+  const ref::Vec want = ref::ssd_scan(pr, want_state);
+  VERIFY_CLOSE(read(y.view), want, "y");
+  QVERIFY(padding_intact(y));
+  if (state) VERIFY_CLOSE(read(a.state), want_state, "ssm state");
+}
+
+// A scan in pieces with the state carried (prefill, then more prefill, then
+// decode steps) equals the reference over the whole sequence.
+void TestKernels::ssd_scan_state_carries() {
+  const int T = 61, H = 4, P = 8, G = 2, N = 16;
+  std::mt19937 g(2024);
+  const ref::SsdProblem p = random_ssd({T, H, P, G, N, 16}, g);
+  Rig r;
+  const Tensor x = r.tensor({T, H * P}, to_float(p.x)), B = r.tensor({T, G * N}, to_float(p.B)),
+               C = r.tensor({T, G * N}, to_float(p.C)), dt = r.tensor({T, H}, to_float(p.dt));
+  const Tensor y = r.be.alloc({T, H * P}, Category::Workspace, "y");
+  ss::SsdArgs a;
+  a.dt_bias = r.tensor({H}, to_float(p.dt_bias));
+  a.A_log = r.tensor({H}, to_float(p.A_log));
+  a.D = r.tensor({H}, to_float(p.D));
+  a.state = r.tensor({H, P, N}, std::vector<float>(size_t(H) * P * N, 0.0f));
+  a.n_heads = H;
+  a.head_dim = P;
+  a.n_groups = G;
+  a.d_state = N;
+  a.chunk = 16;
+  const int pieces[][2] = {{0, 21}, {21, 37}, {58, 1}, {59, 1}, {60, 1}};
+  for (const auto& [t0, len] : pieces) {
+    a.x = x.slice(0, t0, len);
+    a.B = B.slice(0, t0, len);
+    a.C = C.slice(0, t0, len);
+    a.dt = dt.slice(0, t0, len);
+    a.y = y.slice(0, t0, len);
+    r.be.ssd_scan(a);
+  }
+  ref::Vec want_state;
+  const ref::Vec want = ref::ssd_scan(p, want_state);
+  VERIFY_CLOSE(read(y), want, "y");
+  VERIFY_CLOSE(read(a.state), want_state, "ssm state");
+}
+
+void TestKernels::selective_scan_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("channels");
+  QTest::addColumn<int>("N");
+  QTest::addColumn<bool>("gate");
+  QTest::addColumn<bool>("state");
+  QTest::addColumn<bool>("packed");  // z, B, C as column windows, as the Mamba mixer passes them
+  QTest::newRow("no gate") << 40 << 24 << 8 << false << false << false;
+  QTest::newRow("gate") << 40 << 24 << 8 << true << false << false;
+  QTest::newRow("gate, state") << 33 << 48 << 16 << true << true << false;
+  QTest::newRow("no gate, state") << 33 << 48 << 16 << false << true << false;
+  QTest::newRow("decode T=1, gate, state") << 1 << 64 << 16 << true << true << false;
+  QTest::newRow("packed, gate, state") << 29 << 32 << 8 << true << true << true;
+}
+
+void TestKernels::selective_scan() {
+  QFETCH(int, T);
+  QFETCH(int, channels);
+  QFETCH(int, N);
+  QFETCH(bool, gate);
+  QFETCH(bool, state);
+  QFETCH(bool, packed);
+  const int Ch = channels;
+  std::mt19937 g(uint32_t(T * 37 + Ch + N));
+  ref::SelectiveProblem p;
+  p.T = T;
+  p.channels = Ch;
+  p.d_state = N;
+  const auto xv = randn(g, size_t(T) * Ch), dtv = randn(g, size_t(T) * Ch, 0.0, 0.5),
+             zv = randn(g, size_t(T) * Ch, 0.0, 2.0), Bv = randn(g, size_t(T) * N), Cv = randn(g, size_t(T) * N),
+             Dv = randn(g, size_t(Ch), 1.0, 0.1), s0 = randn(g, size_t(Ch) * N, 0.0, 0.5);
+  std::vector<float> bias(static_cast<size_t>(Ch)), alog(static_cast<size_t>(Ch) * N);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int c = 0; c < Ch; ++c) {
+    const double dt = std::exp(std::log(1e-3) + u(g) * (std::log(1e-1) - std::log(1e-3)));
+    bias[size_t(c)] = float(dt + std::log(-std::expm1(-dt)));
+    for (int n = 0; n < N; ++n) alog[size_t(c * N + n)] = float(std::log(n + 1.0) + 0.1 * (u(g) - 0.5));
+  }
+  p.x = ref::to_double(xv);
+  p.dt = ref::to_double(dtv);
+  if (gate) p.z = ref::to_double(zv);
+  p.dt_bias = ref::to_double(bias);
+  p.D = ref::to_double(Dv);
+  p.A_log = ref::to_double(alog);
+  p.B = ref::to_double(Bv);
+  p.C = ref::to_double(Cv);
+
+  Rig r;
+  ss::SelectiveScanArgs a;
+  Mat xz, bc;
+  if (packed) {  // [x | z] from in_proj and [B | C] from x_proj, with padding
+    std::vector<float> xzv, bcv;
+    for (int t = 0; t < T; ++t) {
+      xzv.insert(xzv.end(), xv.begin() + t * Ch, xv.begin() + (t + 1) * Ch);
+      xzv.insert(xzv.end(), zv.begin() + t * Ch, zv.begin() + (t + 1) * Ch);
+      bcv.insert(bcv.end(), Bv.begin() + t * N, Bv.begin() + (t + 1) * N);
+      bcv.insert(bcv.end(), Cv.begin() + t * N, Cv.begin() + (t + 1) * N);
+    }
+    xz = r.mat(T, 2 * Ch, 1, xzv);
+    bc = r.mat(T, 2 * N, 3, bcv);
+    a.x = xz.view.slice(1, 0, Ch);
+    a.z = xz.view.slice(1, Ch, Ch);
+    a.B = bc.view.slice(1, 0, N);
+    a.C = bc.view.slice(1, N, N);
+  } else {
+    a.x = r.tensor({T, Ch}, xv);
+    if (gate) a.z = r.tensor({T, Ch}, zv);
+    a.B = r.tensor({T, N}, Bv);
+    a.C = r.tensor({T, N}, Cv);
+  }
+  Mat y = r.mat(T, Ch, packed ? 2 : 0, std::vector<float>(size_t(T) * Ch, kNaN));
+  a.y = y.view;
+  a.dt = r.tensor({T, Ch}, dtv);
+  a.dt_bias = r.tensor({Ch}, bias);
+  a.D = r.tensor({Ch}, Dv);
+  a.A_log = r.tensor({Ch, N}, alog);
+  if (state) a.state = r.tensor({Ch, N}, s0);
+  r.be.selective_scan(a);
+
+  ref::Vec want_state = state ? ref::to_double(s0) : ref::Vec{};
+  const ref::Vec want = ref::selective_scan(p, want_state);
+  VERIFY_CLOSE(read(y.view), want, "y");
+  QVERIFY(padding_intact(y));
+  if (state) VERIFY_CLOSE(read(a.state), want_state, "ssm state");
+}
+
+QTEST_GUILESS_MAIN(TestKernels)
+#include "tst_kernels.moc"
