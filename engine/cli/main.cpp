@@ -40,7 +40,11 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--model", o.model, "preset name (see `presets`) or a Hugging Face model folder")->capture_default_str();
   cmd->add_option("--set", o.overrides, "override a config.json field, e.g. --set hidden_size=512 (repeatable)");
   cmd->add_option("--backend", o.backend, "cpu")->capture_default_str();
-  cmd->add_option("--strategy", o.strategy, "single")->capture_default_str();
+  cmd->add_option("--strategy", o.strategy, "single, dp, tp, sp, tp_sp or tsp")->capture_default_str();
+  cmd->add_option("--devices", o.devices, "devices (MPI ranks) of the run")->capture_default_str();
+  cmd->add_option("--mesh", o.mesh, "tp_sp mesh TxS, e.g. 2x2");
+  cmd->add_option("--split", o.split, "sequence split for sp/tp_sp/tsp: zigzag or contiguous")->capture_default_str();
+  cmd->add_option("--batch", o.batch, "sequences (dp gives each device its own)")->capture_default_str();
   cmd->add_option("--prompt-len", o.prompt_len, "synthetic prompt length (tokens drawn from --seed)");
   cmd->add_option("--tokens", tokens, "explicit prompt token ids, comma separated");
   cmd->add_option("--decode", o.decode, "greedy decode steps after the prompt")->capture_default_str();
@@ -62,7 +66,6 @@ int run_command(ss::RunOptions& o, const std::string& tokens, const std::string&
   ss::proto::Writer w(f);
   ss::RunResult r = ss::run_inference(o, w);
   if (f != stdout) std::fclose(f);
-  if (r.exit_code != 0) std::fprintf(stderr, "shardscope-engine: error: %s\n", r.error.c_str());
   return r.exit_code;
 }
 

@@ -205,6 +205,56 @@ void Backend::selective_scan(const SelectiveScanArgs& a) {
           {T, Di, N}, [&] { k_selective_scan(a); });
 }
 
+void Backend::ssd_state_correction(const SsdArgs& a) {
+  const int64_t T = a.y.rows(), H = a.n_heads, P = a.head_dim, N = a.d_state;
+  require(a.state.defined() && a.state.numel() == H * P * N && a.C.rows() == T && a.dt.rows() == T,
+          "ssd_state_correction", "needs y, C, dt and the incoming state");
+  execute("ssd_state_correction", 2.0 * T * H * P * N, fbytes(a.y) * 2 + fbytes(a.C) + fbytes(a.state),
+          {T, H, P, N}, [&] { k_ssd_state_correction(a); });
+}
+
+void Backend::selective_state_correction(const SelectiveScanArgs& a) {
+  const int64_t T = a.y.rows(), Di = a.y.cols(), N = a.A_log.numel() / std::max<int64_t>(1, Di);
+  require(a.state.defined() && a.state.numel() == Di * N && a.C.rows() == T && a.dt.rows() == T,
+          "selective_state_correction", "needs y, C, dt and the incoming state");
+  execute("selective_state_correction", 4.0 * T * Di * N, fbytes(a.y) * 2 + fbytes(a.dt) + fbytes(a.z), {T, Di, N},
+          [&] { k_selective_state_correction(a); });
+}
+
+void Backend::ssd_state_advance(const Tensor& state, const Tensor& chunk_state, const Tensor& log_decay) {
+  require(state.numel() == chunk_state.numel() && state.ndim() == 3 && log_decay.numel() == state.size(0),
+          "ssd_state_advance", "shape mismatch");
+  execute("state_advance", 2.0 * state.numel(), 3.0 * fbytes(state), state.shape(),
+          [&] { k_ssd_state_advance(state, chunk_state, log_decay); });
+}
+
+void Backend::selective_state_advance(const Tensor& state, const Tensor& A_log, const Tensor& chunk_state,
+                                      const Tensor& dt_sum) {
+  require(state.numel() == chunk_state.numel() && A_log.numel() == state.numel() && dt_sum.numel() == state.size(0),
+          "selective_state_advance", "shape mismatch");
+  execute("state_advance", 3.0 * state.numel(), 4.0 * fbytes(state), state.shape(),
+          [&] { k_selective_state_advance(state, A_log, chunk_state, dt_sum); });
+}
+
+void Backend::gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group,
+                               int64_t slot0) {
+  require_2d(x, "gated_norm_sumsq", "x");
+  require(ss.is_contiguous() && ss.rows() == x.rows() && local_group > 0 && x.cols() % local_group == 0 &&
+              slot0 + x.cols() / local_group <= ss.cols(),
+          "gated_norm_sumsq", "shape mismatch");
+  execute("gated_norm_sumsq", 4.0 * x.numel(), fbytes(x) + fbytes(z), {x.rows(), x.cols()},
+          [&] { k_gated_norm_sumsq(ss, x, z, local_group, slot0); });
+}
+
+void Backend::gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss,
+                                  float eps, int64_t local_group, int64_t total_group, int64_t slot0) {
+  require_2d(x, "gated_rmsnorm_apply", "x");
+  require(y.rows() == x.rows() && w.numel() == x.cols() && ss.rows() == x.rows() && total_group > 0,
+          "gated_rmsnorm_apply", "shape mismatch");
+  execute("gated_rmsnorm", 6.0 * x.numel(), fbytes(x) + fbytes(z) + fbytes(y), {x.rows(), x.cols()},
+          [&] { k_gated_rmsnorm_apply(y, x, z, w, ss, eps, local_group, total_group, slot0); });
+}
+
 int32_t Backend::argmax_row(const Tensor& x, int64_t row) {
   require_2d(x, "argmax", "x");
   require(row >= 0 && row < x.rows(), "argmax", "row out of range");
@@ -230,6 +280,19 @@ void Backend::k_ssd_scan(const SsdArgs&) { no_kernel("ssd_scan"); }
 void Backend::k_selective_scan(const SelectiveScanArgs&) { no_kernel("selective_scan"); }
 int32_t Backend::k_argmax_row(const Tensor&, int64_t) {
   no_kernel("argmax_row");
+}
+void Backend::k_ssd_state_correction(const SsdArgs&) { no_kernel("ssd_state_correction"); }
+void Backend::k_selective_state_correction(const SelectiveScanArgs&) { no_kernel("selective_state_correction"); }
+void Backend::k_ssd_state_advance(const Tensor&, const Tensor&, const Tensor&) { no_kernel("ssd_state_advance"); }
+void Backend::k_selective_state_advance(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_kernel("selective_state_advance");
+}
+void Backend::k_gated_norm_sumsq(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t) {
+  no_kernel("gated_norm_sumsq");
+}
+void Backend::k_gated_rmsnorm_apply(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
+                                    int64_t, int64_t, int64_t) {
+  no_kernel("gated_rmsnorm_apply");
 }
 
 }  // namespace ss

@@ -37,6 +37,7 @@ struct SsdArgs {
   Tensor dt_bias, A_log, D;  // [n_heads]
   Tensor B, C;          // [T, n_groups*d_state]
   Tensor state;         // [n_heads, head_dim, d_state] or undefined
+  Tensor log_decay;     // out, optional [n_heads]: sum_t dt_t * A_h (the chunk's total log decay)
   int n_heads = 0, head_dim = 0, n_groups = 0, d_state = 0, chunk = 256;
   float dt_min = 0, dt_max = INFINITY;
 };
@@ -51,6 +52,7 @@ struct SelectiveScanArgs {
   Tensor A_log;         // [channels, d_state]
   Tensor B, C;          // [T, d_state]
   Tensor state;         // [channels, d_state] or undefined
+  Tensor dt_sum;        // out, optional [channels]: sum_t dt_t (the chunk's decay is exp(A * dt_sum))
 };
 
 class Backend {
@@ -105,6 +107,24 @@ class Backend {
                      const Tensor& state, bool silu);
   void ssd_scan(const SsdArgs& a);
   void selective_scan(const SelectiveScanArgs& a);
+  // Sequence-parallel state passing (ranks as SSD chunks). Correction: adds to
+  // a.y the contribution of the incoming state a.state to tokens scanned from a
+  // zero state: y_t += e^{cum_t} C_t S^T (Mamba2), or
+  // y_t += silu(z_t) * sum_n C_t[n] e^{A[c][n] cumdt_t[c]} S[c][n] (Mamba).
+  void ssd_state_correction(const SsdArgs& a);
+  void selective_state_correction(const SelectiveScanArgs& a);
+  // Advance: state = decay * state + chunk_state, the decay from the chunk's
+  // log_decay [heads] (Mamba2) or exp(A * dt_sum) per channel and state (Mamba).
+  void ssd_state_advance(const Tensor& state, const Tensor& chunk_state, const Tensor& log_decay);
+  void selective_state_advance(const Tensor& state, const Tensor& A_log, const Tensor& chunk_state,
+                               const Tensor& dt_sum);
+  // Gated RMSNorm whose groups span ranks: per-row sums of squares of
+  // x*silu(z) per local group into columns [slot0, slot0 + groups) of ss
+  // [T, total groups] (other columns zeroed) ...
+  void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group, int64_t slot0);
+  // ... and, after the sums are all-reduced, y = x*silu(z) / sqrt(ss/total_group + eps) * w.
+  void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss,
+                           float eps, int64_t local_group, int64_t total_group, int64_t slot0);
   // Index of the largest value in row `row` of a 2-D tensor (greedy decoding).
   int32_t argmax_row(const Tensor& x, int64_t row);
 
@@ -138,6 +158,16 @@ class Backend {
   virtual void k_ssd_scan(const SsdArgs& a);
   virtual void k_selective_scan(const SelectiveScanArgs& a);
   virtual int32_t k_argmax_row(const Tensor& x, int64_t row);
+  virtual void k_ssd_state_correction(const SsdArgs& a);
+  virtual void k_selective_state_correction(const SelectiveScanArgs& a);
+  virtual void k_ssd_state_advance(const Tensor& state, const Tensor& chunk_state, const Tensor& log_decay);
+  virtual void k_selective_state_advance(const Tensor& state, const Tensor& A_log, const Tensor& chunk_state,
+                                         const Tensor& dt_sum);
+  virtual void k_gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group,
+                                  int64_t slot0);
+  virtual void k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
+                                     const Tensor& ss, float eps, int64_t local_group, int64_t total_group,
+                                     int64_t slot0);
 
  private:
   Allocator& m_alloc;

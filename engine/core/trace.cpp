@@ -1,5 +1,7 @@
 #include "core/trace.h"
 
+#include <utility>
+
 namespace ss {
 
 Recorder::Recorder(int rank) : m_rank(rank), m_origin(std::chrono::steady_clock::now()) {}
@@ -12,19 +14,26 @@ int64_t Recorder::now() const {
 
 void Recorder::span(StreamKind stream, const char* op, int64_t t0, int64_t t1, double flops,
                     double bytes, std::vector<int64_t> dims, std::vector<int> peers) {
+  span_at(tag(), stream, op, t0, t1, flops, bytes, std::move(dims), std::move(peers));
+}
+
+void Recorder::span_at(const Tag& tag, StreamKind stream, const char* op, int64_t t0, int64_t t1,
+                       double flops, double bytes, std::vector<int64_t> dims,
+                       std::vector<int> peers) {
   proto::Span s;
   s.rank = m_rank;
   s.stream = stream == StreamKind::Compute ? "compute" : "comm";
   s.op = op;
-  s.site = m_site;
-  s.layer = m_layer;
-  s.phase = m_phase;
+  s.site = tag.site;
+  s.layer = tag.layer;
+  s.phase = tag.phase;
   s.t0 = t0;
   s.t1 = t1;
   s.flops = flops;
   s.bytes = bytes;
   s.peers = std::move(peers);
   s.dims = std::move(dims);
+  std::lock_guard lock(m_mutex);
   m_spans.push_back(std::move(s));
 }
 
@@ -35,6 +44,7 @@ void Recorder::mem_sample(int64_t t, const MemState& m) {
   s.t = t;
   for (int c = 0; c < kCategoryCount; ++c) s.bytes[c] = m.bytes[c];
   s.peak = m.peak_total;
+  std::lock_guard lock(m_mutex);
   // Several changes within one microsecond collapse into the latest state.
   if (!m_mem.empty() && t - m_mem.back().t < 1000) {
     m_mem.back() = s;
@@ -42,6 +52,22 @@ void Recorder::mem_sample(int64_t t, const MemState& m) {
     return;
   }
   m_mem.push_back(s);
+}
+
+std::vector<proto::Span> Recorder::take_spans() {
+  std::lock_guard lock(m_mutex);
+  return std::exchange(m_spans, {});
+}
+
+std::vector<proto::Mem> Recorder::take_mem_samples() {
+  std::lock_guard lock(m_mutex);
+  return std::exchange(m_mem, {});
+}
+
+void Recorder::clear() {
+  std::lock_guard lock(m_mutex);
+  m_spans.clear();
+  m_mem.clear();
 }
 
 }  // namespace ss

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@ class Recorder {
   explicit Recorder(int rank = 0);
 
   int rank() const { return m_rank; }
+  void set_rank(int rank) { m_rank = rank; }
   // Nanoseconds since the run's origin on the host's steady clock.
   int64_t now() const;
   void set_origin(std::chrono::steady_clock::time_point t) { m_origin = t; }
@@ -35,16 +37,27 @@ class Recorder {
 
   void span(StreamKind stream, const char* op, int64_t t0, int64_t t1, double flops, double bytes,
             std::vector<int64_t> dims = {}, std::vector<int> peers = {});
+  // Where in the model a span belongs: captured when work is issued, because
+  // a comm op runs on its own thread while the compute thread moves on.
+  struct Tag {
+    int layer = -1;
+    std::string site;
+    std::string phase;
+  };
+  Tag tag() const { return {m_layer, m_site, m_phase}; }
+  // span() with an explicit tag instead of the current layer, site and phase.
+  void span_at(const Tag& tag, StreamKind stream, const char* op, int64_t t0, int64_t t1,
+               double flops, double bytes, std::vector<int64_t> dims = {},
+               std::vector<int> peers = {});
   void mem_sample(int64_t t, const MemState& m);
   // Turns sampling on and off (off while weights load, to keep streams small).
   void set_mem_sampling(bool on) { m_sample_mem = on; }
 
-  std::vector<proto::Span>& spans() { return m_spans; }
-  std::vector<proto::Mem>& mem_samples() { return m_mem; }
-  void clear() {
-    m_spans.clear();
-    m_mem.clear();
-  }
+  // Thread-safe: compute and comm streams record concurrently. Take the
+  // records with take_*() at step boundaries.
+  std::vector<proto::Span> take_spans();
+  std::vector<proto::Mem> take_mem_samples();
+  void clear();
 
  private:
   int m_rank;
@@ -53,6 +66,7 @@ class Recorder {
   std::string m_site;
   int m_layer = -1;
   bool m_sample_mem = true;
+  std::mutex m_mutex;
   std::vector<proto::Span> m_spans;
   std::vector<proto::Mem> m_mem;
 };

@@ -1,5 +1,6 @@
 #include "cpu/cpu_backend.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -139,6 +140,41 @@ void CpuBackend::k_conv1d_causal(const Tensor& y, const Tensor& x, const Tensor&
 
 void CpuBackend::k_ssd_scan(const SsdArgs& a) { cpu::ssd_scan(a); }
 void CpuBackend::k_selective_scan(const SelectiveScanArgs& a) { cpu::selective_scan(a); }
+
+void CpuBackend::k_ssd_state_correction(const SsdArgs& a) { cpu::ssd_state_correction(a); }
+void CpuBackend::k_selective_state_correction(const SelectiveScanArgs& a) { cpu::selective_state_correction(a); }
+
+void CpuBackend::k_ssd_state_advance(const Tensor& state, const Tensor& chunk_state, const Tensor& log_decay) {
+  const int64_t H = state.size(0), per = state.numel() / H;
+  for (int64_t h = 0; h < H; ++h) {
+    const float d = std::exp(log_decay.data<float>()[h]);
+    float* s = state.data<float>() + h * per;
+    const float* c = chunk_state.data<float>() + h * per;
+    for (int64_t i = 0; i < per; ++i) s[i] = d * s[i] + c[i];
+  }
+}
+
+void CpuBackend::k_selective_state_advance(const Tensor& state, const Tensor& A_log, const Tensor& chunk_state,
+                                           const Tensor& dt_sum) {
+  const int64_t C = state.size(0), N = state.numel() / C;
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t i = c * N + n;
+      const float decay = std::exp(-std::exp(A_log.data<float>()[i]) * dt_sum.data<float>()[c]);
+      state.data<float>()[i] = decay * state.data<float>()[i] + chunk_state.data<float>()[i];
+    }
+}
+
+void CpuBackend::k_gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group,
+                                    int64_t slot0) {
+  cpu::gated_norm_sumsq(ss, x, z, local_group, slot0);
+}
+
+void CpuBackend::k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
+                                       const Tensor& ss, float eps, int64_t local_group, int64_t total_group,
+                                       int64_t slot0) {
+  cpu::gated_rmsnorm_apply(y, x, z, w, ss, eps, local_group, total_group, slot0);
+}
 
 int32_t CpuBackend::k_argmax_row(const Tensor& x, int64_t row) {
   const float* r = x.data<float>() + row * x.ld();

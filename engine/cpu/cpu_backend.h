@@ -36,6 +36,15 @@ class CpuBackend final : public Backend {
   void k_ssd_scan(const SsdArgs& a) override;
   void k_selective_scan(const SelectiveScanArgs& a) override;
   int32_t k_argmax_row(const Tensor& x, int64_t row) override;
+  void k_ssd_state_correction(const SsdArgs& a) override;
+  void k_selective_state_correction(const SelectiveScanArgs& a) override;
+  void k_ssd_state_advance(const Tensor& state, const Tensor& chunk_state, const Tensor& log_decay) override;
+  void k_selective_state_advance(const Tensor& state, const Tensor& A_log, const Tensor& chunk_state,
+                                 const Tensor& dt_sum) override;
+  void k_gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group,
+                          int64_t slot0) override;
+  void k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss,
+                             float eps, int64_t local_group, int64_t total_group, int64_t slot0) override;
 };
 
 }  // namespace ss

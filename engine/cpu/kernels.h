@@ -20,6 +20,11 @@ void conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tens
                    bool silu);
 void ssd_scan(const SsdArgs& a);
 void selective_scan(const SelectiveScanArgs& a);
+void ssd_state_correction(const SsdArgs& a);
+void selective_state_correction(const SelectiveScanArgs& a);
+void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group, int64_t slot0);
+void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss, float eps,
+                         int64_t local_group, int64_t total_group, int64_t slot0);
 
 inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
 inline float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }

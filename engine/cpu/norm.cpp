@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "cpu/kernels.h"
@@ -50,6 +51,38 @@ void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> p
         hp[i] = a * c - b * s;
         hp[i + half] = b * c + a * s;
       }
+    }
+  }
+}
+
+// Gated norm whose groups span ranks, step 1: this rank's share of each
+// group's sum of squares of x * silu(z).
+void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group, int64_t slot0) {
+  const int64_t T = x.rows(), n = x.cols(), slots = ss.cols();
+  for (int64_t t = 0; t < T; ++t) {
+    float* out = ss.data<float>() + t * slots;
+    std::fill_n(out, slots, 0.0f);
+    const float* xr = x.data<float>() + t * x.ld();
+    const float* zr = z.data<float>() + t * z.ld();
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = xr[i] * silu(zr[i]);
+      out[slot0 + i / local_group] += g * g;
+    }
+  }
+}
+
+// Step 2, after the sums are reduced over the ranks sharing a group.
+void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss, float eps,
+                         int64_t local_group, int64_t total_group, int64_t slot0) {
+  const int64_t T = x.rows(), n = x.cols(), slots = ss.cols();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x.data<float>() + t * x.ld();
+    const float* zr = z.data<float>() + t * z.ld();
+    float* yr = y.data<float>() + t * y.ld();
+    const float* sr = ss.data<float>() + t * slots;
+    for (int64_t i = 0; i < n; ++i) {
+      const float inv = 1.0f / std::sqrt(sr[slot0 + i / local_group] / float(total_group) + eps);
+      yr[i] = xr[i] * silu(zr[i]) * inv * w.data<float>()[i];
     }
   }
 }

@@ -87,6 +87,43 @@ void ssd_scan(const SsdArgs& a) {
     }
   }
   if (a.state.defined()) std::copy(S.begin(), S.end(), a.state.data<float>());
+  if (a.log_decay.defined())
+    for (int h = 0; h < H; ++h) {
+      double sum = 0;
+      for (int64_t t = 0; t < T; ++t) sum += double(dt[size_t(t) * H + h]) * A[h];
+      a.log_decay.data<float>()[h] = float(sum);
+    }
+}
+
+// The inter-chunk term for an incoming state S (sequence-parallel state
+// passing): y_t += e^{cum_t} C_t S^T, cum_t = sum_{s<=t} dt_s A_h.
+void ssd_state_correction(const SsdArgs& a) {
+  const int64_t T = a.y.rows();
+  const int H = a.n_heads, P = a.head_dim, N = a.d_state, hpg = a.n_heads / a.n_groups;
+  constexpr int64_t kRows = 256;
+  std::vector<float> tmp(size_t(kRows) * P), cum(size_t(H), 0.0f), scale(size_t(kRows) * H);
+  for (int64_t r0 = 0; r0 < T; r0 += kRows) {
+    const int64_t n = std::min(kRows, T - r0);
+    for (int64_t t = 0; t < n; ++t)
+      for (int h = 0; h < H; ++h) {
+        const float A = -std::exp(a.A_log.data<float>()[h]);
+        const float dt = std::clamp(softplus(a.dt.data<float>()[(r0 + t) * a.dt.ld() + h] + a.dt_bias.data<float>()[h]),
+                                    a.dt_min, a.dt_max);
+        cum[size_t(h)] += dt * A;
+        scale[size_t(t * H + h)] = std::exp(cum[size_t(h)]);
+      }
+    for (int h = 0; h < H; ++h) {
+      const float* Cg = a.C.data<float>() + r0 * a.C.ld() + int64_t(h / hpg) * N;
+      const float* Sh = a.state.data<float>() + int64_t(h) * P * N;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), P, N, 1.0f, Cg, int(a.C.ld()), Sh, N, 0.0f,
+                  tmp.data(), P);
+      for (int64_t t = 0; t < n; ++t) {
+        float* yr = a.y.data<float>() + (r0 + t) * a.y.ld() + int64_t(h) * P;
+        const float e = scale[size_t(t * H + h)];
+        for (int p = 0; p < P; ++p) yr[p] += e * tmp[size_t(t * P + p)];
+      }
+    }
+  }
 }
 
 }  // namespace ss::cpu

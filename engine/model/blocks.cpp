@@ -1,19 +1,52 @@
 // The residual blocks. Each reads the residual stream x [T, d_model] and adds
-// its output to it in place (the output projection accumulates into x).
+// its output to it in place. Under tensor parallelism the output projection
+// is row-parallel: a partial sum reduced over the tp group (reduce_into).
+// Under sequence parallelism (prefill) each rank holds its own chunks:
+// attention all-gathers K/V, Mamba layers take a conv halo from the previous
+// chunk and pass scan states between chunks (ranks act as SSD chunks).
 #include <cmath>
 
 #include "model/model.h"
 
 namespace ss {
+namespace {
+
+// This rank's chunks in sequence order: (sequence index, local row offset, length).
+struct LocalChunk {
+  int seq = 0;
+  int64_t row = 0, len = 0;
+};
+std::vector<LocalChunk> local_chunks(const StepLayout& l, int sp_rank) {
+  std::vector<LocalChunk> out;
+  int64_t row = 0;
+  for (int k = 0; k < int(l.chunks.size()); ++k)
+    if (l.chunks[size_t(k)].second == sp_rank) {
+      const int64_t len = l.chunks[size_t(k)].first.second - l.chunks[size_t(k)].first.first;
+      out.push_back({k, row, len});
+      row += len;
+    }
+  return out;
+}
+// Index of chunk k among its owner's chunks.
+int index_at_owner(const StepLayout& l, int k) {
+  int j = 0;
+  for (int i = 0; i < k; ++i) j += l.chunks[size_t(i)].second == l.chunks[size_t(k)].second;
+  return j;
+}
+
+}  // namespace
 
 // Llama attention: x += o_proj(attention(rope(q), rope(k), v)) over the cache.
-void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache) {
+void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache,
+                            const StepLayout& layout) {
   const ModelConfig& c = m_cfg;
   const AttentionWeights& w = m_layers[size_t(layer)].attn;
   LayerCache& lc = cache.layers[size_t(layer)];
   Recorder& rec = m_be.recorder();
-  const int64_t T = x.rows(), hq = int64_t(c.n_heads) * c.head_dim;
-  const int64_t past = cache.length() - T;  // tokens already cached before this call
+  const int S = m_par.sp_size;
+  const int64_t T = x.rows(), hq = int64_t(m_attn.heads) * c.head_dim, hkv = int64_t(m_attn.kv_heads) * c.head_dim;
+  const bool keep_kv = layout.sequence_sharded || S == 1 || layout.kv_owner == m_par.sp_rank;
+  const int64_t held = cache.length() - (keep_kv ? T : 0);  // tokens cached before this call
 
   Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "attn.norm");
   {
@@ -21,34 +54,80 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
     m_be.rmsnorm(h, x, w.in_norm, c.norm_eps, c.d_model);
   }
   Tensor q = m_be.alloc({T, hq}, Category::Activations, "attn.q");
-  const Tensor k = lc.k.slice(0, past, T), v = lc.v.slice(0, past, T);
+  // K and V go straight into the cache, or into temporaries on ranks that do not keep this token.
+  Tensor k = keep_kv ? lc.k.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.k");
+  Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v");
   {
     SiteScope s(rec, layer, "attn.qkv");
     m_be.matmul(q, h, w.q);
-    m_be.matmul(k, h, w.k);  // K and V are written straight into the cache
+    m_be.matmul(k, h, w.k);
     m_be.matmul(v, h, w.v);
   }
   {
     SiteScope s(rec, layer, "attn.rope");
-    m_be.rope(q, c.n_heads, c.head_dim, positions, c.rope_theta);
-    m_be.rope(k, c.n_kv_heads, c.head_dim, positions, c.rope_theta);
+    m_be.rope(q, m_attn.heads, c.head_dim, positions, c.rope_theta);
+    m_be.rope(k, m_attn.kv_heads, c.head_dim, positions, c.rope_theta);
   }
   h = Tensor();
   Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out");
-  {
+  AttentionArgs a;
+  a.n_heads = m_attn.heads;
+  a.n_kv_heads = m_attn.kv_heads;
+  a.head_dim = c.head_dim;
+  a.scale = 1.0f / std::sqrt(float(c.head_dim));
+  a.q_pos = positions;
+  if (layout.sequence_sharded && S > 1) {
+    // Prefill: gather every rank's K/V (their positions follow from the chunk layout).
+    Tensor k_all = m_be.alloc({S * T, hkv}, Category::CommBuffers, "attn.k_gathered");
+    Tensor v_all = m_be.alloc({S * T, hkv}, Category::CommBuffers, "attn.v_gathered");
+    {
+      SiteScope s(rec, layer, "attn.kv_all_gather");
+      m_par.sp->all_gather(k_all, k);
+      m_par.sp->all_gather(v_all, v);
+    }
+    std::vector<int32_t> k_pos;
+    for (int r = 0; r < S; ++r)
+      for (auto& [range, owner] : layout.chunks)
+        if (owner == r)
+          for (int64_t p = range.first; p < range.second; ++p) k_pos.push_back(int32_t(p));
+    a.k_pos = k_pos;
     SiteScope s(rec, layer, "attn.core");
-    AttentionArgs a;
-    a.n_heads = c.n_heads;
-    a.n_kv_heads = c.n_kv_heads;
-    a.head_dim = c.head_dim;
-    a.scale = 1.0f / std::sqrt(float(c.head_dim));
-    a.q_pos = positions;
-    a.k_pos = std::span<const int32_t>(cache.positions.data(), size_t(past + T));
-    m_be.attention(o, q, lc.k.slice(0, 0, past + T), lc.v.slice(0, 0, past + T), a);
+    m_be.attention(o, q, k_all, v_all, a);
+  } else if (S > 1) {
+    // Decode: attend over this rank's K/V, then merge every rank's partial by log-sum-exp.
+    Tensor lse = m_be.alloc({T, m_attn.heads}, Category::Activations, "attn.lse");
+    a.k_pos = std::span<const int32_t>(cache.positions.data(), cache.positions.size());
+    {
+      SiteScope s(rec, layer, "attn.core");
+      m_be.attention(o, q, lc.k.slice(0, 0, cache.length()), lc.v.slice(0, 0, cache.length()), a, lse);
+    }
+    Tensor o_all = m_be.alloc({S * T, hq}, Category::CommBuffers, "attn.partials");
+    Tensor lse_all = m_be.alloc({S * T, m_attn.heads}, Category::CommBuffers, "attn.lse_partials");
+    {
+      SiteScope s(rec, layer, "attn.partial_all_gather");
+      m_par.sp->all_gather(o_all, o);
+      m_par.sp->all_gather(lse_all, lse);
+    }
+    SiteScope s(rec, layer, "attn.merge");
+    m_be.copy(o, o_all.slice(0, 0, T));
+    m_be.copy(lse, lse_all.slice(0, 0, T));
+    for (int r = 1; r < S; ++r)
+      m_be.attention_merge(o, lse, o_all.slice(0, r * T, T), lse_all.slice(0, r * T, T), m_attn.heads, c.head_dim);
+  } else {
+    a.k_pos = std::span<const int32_t>(cache.positions.data(), size_t(held + T));
+    SiteScope s(rec, layer, "attn.core");
+    m_be.attention(o, q, lc.k.slice(0, 0, held + T), lc.v.slice(0, 0, held + T), a);
   }
   q = Tensor();
   SiteScope s(rec, layer, "attn.o_proj");
-  m_be.matmul(x, o, w.o, /*accumulate=*/true);
+  if (m_par.tp_size > 1) {
+    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "attn.o_partial");
+    m_be.matmul(partial, o, w.o);
+    SiteScope r(rec, layer, "attn.all_reduce");
+    reduce_into(x, partial);
+  } else {
+    m_be.matmul(x, o, w.o, /*accumulate=*/true);
+  }
 }
 
 // SwiGLU MLP: x += down(silu(gate(h)) * up(h)), h = rmsnorm(x).
@@ -56,14 +135,14 @@ void Model::mlp_block(int layer, const Tensor& x) {
   const ModelConfig& c = m_cfg;
   const AttentionWeights& w = m_layers[size_t(layer)].attn;
   Recorder& rec = m_be.recorder();
-  const int64_t T = x.rows();
+  const int64_t T = x.rows(), F = m_attn.ffn;
   Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mlp.norm");
   {
     SiteScope s(rec, layer, "mlp.norm");
     m_be.rmsnorm(h, x, w.post_norm, c.norm_eps, c.d_model);
   }
-  Tensor g = m_be.alloc({T, c.ffn_dim}, Category::Activations, "mlp.gate");
-  Tensor u = m_be.alloc({T, c.ffn_dim}, Category::Activations, "mlp.up");
+  Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate");
+  Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up");
   {
     SiteScope s(rec, layer, "mlp.gate_up");
     m_be.matmul(g, h, w.gate);
@@ -76,24 +155,61 @@ void Model::mlp_block(int layer, const Tensor& x) {
   }
   u = Tensor();
   SiteScope s(rec, layer, "mlp.down");
-  m_be.matmul(x, g, w.down, /*accumulate=*/true);
+  if (m_par.tp_size > 1) {
+    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mlp.down_partial");
+    m_be.matmul(partial, g, w.down);
+    SiteScope r(rec, layer, "mlp.all_reduce");
+    reduce_into(x, partial);
+  } else {
+    m_be.matmul(x, g, w.down, /*accumulate=*/true);
+  }
+}
+
+void Model::sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
+                         const StepLayout& layout) {
+  const int64_t K1 = m_cfg.d_conv - 1, C = x.cols();
+  const auto mine = local_chunks(layout, m_par.sp_rank);
+  const int64_t nl = int64_t(mine.size()), S = m_par.sp_size;
+  // Each chunk's last d_conv-1 inputs are the next chunk's halo: gather them all.
+  Tensor tails = m_be.alloc({nl * K1, C}, Category::CommBuffers, "conv.tails");
+  for (int64_t j = 0; j < nl; ++j)
+    m_be.copy(tails.slice(0, j * K1, K1), x.slice(0, mine[size_t(j)].row + mine[size_t(j)].len - K1, K1));
+  Tensor all = m_be.alloc({S * nl * K1, C}, Category::CommBuffers, "conv.halos");
+  {
+    SiteScope s(m_be.recorder(), m_be.recorder().layer(), "mixer.conv_halo");
+    m_par.sp->all_gather(all, tails);
+  }
+  auto tail_of = [&](int k) {
+    const int owner = layout.chunks[size_t(k)].second;
+    return all.slice(0, (owner * nl + index_at_owner(layout, k)) * K1, K1);
+  };
+  Tensor halo = m_be.alloc({K1, C}, Category::Activations, "conv.halo");
+  for (const LocalChunk& ch : mine) {
+    if (ch.seq == 0) m_be.fill(halo, 0.0f);
+    else m_be.copy(halo, tail_of(ch.seq - 1));
+    m_be.conv1d_causal(y.slice(0, ch.row, ch.len), x.slice(0, ch.row, ch.len), w, b, halo, true);
+  }
+  // The sequence's last inputs: the conv state decode continues from.
+  m_be.copy(state, tail_of(int(layout.chunks.size()) - 1));
 }
 
 // Mamba2 mixer: in_proj -> [z, xBC, dt]; conv1d+SiLU on xBC; SSD scan over
 // (x, B, C, dt); gated RMSNorm with z; out_proj.
-void Model::mamba2_block(int layer, const Tensor& x, Cache& cache) {
+void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout) {
   const ModelConfig& c = m_cfg;
   const Mamba2Weights& w = m_layers[size_t(layer)].m2;
   LayerCache& lc = cache.layers[size_t(layer)];
   Recorder& rec = m_be.recorder();
-  const int64_t T = x.rows(), Di = c.d_inner, GN = int64_t(c.n_groups) * c.d_state, conv_dim = c.conv_dim();
+  const int H = m_m2.heads, G = m_m2.groups, P = c.ssm_head_dim, N = c.d_state;
+  const int64_t T = x.rows(), Di = int64_t(H) * P, GN = int64_t(G) * N, conv_dim = Di + 2 * GN;
+  const bool seq = layout.sequence_sharded && m_par.sp_size > 1;
 
   Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
   {
     SiteScope s(rec, layer, "mixer.norm");
     m_be.rmsnorm(h, x, w.norm, c.norm_eps, c.d_model);
   }
-  Tensor zxbcdt = m_be.alloc({T, c.in_proj_dim()}, Category::Activations, "mixer.in_proj");
+  Tensor zxbcdt = m_be.alloc({T, 2 * Di + 2 * GN + H}, Category::Activations, "mixer.in_proj");
   {
     SiteScope s(rec, layer, "mixer.in_proj");
     m_be.matmul(zxbcdt, h, w.in_proj);
@@ -101,52 +217,117 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache) {
   h = Tensor();
   const Tensor z = zxbcdt.slice(1, 0, Di);
   const Tensor xBC = zxbcdt.slice(1, Di, conv_dim);
-  const Tensor dt = zxbcdt.slice(1, Di + conv_dim, c.ssm_heads);
+  const Tensor dt = zxbcdt.slice(1, Di + conv_dim, H);
   Tensor xBCc = m_be.alloc({T, conv_dim}, Category::Activations, "mixer.conv");
   {
     SiteScope s(rec, layer, "mixer.conv");
-    m_be.conv1d_causal(xBCc, xBC, w.conv_w.reshape({conv_dim, c.d_conv}), w.conv_b, lc.conv_state, true);
+    const Tensor cw = w.conv_w.reshape({conv_dim, c.d_conv});
+    if (seq) sharded_conv(xBCc, xBC, cw, w.conv_b, lc.conv_state, layout);
+    else m_be.conv1d_causal(xBCc, xBC, cw, w.conv_b, lc.conv_state, true);
   }
   Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan");
-  {
+  SsdArgs a;
+  a.dt_bias = w.dt_bias;
+  a.A_log = w.A_log;
+  a.D = w.D;
+  a.n_heads = H;
+  a.head_dim = P;
+  a.n_groups = G;
+  a.d_state = N;
+  a.chunk = c.chunk;
+  a.dt_min = c.dt_min;
+  a.dt_max = c.dt_max;
+  auto rows = [&](int64_t r0, int64_t n) {
+    SsdArgs b = a;
+    b.y = y.slice(0, r0, n);
+    b.x = xBCc.slice(0, r0, n).slice(1, 0, Di);
+    b.B = xBCc.slice(0, r0, n).slice(1, Di, GN);
+    b.C = xBCc.slice(0, r0, n).slice(1, Di + GN, GN);
+    b.dt = dt.slice(0, r0, n);
+    return b;
+  };
+  if (!seq) {
     SiteScope s(rec, layer, "mixer.scan");
-    SsdArgs a;
-    a.y = y;
-    a.x = xBCc.slice(1, 0, Di);
-    a.B = xBCc.slice(1, Di, GN);
-    a.C = xBCc.slice(1, Di + GN, GN);
-    a.dt = dt;
-    a.dt_bias = w.dt_bias;
-    a.A_log = w.A_log;
-    a.D = w.D;
-    a.state = lc.ssm_state;
-    a.n_heads = c.ssm_heads;
-    a.head_dim = c.ssm_head_dim;
-    a.n_groups = c.n_groups;
-    a.d_state = c.d_state;
-    a.chunk = c.chunk;
-    a.dt_min = c.dt_min;
-    a.dt_max = c.dt_max;
-    m_be.ssd_scan(a);
+    SsdArgs b = rows(0, T);
+    b.state = lc.ssm_state;
+    m_be.ssd_scan(b);
+  } else {
+    // Ranks as SSD chunks: scan each local chunk from a zero state, exchange
+    // every chunk's final state and total decay, then add each chunk's
+    // incoming state (the inter-chunk term) to its outputs.
+    const auto mine = local_chunks(layout, m_par.sp_rank);
+    const int64_t nl = int64_t(mine.size()), per = int64_t(H) * P * N + H, S = m_par.sp_size;
+    Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states");
+    {
+      SiteScope s(rec, layer, "mixer.scan");
+      for (int64_t j = 0; j < nl; ++j) {
+        SsdArgs b = rows(mine[size_t(j)].row, mine[size_t(j)].len);
+        const Tensor slot = local.slice(0, j, 1).reshape({per});
+        b.state = slot.slice(0, 0, int64_t(H) * P * N).reshape({H, P, N});
+        b.log_decay = slot.slice(0, int64_t(H) * P * N, H);
+        m_be.fill(b.state, 0.0f);
+        m_be.ssd_scan(b);
+      }
+    }
+    Tensor all = m_be.alloc({S * nl, per}, Category::CommBuffers, "mixer.all_chunk_states");
+    {
+      SiteScope s(rec, layer, "mixer.state_all_gather");
+      m_par.sp->all_gather(all, local);
+    }
+    SiteScope s(rec, layer, "mixer.state_pass");
+    Tensor incoming = lc.ssm_state;  // ends as the whole sequence's final state
+    m_be.fill(incoming, 0.0f);
+    for (int k = 0; k < int(layout.chunks.size()); ++k) {
+      const int owner = layout.chunks[size_t(k)].second;
+      const Tensor slot = all.slice(0, owner * nl + index_at_owner(layout, k), 1).reshape({per});
+      if (owner == m_par.sp_rank)
+        for (const LocalChunk& ch : mine)
+          if (ch.seq == k && k > 0) {
+            SsdArgs b = rows(ch.row, ch.len);
+            b.state = incoming;
+            m_be.ssd_state_correction(b);
+          }
+      m_be.ssd_state_advance(incoming, slot.slice(0, 0, int64_t(H) * P * N).reshape({H, P, N}),
+                             slot.slice(0, int64_t(H) * P * N, H));
+    }
   }
   xBCc = Tensor();
   {
     SiteScope s(rec, layer, "mixer.gated_norm");
-    m_be.gated_rmsnorm(y, y, z, w.gated_norm, c.norm_eps, Di / c.n_groups);
+    const int64_t group = Di / G;
+    if (m_m2.norm_spans_ranks && m_par.tp_size > 1) {
+      // A norm group spans several ranks: sum its squares over the tp group.
+      Tensor ss = m_be.alloc({T, c.n_groups}, Category::CommBuffers, "mixer.norm_sumsq");
+      m_be.gated_norm_sumsq(ss, y, z, group, m_m2.group0);
+      m_par.tp->all_reduce(ss);
+      m_be.gated_rmsnorm_apply(y, y, z, w.gated_norm, ss, c.norm_eps, group, c.d_inner / c.n_groups, m_m2.group0);
+    } else {
+      m_be.gated_rmsnorm(y, y, z, w.gated_norm, c.norm_eps, group);
+    }
   }
   zxbcdt = Tensor();
   SiteScope s(rec, layer, "mixer.out_proj");
-  m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
+  if (m_par.tp_size > 1) {
+    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
+    m_be.matmul(partial, y, w.out_proj);
+    SiteScope r(rec, layer, "mixer.all_reduce");
+    reduce_into(x, partial);
+  } else {
+    m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
+  }
 }
 
 // Mamba (v1) mixer: in_proj -> [x, z]; conv1d+SiLU; x_proj -> (dt, B, C)
 // (RMS-normalised for Falcon-Mamba); dt_proj; selective scan gated by z; out_proj.
-void Model::mamba_block(int layer, const Tensor& x, Cache& cache) {
+// Under tp the channels are sharded and x_proj is row-parallel, so its
+// (dt, B, C) partial sums take a second, small all-reduce per layer.
+void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout) {
   const ModelConfig& c = m_cfg;
   const MambaWeights& w = m_layers[size_t(layer)].m1;
   LayerCache& lc = cache.layers[size_t(layer)];
   Recorder& rec = m_be.recorder();
-  const int64_t T = x.rows(), Di = c.d_inner, N = c.d_state, R = c.dt_rank;
+  const int64_t T = x.rows(), Di = m_m1.channels, N = c.d_state, R = c.dt_rank;
+  const bool seq = layout.sequence_sharded && m_par.sp_size > 1;
 
   Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
   {
@@ -162,12 +343,19 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache) {
   Tensor xc = m_be.alloc({T, Di}, Category::Activations, "mixer.conv");
   {
     SiteScope s(rec, layer, "mixer.conv");
-    m_be.conv1d_causal(xc, xz.slice(1, 0, Di), w.conv_w.reshape({Di, c.d_conv}), w.conv_b, lc.conv_state, true);
+    const Tensor cw = w.conv_w.reshape({Di, c.d_conv});
+    if (seq) sharded_conv(xc, xz.slice(1, 0, Di), cw, w.conv_b, lc.conv_state, layout);
+    else m_be.conv1d_causal(xc, xz.slice(1, 0, Di), cw, w.conv_b, lc.conv_state, true);
   }
-  Tensor dbc = m_be.alloc({T, R + 2 * N}, Category::Activations, "mixer.x_proj");
+  Tensor dbc = m_be.alloc({T, R + 2 * N}, m_par.tp_size > 1 ? Category::CommBuffers : Category::Activations,
+                          "mixer.x_proj");
   {
     SiteScope s(rec, layer, "mixer.x_proj");
     m_be.matmul(dbc, xc, w.x_proj);
+  }
+  if (m_par.tp_size > 1) {
+    SiteScope s(rec, layer, "mixer.x_proj_all_reduce");
+    m_par.tp->all_reduce(dbc);
   }
   const Tensor dt_low = dbc.slice(1, 0, R), B = dbc.slice(1, R, N), C = dbc.slice(1, R + N, N);
   if (c.bcdt_rms) {
@@ -182,23 +370,71 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache) {
     m_be.matmul(dt, dt_low, w.dt_proj_w);
   }
   Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan");
-  {
+  SelectiveScanArgs a;
+  a.dt_bias = w.dt_proj_b;
+  a.A_log = w.A_log;
+  a.D = w.D;
+  auto rows = [&](int64_t r0, int64_t n) {
+    SelectiveScanArgs b = a;
+    b.y = y.slice(0, r0, n);
+    b.x = xc.slice(0, r0, n);
+    b.dt = dt.slice(0, r0, n);
+    b.z = xz.slice(0, r0, n).slice(1, Di, Di);
+    b.B = B.slice(0, r0, n);
+    b.C = C.slice(0, r0, n);
+    return b;
+  };
+  if (!seq) {
     SiteScope s(rec, layer, "mixer.scan");
-    SelectiveScanArgs a;
-    a.y = y;
-    a.x = xc;
-    a.dt = dt;
-    a.z = xz.slice(1, Di, Di);
-    a.dt_bias = w.dt_proj_b;
-    a.A_log = w.A_log;
-    a.B = B;
-    a.C = C;
-    a.D = w.D;
-    a.state = lc.ssm_state;
-    m_be.selective_scan(a);
+    SelectiveScanArgs b = rows(0, T);
+    b.state = lc.ssm_state;
+    m_be.selective_scan(b);
+  } else {
+    const auto mine = local_chunks(layout, m_par.sp_rank);
+    const int64_t nl = int64_t(mine.size()), per = Di * N + Di, S = m_par.sp_size;
+    Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states");
+    {
+      SiteScope s(rec, layer, "mixer.scan");
+      for (int64_t j = 0; j < nl; ++j) {
+        SelectiveScanArgs b = rows(mine[size_t(j)].row, mine[size_t(j)].len);
+        const Tensor slot = local.slice(0, j, 1).reshape({per});
+        b.state = slot.slice(0, 0, Di * N).reshape({Di, N});
+        b.dt_sum = slot.slice(0, Di * N, Di);
+        m_be.fill(b.state, 0.0f);
+        m_be.selective_scan(b);
+      }
+    }
+    Tensor all = m_be.alloc({S * nl, per}, Category::CommBuffers, "mixer.all_chunk_states");
+    {
+      SiteScope s(rec, layer, "mixer.state_all_gather");
+      m_par.sp->all_gather(all, local);
+    }
+    SiteScope s(rec, layer, "mixer.state_pass");
+    Tensor incoming = lc.ssm_state;
+    m_be.fill(incoming, 0.0f);
+    for (int k = 0; k < int(layout.chunks.size()); ++k) {
+      const int owner = layout.chunks[size_t(k)].second;
+      const Tensor slot = all.slice(0, owner * nl + index_at_owner(layout, k), 1).reshape({per});
+      if (owner == m_par.sp_rank)
+        for (const LocalChunk& ch : mine)
+          if (ch.seq == k && k > 0) {
+            SelectiveScanArgs b = rows(ch.row, ch.len);
+            b.state = incoming;
+            m_be.selective_state_correction(b);
+          }
+      m_be.selective_state_advance(incoming, w.A_log, slot.slice(0, 0, Di * N).reshape({Di, N}),
+                                   slot.slice(0, Di * N, Di));
+    }
   }
   SiteScope s(rec, layer, "mixer.out_proj");
-  m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
+  if (m_par.tp_size > 1) {
+    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
+    m_be.matmul(partial, y, w.out_proj);
+    SiteScope r(rec, layer, "mixer.all_reduce");
+    reduce_into(x, partial);
+  } else {
+    m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
+  }
 }
 
 }  // namespace ss

@@ -6,23 +6,35 @@
 
 namespace ss {
 
-Model::Model(ModelConfig cfg, Backend& be) : m_cfg(std::move(cfg)), m_be(be) {
+Model::Model(ModelConfig cfg, Backend& be, Parallel par) : m_cfg(std::move(cfg)), m_be(be), m_par(par) {
   m_layers.resize(size_t(m_cfg.n_layers));
+  const int n = m_par.shard_count(), i = m_par.shard_index();
+  if (m_cfg.n_heads) m_attn = attention_shard(m_cfg, i, n);
+  if (m_cfg.ssm_heads) m_m2 = mamba2_shard(m_cfg, i, n);
+  if (m_cfg.family == Family::Mamba) m_m1 = mamba_shard(m_cfg, i, n);
   build_specs();
 }
 
 // HF transformers' names: Llama under "model.", Mamba/Mamba2 under
 // "backbone."; the hybrid uses Llama names for attention layers and Mamba2
-// mixer names for SSM layers, under "model.".
+// mixer names for SSM layers, under "model.". Each weight's slice says what
+// this rank holds: attention by heads, MLP by intermediate columns, Mamba2 by
+// heads (the packed in_proj [z, x, B, C, dt] re-packed per rank), Mamba by
+// channels (Megatron's column-parallel then row-parallel pairs).
 void Model::build_specs() {
   const ModelConfig& c = m_cfg;
   const bool backbone = c.family == Family::Mamba || c.family == Family::Mamba2;
   const std::string root = backbone ? "backbone." : "model.";
   const float out_scale = 1.0f / std::sqrt(2.0f * float(c.n_layers));  // residual branches sum over layers
   const int64_t d = c.d_model;
-  auto add = [&](std::string name, Shape shape, int layer, Init init, Tensor* slot, float scale = 1.0f) {
-    m_specs.push_back(WeightSpec{std::move(name), std::move(shape), layer, init, scale, slot});
+  const bool sharded = m_par.shard_count() > 1;
+  auto add = [&](std::string name, Shape shape, int layer, Init init, Tensor* slot, float scale = 1.0f,
+                 WeightSlice slice = {}) {
+    if (!sharded) slice = {};
+    m_specs.push_back(WeightSpec{std::move(name), std::move(shape), layer, init, scale, slot, std::move(slice)});
   };
+  auto rows = [](std::vector<Range> r) { return WeightSlice{0, std::move(r)}; };
+  auto cols = [](std::vector<Range> r) { return WeightSlice{1, std::move(r)}; };
 
   add(root + (backbone ? "embeddings.weight" : "embed_tokens.weight"), {c.vocab, d}, -1, Init::Embedding, &m_embed,
       1.0f / std::sqrt(float(d)));
@@ -32,39 +44,56 @@ void Model::build_specs() {
     const std::string p = root + "layers." + std::to_string(i) + ".";
     if (L.kind == LayerKind::Attention) {
       AttentionWeights& w = L.attn;
-      const int64_t hq = int64_t(c.n_heads) * c.head_dim, hkv = int64_t(c.n_kv_heads) * c.head_dim;
+      const AttentionShard& a = m_attn;
+      const int64_t hd = c.head_dim, hq = int64_t(c.n_heads) * hd, hkv = int64_t(c.n_kv_heads) * hd;
+      const Range qr{a.head0 * hd, (a.head0 + a.heads) * hd}, kr{a.kv_head0 * hd, (a.kv_head0 + a.kv_heads) * hd};
+      const Range fr{a.ffn0, a.ffn0 + a.ffn};
       add(p + "input_layernorm.weight", {d}, i, Init::NormWeight, &w.in_norm);
-      add(p + "self_attn.q_proj.weight", {hq, d}, i, Init::Linear, &w.q);
-      add(p + "self_attn.k_proj.weight", {hkv, d}, i, Init::Linear, &w.k);
-      add(p + "self_attn.v_proj.weight", {hkv, d}, i, Init::Linear, &w.v);
-      add(p + "self_attn.o_proj.weight", {d, hq}, i, Init::Linear, &w.o, out_scale);
+      add(p + "self_attn.q_proj.weight", {hq, d}, i, Init::Linear, &w.q, 1.0f, rows({qr}));
+      add(p + "self_attn.k_proj.weight", {hkv, d}, i, Init::Linear, &w.k, 1.0f, rows({kr}));
+      add(p + "self_attn.v_proj.weight", {hkv, d}, i, Init::Linear, &w.v, 1.0f, rows({kr}));
+      add(p + "self_attn.o_proj.weight", {d, hq}, i, Init::Linear, &w.o, out_scale, cols({qr}));
       add(p + "post_attention_layernorm.weight", {d}, i, Init::NormWeight, &w.post_norm);
-      add(p + "mlp.gate_proj.weight", {c.ffn_dim, d}, i, Init::Linear, &w.gate);
-      add(p + "mlp.up_proj.weight", {c.ffn_dim, d}, i, Init::Linear, &w.up);
-      add(p + "mlp.down_proj.weight", {d, c.ffn_dim}, i, Init::Linear, &w.down, out_scale);
+      add(p + "mlp.gate_proj.weight", {c.ffn_dim, d}, i, Init::Linear, &w.gate, 1.0f, rows({fr}));
+      add(p + "mlp.up_proj.weight", {c.ffn_dim, d}, i, Init::Linear, &w.up, 1.0f, rows({fr}));
+      add(p + "mlp.down_proj.weight", {d, c.ffn_dim}, i, Init::Linear, &w.down, out_scale, cols({fr}));
     } else if (L.kind == LayerKind::Mamba2) {
       Mamba2Weights& w = L.m2;
+      const Mamba2Shard& m = m_m2;
+      const int64_t P = c.ssm_head_dim, N = c.d_state, Di = c.d_inner, GN = int64_t(c.n_groups) * N;
+      const Range hx{m.head0 * P, (m.head0 + m.heads) * P}, hg{m.group0 * N, (m.group0 + m.groups) * N};
+      const Range hh{m.head0, m.head0 + m.heads};
+      auto shift = [](Range r, int64_t by) { return Range{r.first + by, r.second + by}; };
+      // in_proj rows [z | x | B | C | dt] and conv channels [x | B | C], re-packed per rank.
+      const std::vector<Range> in_rows = {hx, shift(hx, Di), shift(hg, 2 * Di), shift(hg, 2 * Di + GN),
+                                          shift(hh, 2 * Di + 2 * GN)};
+      const std::vector<Range> conv_rows = {hx, shift(hg, Di), shift(hg, Di + GN)};
       add(p + "norm.weight", {d}, i, Init::NormWeight, &w.norm);
-      add(p + "mixer.in_proj.weight", {c.in_proj_dim(), d}, i, Init::Linear, &w.in_proj);
-      add(p + "mixer.conv1d.weight", {c.conv_dim(), 1, c.d_conv}, i, Init::ConvWeight, &w.conv_w);
-      if (c.conv_bias) add(p + "mixer.conv1d.bias", {c.conv_dim()}, i, Init::ConvBias, &w.conv_b);
-      add(p + "mixer.dt_bias", {c.ssm_heads}, i, Init::DtBias, &w.dt_bias);
-      add(p + "mixer.A_log", {c.ssm_heads}, i, Init::ALogHeads, &w.A_log);
-      add(p + "mixer.D", {c.ssm_heads}, i, Init::DSkip, &w.D);
-      add(p + "mixer.norm.weight", {c.d_inner}, i, Init::NormWeight, &w.gated_norm);
-      add(p + "mixer.out_proj.weight", {d, c.d_inner}, i, Init::Linear, &w.out_proj, out_scale);
+      add(p + "mixer.in_proj.weight", {c.in_proj_dim(), d}, i, Init::Linear, &w.in_proj, 1.0f, rows(in_rows));
+      add(p + "mixer.conv1d.weight", {c.conv_dim(), 1, c.d_conv}, i, Init::ConvWeight, &w.conv_w, 1.0f, rows(conv_rows));
+      if (c.conv_bias)
+        add(p + "mixer.conv1d.bias", {c.conv_dim()}, i, Init::ConvBias, &w.conv_b, 1.0f, rows(conv_rows));
+      add(p + "mixer.dt_bias", {c.ssm_heads}, i, Init::DtBias, &w.dt_bias, 1.0f, rows({hh}));
+      add(p + "mixer.A_log", {c.ssm_heads}, i, Init::ALogHeads, &w.A_log, 1.0f, rows({hh}));
+      add(p + "mixer.D", {c.ssm_heads}, i, Init::DSkip, &w.D, 1.0f, rows({hh}));
+      add(p + "mixer.norm.weight", {Di}, i, Init::NormWeight, &w.gated_norm, 1.0f, rows({hx}));
+      add(p + "mixer.out_proj.weight", {d, Di}, i, Init::Linear, &w.out_proj, out_scale, cols({hx}));
     } else {
       MambaWeights& w = L.m1;
+      const int64_t Di = c.d_inner;
+      const Range ch{m_m1.channel0, m_m1.channel0 + m_m1.channels};
+      const Range chz{Di + ch.first, Di + ch.second};
       add(p + "norm.weight", {d}, i, Init::NormWeight, &w.norm);
-      add(p + "mixer.in_proj.weight", {2 * c.d_inner, d}, i, Init::Linear, &w.in_proj);
-      add(p + "mixer.conv1d.weight", {c.d_inner, 1, c.d_conv}, i, Init::ConvWeight, &w.conv_w);
-      if (c.conv_bias) add(p + "mixer.conv1d.bias", {c.d_inner}, i, Init::ConvBias, &w.conv_b);
-      add(p + "mixer.x_proj.weight", {c.dt_rank + 2 * int64_t(c.d_state), c.d_inner}, i, Init::Linear, &w.x_proj);
-      add(p + "mixer.dt_proj.weight", {c.d_inner, c.dt_rank}, i, Init::Linear, &w.dt_proj_w);
-      add(p + "mixer.dt_proj.bias", {c.d_inner}, i, Init::DtBias, &w.dt_proj_b);
-      add(p + "mixer.A_log", {c.d_inner, c.d_state}, i, Init::ALogS4D, &w.A_log);
-      add(p + "mixer.D", {c.d_inner}, i, Init::DSkip, &w.D);
-      add(p + "mixer.out_proj.weight", {d, c.d_inner}, i, Init::Linear, &w.out_proj, out_scale);
+      add(p + "mixer.in_proj.weight", {2 * Di, d}, i, Init::Linear, &w.in_proj, 1.0f, rows({ch, chz}));
+      add(p + "mixer.conv1d.weight", {Di, 1, c.d_conv}, i, Init::ConvWeight, &w.conv_w, 1.0f, rows({ch}));
+      if (c.conv_bias) add(p + "mixer.conv1d.bias", {Di}, i, Init::ConvBias, &w.conv_b, 1.0f, rows({ch}));
+      add(p + "mixer.x_proj.weight", {c.dt_rank + 2 * int64_t(c.d_state), Di}, i, Init::Linear, &w.x_proj, 1.0f,
+          cols({ch}));
+      add(p + "mixer.dt_proj.weight", {Di, c.dt_rank}, i, Init::Linear, &w.dt_proj_w, 1.0f, rows({ch}));
+      add(p + "mixer.dt_proj.bias", {Di}, i, Init::DtBias, &w.dt_proj_b, 1.0f, rows({ch}));
+      add(p + "mixer.A_log", {Di, c.d_state}, i, Init::ALogS4D, &w.A_log, 1.0f, rows({ch}));
+      add(p + "mixer.D", {Di}, i, Init::DSkip, &w.D, 1.0f, rows({ch}));
+      add(p + "mixer.out_proj.weight", {d, Di}, i, Init::Linear, &w.out_proj, out_scale, cols({ch}));
     }
   }
   add(root + (backbone ? "norm_f.weight" : "norm.weight"), {d}, -1, Init::NormWeight, &m_final_norm);
@@ -77,9 +106,15 @@ int64_t Model::parameter_count() const {
   return n;
 }
 
+int64_t Model::local_parameter_count() const {
+  int64_t n = 0;
+  for (const auto& w : m_specs) n += numel(w.local_shape());
+  return n;
+}
+
 void Model::load(TensorSource& src) {
   for (const WeightSpec& w : m_specs) {
-    *w.slot = m_be.alloc(w.shape, Category::Weights, w.name);
+    *w.slot = m_be.alloc(w.local_shape(), Category::Weights, w.name);
     src.fill(m_be, w, *w.slot);
   }
   if (m_cfg.tie_embeddings) m_lm_head = m_embed;
@@ -95,18 +130,20 @@ Cache Model::make_cache(int64_t max_tokens) {
     const std::string p = "layers." + std::to_string(i) + ".";
     switch (m_layers[size_t(i)].kind) {
       case LayerKind::Attention: {
-        const int64_t hkv = int64_t(c.n_kv_heads) * c.head_dim;
+        const int64_t hkv = int64_t(m_attn.kv_heads) * c.head_dim;
         lc.k = m_be.alloc({max_tokens, hkv}, Category::KvCache, p + "k_cache");
         lc.v = m_be.alloc({max_tokens, hkv}, Category::KvCache, p + "v_cache");
         break;
       }
-      case LayerKind::Mamba2:
-        lc.conv_state = m_be.alloc({c.d_conv - 1, c.conv_dim()}, Category::SsmState, p + "conv_state");
-        lc.ssm_state = m_be.alloc({c.ssm_heads, c.ssm_head_dim, c.d_state}, Category::SsmState, p + "ssm_state");
+      case LayerKind::Mamba2: {
+        const int64_t conv = int64_t(m_m2.heads) * c.ssm_head_dim + 2 * int64_t(m_m2.groups) * c.d_state;
+        lc.conv_state = m_be.alloc({c.d_conv - 1, conv}, Category::SsmState, p + "conv_state");
+        lc.ssm_state = m_be.alloc({m_m2.heads, c.ssm_head_dim, c.d_state}, Category::SsmState, p + "ssm_state");
         break;
+      }
       case LayerKind::Mamba:
-        lc.conv_state = m_be.alloc({c.d_conv - 1, c.d_inner}, Category::SsmState, p + "conv_state");
-        lc.ssm_state = m_be.alloc({c.d_inner, c.d_state}, Category::SsmState, p + "ssm_state");
+        lc.conv_state = m_be.alloc({c.d_conv - 1, m_m1.channels}, Category::SsmState, p + "conv_state");
+        lc.ssm_state = m_be.alloc({m_m1.channels, c.d_state}, Category::SsmState, p + "ssm_state");
         break;
     }
     for (Tensor* t : {&lc.conv_state, &lc.ssm_state})
@@ -115,11 +152,18 @@ Cache Model::make_cache(int64_t max_tokens) {
   return cache;
 }
 
+void Model::reduce_into(const Tensor& x, const Tensor& partial) {
+  if (m_par.tp && m_par.tp->size() > 1) m_par.tp->all_reduce(partial);
+  m_be.add(x, x, partial);
+}
+
 Tensor Model::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, Cache& cache,
-                      bool all_logits) {
+                      bool all_logits, const StepLayout& layout) {
   const int64_t T = int64_t(tokens.size());
   if (T == 0 || positions.size() != tokens.size()) throw std::logic_error("forward: tokens and positions differ");
-  if (cache.length() + T > cache.capacity)
+  // Under sequence-parallel decode only the kv owner keeps the token's K/V.
+  const bool keep_kv = layout.sequence_sharded || m_par.sp_size == 1 || layout.kv_owner == m_par.sp_rank;
+  if (keep_kv && cache.length() + T > cache.capacity)
     throw UsageError("the run needs " + std::to_string(cache.length() + T) + " tokens of cache but " +
                      std::to_string(cache.capacity) + " were reserved");
   Recorder& rec = m_be.recorder();
@@ -129,16 +173,16 @@ Tensor Model::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
     m_be.embedding(x, m_embed, tokens);
   }
   const size_t held = cache.positions.size();
-  cache.positions.insert(cache.positions.end(), positions.begin(), positions.end());
+  if (keep_kv) cache.positions.insert(cache.positions.end(), positions.begin(), positions.end());
   try {
     for (int i = 0; i < m_cfg.n_layers; ++i) {
       switch (m_layers[size_t(i)].kind) {
         case LayerKind::Attention:
-          attention_block(i, x, positions, cache);
+          attention_block(i, x, positions, cache, layout);
           mlp_block(i, x);
           break;
-        case LayerKind::Mamba2: mamba2_block(i, x, cache); break;
-        case LayerKind::Mamba: mamba_block(i, x, cache); break;
+        case LayerKind::Mamba2: mamba2_block(i, x, cache, layout); break;
+        case LayerKind::Mamba: mamba_block(i, x, cache, layout); break;
       }
     }
   } catch (...) {

@@ -1,6 +1,9 @@
 // Transformer (Llama), Mamba, Falcon-Mamba, Mamba2 and the hybrid, written
-// once against the Backend. A forward pass takes tokens at given positions,
-// appends to the caches (KV cache, conv_state + ssm_state) and returns logits.
+// once against the Backend and the Communicator. A forward pass takes this
+// rank's tokens at their positions, appends to the caches (KV cache,
+// conv_state + ssm_state) and returns logits. Under a Parallel other than
+// single, weights are this rank's shards and the blocks call the collectives
+// their strategy needs (model/parallel.h; the design is in engine/README.md).
 #pragma once
 
 #include <memory>
@@ -9,6 +12,7 @@
 
 #include "core/backend.h"
 #include "model/config.h"
+#include "model/parallel.h"
 #include "model/weights.h"
 
 namespace ss {
@@ -31,47 +35,71 @@ struct LayerWeights {
 
 // Per-layer inference state carried from prefill into decode.
 struct LayerCache {
-  Tensor k, v;                   // [capacity, kv_heads*head_dim] (attention layers)
+  Tensor k, v;                   // [capacity, local kv_heads*head_dim] (attention layers)
   Tensor conv_state, ssm_state;  // Mamba layers: [d_conv-1, conv_dim], [heads, head_dim, d_state] or [d_inner, d_state]
 };
 struct Cache {
   std::vector<LayerCache> layers;
-  std::vector<int32_t> positions;  // positions of the tokens held, in order
+  std::vector<int32_t> positions;  // positions of the tokens whose K/V this rank holds, in order
   int64_t capacity = 0;
   int64_t length() const { return int64_t(positions.size()); }
 };
 
+// How the tokens of one forward are spread over the sequence-parallel group.
+struct StepLayout {
+  // Prefill under sp/tp_sp/tsp: each sp rank holds its own chunks of the
+  // prompt; `chunks` lists every chunk in sequence order with its owner.
+  bool sequence_sharded = false;
+  std::vector<std::pair<Range, int>> chunks;
+  // Decode under sp: every sp rank computes the token (redundantly), the
+  // rank `kv_owner` stores its K/V, attention merges every rank's partial.
+  int kv_owner = 0;
+};
+
 class Model {
  public:
-  Model(ModelConfig cfg, Backend& be);
+  Model(ModelConfig cfg, Backend& be, Parallel par = {});
 
   const ModelConfig& config() const { return m_cfg; }
+  const Parallel& parallel() const { return m_par; }
   const std::vector<WeightSpec>& weights() const { return m_specs; }
-  int64_t parameter_count() const;
+  int64_t parameter_count() const;  // of the whole model
+  int64_t local_parameter_count() const;  // held by this rank
   Backend& backend() { return m_be; }
 
-  // Allocates every weight (category weights) and fills it from `src`.
+  // Allocates this rank's weights (category weights) and fills them from `src`.
   void load(TensorSource& src);
-  // Caches for up to `max_tokens` tokens, zero-initialised.
+  // Caches for up to `max_tokens` tokens on this rank, zero-initialised.
   Cache make_cache(int64_t max_tokens);
 
-  // Runs `tokens` at `positions` (one per token, after those in the cache).
+  // Runs `tokens` at `positions` (this rank's part when layout.sequence_sharded).
   // Returns logits [T, vocab] when all_logits, else [1, vocab] for the last token.
-  Tensor forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, Cache& cache,
-                 bool all_logits);
+  Tensor forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, Cache& cache, bool all_logits,
+                 const StepLayout& layout = {});
 
  private:
   void build_specs();
-  void attention_block(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache);
+  void attention_block(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache,
+                       const StepLayout& layout);
   void mlp_block(int layer, const Tensor& x);
-  void mamba2_block(int layer, const Tensor& x, Cache& cache);
-  void mamba_block(int layer, const Tensor& x, Cache& cache);
+  void mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
+  void mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
+  // Sums a row-parallel partial output over the tensor-parallel group into x.
+  void reduce_into(const Tensor& x, const Tensor& partial);
+  // Conv over this rank's chunks with the halo of each chunk's predecessor;
+  // `state` ends as the sequence's last d_conv-1 inputs (for decode).
+  void sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
+                    const StepLayout& layout);
 
   ModelConfig m_cfg;
   Backend& m_be;
+  Parallel m_par;
   Tensor m_embed, m_final_norm, m_lm_head;
   std::vector<LayerWeights> m_layers;
   std::vector<WeightSpec> m_specs;
+  AttentionShard m_attn;
+  Mamba2Shard m_m2;
+  MambaShard m_m1;
 };
 
 }  // namespace ss

@@ -47,12 +47,23 @@ float synthetic_value(const WeightSpec& w, uint64_t seed, int64_t index) {
   return 0.0f;
 }
 
+Shape WeightSpec::local_shape() const {
+  Shape s = shape;
+  if (!slice.mirrored()) s[size_t(slice.axis)] = slice.extent();
+  return s;
+}
+
 void SyntheticSource::fill(Backend& be, const WeightSpec& w, const Tensor& dst) {
   if (!be.has_data()) return;
-  std::vector<float> host(size_t(dst.numel()));
-  const int64_t n = int64_t(host.size());
+  std::vector<float> host(static_cast<size_t>(dst.numel()));
+  if (w.slice.mirrored()) {
+    const int64_t n = int64_t(host.size());
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) host[size_t(i)] = synthetic_value(w, m_seed, i);
+    for (int64_t i = 0; i < n; ++i) host[size_t(i)] = synthetic_value(w, m_seed, i);
+  } else {
+    for_each_slice_element(w.shape, w.slice,
+                           [&](int64_t l, int64_t g) { host[size_t(l)] = synthetic_value(w, m_seed, g); });
+  }
   be.upload(dst, host.data(), DType::F32);
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "model/config.h"
+#include "model/parallel.h"
 
 namespace ss {
 
@@ -31,7 +32,28 @@ struct WeightSpec {
   Init init = Init::Linear;
   float scale = 1.0f;
   Tensor* slot = nullptr;  // where the loaded tensor goes
+  WeightSlice slice;       // what this rank holds (mirrored by default)
+  Shape local_shape() const;
 };
+
+// Calls fn(local_index, global_index) for every element of the slice, in local order.
+template <class F>
+void for_each_slice_element(const Shape& global, const WeightSlice& slice, F&& fn) {
+  if (slice.mirrored()) {
+    const int64_t n = numel(global);
+    for (int64_t i = 0; i < n; ++i) fn(i, i);
+    return;
+  }
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < slice.axis; ++d) outer *= global[size_t(d)];
+  for (size_t d = size_t(slice.axis) + 1; d < global.size(); ++d) inner *= global[d];
+  const int64_t axis_len = global[size_t(slice.axis)];
+  int64_t local = 0;
+  for (int64_t o = 0; o < outer; ++o)
+    for (const auto& [a, b] : slice.ranges)
+      for (int64_t k = a; k < b; ++k)
+        for (int64_t i = 0; i < inner; ++i) fn(local++, (o * axis_len + k) * inner + i);
+}
 
 // Deterministic synthetic value of element `index` of a weight: a counter-based
 // hash of (seed, name, index), so any slice of a tensor can be drawn on its own
@@ -42,7 +64,7 @@ float synthetic_value(const WeightSpec& w, uint64_t seed, int64_t index);
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
-  // Fills `dst` (allocated with w.shape) with the values of `w`.
+  // Fills `dst` (allocated with w.local_shape()) with this rank's slice of `w`.
   virtual void fill(Backend& be, const WeightSpec& w, const Tensor& dst) = 0;
   virtual std::string describe() const = 0;
 };

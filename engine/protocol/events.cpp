@@ -157,6 +157,7 @@ void Writer::write(const Event& e) {
   line += '\n';
   std::fwrite(line.data(), 1, line.size(), m_out);
 }
+void Writer::write_raw(const std::string& lines) { std::fwrite(lines.data(), 1, lines.size(), m_out); }
 void Writer::flush() { std::fflush(m_out); }
 
 Event from_json(const json& j) {

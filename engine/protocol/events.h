@@ -127,6 +127,8 @@ class Writer {
  public:
   explicit Writer(std::FILE* out) : m_out(out) {}
   void write(const Event& e);
+  // Writes lines that are already JSON (another rank's records).
+  void write_raw(const std::string& lines);
   void flush();
 
  private:

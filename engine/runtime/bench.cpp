@@ -96,8 +96,7 @@ Row measure(const std::string& preset, int64_t P, int decode, int repeat) {
       next = be.argmax_row(logits, 0);
     }
     const double prefill = seconds_since(t0);
-    std::vector<proto::Span> spans = std::move(rec.spans());
-    rec.clear();
+    std::vector<proto::Span> spans = rec.take_spans();
     const auto t1 = Clock::now();
     for (int k = 0; k < decode; ++k) {
       const int32_t p1 = int32_t(P + k);

@@ -3,9 +3,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
-#include <thread>
+#include <map>
+#include <optional>
+#include <sstream>
 
+#include "comm/mpi_communicator.h"
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
@@ -28,16 +32,75 @@ int64_t status_field(const char* key) {
   return 0;
 }
 
-// Writes the recorder's spans and memory samples, then flushes: one step.
-void drain(Recorder& rec, proto::Writer& out) {
-  for (auto& m : rec.mem_samples()) out.write(m);
-  for (auto& s : rec.spans()) out.write(s);
-  rec.clear();
-  out.flush();
+// The ranks of a run and their communicators. A single-device run has no MPI
+// at all; every other strategy runs one MPI process per device.
+struct Group {
+  std::unique_ptr<MpiWorld> mpi;
+  std::shared_ptr<CommStream> stream;
+  std::unique_ptr<MpiCommunicator> world;
+  std::unique_ptr<Communicator> telemetry, tp, sp;
+  int rank = 0, size = 1;
+  std::vector<std::string> hosts = {host_name()};
+  bool root() const { return rank == 0; }
+};
+
+// Everything a rank records between two step boundaries, as JSON lines.
+std::string take_records(Recorder& rec, std::vector<std::string>& extra) {
+  std::string blob;
+  for (auto& l : extra) (blob += l) += '\n';
+  extra.clear();
+  for (auto& m : rec.take_mem_samples()) (blob += proto::to_line(m)) += '\n';
+  for (auto& s : rec.take_spans()) (blob += proto::to_line(s)) += '\n';
+  return blob;
 }
 
-void emit_metric(proto::Writer& out, const char* name, double value, const char* unit) {
-  out.write(proto::Metric{name, value, unit, -1});
+// A step boundary: rank 0 writes its own records and gathers every other
+// rank's on the telemetry communicator; no other rank writes to stdout.
+void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, proto::Writer* out) {
+  std::string mine = take_records(rec, extra);
+  std::vector<std::string> all;
+  if (g.telemetry) all = g.telemetry->gather_blobs(mine, 0);
+  else all.push_back(std::move(mine));
+  if (!g.root() || !out) return;
+  for (auto& blob : all) out->write_raw(blob);
+  out->flush();
+}
+
+std::vector<proto::Placement> placements(const Model& model, int rank) {
+  std::vector<proto::Placement> out;
+  for (const WeightSpec& w : model.weights()) {
+    proto::Placement p;
+    p.rank = rank;
+    p.tensor = w.name;
+    p.layer = w.layer;
+    p.shape = w.shape;
+    if (w.slice.mirrored()) {
+      p.mode = "mirrored";
+      p.bytes = numel(w.shape) * 4;
+      out.push_back(p);
+      continue;
+    }
+    const int64_t per_index = numel(w.shape) / w.shape[size_t(w.slice.axis)];
+    for (auto& [a, b] : w.slice.ranges) {
+      p.mode = "split";
+      p.axis = w.slice.axis;
+      p.start = a;
+      p.end = b;
+      p.bytes = (b - a) * per_index * 4;
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::vector<Range> merge_ranges(std::vector<Range> r) {
+  std::sort(r.begin(), r.end());
+  std::vector<Range> out;
+  for (auto& x : r) {
+    if (!out.empty() && out.back().second == x.first) out.back().second = x.second;
+    else out.push_back(x);
+  }
+  return out;
 }
 
 }  // namespace
@@ -72,160 +135,341 @@ std::vector<int32_t> make_prompt(const RunOptions& o, int64_t vocab) {
   return p;
 }
 
+std::pair<int, int> mesh_of(const RunOptions& o) {
+  const Strategy s = parse_strategy(o.strategy);
+  switch (s) {
+    case Strategy::TP: return {o.devices, 1};
+    case Strategy::SP: return {1, o.devices};
+    case Strategy::TSP: return {o.devices, o.devices};
+    case Strategy::TPSP: {
+      int t = 0, sp = 0;
+      char x = 0;
+      std::istringstream in(o.mesh);
+      if (o.mesh.empty() || !(in >> t >> x >> sp) || (x != 'x' && x != 'X') || t < 1 || sp < 1 || !in.eof())
+        throw UsageError("--strategy tp_sp needs --mesh TxS with T*S = --devices, e.g. --mesh 2x2 for 4 devices");
+      return {t, sp};
+    }
+    default: return {1, 1};
+  }
+}
+
 void validate(const RunOptions& o) {
   if (o.backend != "cpu")
     throw UsageError("--backend " + o.backend + " is not available in this command; use --backend cpu");
-  if (o.strategy != "single")
-    throw UsageError("--strategy " + o.strategy + " needs several devices: use `shardscope-engine launch`");
+  const Strategy s = parse_strategy(o.strategy);
+  if (o.devices < 1 || o.devices > 1024) throw UsageError("--devices must be between 1 and 1024");
+  if (s == Strategy::Single && o.devices != 1)
+    throw UsageError("--strategy single runs on one device; choose dp, tp, sp, tp_sp or tsp for --devices " +
+                     std::to_string(o.devices));
+  if (s != Strategy::TPSP && !o.mesh.empty()) throw UsageError("--mesh is for --strategy tp_sp only");
+  if (s == Strategy::TPSP) {
+    auto [t, sp] = mesh_of(o);
+    if (t * sp != o.devices)
+      throw UsageError("--mesh " + o.mesh + " has " + std::to_string(t * sp) + " ranks but --devices is " +
+                       std::to_string(o.devices) + "; make T x S equal the device count");
+  }
+  if (o.split != "zigzag" && o.split != "contiguous") throw UsageError("--split must be zigzag or contiguous");
   if (o.tokens.empty() && o.prompt_len <= 0) throw UsageError("give a prompt: --prompt-len N (N >= 1) or --tokens 1,2,3");
   if (!o.tokens.empty() && o.prompt_len > 0) throw UsageError("give either --prompt-len or --tokens, not both");
   if (o.decode < 0) throw UsageError("--decode must be >= 0");
   if (o.capacity < 0) throw UsageError("--capacity must be >= 0");
+  if (o.batch < 1) throw UsageError("--batch must be >= 1");
+  if (o.batch > 1 && s != Strategy::Single && s != Strategy::DP)
+    throw UsageError("--batch > 1 is for --strategy single or dp");
   if (o.prompt_len > 100'000'000) throw UsageError("--prompt-len is over 100M tokens");
 }
 
-RunResult run_inference(const RunOptions& o, proto::Writer& out) {
+RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
   RunResult res;
   const auto origin = std::chrono::steady_clock::now();
-  Allocator alloc(o.capacity);
-  Recorder rec(0);
+  Recorder rec(0);  // outlives the communicators, which record into it
   rec.set_origin(origin);
-  alloc.set_listener([&](const MemState& m) { rec.mem_sample(rec.now(), m); });
-  CpuBackend be(alloc, rec);
-  if (o.threads > 0) cpu::set_threads(o.threads);
+  Group g;
+  std::optional<std::string> failed_code;
+  proto::Writer* out = &out_root;
 
-  out.write(proto::Hello{proto::kVersion, engine_version(), host_name()});
-  auto fail = [&](const char* code, const std::string& msg, int exit_code, nlohmann::json detail = {}) {
-    drain(rec, out);
-    out.write(proto::Error{code, 0, msg, std::move(detail)});
-    const char* status = exit_code == kExitOom ? "oom" : "failed";
-    out.write(proto::Done{status, rec.now(), exit_code});
-    out.flush();
+  auto report = [&](const char* code, const std::string& msg, int exit_code, nlohmann::json detail = {}) {
+    if (g.root()) {
+      for (auto& m : rec.take_mem_samples()) out->write(m);
+      for (auto& s : rec.take_spans()) out->write(s);
+      out->write(proto::Error{code, g.rank, msg, std::move(detail)});
+      const char* status = exit_code == kExitOom ? "oom" : "failed";
+      out->write(proto::Done{status, rec.now(), exit_code});
+      out->flush();
+    }
     res.exit_code = exit_code;
-    res.status = status;
+    res.status = exit_code == kExitOom ? "oom" : "failed";
     res.error = msg;
+    res.error_code = code;
+    res.rank = g.rank;
+    // One line a person (and the launcher) can read: which rank, what, why.
+    if (g.size > 1) std::fprintf(stderr, "shardscope-engine: error [rank %d, %s]: %s\n", g.rank, code, msg.c_str());
+    else std::fprintf(stderr, "shardscope-engine: error: %s\n", msg.c_str());
+    std::fflush(stderr);
+    // Other ranks may wait in a collective for this one: end them all.
+    if (g.size > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
     return res;
   };
 
   try {
     validate(o);
+    const Strategy strategy = parse_strategy(o.strategy);
+    const bool distributed = strategy != Strategy::Single;
     std::filesystem::path dir;
     ModelConfig cfg = resolve_model(o.model, &dir, o.overrides);
-    Model model(cfg, be);
+    const std::vector<int32_t> base_prompt = make_prompt(o, cfg.vocab);
+    const int64_t P = int64_t(base_prompt.size()), total = P + o.decode;
+    const auto [T, S] = mesh_of(o);
+    const bool zigzag = o.split == "zigzag";
+    validate_parallel(cfg, strategy, o.devices, T, S, P, zigzag, o.batch);
+
+    if (distributed) {
+      g.mpi = std::make_unique<MpiWorld>();
+      g.rank = g.mpi->rank();
+      g.size = g.mpi->size();
+      rec.set_rank(g.rank);
+      if (g.size != o.devices)
+        throw UsageError("this process is one of " + std::to_string(g.size) + " MPI ranks but --devices is " +
+                         std::to_string(o.devices) + "; start runs with `shardscope-engine launch --devices N ...`");
+      g.hosts = g.mpi->hostnames();
+      g.stream = std::make_shared<CommStream>();
+      g.world = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
+      g.telemetry = g.world->split(0, g.rank, "telemetry");
+      // Rank = sp_rank * T + tp_rank: tensor-parallel groups are neighbours.
+      if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
+        g.tp = g.world->split(g.rank / T, g.rank % T, "tp");
+        g.sp = g.world->split(g.rank % T, g.rank / T, "sp");
+      } else if (strategy == Strategy::TSP) {
+        g.sp = g.world->split(0, g.rank, "tsp");
+      }
+    }
+    if (!g.root()) out = nullptr;
+    if (o.threads > 0) cpu::set_threads(o.threads);
+    else if (distributed) cpu::set_threads(1);  // ranks share the host's cores
+
+    Allocator alloc(o.capacity);
+    alloc.set_listener([&](const MemState& m) { rec.mem_sample(rec.now(), m); });
+    CpuBackend be(alloc, rec);
+
+    Parallel par;
+    par.strategy = strategy;
+    par.world_rank = g.rank;
+    par.world_size = g.size;
+    par.zigzag = zigzag;
+    par.world = g.world.get();
+    if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
+      par.tp_size = T;
+      par.sp_size = S;
+      par.tp_rank = g.rank % T;
+      par.sp_rank = g.rank / T;
+      par.tp = g.tp.get();
+      par.sp = g.sp.get();
+    } else if (strategy == Strategy::TSP) {
+      throw UsageError("--strategy tsp is not available yet; use tp, sp or tp_sp");
+    }
+
+    Model model(cfg, be, par);
     std::unique_ptr<TensorSource> src;
     if (dir.empty()) src = std::make_unique<SyntheticSource>(o.seed);
     else src = std::make_unique<CheckpointSource>(dir, model.weights());
-    const std::vector<int32_t> prompt = make_prompt(o, cfg.vocab);
-    const int64_t P = int64_t(prompt.size()), total = P + o.decode;
 
-    nlohmann::json conf = {
-        {"model", cfg.to_json()},
-        {"weights", src->describe()},
-        {"parameters", model.parameter_count()},
-        {"backend", o.backend},
-        {"strategy", o.strategy},
-        {"devices", 1},
-        {"workload", {{"batch", 1}, {"prompt_len", P}, {"decode", o.decode}, {"seed", o.seed}}},
-        {"capacity", o.capacity},
-        {"threads", cpu::threads()},
-    };
-    out.write(proto::Config{conf});
-    out.write(proto::Device{0, "cpu", be.device_name(), o.capacity, host_name()});
-    out.write(proto::Tokens{0, {{0, total}}});
-    out.write(proto::Phase{"load", rec.now()});
-    out.flush();
+    // This rank's sequences (dp) and tokens (sequence-parallel prefill).
+    const int seq_begin = strategy == Strategy::DP ? o.batch * g.rank / g.size : 0;
+    const int seq_end = strategy == Strategy::DP ? o.batch * (g.rank + 1) / g.size : o.batch;
+    const bool seq_sharded = par.sp_size > 1;
+    const std::vector<std::pair<Range, int>> chunks =
+        seq_sharded ? chunk_owners(P, S, zigzag) : std::vector<std::pair<Range, int>>{{{0, P}, 0}};
+    std::vector<Range> my_ranges;
+    for (auto& [r, owner] : chunks)
+      if (owner == par.sp_rank) my_ranges.push_back(r);
+    // Decode token p keeps its K/V on sp rank p % S (balancing cache growth).
+    std::vector<Range> kv_ranges = my_ranges;
+    int64_t my_decode_kv = 0;
+    for (int64_t p = P; p < total; ++p)
+      if (!seq_sharded || p % S == par.sp_rank) {
+        kv_ranges.push_back({p, p + 1});
+        ++my_decode_kv;
+      }
+    int64_t my_prompt = 0;
+    for (auto& r : my_ranges) my_prompt += r.second - r.first;
+
+    std::vector<std::string> extra;  // records of this rank beyond spans and samples
+    if (g.root()) {
+      nlohmann::json conf = {
+          {"model", cfg.to_json()},
+          {"weights", src->describe()},
+          {"parameters", model.parameter_count()},
+          {"backend", o.backend},
+          {"strategy", strategy_name(strategy)},
+          {"devices", o.devices},
+          {"mesh", {{"tp", T}, {"sp", S}}},
+          {"split", o.split},
+          {"workload", {{"batch", o.batch}, {"prompt_len", P}, {"decode", o.decode}, {"seed", o.seed}}},
+          {"capacity", o.capacity},
+          {"threads", cpu::threads()},
+      };
+      out->write(proto::Hello{proto::kVersion, engine_version(), host_name()});
+      out->write(proto::Config{conf});
+      out->flush();
+    }
+    extra.push_back(proto::to_line(proto::Device{g.rank, "cpu", be.device_name(), o.capacity, g.hosts[size_t(g.rank)]}));
+    extra.push_back(proto::to_line(proto::Tokens{g.rank, merge_ranges(kv_ranges)}));
+    if (g.root()) extra.push_back(proto::to_line(proto::Phase{"load", rec.now()}));
 
     rec.set_phase("load");
     model.load(*src);
-    for (const WeightSpec& w : model.weights()) {
-      proto::Placement p;
-      p.rank = 0;
-      p.tensor = w.name;
-      p.layer = w.layer;
-      p.shape = w.shape;
-      p.mode = "mirrored";
-      p.bytes = numel(w.shape) * 4;
-      out.write(p);
-    }
-    Cache cache = model.make_cache(total);
-    drain(rec, out);
+    for (auto& p : placements(model, g.rank)) extra.push_back(proto::to_line(p));
+    step_boundary(g, rec, extra, out);
 
-    std::vector<float> logits_rows;
+    std::vector<float> logits_rows;  // root: [batch, total, vocab] in position order
     const bool keep_logits = !o.logits_out.empty();
-    auto keep = [&](const Tensor& logits) {
+    if (g.root() && keep_logits) logits_rows.assign(size_t(o.batch * total * cfg.vocab), 0.0f);
+    double prefill_s = 0, decode_s = 0;
+    int64_t prefill_tokens = 0, decode_tokens = 0;
+
+    // Gathers this step's logits rows (given positions) to the root.
+    auto collect = [&](int seq, const Tensor& logits, const std::vector<int32_t>& pos) {
       if (!keep_logits) return;
-      const size_t at = logits_rows.size();
-      logits_rows.resize(at + size_t(logits.numel()));
-      be.download(logits, logits_rows.data() + at);
+      std::vector<float> host(size_t(logits.numel()));
+      be.download(logits, host.data());
+      std::string blob(reinterpret_cast<const char*>(host.data()), host.size() * 4);
+      std::string header;
+      header.resize(sizeof(int32_t) * (2 + pos.size()));
+      int32_t* h = reinterpret_cast<int32_t*>(header.data());
+      h[0] = seq;
+      h[1] = int32_t(pos.size());
+      std::copy(pos.begin(), pos.end(), h + 2);
+      // Only one rank of each tp group sends (they hold the same rows).
+      const bool sender = par.tp_rank == 0;
+      std::vector<std::string> all = g.telemetry ? g.telemetry->gather_blobs(sender ? header + blob : "", 0)
+                                                 : std::vector<std::string>{header + blob};
+      if (!g.root()) return;
+      for (auto& b : all) {
+        if (b.empty()) continue;
+        const int32_t* hh = reinterpret_cast<const int32_t*>(b.data());
+        const int32_t s = hh[0], n = hh[1];
+        const float* rows = reinterpret_cast<const float*>(b.data() + sizeof(int32_t) * (2 + n));
+        for (int32_t i = 0; i < n; ++i)
+          std::memcpy(&logits_rows[size_t((int64_t(s) * total + hh[2 + i]) * cfg.vocab)], rows + int64_t(i) * cfg.vocab,
+                      size_t(cfg.vocab) * 4);
+      }
+    };
+    // The greedy next token, chosen on the rank holding the last position and
+    // shared with every rank (so all ranks feed the same token).
+    Tensor token_buf;
+    auto share_token = [&](int32_t token, int root_rank) -> int32_t {
+      if (!g.world) return token;
+      if (!token_buf.defined()) token_buf = be.alloc({1}, Category::CommBuffers, "next_token");
+      float v = float(token);
+      be.upload(token_buf, &v, DType::F32);
+      {
+        SiteScope s(rec, -1, "next_token");
+        g.world->broadcast(token_buf, root_rank);
+      }
+      be.download(token_buf, &v);
+      return int32_t(v);
     };
 
-    // Prefill: the whole prompt in one forward; TTFT ends with the first token.
-    out.write(proto::Phase{"prefill", rec.now()});
-    rec.set_phase("prefill");
-    std::vector<int32_t> pos(static_cast<size_t>(P));
-    for (int64_t i = 0; i < P; ++i) pos[size_t(i)] = int32_t(i);
-    const int64_t t_prefill = rec.now();
-    int32_t next;
-    {
-      Tensor logits = model.forward(prompt, pos, cache, keep_logits);
-      next = be.argmax_row(logits, logits.rows() - 1);
-      keep(logits);
-    }
-    const int64_t t_first = rec.now();
-    res.ttft_s = (t_first - t_prefill) * 1e-9;
-    res.prefill_s = res.ttft_s;
-    drain(rec, out);
-
-    // Decode: one token per step, reusing the KV and SSM state caches.
-    std::vector<double> step_ms;
-    if (o.decode > 0) {
-      out.write(proto::Phase{"decode", rec.now()});
-      rec.set_phase("decode");
-    }
-    for (int k = 0; k < o.decode; ++k) {
-      res.generated.push_back(next);
-      const int32_t p1 = int32_t(P + k);
+    if (g.root()) extra.push_back(proto::to_line(proto::Phase{"prefill", rec.now()}));
+    // Each sequence of this rank (one unless --batch): prefill, then decode.
+    for (int seq = 0; seq < o.batch; ++seq) {
+      const bool mine = seq >= seq_begin && seq < seq_end;
+      RunOptions so = o;
+      so.seed = o.seed + uint64_t(seq);
+      const std::vector<int32_t> prompt = seq == 0 || !o.tokens.empty() ? base_prompt : make_prompt(so, cfg.vocab);
+      if (!mine) continue;
+      Cache cache = model.make_cache(my_prompt + my_decode_kv);
+      std::vector<int32_t> tokens, pos;
+      for (auto& [a, b] : my_ranges)
+        for (int64_t p = a; p < b; ++p) {
+          tokens.push_back(prompt[size_t(p)]);
+          pos.push_back(int32_t(p));
+        }
+      StepLayout layout;
+      layout.sequence_sharded = seq_sharded;
+      layout.chunks = chunks;
+      rec.set_phase("prefill");
       const int64_t t0 = rec.now();
-      Tensor logits = model.forward(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&p1, 1), cache, false);
-      next = be.argmax_row(logits, 0);
-      keep(logits);
-      step_ms.push_back((rec.now() - t0) * 1e-6);
-      drain(rec, out);
-    }
-    for (double ms : step_ms) res.decode_s += ms * 1e-3;
+      int32_t next = 0;
+      {
+        Tensor logits = model.forward(tokens, pos, cache, keep_logits, layout);
+        // Who holds position P-1: the owner of the last chunk (zigzag: sp rank 0).
+        const int last_owner_sp = chunks.back().second;
+        const int root_rank = strategy == Strategy::DP ? g.rank : last_owner_sp * T;
+        if (par.sp_rank == last_owner_sp) next = be.argmax_row(logits, logits.rows() - 1);
+        collect(seq, logits, pos);
+        if (strategy != Strategy::DP) next = share_token(next, root_rank);
+      }
+      const int64_t t1 = rec.now();
+      prefill_s += (t1 - t0) * 1e-9;
+      prefill_tokens += P;
+      if (seq == seq_begin) res.ttft_s = (t1 - t0) * 1e-9;
+      step_boundary(g, rec, extra, strategy == Strategy::DP ? out : out);
 
+      if (o.decode > 0 && g.root() && seq == seq_begin) extra.push_back(proto::to_line(proto::Phase{"decode", rec.now()}));
+      rec.set_phase("decode");
+      for (int k = 0; k < o.decode; ++k) {
+        if (seq == seq_begin) res.generated.push_back(next);
+        const int32_t p1 = int32_t(P + k);
+        StepLayout dl;
+        dl.kv_owner = seq_sharded ? int(p1 % S) : 0;
+        const int64_t d0 = rec.now();
+        Tensor logits = model.forward(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&p1, 1), cache, false, dl);
+        next = be.argmax_row(logits, 0);
+        if (strategy != Strategy::DP) next = share_token(next, 0);
+        collect(seq, logits, {p1});
+        decode_s += (rec.now() - d0) * 1e-9;
+        ++decode_tokens;
+        step_boundary(g, rec, extra, out);
+      }
+      if (seq == seq_begin) res.generated.push_back(next);
+    }
+    res.prefill_s = prefill_s;
+    res.decode_s = decode_s;
+
+    // Per-rank peaks, then the run's metrics on the root.
     const MemState& m = alloc.state();
-    res.peak_bytes = m.peak_total;
-    emit_metric(out, "ttft_ms", res.ttft_s * 1e3, "ms");
-    emit_metric(out, "prefill_tokens_per_s", P / std::max(res.prefill_s, 1e-12), "tokens/s");
-    if (o.decode > 0) {
-      emit_metric(out, "decode_tokens_per_s", o.decode / std::max(res.decode_s, 1e-12), "tokens/s");
-      emit_metric(out, "decode_ms_per_token", res.decode_s * 1e3 / o.decode, "ms");
-    }
-    emit_metric(out, "parameters", double(model.parameter_count()), "count");
-    emit_metric(out, "peak_bytes", double(m.peak_total), "bytes");
     for (int c = 0; c < kCategoryCount; ++c)
-      emit_metric(out, ("peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes").c_str(), double(m.peak_bytes[size_t(c)]),
-                  "bytes");
-    emit_metric(out, "peak_rss_bytes", double(peak_rss_bytes()), "bytes");
-    if (keep_logits) {
-      const std::vector<int64_t> shape = {total, cfg.vocab};
-      write_npy(o.logits_out, shape, logits_rows.data());
+      extra.push_back(proto::to_line(proto::Metric{"peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes",
+                                                   double(m.peak_bytes[size_t(c)]), "bytes", g.rank}));
+    extra.push_back(proto::to_line(proto::Metric{"peak_bytes", double(m.peak_total), "bytes", g.rank}));
+    extra.push_back(proto::to_line(proto::Metric{"peak_rss_bytes", double(peak_rss_bytes()), "bytes", g.rank}));
+    step_boundary(g, rec, extra, out);
+    res.peak_bytes = m.peak_total;
+    if (g.root()) {
+      auto metric = [&](const char* name, double v, const char* unit) { out->write(proto::Metric{name, v, unit, -1}); };
+      metric("ttft_ms", res.ttft_s * 1e3, "ms");
+      metric("prefill_tokens_per_s", prefill_tokens / std::max(prefill_s, 1e-12), "tokens/s");
+      if (o.decode > 0) {
+        metric("decode_tokens_per_s", decode_tokens / std::max(decode_s, 1e-12), "tokens/s");
+        metric("decode_ms_per_token", decode_s * 1e3 / double(std::max<int64_t>(decode_tokens, 1)), "ms");
+      }
+      metric("parameters", double(model.parameter_count()), "count");
+      metric("peak_bytes", double(m.peak_total), "bytes");
+      for (int c = 0; c < kCategoryCount; ++c)
+        metric(("peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes").c_str(), double(m.peak_bytes[size_t(c)]),
+               "bytes");
+      metric("peak_rss_bytes", double(peak_rss_bytes()), "bytes");
+      if (keep_logits) {
+        std::vector<int64_t> shape = {total, cfg.vocab};
+        if (o.batch > 1) shape.insert(shape.begin(), o.batch);
+        write_npy(o.logits_out, shape, logits_rows.data());
+      }
+      out->write(proto::Done{"ok", rec.now(), kExitOk});
+      out->flush();
     }
-    res.generated.push_back(next);
-    out.write(proto::Done{"ok", rec.now(), kExitOk});
-    out.flush();
+    if (g.world) g.world->barrier();
     res.status = "ok";
     return res;
   } catch (const OomError& e) {
-    return fail("oom", e.what(), kExitOom,
-                {{"category", e.category}, {"requested", e.requested}, {"in_use", e.in_use}, {"capacity", e.capacity}});
+    return report("oom", e.what(), kExitOom,
+                  {{"category", e.category}, {"requested", e.requested}, {"in_use", e.in_use}, {"capacity", e.capacity}});
   } catch (const UsageError& e) {
-    return fail("usage", e.what(), kExitUsage);
+    return report("usage", e.what(), kExitUsage);
   } catch (const FormatError& e) {
-    return fail("format", e.what(), kExitUsage);
+    return report("format", e.what(), kExitUsage);
   } catch (const std::exception& e) {
-    return fail("internal", e.what(), kExitFailure);
+    return report("internal", e.what(), kExitFailure);
   }
 }
 

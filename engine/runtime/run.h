@@ -14,7 +14,11 @@ struct RunOptions {
   std::string model = "tiny-llama";      // preset name or HF model folder
   std::vector<std::string> overrides;    // config.json key=value
   std::string backend = "cpu";
-  std::string strategy = "single";
+  std::string strategy = "single";       // single, dp, tp, sp, tp_sp, tsp
+  int devices = 1;                       // ranks of the model-parallel group (MPI processes)
+  std::string mesh;                      // tp_sp: "TxS", e.g. 2x2
+  std::string split = "zigzag";          // sequence split: zigzag or contiguous
+  int batch = 1;                         // sequences (dp splits them over devices)
   int64_t prompt_len = 0;                // synthetic prompt of this length ...
   std::vector<int32_t> tokens;           // ... or these tokens
   int decode = 0;                        // greedy decode steps after the prompt
@@ -28,6 +32,8 @@ struct RunResult {
   int exit_code = 0;
   std::string status;             // ok | oom | failed
   std::string error;              // one line when not ok
+  std::string error_code;         // usage, format, oom, internal
+  int rank = 0;                   // the rank that reports
   std::vector<int32_t> generated; // greedy tokens
   double ttft_s = 0, prefill_s = 0, decode_s = 0;
   int64_t peak_bytes = 0;
@@ -36,8 +42,12 @@ struct RunResult {
 // The prompt a run uses: the given tokens, or prompt_len tokens drawn from the seed.
 std::vector<int32_t> make_prompt(const RunOptions& o, int64_t vocab);
 
-// Validates the options (throws UsageError with one line saying what to change).
+// Validates the options that need no model (throws UsageError with one line
+// saying what to change). Shapes are checked by validate_parallel once the
+// model is known; `launch` runs both before starting any rank.
 void validate(const RunOptions& o);
+// Parses --mesh for the strategy: (T, S) with T*S = devices.
+std::pair<int, int> mesh_of(const RunOptions& o);
 
 RunResult run_inference(const RunOptions& o, proto::Writer& out);
 

@@ -1,0 +1,13 @@
+#include "comm/communicator.h"
+
+namespace ss {
+
+double wire_bytes(const std::string& op, double bytes, int ranks) {
+  if (ranks <= 1) return 0;
+  const double n = ranks;
+  if (op == "all_reduce") return 2 * (n - 1) / n * bytes;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return (n - 1) / n * bytes;
+  return bytes;  // broadcast (from the root), send, sendrecv
+}
+
+}  // namespace ss
