@@ -1,6 +1,7 @@
 // shardscope-engine: the worker the explorer launches, and a tool on its own.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "io/checkpoint.h"
 #include "model/config.h"
 #include "runtime/bench.h"
+#include "runtime/launch.h"
 #include "runtime/run.h"
 #include "runtime/summary.h"
 #include <fstream>
@@ -86,6 +88,15 @@ int main(int argc, char** argv) {
   add_model_options(run, run_opts, tokens, capacity);
   run->add_option("--events", events, "write the event stream to FILE instead of stdout");
 
+  ss::RunOptions launch_opts;
+  std::string launch_tokens, launch_capacity;
+  ss::LaunchOptions launch_cfg;
+  auto* launch = app.add_subcommand("launch", "run on several devices: starts one MPI rank per device with mpirun");
+  add_model_options(launch, launch_opts, launch_tokens, launch_capacity);
+  launch->add_option("--events", launch_cfg.events, "write the event stream to FILE instead of stdout");
+  launch->add_option("--hostfile", launch_cfg.hostfile, "OpenMPI hostfile for runs over several hosts");
+  launch->add_option("--timeout", launch_cfg.timeout_s, "stop the run after this many seconds (0 = never)");
+
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
   auto* presets = app.add_subcommand("presets", "list the model presets");
@@ -115,11 +126,32 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version end here with 0. A flag CLI11 cannot parse is bad
+    // input like any other: exit 2 (not CLI11's own codes), one stderr line.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    std::fprintf(stderr, "shardscope-engine: error: %s (see --help)\n", msg.c_str());
+    return ss::kExitUsage;
   }
 
   try {
     if (*run) return run_command(run_opts, tokens, capacity, events);
+    if (*launch) {
+      if (!launch_tokens.empty()) launch_opts.tokens = parse_tokens(launch_tokens);
+      if (!launch_capacity.empty()) launch_opts.capacity = ss::parse_bytes(launch_capacity);
+      // Every rank gets the same options, less those the launcher keeps.
+      int at = 1;
+      while (at < argc && std::string(argv[at]) != "launch") ++at;
+      for (int i = at + 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        const bool own = a == "--events" || a == "--hostfile" || a == "--timeout";
+        const bool own_eq = a.rfind("--events=", 0) == 0 || a.rfind("--hostfile=", 0) == 0 || a.rfind("--timeout=", 0) == 0;
+        if (own) ++i;
+        else if (!own_eq) launch_cfg.run_args.push_back(a);
+      }
+      return ss::launch(launch_opts, launch_cfg);
+    }
     if (*info) return ss::print_info(std::cout);
     if (*presets) {
       for (auto& n : ss::preset_names()) {

@@ -253,7 +253,7 @@ Request MpiCommunicator::submit(const char* op, double payload_bytes, std::vecto
     const int64_t t0 = m_rec.now();
     call();
     const int64_t t1 = m_rec.now();
-    m_rec.span_at(m_rec.tag(), StreamKind::Comm, op, t0, t1, 0, bytes, dims, peers);
+    m_rec.span_at(tag, StreamKind::Comm, op, t0, t1, 0, bytes, dims, peers);
   };
   return m_stream->enqueue(std::move(task), std::move(keep));
 }
@@ -263,7 +263,7 @@ Request MpiCommunicator::issue_all_reduce(const Tensor& buf) {
   const int n = int(buf.numel());
   float* p = ptr(buf);
   return submit("all_reduce", double(buf.nbytes()), {buf.numel()}, others(), {buf}, [this, p, n] {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_MAX, m_comm), "MPI_Allreduce",
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, m_comm), "MPI_Allreduce",
               m_name);
   });
 }
@@ -303,7 +303,7 @@ Request MpiCommunicator::issue_all_gather(const Tensor& out, const Tensor& in) {
   if (!in_place && overlaps(out, in))
     throw std::logic_error("all_gather on " + m_name +
                            ": in overlaps out other than as this rank's block");
-  return submit("all_gather", double(in.nbytes()), {out.numel()}, others(), {out, in},
+  return submit("all_gather", double(out.nbytes()), {out.numel()}, others(), {out, in},
                 [this, pin, pout, n, in_place] {
                   check_mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : pin, int(n), MPI_FLOAT, pout,
                                           int(n), MPI_FLOAT, m_comm),
@@ -370,7 +370,7 @@ Request MpiCommunicator::issue_sendrecv(const Tensor& send, int dst, const Tenso
   float* ps = ptr(send);
   float* pr = ptr(recv);
   return submit("sendrecv", double(send.nbytes()), {send.numel()},
-                {m_members[size_t(src)], m_members[size_t(dst)]}, {send, recv},
+                {m_members[size_t(dst)], m_members[size_t(src)]}, {send, recv},
                 [this, ps, ns, dst, pr, nr, src] {
                   MPI_Status status;
                   check_mpi(MPI_Sendrecv(ps, ns, MPI_FLOAT, dst, kTag, pr, nr, MPI_FLOAT, src,

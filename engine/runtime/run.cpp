@@ -187,9 +187,18 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
   Group g;
   std::optional<std::string> failed_code;
   proto::Writer* out = &out_root;
+  // Every stream opens with hello, also one that fails before the setup
+  // records: a reader rejects records that come before it.
+  bool said_hello = false;
+  auto hello = [&] {
+    if (said_hello) return;
+    out->write(proto::Hello{proto::kVersion, engine_version(), host_name()});
+    said_hello = true;
+  };
 
   auto report = [&](const char* code, const std::string& msg, int exit_code, nlohmann::json detail = {}) {
     if (g.root()) {
+      hello();
       for (auto& m : rec.take_mem_samples()) out->write(m);
       for (auto& s : rec.take_spans()) out->write(s);
       out->write(proto::Error{code, g.rank, msg, std::move(detail)});
@@ -308,7 +317,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
           {"capacity", o.capacity},
           {"threads", cpu::threads()},
       };
-      out->write(proto::Hello{proto::kVersion, engine_version(), host_name()});
+      hello();
       out->write(proto::Config{conf});
       out->flush();
     }
