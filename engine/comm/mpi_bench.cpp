@@ -16,7 +16,9 @@ constexpr int kWarmup = 2;
 const char* const kOps[] = {"all_reduce", "all_gather"};
 
 // Small integers: every sum is exact in f32, so a result is right or wrong.
-float contribution(int rank, int64_t i) { return float(rank + 1 + i % 7); }
+float contribution(int rank, int64_t i) {
+  return float(rank + 1 + i % 7);
+}
 
 // Elements each rank contributes for a message of `bytes`.
 int64_t elements_for(const std::string& op, int64_t bytes, int ranks) {
@@ -96,8 +98,9 @@ std::vector<CollectiveTiming> bench_bare_collectives(MPI_Comm comm,
         std::copy(in.begin(), in.end(), buf.begin());
       } else {
         run = [&] {
-          check_mpi(MPI_Allgather(in.data(), int(n), MPI_FLOAT, buf.data(), int(n), MPI_FLOAT, comm),
-                    "MPI_Allgather", "bench");
+          check_mpi(
+              MPI_Allgather(in.data(), int(n), MPI_FLOAT, buf.data(), int(n), MPI_FLOAT, comm),
+              "MPI_Allgather", "bench");
         };
       }
       run();
@@ -154,8 +157,7 @@ std::vector<CollectiveTiming> bench_communicator_collectives(MpiCommunicator& co
 }
 
 std::vector<CollectiveTiming> bench_collectives(MpiCommunicator& comm, Backend& be,
-                                                const std::vector<int64_t>& sizes,
-                                                int iterations) {
+                                                const std::vector<int64_t>& sizes, int iterations) {
   std::vector<CollectiveTiming> bare;
   comm.stream()
       .enqueue([&] { bare = bench_bare_collectives(comm.handle(), sizes, iterations); })

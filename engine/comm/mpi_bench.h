@@ -22,12 +22,12 @@ struct CollectiveTiming {
   std::string op;    // all_reduce | all_gather
   std::string path;  // mpi (bare MPI calls) | communicator (through MpiCommunicator)
   int ranks = 0;
-  int64_t bytes = 0;   // the whole buffer: the requested size in whole f32 elements per rank
+  int64_t bytes = 0;  // the whole buffer: the requested size in whole f32 elements per rank
   int iterations = 0;
-  double time_s = 0;   // mean time of one operation on the slowest rank
-  double algbw = 0;    // bytes per second
-  double busbw = 0;    // bytes per second
-  int64_t wrong = 0;   // elements that differ from the expected result, all ranks together
+  double time_s = 0;  // mean time of one operation on the slowest rank
+  double algbw = 0;   // bytes per second
+  double busbw = 0;   // bytes per second
+  int64_t wrong = 0;  // elements that differ from the expected result, all ranks together
 };
 
 // Bare MPI_Allreduce (in place) and MPI_Allgather on `comm` for each size in
@@ -48,7 +48,6 @@ std::vector<CollectiveTiming> bench_communicator_collectives(MpiCommunicator& co
 // Both, bare first (run on comm's stream): for every (op, size) the entry of
 // path "mpi" and the entry of path "communicator", in that order.
 std::vector<CollectiveTiming> bench_collectives(MpiCommunicator& comm, Backend& be,
-                                                const std::vector<int64_t>& sizes,
-                                                int iterations);
+                                                const std::vector<int64_t>& sizes, int iterations);
 
 }  // namespace ss

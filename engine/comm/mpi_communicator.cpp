@@ -62,16 +62,15 @@ void check_mpi(int rc, const char* call, const std::string& comm_name) {
   char msg[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw std::runtime_error(std::string(call) + " on " + comm_name + " failed: " +
-                           std::string(msg, size_t(len)));
+  throw std::runtime_error(std::string(call) + " on " + comm_name +
+                           " failed: " + std::string(msg, size_t(len)));
 }
 
 // -------------------------------------------------------------- CommStream
 
-// One queued task and its completion. The tensors in `keep` stay alive until
-// the task has run; they are released by wait() or by the last owner on the
-// caller's side, never on the comm thread, because freeing a buffer updates
-// the allocator, which belongs to the compute thread.
+// One queued task and its completion. The comm thread never drops the last
+// reference to an item (see enqueue()), so `keep` is released on a caller's
+// thread.
 struct CommStream::Item final : CommRequest {
   std::function<void()> task;
   std::vector<Tensor> keep;
@@ -207,8 +206,7 @@ void MpiCommunicator::init_members() {
   std::vector<int> local(static_cast<size_t>(m_size));
   std::iota(local.begin(), local.end(), 0);
   m_members.assign(size_t(m_size), MPI_UNDEFINED);
-  const int rc =
-      MPI_Group_translate_ranks(group, m_size, local.data(), world, m_members.data());
+  const int rc = MPI_Group_translate_ranks(group, m_size, local.data(), world, m_members.data());
   MPI_Group_free(&group);
   MPI_Group_free(&world);
   check_mpi(rc, "MPI_Group_translate_ranks", m_name);
@@ -248,8 +246,8 @@ Request MpiCommunicator::submit(const char* op, double payload_bytes, std::vecto
   const double bytes = wire_bytes(op, payload_bytes, m_size);
   // The compute thread moves on to other layers while this op waits its
   // turn, so the tag is taken now, not when the span is recorded.
-  auto task = [this, op, bytes, tag = m_rec.tag(), dims = std::move(dims),
-               peers = std::move(peers), call = std::move(call)] {
+  auto task = [this, op, bytes, tag = m_rec.tag(), dims = std::move(dims), peers = std::move(peers),
+               call = std::move(call)] {
     const int64_t t0 = m_rec.now();
     call();
     const int64_t t1 = m_rec.now();
@@ -373,8 +371,8 @@ Request MpiCommunicator::issue_sendrecv(const Tensor& send, int dst, const Tenso
                 {m_members[size_t(dst)], m_members[size_t(src)]}, {send, recv},
                 [this, ps, ns, dst, pr, nr, src] {
                   MPI_Status status;
-                  check_mpi(MPI_Sendrecv(ps, ns, MPI_FLOAT, dst, kTag, pr, nr, MPI_FLOAT, src,
-                                         kTag, m_comm, &status),
+                  check_mpi(MPI_Sendrecv(ps, ns, MPI_FLOAT, dst, kTag, pr, nr, MPI_FLOAT, src, kTag,
+                                         m_comm, &status),
                             "MPI_Sendrecv", m_name);
                   check_count(status, nr, "sendrecv", src, m_name);
                 });
@@ -411,16 +409,22 @@ void MpiCommunicator::barrier() {
   })->wait();
 }
 
-void MpiCommunicator::all_reduce(const Tensor& buf) { issue_all_reduce(buf)->wait(); }
+void MpiCommunicator::all_reduce(const Tensor& buf) {
+  issue_all_reduce(buf)->wait();
+}
 void MpiCommunicator::all_gather(const Tensor& out, const Tensor& in) {
   issue_all_gather(out, in)->wait();
 }
-void MpiCommunicator::broadcast(const Tensor& buf, int root) { issue_broadcast(buf, root)->wait(); }
+void MpiCommunicator::broadcast(const Tensor& buf, int root) {
+  issue_broadcast(buf, root)->wait();
+}
 void MpiCommunicator::sendrecv(const Tensor& send, int dst, const Tensor& recv, int src) {
   issue_sendrecv(send, dst, recv, src)->wait();
 }
 
-Request MpiCommunicator::iall_reduce(const Tensor& buf) { return issue_all_reduce(buf); }
+Request MpiCommunicator::iall_reduce(const Tensor& buf) {
+  return issue_all_reduce(buf);
+}
 Request MpiCommunicator::iall_gather(const Tensor& out, const Tensor& in) {
   return issue_all_gather(out, in);
 }
@@ -443,8 +447,8 @@ std::vector<std::string> MpiCommunicator::gather_blobs(const std::string& blob, 
         // ranks alike instead of leaving the others waiting in the gather.
         const int len = int(blob.size());
         std::vector<int> lens(static_cast<size_t>(m_size));
-        check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, m_comm),
-                  "MPI_Allgather", m_name);
+        check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, m_comm), "MPI_Allgather",
+                  m_name);
         std::vector<int> displs(static_cast<size_t>(m_size));
         int64_t total = 0;
         for (int r = 0; r < m_size; ++r) {
@@ -472,9 +476,8 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const s
                            std::to_string(color) + " is negative");
   MPI_Comm child = MPI_COMM_NULL;
   m_stream
-      ->enqueue([&] {
-        check_mpi(MPI_Comm_split(m_comm, color, key, &child), "MPI_Comm_split", m_name);
-      })
+      ->enqueue(
+          [&] { check_mpi(MPI_Comm_split(m_comm, color, key, &child), "MPI_Comm_split", m_name); })
       ->wait();
   return std::unique_ptr<Communicator>(new MpiCommunicator(Adopt{}, m_stream, child, m_rec, name));
 }

@@ -70,9 +70,32 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
   }
   h = Tensor();
   Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out");
+  attend(layer, o, q, k, v, positions, cache, layout, m_attn.heads, m_attn.kv_heads);
+  q = Tensor();
+  SiteScope s(rec, layer, "attn.o_proj");
+  if (tp_active()) {
+    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "attn.o_partial");
+    m_be.matmul(partial, o, w.o);
+    SiteScope r(rec, layer, "attn.all_reduce");
+    reduce_into(x, partial);
+  } else {
+    m_be.matmul(x, o, w.o, /*accumulate=*/true);
+  }
+}
+
+void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                   std::span<const int32_t> positions, Cache& cache, const StepLayout& layout, int heads,
+                   int kv_heads) {
+  const ModelConfig& c = m_cfg;
+  LayerCache& lc = cache.layers[size_t(layer)];
+  Recorder& rec = m_be.recorder();
+  const int S = m_par.sp_size;
+  const int64_t T = q.rows(), hq = int64_t(heads) * c.head_dim, hkv = int64_t(kv_heads) * c.head_dim;
+  const bool keep_kv = layout.sequence_sharded || S == 1 || layout.kv_owner == m_par.sp_rank;
+  const int64_t held = cache.length() - (keep_kv ? T : 0);
   AttentionArgs a;
-  a.n_heads = m_attn.heads;
-  a.n_kv_heads = m_attn.kv_heads;
+  a.n_heads = heads;
+  a.n_kv_heads = kv_heads;
   a.head_dim = c.head_dim;
   a.scale = 1.0f / std::sqrt(float(c.head_dim));
   a.q_pos = positions;
@@ -95,14 +118,14 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
     m_be.attention(o, q, k_all, v_all, a);
   } else if (S > 1) {
     // Decode: attend over this rank's K/V, then merge every rank's partial by log-sum-exp.
-    Tensor lse = m_be.alloc({T, m_attn.heads}, Category::Activations, "attn.lse");
+    Tensor lse = m_be.alloc({T, heads}, Category::Activations, "attn.lse");
     a.k_pos = std::span<const int32_t>(cache.positions.data(), cache.positions.size());
     {
       SiteScope s(rec, layer, "attn.core");
       m_be.attention(o, q, lc.k.slice(0, 0, cache.length()), lc.v.slice(0, 0, cache.length()), a, lse);
     }
     Tensor o_all = m_be.alloc({S * T, hq}, Category::CommBuffers, "attn.partials");
-    Tensor lse_all = m_be.alloc({S * T, m_attn.heads}, Category::CommBuffers, "attn.lse_partials");
+    Tensor lse_all = m_be.alloc({S * T, heads}, Category::CommBuffers, "attn.lse_partials");
     {
       SiteScope s(rec, layer, "attn.partial_all_gather");
       m_par.sp->all_gather(o_all, o);
@@ -112,21 +135,11 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
     m_be.copy(o, o_all.slice(0, 0, T));
     m_be.copy(lse, lse_all.slice(0, 0, T));
     for (int r = 1; r < S; ++r)
-      m_be.attention_merge(o, lse, o_all.slice(0, r * T, T), lse_all.slice(0, r * T, T), m_attn.heads, c.head_dim);
+      m_be.attention_merge(o, lse, o_all.slice(0, r * T, T), lse_all.slice(0, r * T, T), heads, c.head_dim);
   } else {
     a.k_pos = std::span<const int32_t>(cache.positions.data(), size_t(held + T));
     SiteScope s(rec, layer, "attn.core");
     m_be.attention(o, q, lc.k.slice(0, 0, held + T), lc.v.slice(0, 0, held + T), a);
-  }
-  q = Tensor();
-  SiteScope s(rec, layer, "attn.o_proj");
-  if (m_par.tp_size > 1) {
-    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "attn.o_partial");
-    m_be.matmul(partial, o, w.o);
-    SiteScope r(rec, layer, "attn.all_reduce");
-    reduce_into(x, partial);
-  } else {
-    m_be.matmul(x, o, w.o, /*accumulate=*/true);
   }
 }
 
@@ -155,7 +168,7 @@ void Model::mlp_block(int layer, const Tensor& x) {
   }
   u = Tensor();
   SiteScope s(rec, layer, "mlp.down");
-  if (m_par.tp_size > 1) {
+  if (tp_active()) {
     Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mlp.down_partial");
     m_be.matmul(partial, g, w.down);
     SiteScope r(rec, layer, "mlp.all_reduce");
@@ -198,11 +211,9 @@ void Model::sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, cons
 void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout) {
   const ModelConfig& c = m_cfg;
   const Mamba2Weights& w = m_layers[size_t(layer)].m2;
-  LayerCache& lc = cache.layers[size_t(layer)];
   Recorder& rec = m_be.recorder();
-  const int H = m_m2.heads, G = m_m2.groups, P = c.ssm_head_dim, N = c.d_state;
-  const int64_t T = x.rows(), Di = int64_t(H) * P, GN = int64_t(G) * N, conv_dim = Di + 2 * GN;
-  const bool seq = layout.sequence_sharded && m_par.sp_size > 1;
+  const int H = m_m2.heads, G = m_m2.groups;
+  const int64_t T = x.rows(), Di = int64_t(H) * c.ssm_head_dim, GN = int64_t(G) * c.d_state;
 
   Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
   {
@@ -215,6 +226,27 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLay
     m_be.matmul(zxbcdt, h, w.in_proj);
   }
   h = Tensor();
+  Tensor y = mamba2_mix(layer, zxbcdt, cache, layout, H, G, w);
+  zxbcdt = Tensor();
+  SiteScope s(rec, layer, "mixer.out_proj");
+  if (tp_active()) {
+    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
+    m_be.matmul(partial, y, w.out_proj);
+    SiteScope r(rec, layer, "mixer.all_reduce");
+    reduce_into(x, partial);
+  } else {
+    m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
+  }
+}
+
+Tensor Model::mamba2_mix(int layer, const Tensor& zxbcdt, Cache& cache, const StepLayout& layout, int H, int G,
+                         const Mamba2Weights& w) {
+  const ModelConfig& c = m_cfg;
+  LayerCache& lc = cache.layers[size_t(layer)];
+  Recorder& rec = m_be.recorder();
+  const int P = c.ssm_head_dim, N = c.d_state;
+  const int64_t T = zxbcdt.rows(), Di = int64_t(H) * P, GN = int64_t(G) * N, conv_dim = Di + 2 * GN;
+  const bool seq = layout.sequence_sharded && m_par.sp_size > 1;
   const Tensor z = zxbcdt.slice(1, 0, Di);
   const Tensor xBC = zxbcdt.slice(1, Di, conv_dim);
   const Tensor dt = zxbcdt.slice(1, Di + conv_dim, H);
@@ -256,15 +288,15 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLay
     // every chunk's final state and total decay, then add each chunk's
     // incoming state (the inter-chunk term) to its outputs.
     const auto mine = local_chunks(layout, m_par.sp_rank);
-    const int64_t nl = int64_t(mine.size()), per = int64_t(H) * P * N + H, S = m_par.sp_size;
+    const int64_t nl = int64_t(mine.size()), HPN = int64_t(H) * P * N, per = HPN + H, S = m_par.sp_size;
     Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states");
     {
       SiteScope s(rec, layer, "mixer.scan");
       for (int64_t j = 0; j < nl; ++j) {
         SsdArgs b = rows(mine[size_t(j)].row, mine[size_t(j)].len);
         const Tensor slot = local.slice(0, j, 1).reshape({per});
-        b.state = slot.slice(0, 0, int64_t(H) * P * N).reshape({H, P, N});
-        b.log_decay = slot.slice(0, int64_t(H) * P * N, H);
+        b.state = slot.slice(0, 0, HPN).reshape({H, P, N});
+        b.log_decay = slot.slice(0, HPN, H);
         m_be.fill(b.state, 0.0f);
         m_be.ssd_scan(b);
       }
@@ -275,45 +307,107 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLay
       m_par.sp->all_gather(all, local);
     }
     SiteScope s(rec, layer, "mixer.state_pass");
-    Tensor incoming = lc.ssm_state;  // ends as the whole sequence's final state
+    const Tensor incoming = lc.ssm_state;  // ends as the whole sequence's final state
     m_be.fill(incoming, 0.0f);
     for (int k = 0; k < int(layout.chunks.size()); ++k) {
       const int owner = layout.chunks[size_t(k)].second;
       const Tensor slot = all.slice(0, owner * nl + index_at_owner(layout, k), 1).reshape({per});
-      if (owner == m_par.sp_rank)
+      if (owner == m_par.sp_rank && k > 0)
         for (const LocalChunk& ch : mine)
-          if (ch.seq == k && k > 0) {
+          if (ch.seq == k) {
             SsdArgs b = rows(ch.row, ch.len);
             b.state = incoming;
             m_be.ssd_state_correction(b);
           }
-      m_be.ssd_state_advance(incoming, slot.slice(0, 0, int64_t(H) * P * N).reshape({H, P, N}),
-                             slot.slice(0, int64_t(H) * P * N, H));
+      m_be.ssd_state_advance(incoming, slot.slice(0, 0, HPN).reshape({H, P, N}), slot.slice(0, HPN, H));
     }
   }
   xBCc = Tensor();
+  SiteScope s(rec, layer, "mixer.gated_norm");
+  const int64_t group = Di / G;
+  if (m_m2.norm_spans_ranks && tp_active()) {
+    // A norm group spans several ranks: sum its squares over the tp group.
+    Tensor ss = m_be.alloc({T, c.n_groups}, Category::CommBuffers, "mixer.norm_sumsq");
+    m_be.gated_norm_sumsq(ss, y, z, group, m_m2.group0);
+    m_par.tp->all_reduce(ss);
+    m_be.gated_rmsnorm_apply(y, y, z, w.gated_norm, ss, c.norm_eps, group, c.d_inner / c.n_groups, m_m2.group0);
+  } else {
+    m_be.gated_rmsnorm(y, y, z, w.gated_norm, c.norm_eps, group);
+  }
+  return y;
+}
+
+void Model::mamba_conv(int layer, const Tensor& xc, const Tensor& xz, Cache& cache, const StepLayout& layout,
+                       const MambaWeights& w) {
+  LayerCache& lc = cache.layers[size_t(layer)];
+  const int64_t Di = xc.cols();
+  SiteScope s(m_be.recorder(), layer, "mixer.conv");
+  const Tensor cw = w.conv_w.reshape({Di, m_cfg.d_conv});
+  if (layout.sequence_sharded && m_par.sp_size > 1) sharded_conv(xc, xz.slice(1, 0, Di), cw, w.conv_b, lc.conv_state, layout);
+  else m_be.conv1d_causal(xc, xz.slice(1, 0, Di), cw, w.conv_b, lc.conv_state, true);
+}
+
+void Model::mamba_scan(int layer, const Tensor& y, const Tensor& xc, const Tensor& dt, const Tensor& z,
+                       const Tensor& B, const Tensor& C, Cache& cache, const StepLayout& layout,
+                       const MambaWeights& w) {
+  LayerCache& lc = cache.layers[size_t(layer)];
+  Recorder& rec = m_be.recorder();
+  const int64_t T = xc.rows(), Di = xc.cols(), N = m_cfg.d_state;
+  SelectiveScanArgs a;
+  a.dt_bias = w.dt_proj_b;
+  a.A_log = w.A_log;
+  a.D = w.D;
+  auto rows = [&](int64_t r0, int64_t n) {
+    SelectiveScanArgs b = a;
+    b.y = y.slice(0, r0, n);
+    b.x = xc.slice(0, r0, n);
+    b.dt = dt.slice(0, r0, n);
+    b.z = z.slice(0, r0, n);
+    b.B = B.slice(0, r0, n);
+    b.C = C.slice(0, r0, n);
+    return b;
+  };
+  if (!(layout.sequence_sharded && m_par.sp_size > 1)) {
+    SiteScope s(rec, layer, "mixer.scan");
+    SelectiveScanArgs b = rows(0, T);
+    b.state = lc.ssm_state;
+    m_be.selective_scan(b);
+    return;
+  }
+  const auto mine = local_chunks(layout, m_par.sp_rank);
+  const int64_t nl = int64_t(mine.size()), per = Di * N + Di, S = m_par.sp_size;
+  Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states");
   {
-    SiteScope s(rec, layer, "mixer.gated_norm");
-    const int64_t group = Di / G;
-    if (m_m2.norm_spans_ranks && m_par.tp_size > 1) {
-      // A norm group spans several ranks: sum its squares over the tp group.
-      Tensor ss = m_be.alloc({T, c.n_groups}, Category::CommBuffers, "mixer.norm_sumsq");
-      m_be.gated_norm_sumsq(ss, y, z, group, m_m2.group0);
-      m_par.tp->all_reduce(ss);
-      m_be.gated_rmsnorm_apply(y, y, z, w.gated_norm, ss, c.norm_eps, group, c.d_inner / c.n_groups, m_m2.group0);
-    } else {
-      m_be.gated_rmsnorm(y, y, z, w.gated_norm, c.norm_eps, group);
+    SiteScope s(rec, layer, "mixer.scan");
+    for (int64_t j = 0; j < nl; ++j) {
+      SelectiveScanArgs b = rows(mine[size_t(j)].row, mine[size_t(j)].len);
+      const Tensor slot = local.slice(0, j, 1).reshape({per});
+      b.state = slot.slice(0, 0, Di * N).reshape({Di, N});
+      b.dt_sum = slot.slice(0, Di * N, Di);
+      m_be.fill(b.state, 0.0f);
+      m_be.selective_scan(b);
     }
   }
-  zxbcdt = Tensor();
-  SiteScope s(rec, layer, "mixer.out_proj");
-  if (m_par.tp_size > 1) {
-    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
-    m_be.matmul(partial, y, w.out_proj);
-    SiteScope r(rec, layer, "mixer.all_reduce");
-    reduce_into(x, partial);
-  } else {
-    m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
+  Tensor all = m_be.alloc({S * nl, per}, Category::CommBuffers, "mixer.all_chunk_states");
+  {
+    SiteScope s(rec, layer, "mixer.state_all_gather");
+    m_par.sp->all_gather(all, local);
+  }
+  SiteScope s(rec, layer, "mixer.state_pass");
+  const Tensor incoming = lc.ssm_state;
+  m_be.fill(incoming, 0.0f);
+  for (int k = 0; k < int(layout.chunks.size()); ++k) {
+    const int owner = layout.chunks[size_t(k)].second;
+    const Tensor slot = all.slice(0, owner * nl + index_at_owner(layout, k), 1).reshape({per});
+    if (owner == m_par.sp_rank && k > 0)
+      for (const LocalChunk& ch : mine)
+        if (ch.seq == k) {
+          SelectiveScanArgs b = rows(ch.row, ch.len);
+          b.state = incoming;
+          m_be.selective_state_correction(b);
+        }
+    m_be.selective_state_advance(incoming, w.A_log, slot.slice(0, 0, Di * N).reshape({Di, N}),
+                                 slot.slice(0, Di * N, Di));
   }
 }
 
@@ -324,10 +418,8 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLay
 void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout) {
   const ModelConfig& c = m_cfg;
   const MambaWeights& w = m_layers[size_t(layer)].m1;
-  LayerCache& lc = cache.layers[size_t(layer)];
   Recorder& rec = m_be.recorder();
   const int64_t T = x.rows(), Di = m_m1.channels, N = c.d_state, R = c.dt_rank;
-  const bool seq = layout.sequence_sharded && m_par.sp_size > 1;
 
   Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
   {
@@ -341,19 +433,13 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayo
   }
   h = Tensor();
   Tensor xc = m_be.alloc({T, Di}, Category::Activations, "mixer.conv");
-  {
-    SiteScope s(rec, layer, "mixer.conv");
-    const Tensor cw = w.conv_w.reshape({Di, c.d_conv});
-    if (seq) sharded_conv(xc, xz.slice(1, 0, Di), cw, w.conv_b, lc.conv_state, layout);
-    else m_be.conv1d_causal(xc, xz.slice(1, 0, Di), cw, w.conv_b, lc.conv_state, true);
-  }
-  Tensor dbc = m_be.alloc({T, R + 2 * N}, m_par.tp_size > 1 ? Category::CommBuffers : Category::Activations,
-                          "mixer.x_proj");
+  mamba_conv(layer, xc, xz, cache, layout, w);
+  Tensor dbc = m_be.alloc({T, R + 2 * N}, tp_active() ? Category::CommBuffers : Category::Activations, "mixer.x_proj");
   {
     SiteScope s(rec, layer, "mixer.x_proj");
     m_be.matmul(dbc, xc, w.x_proj);
   }
-  if (m_par.tp_size > 1) {
+  if (tp_active()) {
     SiteScope s(rec, layer, "mixer.x_proj_all_reduce");
     m_par.tp->all_reduce(dbc);
   }
@@ -370,64 +456,9 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayo
     m_be.matmul(dt, dt_low, w.dt_proj_w);
   }
   Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan");
-  SelectiveScanArgs a;
-  a.dt_bias = w.dt_proj_b;
-  a.A_log = w.A_log;
-  a.D = w.D;
-  auto rows = [&](int64_t r0, int64_t n) {
-    SelectiveScanArgs b = a;
-    b.y = y.slice(0, r0, n);
-    b.x = xc.slice(0, r0, n);
-    b.dt = dt.slice(0, r0, n);
-    b.z = xz.slice(0, r0, n).slice(1, Di, Di);
-    b.B = B.slice(0, r0, n);
-    b.C = C.slice(0, r0, n);
-    return b;
-  };
-  if (!seq) {
-    SiteScope s(rec, layer, "mixer.scan");
-    SelectiveScanArgs b = rows(0, T);
-    b.state = lc.ssm_state;
-    m_be.selective_scan(b);
-  } else {
-    const auto mine = local_chunks(layout, m_par.sp_rank);
-    const int64_t nl = int64_t(mine.size()), per = Di * N + Di, S = m_par.sp_size;
-    Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states");
-    {
-      SiteScope s(rec, layer, "mixer.scan");
-      for (int64_t j = 0; j < nl; ++j) {
-        SelectiveScanArgs b = rows(mine[size_t(j)].row, mine[size_t(j)].len);
-        const Tensor slot = local.slice(0, j, 1).reshape({per});
-        b.state = slot.slice(0, 0, Di * N).reshape({Di, N});
-        b.dt_sum = slot.slice(0, Di * N, Di);
-        m_be.fill(b.state, 0.0f);
-        m_be.selective_scan(b);
-      }
-    }
-    Tensor all = m_be.alloc({S * nl, per}, Category::CommBuffers, "mixer.all_chunk_states");
-    {
-      SiteScope s(rec, layer, "mixer.state_all_gather");
-      m_par.sp->all_gather(all, local);
-    }
-    SiteScope s(rec, layer, "mixer.state_pass");
-    Tensor incoming = lc.ssm_state;
-    m_be.fill(incoming, 0.0f);
-    for (int k = 0; k < int(layout.chunks.size()); ++k) {
-      const int owner = layout.chunks[size_t(k)].second;
-      const Tensor slot = all.slice(0, owner * nl + index_at_owner(layout, k), 1).reshape({per});
-      if (owner == m_par.sp_rank)
-        for (const LocalChunk& ch : mine)
-          if (ch.seq == k && k > 0) {
-            SelectiveScanArgs b = rows(ch.row, ch.len);
-            b.state = incoming;
-            m_be.selective_state_correction(b);
-          }
-      m_be.selective_state_advance(incoming, w.A_log, slot.slice(0, 0, Di * N).reshape({Di, N}),
-                                   slot.slice(0, Di * N, Di));
-    }
-  }
+  mamba_scan(layer, y, xc, dt, xz.slice(1, Di, Di), B, C, cache, layout, w);
   SiteScope s(rec, layer, "mixer.out_proj");
-  if (m_par.tp_size > 1) {
+  if (tp_active()) {
     Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
     m_be.matmul(partial, y, w.out_proj);
     SiteScope r(rec, layer, "mixer.all_reduce");

@@ -34,6 +34,11 @@ void Model::build_specs() {
     m_specs.push_back(WeightSpec{std::move(name), std::move(shape), layer, init, scale, slot, std::move(slice)});
   };
   auto rows = [](std::vector<Range> r) { return WeightSlice{0, std::move(r)}; };
+  // Under tsp every rank computes all heads/channels of its tokens, so the
+  // small per-channel parameters (conv, dt, A, D, gated norm: under 1% of a
+  // model) stay whole; the projection matrices are what is split and streamed.
+  const bool folded = m_par.folded();
+  auto small = [&](std::vector<Range> r) { return folded ? WeightSlice{} : rows(std::move(r)); };
   auto cols = [](std::vector<Range> r) { return WeightSlice{1, std::move(r)}; };
 
   add(root + (backbone ? "embeddings.weight" : "embed_tokens.weight"), {c.vocab, d}, -1, Init::Embedding, &m_embed,
@@ -70,13 +75,13 @@ void Model::build_specs() {
       const std::vector<Range> conv_rows = {hx, shift(hg, Di), shift(hg, Di + GN)};
       add(p + "norm.weight", {d}, i, Init::NormWeight, &w.norm);
       add(p + "mixer.in_proj.weight", {c.in_proj_dim(), d}, i, Init::Linear, &w.in_proj, 1.0f, rows(in_rows));
-      add(p + "mixer.conv1d.weight", {c.conv_dim(), 1, c.d_conv}, i, Init::ConvWeight, &w.conv_w, 1.0f, rows(conv_rows));
+      add(p + "mixer.conv1d.weight", {c.conv_dim(), 1, c.d_conv}, i, Init::ConvWeight, &w.conv_w, 1.0f, small(conv_rows));
       if (c.conv_bias)
-        add(p + "mixer.conv1d.bias", {c.conv_dim()}, i, Init::ConvBias, &w.conv_b, 1.0f, rows(conv_rows));
-      add(p + "mixer.dt_bias", {c.ssm_heads}, i, Init::DtBias, &w.dt_bias, 1.0f, rows({hh}));
-      add(p + "mixer.A_log", {c.ssm_heads}, i, Init::ALogHeads, &w.A_log, 1.0f, rows({hh}));
-      add(p + "mixer.D", {c.ssm_heads}, i, Init::DSkip, &w.D, 1.0f, rows({hh}));
-      add(p + "mixer.norm.weight", {Di}, i, Init::NormWeight, &w.gated_norm, 1.0f, rows({hx}));
+        add(p + "mixer.conv1d.bias", {c.conv_dim()}, i, Init::ConvBias, &w.conv_b, 1.0f, small(conv_rows));
+      add(p + "mixer.dt_bias", {c.ssm_heads}, i, Init::DtBias, &w.dt_bias, 1.0f, small({hh}));
+      add(p + "mixer.A_log", {c.ssm_heads}, i, Init::ALogHeads, &w.A_log, 1.0f, small({hh}));
+      add(p + "mixer.D", {c.ssm_heads}, i, Init::DSkip, &w.D, 1.0f, small({hh}));
+      add(p + "mixer.norm.weight", {Di}, i, Init::NormWeight, &w.gated_norm, 1.0f, small({hx}));
       add(p + "mixer.out_proj.weight", {d, Di}, i, Init::Linear, &w.out_proj, out_scale, cols({hx}));
     } else {
       MambaWeights& w = L.m1;
@@ -85,20 +90,66 @@ void Model::build_specs() {
       const Range chz{Di + ch.first, Di + ch.second};
       add(p + "norm.weight", {d}, i, Init::NormWeight, &w.norm);
       add(p + "mixer.in_proj.weight", {2 * Di, d}, i, Init::Linear, &w.in_proj, 1.0f, rows({ch, chz}));
-      add(p + "mixer.conv1d.weight", {Di, 1, c.d_conv}, i, Init::ConvWeight, &w.conv_w, 1.0f, rows({ch}));
-      if (c.conv_bias) add(p + "mixer.conv1d.bias", {Di}, i, Init::ConvBias, &w.conv_b, 1.0f, rows({ch}));
+      add(p + "mixer.conv1d.weight", {Di, 1, c.d_conv}, i, Init::ConvWeight, &w.conv_w, 1.0f, small({ch}));
+      if (c.conv_bias) add(p + "mixer.conv1d.bias", {Di}, i, Init::ConvBias, &w.conv_b, 1.0f, small({ch}));
       add(p + "mixer.x_proj.weight", {c.dt_rank + 2 * int64_t(c.d_state), Di}, i, Init::Linear, &w.x_proj, 1.0f,
           cols({ch}));
       add(p + "mixer.dt_proj.weight", {Di, c.dt_rank}, i, Init::Linear, &w.dt_proj_w, 1.0f, rows({ch}));
-      add(p + "mixer.dt_proj.bias", {Di}, i, Init::DtBias, &w.dt_proj_b, 1.0f, rows({ch}));
-      add(p + "mixer.A_log", {Di, c.d_state}, i, Init::ALogS4D, &w.A_log, 1.0f, rows({ch}));
-      add(p + "mixer.D", {Di}, i, Init::DSkip, &w.D, 1.0f, rows({ch}));
+      add(p + "mixer.dt_proj.bias", {Di}, i, Init::DtBias, &w.dt_proj_b, 1.0f, small({ch}));
+      add(p + "mixer.A_log", {Di, c.d_state}, i, Init::ALogS4D, &w.A_log, 1.0f, small({ch}));
+      add(p + "mixer.D", {Di}, i, Init::DSkip, &w.D, 1.0f, small({ch}));
       add(p + "mixer.out_proj.weight", {d, Di}, i, Init::Linear, &w.out_proj, out_scale, cols({ch}));
     }
   }
   add(root + (backbone ? "norm_f.weight" : "norm.weight"), {d}, -1, Init::NormWeight, &m_final_norm);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab, d}, -1, Init::Linear, &m_lm_head);
+  if (folded) build_packs();
 }
+
+// tsp: attention's packed QKV and O shards are broadcast in turns; the MLP's
+// gate/up/down and the Mamba projections circulate on the ring.
+void Model::build_packs() {
+  m_layer_packs.assign(size_t(m_cfg.n_layers), {});
+  auto find = [&](const std::string& suffix, int layer) {
+    for (size_t i = 0; i < m_specs.size(); ++i)
+      if (m_specs[i].layer == layer && m_specs[i].name.size() >= suffix.size() &&
+          m_specs[i].name.compare(m_specs[i].name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        return i;
+    throw std::logic_error("no weight ending in " + suffix);
+  };
+  auto pack = [&](int layer, std::string name, bool ring, std::vector<std::string> suffixes) {
+    WeightPack p;
+    p.layer = layer;
+    p.name = std::move(name);
+    p.ring = ring;
+    for (auto& sfx : suffixes) {
+      p.members.push_back(find(sfx, layer));
+      p.numel += numel(m_specs[p.members.back()].local_shape());
+    }
+    m_layer_packs[size_t(layer)].push_back(m_packs.size());
+    m_packs.push_back(std::move(p));
+  };
+  for (int i = 0; i < m_cfg.n_layers; ++i) {
+    switch (m_layers[size_t(i)].kind) {
+      case LayerKind::Attention:
+        pack(i, "attn.qkv", false, {"q_proj.weight", "k_proj.weight", "v_proj.weight"});
+        pack(i, "attn.o", false, {"o_proj.weight"});
+        pack(i, "mlp", true, {"gate_proj.weight", "up_proj.weight", "down_proj.weight"});
+        break;
+      case LayerKind::Mamba2:
+        pack(i, "mixer.in_proj", true, {"in_proj.weight"});
+        pack(i, "mixer.out_proj", true, {"out_proj.weight"});
+        break;
+      case LayerKind::Mamba:
+        pack(i, "mixer.in_proj", true, {"in_proj.weight"});
+        pack(i, "mixer.x_proj", true, {"x_proj.weight"});
+        pack(i, "mixer.dt_proj", true, {"dt_proj.weight"});
+        pack(i, "mixer.out_proj", true, {"out_proj.weight"});
+        break;
+    }
+  }
+}
+
 
 int64_t Model::parameter_count() const {
   int64_t n = 0;
@@ -113,8 +164,19 @@ int64_t Model::local_parameter_count() const {
 }
 
 void Model::load(TensorSource& src) {
-  for (const WeightSpec& w : m_specs) {
-    *w.slot = m_be.alloc(w.local_shape(), Category::Weights, w.name);
+  // Packed weights live in one flat buffer per pack; their slots are views.
+  std::vector<bool> packed(m_specs.size(), false);
+  for (WeightPack& p : m_packs) {
+    p.flat = m_be.alloc({p.numel}, Category::Weights, "layers." + std::to_string(p.layer) + "." + p.name);
+    auto views = pack_views(p, p.flat);
+    for (size_t k = 0; k < p.members.size(); ++k) {
+      *m_specs[p.members[k]].slot = views[k];
+      packed[p.members[k]] = true;
+    }
+  }
+  for (size_t i = 0; i < m_specs.size(); ++i) {
+    const WeightSpec& w = m_specs[i];
+    if (!packed[i]) *w.slot = m_be.alloc(w.local_shape(), Category::Weights, w.name);
     src.fill(m_be, w, *w.slot);
   }
   if (m_cfg.tie_embeddings) m_lm_head = m_embed;
@@ -130,21 +192,24 @@ Cache Model::make_cache(int64_t max_tokens) {
     const std::string p = "layers." + std::to_string(i) + ".";
     switch (m_layers[size_t(i)].kind) {
       case LayerKind::Attention: {
-        const int64_t hkv = int64_t(m_attn.kv_heads) * c.head_dim;
+        const int64_t hkv = int64_t(m_par.folded() ? c.n_kv_heads : m_attn.kv_heads) * c.head_dim;
         lc.k = m_be.alloc({max_tokens, hkv}, Category::KvCache, p + "k_cache");
         lc.v = m_be.alloc({max_tokens, hkv}, Category::KvCache, p + "v_cache");
         break;
       }
       case LayerKind::Mamba2: {
-        const int64_t conv = int64_t(m_m2.heads) * c.ssm_head_dim + 2 * int64_t(m_m2.groups) * c.d_state;
+        const int heads = m_par.folded() ? c.ssm_heads : m_m2.heads, groups = m_par.folded() ? c.n_groups : m_m2.groups;
+        const int64_t conv = int64_t(heads) * c.ssm_head_dim + 2 * int64_t(groups) * c.d_state;
         lc.conv_state = m_be.alloc({c.d_conv - 1, conv}, Category::SsmState, p + "conv_state");
-        lc.ssm_state = m_be.alloc({m_m2.heads, c.ssm_head_dim, c.d_state}, Category::SsmState, p + "ssm_state");
+        lc.ssm_state = m_be.alloc({heads, c.ssm_head_dim, c.d_state}, Category::SsmState, p + "ssm_state");
         break;
       }
-      case LayerKind::Mamba:
-        lc.conv_state = m_be.alloc({c.d_conv - 1, m_m1.channels}, Category::SsmState, p + "conv_state");
-        lc.ssm_state = m_be.alloc({m_m1.channels, c.d_state}, Category::SsmState, p + "ssm_state");
+      case LayerKind::Mamba: {
+        const int64_t ch = m_par.folded() ? c.d_inner : m_m1.channels;
+        lc.conv_state = m_be.alloc({c.d_conv - 1, ch}, Category::SsmState, p + "conv_state");
+        lc.ssm_state = m_be.alloc({ch, c.d_state}, Category::SsmState, p + "ssm_state");
         break;
+      }
     }
     for (Tensor* t : {&lc.conv_state, &lc.ssm_state})
       if (t->defined()) m_be.fill(*t, 0.0f);
@@ -153,7 +218,7 @@ Cache Model::make_cache(int64_t max_tokens) {
 }
 
 void Model::reduce_into(const Tensor& x, const Tensor& partial) {
-  if (m_par.tp && m_par.tp->size() > 1) m_par.tp->all_reduce(partial);
+  if (tp_active()) m_par.tp->all_reduce(partial);
   m_be.add(x, x, partial);
 }
 
@@ -176,13 +241,22 @@ Tensor Model::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
   if (keep_kv) cache.positions.insert(cache.positions.end(), positions.begin(), positions.end());
   try {
     for (int i = 0; i < m_cfg.n_layers; ++i) {
+      const bool f = m_par.folded();
       switch (m_layers[size_t(i)].kind) {
         case LayerKind::Attention:
-          attention_block(i, x, positions, cache, layout);
-          mlp_block(i, x);
+          if (f) attention_block_folded(i, x, positions, cache, layout);
+          else attention_block(i, x, positions, cache, layout);
+          if (f) mlp_block_folded(i, x);
+          else mlp_block(i, x);
           break;
-        case LayerKind::Mamba2: mamba2_block(i, x, cache, layout); break;
-        case LayerKind::Mamba: mamba_block(i, x, cache, layout); break;
+        case LayerKind::Mamba2:
+          if (f) mamba2_block_folded(i, x, cache, layout);
+          else mamba2_block(i, x, cache, layout);
+          break;
+        case LayerKind::Mamba:
+          if (f) mamba_block_folded(i, x, cache, layout);
+          else mamba_block(i, x, cache, layout);
+          break;
       }
     }
   } catch (...) {

@@ -6,6 +6,7 @@
 // their strategy needs (model/parallel.h; the design is in engine/README.md).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -56,6 +57,17 @@ struct StepLayout {
   int kv_owner = 0;
 };
 
+// Weights that travel together under tsp: one flat buffer per rank holding
+// its shard of each member, broadcast in turns or passed around the ring.
+struct WeightPack {
+  int layer = -1;
+  std::string name;             // attn.qkv, attn.o, mlp, mixer.in_proj, ...
+  bool ring = false;            // ring (point-to-point) or broadcast turns
+  std::vector<size_t> members;  // indices into the weight list
+  int64_t numel = 0;            // of one shard
+  Tensor flat;                  // this rank's shard
+};
+
 class Model {
  public:
   Model(ModelConfig cfg, Backend& be, Parallel par = {});
@@ -63,6 +75,7 @@ class Model {
   const ModelConfig& config() const { return m_cfg; }
   const Parallel& parallel() const { return m_par; }
   const std::vector<WeightSpec>& weights() const { return m_specs; }
+  const std::vector<WeightPack>& packs() const { return m_packs; }
   int64_t parameter_count() const;  // of the whole model
   int64_t local_parameter_count() const;  // held by this rank
   Backend& backend() { return m_be; }
@@ -79,11 +92,36 @@ class Model {
 
  private:
   void build_specs();
+  void build_packs();
   void attention_block(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache,
                        const StepLayout& layout);
   void mlp_block(int layer, const Tensor& x);
   void mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
   void mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
+  // tsp (folded): the same blocks with every projection streamed shard by shard.
+  void attention_block_folded(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache,
+                              const StepLayout& layout);
+  void mlp_block_folded(int layer, const Tensor& x);
+  void mamba2_block_folded(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
+  void mamba_block_folded(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
+  // Attention of q over this call's K/V (already in the cache where kept):
+  // gathered over the sequence group in prefill, LSE-merged across it in decode.
+  void attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+              std::span<const int32_t> positions, Cache& cache, const StepLayout& layout, int heads, int kv_heads);
+  // Mamba2 mixing after in_proj: conv, SSD scan (with state passing when
+  // sequence sharded), gated norm. Returns y [T, heads*head_dim].
+  Tensor mamba2_mix(int layer, const Tensor& zxbcdt, Cache& cache, const StepLayout& layout, int heads, int groups,
+                    const Mamba2Weights& w);
+  // Mamba conv + selective scan (with state passing when sequence sharded).
+  void mamba_conv(int layer, const Tensor& xc, const Tensor& xz, Cache& cache, const StepLayout& layout,
+                  const MambaWeights& w);
+  void mamba_scan(int layer, const Tensor& y, const Tensor& xc, const Tensor& dt, const Tensor& z, const Tensor& B,
+                  const Tensor& C, Cache& cache, const StepLayout& layout, const MambaWeights& w);
+  // Streams a pack: calls compute(shard index, member tensors of that shard)
+  // for every shard, with the next transfer in flight during compute.
+  void stream_pack(const WeightPack& p, const std::function<void(int, const std::vector<Tensor>&)>& compute);
+  std::vector<Tensor> pack_views(const WeightPack& p, const Tensor& flat) const;
+  bool tp_active() const { return !m_par.folded() && m_par.tp_size > 1; }
   // Sums a row-parallel partial output over the tensor-parallel group into x.
   void reduce_into(const Tensor& x, const Tensor& partial);
   // Conv over this rank's chunks with the halo of each chunk's predecessor;
@@ -97,6 +135,8 @@ class Model {
   Tensor m_embed, m_final_norm, m_lm_head;
   std::vector<LayerWeights> m_layers;
   std::vector<WeightSpec> m_specs;
+  std::vector<WeightPack> m_packs;
+  std::vector<std::vector<size_t>> m_layer_packs;  // pack indices per layer
   AttentionShard m_attn;
   Mamba2Shard m_m2;
   MambaShard m_m1;

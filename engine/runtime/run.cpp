@@ -274,7 +274,10 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
       par.tp = g.tp.get();
       par.sp = g.sp.get();
     } else if (strategy == Strategy::TSP) {
-      throw UsageError("--strategy tsp is not available yet; use tp, sp or tp_sp");
+      // Folded: D weight shards and D token shards on the same D ranks.
+      par.tp_size = par.sp_size = g.size;
+      par.tp_rank = par.sp_rank = g.rank;
+      par.sp = g.sp.get();
     }
 
     Model model(cfg, be, par);
@@ -349,7 +352,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
       h[1] = int32_t(pos.size());
       std::copy(pos.begin(), pos.end(), h + 2);
       // Only one rank of each tp group sends (they hold the same rows).
-      const bool sender = par.tp_rank == 0;
+      const bool sender = par.folded() || par.tp_rank == 0;
       std::vector<std::string> all = g.telemetry ? g.telemetry->gather_blobs(sender ? header + blob : "", 0)
                                                  : std::vector<std::string>{header + blob};
       if (!g.root()) return;
@@ -404,7 +407,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
         Tensor logits = model.forward(tokens, pos, cache, keep_logits, layout);
         // Who holds position P-1: the owner of the last chunk (zigzag: sp rank 0).
         const int last_owner_sp = chunks.back().second;
-        const int root_rank = strategy == Strategy::DP ? g.rank : last_owner_sp * T;
+        const int root_rank = strategy == Strategy::DP ? g.rank : par.folded() ? last_owner_sp : last_owner_sp * T;
         if (par.sp_rank == last_owner_sp) next = be.argmax_row(logits, logits.rows() - 1);
         collect(seq, logits, pos);
         if (strategy != Strategy::DP) next = share_token(next, root_rank);

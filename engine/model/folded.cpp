@@ -1,0 +1,224 @@
+// tsp, folded tensor and sequence parallelism (arXiv 2604.26294): every rank
+// holds 1/D of each projection matrix AND 1/D of the tokens (zigzag). A block
+// computes its own tokens with every shard in turn: attention's packed QKV and
+// O shards are broadcast by their owners in turn, the MLP's and the Mamba
+// mixers' shards circulate on a ring with point-to-point transfers, and the
+// next shard's transfer is in flight while the current shard's GEMMs run. No
+// all-reduce: each rank accumulates its own tokens' outputs. Attention then
+// all-gathers K/V along the sequence, and the Mamba scans pass states between
+// ranks as in sp (model/blocks.cpp).
+#include <cmath>
+
+#include "model/model.h"
+
+namespace ss {
+
+std::vector<Tensor> Model::pack_views(const WeightPack& p, const Tensor& flat) const {
+  std::vector<Tensor> out;
+  int64_t off = 0;
+  for (size_t m : p.members) {
+    const Shape shape = m_specs[m].local_shape();
+    out.push_back(flat.slice(0, off, numel(shape)).reshape(shape));
+    off += numel(shape);
+  }
+  return out;
+}
+
+void Model::stream_pack(const WeightPack& p, const std::function<void(int, const std::vector<Tensor>&)>& compute) {
+  Communicator* comm = m_par.sp;
+  const int D = comm ? comm->size() : 1, me = comm ? comm->rank() : 0;
+  if (D == 1) {
+    compute(0, pack_views(p, p.flat));
+    return;
+  }
+  Recorder& rec = m_be.recorder();
+  SiteScope site(rec, p.layer, p.name + (p.ring ? ".ring" : ".broadcast"));
+  const Tensor buf[2] = {m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".shard_a"),
+                         m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".shard_b")};
+  if (p.ring) {
+    // Step t: compute with shard (me - t) mod D while passing it to the next rank.
+    Tensor cur = p.flat;
+    for (int t = 0; t < D; ++t) {
+      Request req;
+      Tensor next;
+      if (t + 1 < D) {
+        next = buf[t % 2];
+        req = comm->isendrecv(cur, (me + 1) % D, next, (me + D - 1) % D);
+      }
+      compute((me - t + D) % D, pack_views(p, cur));
+      if (req) {
+        req->wait();
+        cur = next;
+      }
+    }
+    return;
+  }
+  // Turn j: rank j broadcasts its shard; turn j+1 is posted before turn j computes.
+  auto post = [&](int j) {
+    Tensor b = j == me ? p.flat : buf[j % 2];
+    return std::make_pair(b, comm->ibroadcast(b, j));
+  };
+  auto [cur, req] = post(0);
+  for (int j = 0; j < D; ++j) {
+    req->wait();
+    const Tensor here = cur;
+    if (j + 1 < D) std::tie(cur, req) = post(j + 1);
+    compute(j, pack_views(p, here));
+  }
+}
+
+void Model::attention_block_folded(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache,
+                                   const StepLayout& layout) {
+  const ModelConfig& c = m_cfg;
+  const AttentionWeights& w = m_layers[size_t(layer)].attn;
+  LayerCache& lc = cache.layers[size_t(layer)];
+  Recorder& rec = m_be.recorder();
+  const auto& packs = m_layer_packs[size_t(layer)];
+  const int D = m_par.sp_size;
+  const int64_t T = x.rows(), hq = int64_t(c.n_heads) * c.head_dim, hkv = int64_t(c.n_kv_heads) * c.head_dim;
+  const int64_t qs = hq / D, ks = hkv / D;
+  const bool keep_kv = layout.sequence_sharded || D == 1 || layout.kv_owner == m_par.sp_rank;
+  const int64_t held = cache.length() - (keep_kv ? T : 0);
+
+  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "attn.norm");
+  {
+    SiteScope s(rec, layer, "attn.norm");
+    m_be.rmsnorm(h, x, w.in_norm, c.norm_eps, c.d_model);
+  }
+  Tensor q = m_be.alloc({T, hq}, Category::Activations, "attn.q");
+  Tensor k = keep_kv ? lc.k.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.k");
+  Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v");
+  stream_pack(m_packs[packs[0]], [&](int j, const std::vector<Tensor>& qkv) {
+    SiteScope s(rec, layer, "attn.qkv");
+    m_be.matmul(q.slice(1, j * qs, qs), h, qkv[0]);
+    m_be.matmul(k.slice(1, j * ks, ks), h, qkv[1]);
+    m_be.matmul(v.slice(1, j * ks, ks), h, qkv[2]);
+  });
+  h = Tensor();
+  {
+    SiteScope s(rec, layer, "attn.rope");
+    m_be.rope(q, c.n_heads, c.head_dim, positions, c.rope_theta);
+    m_be.rope(k, c.n_kv_heads, c.head_dim, positions, c.rope_theta);
+  }
+  Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out");
+  attend(layer, o, q, k, v, positions, cache, layout, c.n_heads, c.n_kv_heads);
+  q = Tensor();
+  stream_pack(m_packs[packs[1]], [&](int j, const std::vector<Tensor>& wo) {
+    SiteScope s(rec, layer, "attn.o_proj");
+    m_be.matmul(x, o.slice(1, j * qs, qs), wo[0], /*accumulate=*/true);
+  });
+}
+
+void Model::mlp_block_folded(int layer, const Tensor& x) {
+  const ModelConfig& c = m_cfg;
+  const AttentionWeights& w = m_layers[size_t(layer)].attn;
+  Recorder& rec = m_be.recorder();
+  const int64_t T = x.rows(), F = m_attn.ffn;
+  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mlp.norm");
+  {
+    SiteScope s(rec, layer, "mlp.norm");
+    m_be.rmsnorm(h, x, w.post_norm, c.norm_eps, c.d_model);
+  }
+  Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate");
+  Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up");
+  stream_pack(m_packs[m_layer_packs[size_t(layer)][2]], [&](int, const std::vector<Tensor>& mlp) {
+    SiteScope s(rec, layer, "mlp.shard");
+    m_be.matmul(g, h, mlp[0]);
+    m_be.matmul(u, h, mlp[1]);
+    m_be.silu_mul(g, g, u);
+    m_be.matmul(x, g, mlp[2], /*accumulate=*/true);
+  });
+}
+
+void Model::mamba2_block_folded(int layer, const Tensor& x, Cache& cache, const StepLayout& layout) {
+  const ModelConfig& c = m_cfg;
+  const Mamba2Weights& w = m_layers[size_t(layer)].m2;
+  Recorder& rec = m_be.recorder();
+  const auto& packs = m_layer_packs[size_t(layer)];
+  const int D = m_par.sp_size, P = c.ssm_head_dim;
+  const int64_t T = x.rows(), Di = c.d_inner, N = c.d_state, GN = int64_t(c.n_groups) * N;
+
+  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
+  {
+    SiteScope s(rec, layer, "mixer.norm");
+    m_be.rmsnorm(h, x, w.norm, c.norm_eps, c.d_model);
+  }
+  // Each shard's rows are packed [z_j, x_j, B_j, C_j, dt_j]: put its columns back in place.
+  Tensor zxbcdt = m_be.alloc({T, c.in_proj_dim()}, Category::Activations, "mixer.in_proj");
+  const int64_t width = m_specs[m_packs[packs[0]].members[0]].local_shape()[0];
+  Tensor part = m_be.alloc({T, width}, Category::Activations, "mixer.in_proj_shard");
+  stream_pack(m_packs[packs[0]], [&](int j, const std::vector<Tensor>& in) {
+    SiteScope s(rec, layer, "mixer.in_proj");
+    m_be.matmul(part, h, in[0]);
+    const Mamba2Shard m = mamba2_shard(c, j, D);
+    const int64_t hx = int64_t(m.heads) * P, g0 = m.group0 * N, gn = int64_t(m.groups) * N;
+    int64_t at = 0;
+    for (auto [dst, n] : {std::pair<int64_t, int64_t>{m.head0 * P, hx}, {Di + m.head0 * P, hx}, {2 * Di + g0, gn},
+                          {2 * Di + GN + g0, gn}, {2 * Di + 2 * GN + m.head0, m.heads}}) {
+      m_be.copy(zxbcdt.slice(1, dst, n), part.slice(1, at, n));
+      at += n;
+    }
+  });
+  part = Tensor();
+  h = Tensor();
+  Tensor y = mamba2_mix(layer, zxbcdt, cache, layout, c.ssm_heads, c.n_groups, w);
+  zxbcdt = Tensor();
+  stream_pack(m_packs[packs[1]], [&](int j, const std::vector<Tensor>& out) {
+    SiteScope s(rec, layer, "mixer.out_proj");
+    const Mamba2Shard m = mamba2_shard(c, j, D);
+    m_be.matmul(x, y.slice(1, m.head0 * P, int64_t(m.heads) * P), out[0], /*accumulate=*/true);
+  });
+}
+
+void Model::mamba_block_folded(int layer, const Tensor& x, Cache& cache, const StepLayout& layout) {
+  const ModelConfig& c = m_cfg;
+  const MambaWeights& w = m_layers[size_t(layer)].m1;
+  Recorder& rec = m_be.recorder();
+  const auto& packs = m_layer_packs[size_t(layer)];
+  const int64_t T = x.rows(), Di = c.d_inner, N = c.d_state, R = c.dt_rank, Ds = m_m1.channels;
+
+  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
+  {
+    SiteScope s(rec, layer, "mixer.norm");
+    m_be.rmsnorm(h, x, w.norm, c.norm_eps, c.d_model);
+  }
+  Tensor xz = m_be.alloc({T, 2 * Di}, Category::Activations, "mixer.in_proj");
+  Tensor part = m_be.alloc({T, 2 * Ds}, Category::Activations, "mixer.in_proj_shard");
+  stream_pack(m_packs[packs[0]], [&](int j, const std::vector<Tensor>& in) {
+    SiteScope s(rec, layer, "mixer.in_proj");
+    m_be.matmul(part, h, in[0]);
+    m_be.copy(xz.slice(1, j * Ds, Ds), part.slice(1, 0, Ds));
+    m_be.copy(xz.slice(1, Di + j * Ds, Ds), part.slice(1, Ds, Ds));
+  });
+  part = Tensor();
+  h = Tensor();
+  Tensor xc = m_be.alloc({T, Di}, Category::Activations, "mixer.conv");
+  mamba_conv(layer, xc, xz, cache, layout, w);
+  // x_proj shards are column (channel) slices: their products sum to (dt, B, C).
+  Tensor dbc = m_be.alloc({T, R + 2 * N}, Category::Activations, "mixer.x_proj");
+  m_be.fill(dbc, 0.0f);
+  stream_pack(m_packs[packs[1]], [&](int j, const std::vector<Tensor>& xp) {
+    SiteScope s(rec, layer, "mixer.x_proj");
+    m_be.matmul(dbc, xc.slice(1, j * Ds, Ds), xp[0], /*accumulate=*/true);
+  });
+  const Tensor dt_low = dbc.slice(1, 0, R), B = dbc.slice(1, R, N), C = dbc.slice(1, R + N, N);
+  if (c.bcdt_rms) {
+    SiteScope s(rec, layer, "mixer.bcdt_norm");
+    m_be.rmsnorm(dt_low, dt_low, Tensor{}, c.mixer_rms_eps, R);
+    m_be.rmsnorm(B, B, Tensor{}, c.mixer_rms_eps, N);
+    m_be.rmsnorm(C, C, Tensor{}, c.mixer_rms_eps, N);
+  }
+  Tensor dt = m_be.alloc({T, Di}, Category::Activations, "mixer.dt");
+  stream_pack(m_packs[packs[2]], [&](int j, const std::vector<Tensor>& dp) {
+    SiteScope s(rec, layer, "mixer.dt_proj");
+    m_be.matmul(dt.slice(1, j * Ds, Ds), dt_low, dp[0]);
+  });
+  Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan");
+  mamba_scan(layer, y, xc, dt, xz.slice(1, Di, Di), B, C, cache, layout, w);
+  stream_pack(m_packs[packs[3]], [&](int j, const std::vector<Tensor>& op) {
+    SiteScope s(rec, layer, "mixer.out_proj");
+    m_be.matmul(x, y.slice(1, j * Ds, Ds), op[0], /*accumulate=*/true);
+  });
+}
+
+}  // namespace ss
