@@ -11,6 +11,7 @@
 #include "io/checkpoint.h"
 #include "model/config.h"
 #include "runtime/bench.h"
+#include "runtime/bench_parallel.h"
 #include "runtime/launch.h"
 #include "runtime/run.h"
 #include "runtime/summary.h"
@@ -118,10 +119,27 @@ int main(int argc, char** argv) {
 
   ss::BenchOptions bench_opts;
   auto* bench = app.add_subcommand("bench", "benchmarks: forward vs bare sgemm, tokens/s, memory");
-  bench->add_option("--prompt-lens", bench_opts.prompt_lens, "prompt lengths")->capture_default_str();
-  bench->add_option("--models", bench_opts.models, "presets to measure")->capture_default_str();
+  bench->add_option("--prompt-lens", bench_opts.prompt_lens, "prompt lengths")->capture_default_str()->delimiter(',');
+  bench->add_option("--models", bench_opts.models, "presets to measure")->capture_default_str()->delimiter(',');
   bench->add_option("--decode", bench_opts.decode, "decode steps per run")->capture_default_str();
   bench->add_option("--repeat", bench_opts.repeat, "runs per configuration (best is kept)")->capture_default_str();
+  std::vector<std::string> bench_strategies;
+  ss::StrategyBenchOptions sb;
+  ss::CollectiveBenchOptions cb;
+  bool bench_collectives = false;
+  int bench_devices = 4;
+  int64_t bench_prompt = 2048;
+  bench->add_option("--strategies", bench_strategies, "compare these strategies on real ranks (e.g. single,tp,sp,tp_sp,tsp)")
+      ->delimiter(',');
+  bench->add_option("--devices", bench_devices, "devices for --strategies")->capture_default_str();
+  bench->add_option("--prompt-len", bench_prompt, "prompt length for --strategies")->capture_default_str();
+  bench->add_flag("--collectives", bench_collectives, "the engine's all-reduce/all-gather against bare MPI");
+  std::vector<int64_t> coll_sizes;
+  int coll_iters = 10;
+  auto* coll_rank = app.add_subcommand("bench-collectives-rank", "(internal) one rank of bench --collectives");
+  coll_rank->group("");
+  coll_rank->add_option("--sizes", coll_sizes)->delimiter(',');
+  coll_rank->add_option("--iterations", coll_iters);
 
   try {
     app.parse(argc, argv);
@@ -172,6 +190,16 @@ int main(int argc, char** argv) {
       ss::export_checkpoint(cfg, ex_opts.seed, export_dir, dt, export_shards);
       std::printf("wrote %s (%s, %d file(s))\n", export_dir.c_str(), export_dtype.c_str(), export_shards);
       return 0;
+    }
+    if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters);
+    if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);
+    if (*bench && !bench_strategies.empty()) {
+      sb.strategies = bench_strategies;
+      sb.devices = bench_devices;
+      sb.prompt_len = bench_prompt;
+      sb.decode = bench_opts.decode;
+      if (bench->count("--models")) sb.models = bench_opts.models;
+      return ss::run_strategy_bench(sb, std::cout);
     }
     if (*bench) return ss::run_bench(bench_opts, std::cout);
     if (*summarize) {

@@ -1,0 +1,106 @@
+#include "protocol/analysis.h"
+
+#include <algorithm>
+
+namespace ss::proto {
+namespace {
+
+using Intervals = std::vector<std::pair<int64_t, int64_t>>;
+
+Intervals merged(Intervals iv) {
+  std::sort(iv.begin(), iv.end());
+  Intervals out;
+  for (auto& x : iv) {
+    if (x.second <= x.first) continue;
+    if (!out.empty() && x.first <= out.back().second) out.back().second = std::max(out.back().second, x.second);
+    else out.push_back(x);
+  }
+  return out;
+}
+
+}  // namespace
+
+double union_ns(Intervals iv) {
+  double total = 0;
+  for (auto& [a, b] : merged(std::move(iv))) total += double(b - a);
+  return total;
+}
+
+double overlap_ns(Intervals a, Intervals b) {
+  const Intervals x = merged(std::move(a)), y = merged(std::move(b));
+  double total = 0;
+  size_t i = 0, j = 0;
+  while (i < x.size() && j < y.size()) {
+    const int64_t lo = std::max(x[i].first, y[j].first), hi = std::min(x[i].second, y[j].second);
+    if (hi > lo) total += double(hi - lo);
+    if (x[i].second < y[j].second) ++i;
+    else ++j;
+  }
+  return total;
+}
+
+int64_t RunStats::max_peak() const {
+  int64_t m = 0;
+  for (auto& [r, s] : ranks) m = std::max(m, s.peak_total);
+  return m;
+}
+
+RunStats analyze(const std::vector<Event>& events) {
+  RunStats st;
+  std::map<int, Intervals> compute, comm;
+  std::map<int, bool> peak_from_metrics;
+  for (const Event& e : events) {
+    if (auto* c = std::get_if<Config>(&e)) st.config = c->config;
+    else if (auto* s = std::get_if<Span>(&e)) {
+      RankStats& r = st.ranks[s->rank];
+      if (s->stream == "comm") {
+        comm[s->rank].emplace_back(s->t0, s->t1);
+        r.comm_bytes += s->bytes;
+      } else {
+        compute[s->rank].emplace_back(s->t0, s->t1);
+        r.flops += s->flops;
+      }
+    } else if (auto* m = std::get_if<Mem>(&e)) {
+      RankStats& r = st.ranks[m->rank];
+      if (peak_from_metrics[m->rank]) continue;
+      int64_t tot = 0;
+      for (int c = 0; c < kCategoryCount; ++c) {
+        r.peak[size_t(c)] = std::max(r.peak[size_t(c)], m->bytes[size_t(c)]);
+        tot += m->bytes[size_t(c)];
+      }
+      r.peak_total = std::max({r.peak_total, tot, m->peak});
+    } else if (auto* mt = std::get_if<Metric>(&e)) {
+      if (mt->rank < 0) {
+        st.metrics[mt->name] = mt->value;
+        continue;
+      }
+      // Exact per-rank peaks reported by the allocator supersede samples.
+      static const std::array<std::string, kCategoryCount> names = {
+          "peak_weights_bytes", "peak_activations_bytes", "peak_kv_cache_bytes",
+          "peak_ssm_state_bytes", "peak_comm_buffers_bytes", "peak_workspace_bytes"};
+      RankStats& r = st.ranks[mt->rank];
+      for (int c = 0; c < kCategoryCount; ++c)
+        if (mt->name == names[size_t(c)]) {
+          if (!peak_from_metrics[mt->rank]) r.peak = {};
+          peak_from_metrics[mt->rank] = true;
+          r.peak[size_t(c)] = int64_t(mt->value);
+        }
+      if (mt->name == "peak_bytes") r.peak_total = int64_t(mt->value);
+    } else if (auto* d = std::get_if<Done>(&e)) {
+      st.status = d->status;
+    } else if (auto* er = std::get_if<Error>(&e)) {
+      st.errors.push_back(*er);
+    }
+  }
+  for (auto& [rank, r] : st.ranks) {
+    r.compute_ns = union_ns(compute[rank]);
+    r.comm_ns = union_ns(comm[rank]);
+    r.hidden_ns = overlap_ns(comm[rank], compute[rank]);
+    st.comm_bytes += r.comm_bytes;
+    st.comm_ns += r.comm_ns;
+    st.hidden_ns += r.hidden_ns;
+  }
+  return st;
+}
+
+}  // namespace ss::proto

@@ -1,0 +1,43 @@
+// Figures derived from an event stream, shared by the command line (bench,
+// summarize) and the explorer: where time went, how much communication hid
+// behind compute, bytes on the wire, peak memory per rank and category.
+#pragma once
+
+#include <array>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "protocol/events.h"
+
+namespace ss::proto {
+
+struct RankStats {
+  std::array<int64_t, kCategoryCount> peak{};  // per category
+  int64_t peak_total = 0;
+  double compute_ns = 0, comm_ns = 0;  // union of each stream's busy time
+  double hidden_ns = 0;                // comm time overlapped by compute
+  double comm_bytes = 0;               // bytes this rank put on the wire
+  double flops = 0;
+};
+
+struct RunStats {
+  nlohmann::json config;
+  std::map<int, RankStats> ranks;
+  std::map<std::string, double> metrics;  // run-wide metrics (rank -1)
+  std::string status;                     // the done record's, empty if none
+  std::vector<Error> errors;
+  double comm_bytes = 0;
+  double comm_ns = 0, hidden_ns = 0;
+  double hidden_fraction() const { return comm_ns > 0 ? hidden_ns / comm_ns : 0; }
+  int64_t max_peak() const;
+};
+
+// Interval arithmetic on [t0, t1) spans: measure of the union, and of the
+// intersection of two unions.
+double union_ns(std::vector<std::pair<int64_t, int64_t>> iv);
+double overlap_ns(std::vector<std::pair<int64_t, int64_t>> a, std::vector<std::pair<int64_t, int64_t>> b);
+
+RunStats analyze(const std::vector<Event>& events);
+
+}  // namespace ss::proto

@@ -1,0 +1,30 @@
+// Multi-device benchmarks: every strategy on real ranks (through `launch`),
+// and the engine's collectives against the same MPI calls made bare.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace ss {
+
+struct StrategyBenchOptions {
+  std::vector<std::string> models = {"small-llama", "small-mamba2"};
+  std::vector<std::string> strategies = {"single", "tp", "sp", "tp_sp", "tsp"};
+  int devices = 4;
+  int64_t prompt_len = 2048;
+  int decode = 8;
+};
+int run_strategy_bench(const StrategyBenchOptions& o, std::ostream& out);
+
+struct CollectiveBenchOptions {
+  std::vector<int> devices = {2, 4};
+  std::vector<int64_t> sizes = {4096, 65536, 1 << 20, 16 << 20, 64 << 20};
+  int iterations = 10;
+};
+// Starts mpirun for each device count and prints rank 0's table.
+int run_collective_bench(const CollectiveBenchOptions& o, std::ostream& out);
+// The rank side of run_collective_bench (hidden subcommand `bench-collectives-rank`).
+int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations);
+
+}  // namespace ss
