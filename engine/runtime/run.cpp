@@ -16,6 +16,7 @@
 #include "io/checkpoint.h"
 #include "io/npy.h"
 #include "model/model.h"
+#include "sim/meta_backend.h"
 
 #ifndef SHARDSCOPE_VERSION
 #define SHARDSCOPE_VERSION "0.0.0"
@@ -66,30 +67,53 @@ void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, pro
   out->flush();
 }
 
+// What `w` places on `rank` (one record per range of a split), at `step`.
+void add_placements(std::vector<proto::Placement>& out, const WeightSpec& w, int rank, int step) {
+  proto::Placement p;
+  p.rank = rank;
+  p.tensor = w.name;
+  p.layer = w.layer;
+  p.shape = w.shape;
+  p.step = step;
+  if (w.slice.mirrored()) {
+    p.mode = "mirrored";
+    p.bytes = numel(w.shape) * 4;
+    out.push_back(p);
+    return;
+  }
+  const int64_t per_index = numel(w.shape) / w.shape[size_t(w.slice.axis)];
+  for (auto& [a, b] : w.slice.ranges) {
+    p.mode = "split";
+    p.axis = w.slice.axis;
+    p.start = a;
+    p.end = b;
+    p.bytes = (b - a) * per_index * 4;
+    out.push_back(p);
+  }
+}
+
+// The resident placement of every weight; under tsp also, for each ring or
+// broadcast step, the shard each rank holds while it computes that step.
 std::vector<proto::Placement> placements(const Model& model, int rank) {
   std::vector<proto::Placement> out;
-  for (const WeightSpec& w : model.weights()) {
-    proto::Placement p;
-    p.rank = rank;
-    p.tensor = w.name;
-    p.layer = w.layer;
-    p.shape = w.shape;
-    if (w.slice.mirrored()) {
-      p.mode = "mirrored";
-      p.bytes = numel(w.shape) * 4;
-      out.push_back(p);
-      continue;
-    }
-    const int64_t per_index = numel(w.shape) / w.shape[size_t(w.slice.axis)];
-    for (auto& [a, b] : w.slice.ranges) {
-      p.mode = "split";
-      p.axis = w.slice.axis;
-      p.start = a;
-      p.end = b;
-      p.bytes = (b - a) * per_index * 4;
-      out.push_back(p);
-    }
+  for (const WeightSpec& w : model.weights()) add_placements(out, w, rank, -1);
+  const Parallel& par = model.parallel();
+  if (!par.folded()) return out;
+  const int D = par.sp_size;
+  Allocator none;
+  Recorder quiet;
+  MetaBackend meta(none, quiet);
+  std::vector<std::vector<WeightSpec>> by_shard;
+  for (int j = 0; j < D; ++j) {
+    Parallel pj = par;
+    pj.tp_rank = pj.sp_rank = j;
+    by_shard.push_back(Model(model.config(), meta, pj).weights());
   }
+  for (const WeightPack& p : model.packs())
+    for (int t = 0; t < D; ++t) {
+      const int shard = p.ring ? (rank - t + D) % D : t;
+      for (size_t m : p.members) add_placements(out, by_shard[size_t(shard)][m], rank, t);
+    }
   return out;
 }
 
