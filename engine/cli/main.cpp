@@ -47,6 +47,8 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--devices", o.devices, "devices (MPI ranks) of the run")->capture_default_str();
   cmd->add_option("--mesh", o.mesh, "tp_sp mesh TxS, e.g. 2x2");
   cmd->add_option("--split", o.split, "sequence split for sp/tp_sp/tsp: zigzag or contiguous")->capture_default_str();
+  cmd->add_option("--attention", o.attention, "sequence-parallel attention: gather (K/V all-gather) or ring")
+      ->capture_default_str();
   cmd->add_option("--batch", o.batch, "sequences (dp gives each device its own)")->capture_default_str();
   cmd->add_option("--prompt-len", o.prompt_len, "synthetic prompt length (tokens drawn from --seed)");
   cmd->add_option("--tokens", tokens, "explicit prompt token ids, comma separated");

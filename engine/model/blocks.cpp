@@ -99,7 +99,45 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
   a.head_dim = c.head_dim;
   a.scale = 1.0f / std::sqrt(float(c.head_dim));
   a.q_pos = positions;
-  if (layout.sequence_sharded && S > 1) {
+  auto positions_of = [&](int r) {  // the positions of sp rank r's tokens, in its local order
+    std::vector<int32_t> pos;
+    for (auto& [range, owner] : layout.chunks)
+      if (owner == r)
+        for (int64_t p = range.first; p < range.second; ++p) pos.push_back(int32_t(p));
+    return pos;
+  };
+  if (layout.sequence_sharded && S > 1 && m_par.ring_attention) {
+    // Prefill, ring: K/V blocks travel around the sp ring; each step's partial
+    // is merged by log-sum-exp while the next block is in flight.
+    const int me = m_par.sp_rank;
+    Tensor lse = m_be.alloc({T, heads}, Category::Activations, "attn.lse");
+    Tensor o2 = m_be.alloc({T, hq}, Category::Activations, "attn.partial");
+    Tensor lse2 = m_be.alloc({T, heads}, Category::Activations, "attn.lse_partial");
+    // Two blocks: one computed on (and sent on), one being received.
+    const Tensor blocks[2] = {m_be.alloc({T, 2 * hkv}, Category::CommBuffers, "attn.kv_block_a"),
+                              m_be.alloc({T, 2 * hkv}, Category::CommBuffers, "attn.kv_block_b")};
+    m_be.copy(blocks[0].slice(1, 0, hkv), k);
+    m_be.copy(blocks[0].slice(1, hkv, hkv), v);
+    for (int step = 0; step < S; ++step) {
+      const Tensor& cur = blocks[step % 2];
+      Request next;
+      if (step + 1 < S) {
+        SiteScope s(rec, layer, "attn.kv_ring");
+        next = m_par.sp->isendrecv(cur, (me + 1) % S, blocks[(step + 1) % 2], (me + S - 1) % S);
+      }
+      const std::vector<int32_t> kp = positions_of((me - step + S) % S);
+      a.k_pos = kp;
+      {
+        SiteScope s(rec, layer, "attn.core");
+        if (step == 0) m_be.attention(o, q, cur.slice(1, 0, hkv), cur.slice(1, hkv, hkv), a, lse);
+        else {
+          m_be.attention(o2, q, cur.slice(1, 0, hkv), cur.slice(1, hkv, hkv), a, lse2);
+          m_be.attention_merge(o, lse, o2, lse2, heads, c.head_dim);
+        }
+      }
+      if (next) next->wait();
+    }
+  } else if (layout.sequence_sharded && S > 1) {
     // Prefill: gather every rank's K/V (their positions follow from the chunk layout).
     Tensor k_all = m_be.alloc({S * T, hkv}, Category::CommBuffers, "attn.k_gathered");
     Tensor v_all = m_be.alloc({S * T, hkv}, Category::CommBuffers, "attn.v_gathered");
@@ -109,10 +147,10 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
       m_par.sp->all_gather(v_all, v);
     }
     std::vector<int32_t> k_pos;
-    for (int r = 0; r < S; ++r)
-      for (auto& [range, owner] : layout.chunks)
-        if (owner == r)
-          for (int64_t p = range.first; p < range.second; ++p) k_pos.push_back(int32_t(p));
+    for (int r = 0; r < S; ++r) {
+      const auto pr = positions_of(r);
+      k_pos.insert(k_pos.end(), pr.begin(), pr.end());
+    }
     a.k_pos = k_pos;
     SiteScope s(rec, layer, "attn.core");
     m_be.attention(o, q, k_all, v_all, a);

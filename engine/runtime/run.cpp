@@ -193,6 +193,7 @@ void validate(const RunOptions& o) {
                        std::to_string(o.devices) + "; make T x S equal the device count");
   }
   if (o.split != "zigzag" && o.split != "contiguous") throw UsageError("--split must be zigzag or contiguous");
+  if (o.attention != "gather" && o.attention != "ring") throw UsageError("--attention must be gather or ring");
   if (o.tokens.empty() && o.prompt_len <= 0) throw UsageError("give a prompt: --prompt-len N (N >= 1) or --tokens 1,2,3");
   if (!o.tokens.empty() && o.prompt_len > 0) throw UsageError("give either --prompt-len or --tokens, not both");
   if (o.decode < 0) throw UsageError("--decode must be >= 0");
@@ -289,6 +290,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
     par.world_rank = g.rank;
     par.world_size = g.size;
     par.zigzag = zigzag;
+    par.ring_attention = o.attention == "ring";
     par.world = g.world.get();
     if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
       par.tp_size = T;
@@ -340,6 +342,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
           {"devices", o.devices},
           {"mesh", {{"tp", T}, {"sp", S}}},
           {"split", o.split},
+          {"attention", o.attention},
           {"workload", {{"batch", o.batch}, {"prompt_len", P}, {"decode", o.decode}, {"seed", o.seed}}},
           {"capacity", o.capacity},
           {"threads", cpu::threads()},

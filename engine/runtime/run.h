@@ -18,6 +18,7 @@ struct RunOptions {
   int devices = 1;                       // ranks of the model-parallel group (MPI processes)
   std::string mesh;                      // tp_sp: "TxS", e.g. 2x2
   std::string split = "zigzag";          // sequence split: zigzag or contiguous
+  std::string attention = "gather";      // sequence-parallel attention: gather (K/V all-gather) or ring
   int batch = 1;                         // sequences (dp splits them over devices)
   int64_t prompt_len = 0;                // synthetic prompt of this length ...
   std::vector<int32_t> tokens;           // ... or these tokens
