@@ -15,6 +15,7 @@
 #include "runtime/launch.h"
 #include "runtime/run.h"
 #include "runtime/summary.h"
+#include "sim/hardware.h"
 #include <fstream>
 
 namespace {
@@ -100,6 +101,16 @@ int main(int argc, char** argv) {
   launch->add_option("--hostfile", launch_cfg.hostfile, "OpenMPI hostfile for runs over several hosts");
   launch->add_option("--timeout", launch_cfg.timeout_s, "stop the run after this many seconds (0 = never)");
 
+  ss::RunOptions sim_opts;
+  std::string sim_tokens, sim_capacity, sim_events, sim_hardware = "h100-sxm";
+  int sim_nodes = 1;
+  auto* simulate = app.add_subcommand("simulate", "run the same engine on simulated devices of a hardware profile");
+  add_model_options(simulate, sim_opts, sim_tokens, sim_capacity);
+  simulate->add_option("--hardware", sim_hardware, "profile name in resources/hardware, or a JSON file")
+      ->capture_default_str();
+  simulate->add_option("--nodes", sim_nodes, "nodes the devices are spread over")->capture_default_str();
+  simulate->add_option("--events", sim_events, "write the event stream to FILE instead of stdout");
+
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
   auto* presets = app.add_subcommand("presets", "list the model presets");
@@ -157,6 +168,21 @@ int main(int argc, char** argv) {
 
   try {
     if (*run) return run_command(run_opts, tokens, capacity, events);
+    if (*simulate) {
+      if (!sim_tokens.empty()) sim_opts.tokens = parse_tokens(sim_tokens);
+      if (!sim_capacity.empty()) sim_opts.capacity = ss::parse_bytes(sim_capacity);
+      sim_opts.backend = "sim";
+      const ss::HardwareProfile hw = ss::load_hardware(sim_hardware);
+      std::FILE* f = stdout;
+      if (!sim_events.empty() && sim_events != "-") {
+        f = std::fopen(sim_events.c_str(), "w");
+        if (!f) throw ss::UsageError("--events " + sim_events + ": cannot create the file");
+      }
+      ss::proto::Writer w(f);
+      ss::RunResult r = ss::simulate(sim_opts, hw, sim_nodes, w);
+      if (f != stdout) std::fclose(f);
+      return r.exit_code;
+    }
     if (*launch) {
       if (!launch_tokens.empty()) launch_opts.tokens = parse_tokens(launch_tokens);
       if (!launch_capacity.empty()) launch_opts.capacity = ss::parse_bytes(launch_capacity);

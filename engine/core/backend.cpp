@@ -1,6 +1,7 @@
 #include "core/backend.h"
 
 #include <algorithm>
+#include <vector>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -119,12 +120,16 @@ void Backend::attention(const Tensor& o, const Tensor& q, const Tensor& k, const
           "attention", "shape mismatch");
   require(!lse.defined() || (lse.is_contiguous() && lse.numel() == q.rows() * a.n_heads), "attention", "lse shape");
   // FLOPs of the visible (query, key) pairs: QK^T and PV, 2*head_dim each.
-  double pairs = 0;
-  const bool sorted = std::is_sorted(a.k_pos.begin(), a.k_pos.end());
-  for (int32_t p : a.q_pos) {
-    if (sorted) pairs += double(std::upper_bound(a.k_pos.begin(), a.k_pos.end(), p) - a.k_pos.begin());
-    else pairs += double(std::count_if(a.k_pos.begin(), a.k_pos.end(), [p](int32_t kp) { return kp <= p; }));
+  // Keys may come in any order (zigzag chunks): count against sorted positions.
+  std::vector<int32_t> sorted_keys;
+  std::span<const int32_t> keys = a.k_pos;
+  if (!std::is_sorted(keys.begin(), keys.end())) {
+    sorted_keys.assign(keys.begin(), keys.end());
+    std::sort(sorted_keys.begin(), sorted_keys.end());
+    keys = sorted_keys;
   }
+  double pairs = 0;
+  for (int32_t p : a.q_pos) pairs += double(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
   const double flops = pairs * a.n_heads * 4.0 * a.head_dim;
   execute("attention", flops, fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o),
           {q.rows(), k.rows(), a.n_heads, a.head_dim}, [&] { k_attention(o, q, k, v, a, lse); });

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <cstdint>
 #include <string>
@@ -26,6 +27,8 @@ class Recorder {
   // Nanoseconds since the run's origin on the host's steady clock.
   int64_t now() const;
   void set_origin(std::chrono::steady_clock::time_point t) { m_origin = t; }
+  // A virtual clock (the simulator's) instead of the host's.
+  void set_clock(std::function<int64_t()> clock) { m_clock = std::move(clock); }
   std::chrono::steady_clock::time_point origin() const { return m_origin; }
 
   void set_phase(std::string phase) { m_phase = std::move(phase); }
@@ -67,6 +70,7 @@ class Recorder {
   int m_layer = -1;
   bool m_sample_mem = true;
   std::mutex m_mutex;
+  std::function<int64_t()> m_clock;
   std::vector<proto::Span> m_spans;
   std::vector<proto::Mem> m_mem;
 };

@@ -17,6 +17,11 @@
 #include "io/npy.h"
 #include "model/model.h"
 #include "sim/meta_backend.h"
+#include "sim/sim_comm.h"
+
+#include <atomic>
+#include <numeric>
+#include <thread>
 
 #ifndef SHARDSCOPE_VERSION
 #define SHARDSCOPE_VERSION "0.0.0"
@@ -38,7 +43,8 @@ int64_t status_field(const char* key) {
 struct Group {
   std::unique_ptr<MpiWorld> mpi;
   std::shared_ptr<CommStream> stream;
-  std::unique_ptr<MpiCommunicator> world;
+  std::unique_ptr<MpiCommunicator> mpi_world;
+  Communicator* world = nullptr;  // MPI or simulated; null for a single device
   std::unique_ptr<Communicator> telemetry, tp, sp;
   int rank = 0, size = 1;
   std::vector<std::string> hosts = {host_name()};
@@ -177,9 +183,10 @@ std::pair<int, int> mesh_of(const RunOptions& o) {
   }
 }
 
-void validate(const RunOptions& o) {
-  if (o.backend != "cpu")
-    throw UsageError("--backend " + o.backend + " is not available in this command; use --backend cpu");
+void validate(const RunOptions& o, const std::string& backend) {
+  if (o.backend != backend)
+    throw UsageError("--backend " + o.backend + " is not available in this command; use --backend " + backend +
+                     (backend == "cpu" ? " (simulated hardware: `shardscope-engine simulate`)" : ""));
   const Strategy s = parse_strategy(o.strategy);
   if (o.devices < 1 || o.devices > 1024) throw UsageError("--devices must be between 1 and 1024");
   if (s == Strategy::Single && o.devices != 1)
@@ -204,14 +211,24 @@ void validate(const RunOptions& o) {
   if (o.prompt_len > 100'000'000) throw UsageError("--prompt-len is over 100M tokens");
 }
 
-RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
+// How a rank joins its world and makes its backend: MPI + cpu, or the
+// simulator's threads + sim. Everything else a rank does is the same code.
+struct RankSetup {
+  std::string backend = "cpu";
+  std::function<void(Group&, Recorder&)> connect;  // multi-device: sets rank, size, hosts, world
+  std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)> make_backend;
+  std::function<void(int)> abort;  // ends every rank after a failure
+  // Shared failure record (simulator): claim returns false when another rank
+  // failed first; first_failure gives that rank's error and exit code.
+  std::function<bool(const proto::Error&, int)> claim_failure;
+  std::function<std::pair<proto::Error, int>()> first_failure;
+  int64_t default_capacity = 0;
+  nlohmann::json config;  // extra config fields (the hardware profile)
+};
+
+static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Recorder& rec,
+                          const RankSetup& setup) {
   RunResult res;
-  const auto origin = std::chrono::steady_clock::now();
-  Recorder rec(0);  // outlives the communicators, which record into it
-  rec.set_origin(origin);
-  Group g;
-  std::optional<std::string> failed_code;
-  proto::Writer* out = &out_root;
   // Every stream opens with hello, also one that fails before the setup
   // records: a reader rejects records that come before it.
   bool said_hello = false;
@@ -222,31 +239,37 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
   };
 
   auto report = [&](const char* code, const std::string& msg, int exit_code, nlohmann::json detail = {}) {
+    proto::Error err{code, g.rank, msg, std::move(detail)};
+    // The first rank to fail is the one reported; ranks woken by its abort
+    // (simulator threads) report that failure rather than their own.
+    const bool first = !setup.claim_failure || setup.claim_failure(err, exit_code);
+    if (!first) std::tie(err, exit_code) = setup.first_failure();
     if (g.root()) {
       hello();
       for (auto& m : rec.take_mem_samples()) out->write(m);
       for (auto& s : rec.take_spans()) out->write(s);
-      out->write(proto::Error{code, g.rank, msg, std::move(detail)});
+      out->write(err);
       const char* status = exit_code == kExitOom ? "oom" : "failed";
       out->write(proto::Done{status, rec.now(), exit_code});
       out->flush();
     }
     res.exit_code = exit_code;
     res.status = exit_code == kExitOom ? "oom" : "failed";
-    res.error = msg;
-    res.error_code = code;
-    res.rank = g.rank;
+    res.error = err.message;
+    res.error_code = err.code;
+    res.rank = err.rank;
+    if (!first) return res;
     // One line a person (and the launcher) can read: which rank, what, why.
     if (g.size > 1) std::fprintf(stderr, "shardscope-engine: error [rank %d, %s]: %s\n", g.rank, code, msg.c_str());
     else std::fprintf(stderr, "shardscope-engine: error: %s\n", msg.c_str());
     std::fflush(stderr);
     // Other ranks may wait in a collective for this one: end them all.
-    if (g.size > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
+    if (g.size > 1 && setup.abort) setup.abort(exit_code);
     return res;
   };
 
   try {
-    validate(o);
+    validate(o, setup.backend);
     const Strategy strategy = parse_strategy(o.strategy);
     const bool distributed = strategy != Strategy::Single;
     std::filesystem::path dir;
@@ -258,16 +281,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
     validate_parallel(cfg, strategy, o.devices, T, S, P, zigzag, o.batch);
 
     if (distributed) {
-      g.mpi = std::make_unique<MpiWorld>();
-      g.rank = g.mpi->rank();
-      g.size = g.mpi->size();
-      rec.set_rank(g.rank);
-      if (g.size != o.devices)
-        throw UsageError("this process is one of " + std::to_string(g.size) + " MPI ranks but --devices is " +
-                         std::to_string(o.devices) + "; start runs with `shardscope-engine launch --devices N ...`");
-      g.hosts = g.mpi->hostnames();
-      g.stream = std::make_shared<CommStream>();
-      g.world = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
+      setup.connect(g, rec);
       g.telemetry = g.world->split(0, g.rank, "telemetry");
       // Rank = sp_rank * T + tp_rank: tensor-parallel groups are neighbours.
       if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
@@ -278,12 +292,16 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
       }
     }
     if (!g.root()) out = nullptr;
-    if (o.threads > 0) cpu::set_threads(o.threads);
-    else if (distributed) cpu::set_threads(1);  // ranks share the host's cores
+    if (setup.backend == "cpu") {
+      if (o.threads > 0) cpu::set_threads(o.threads);
+      else if (distributed) cpu::set_threads(1);  // ranks share the host's cores
+    }
 
-    Allocator alloc(o.capacity);
+    const int64_t capacity = o.capacity > 0 ? o.capacity : setup.default_capacity;
+    Allocator alloc(capacity);
     alloc.set_listener([&](const MemState& m) { rec.mem_sample(rec.now(), m); });
-    CpuBackend be(alloc, rec);
+    std::unique_ptr<Backend> backend = setup.make_backend(alloc, rec);
+    Backend& be = *backend;
 
     Parallel par;
     par.strategy = strategy;
@@ -291,7 +309,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
     par.world_size = g.size;
     par.zigzag = zigzag;
     par.ring_attention = o.attention == "ring";
-    par.world = g.world.get();
+    par.world = g.world;
     if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
       par.tp_size = T;
       par.sp_size = S;
@@ -351,7 +369,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
       out->write(proto::Config{conf});
       out->flush();
     }
-    extra.push_back(proto::to_line(proto::Device{g.rank, "cpu", be.device_name(), o.capacity, g.hosts[size_t(g.rank)]}));
+    extra.push_back(proto::to_line(proto::Device{g.rank, std::string(be.kind()), be.device_name(), capacity, g.hosts[size_t(g.rank)]}));
     extra.push_back(proto::to_line(proto::Tokens{g.rank, merge_ranges(kv_ranges)}));
     if (g.root()) extra.push_back(proto::to_line(proto::Phase{"load", rec.now()}));
 
@@ -510,6 +528,99 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out_root) {
   } catch (const std::exception& e) {
     return report("internal", e.what(), kExitFailure);
   }
+}
+
+RunResult run_inference(const RunOptions& o, proto::Writer& out) {
+  Recorder rec(0);  // outlives the communicators, which record into it
+  rec.set_origin(std::chrono::steady_clock::now());
+  Group g;
+  RankSetup setup;
+  setup.backend = "cpu";
+  setup.make_backend = [](Allocator& a, Recorder& r) { return std::make_unique<CpuBackend>(a, r); };
+  setup.abort = [](int code) { MPI_Abort(MPI_COMM_WORLD, code); };
+  setup.connect = [&o](Group& g, Recorder& rec) {
+    g.mpi = std::make_unique<MpiWorld>();
+    g.rank = g.mpi->rank();
+    g.size = g.mpi->size();
+    rec.set_rank(g.rank);
+    if (g.size != o.devices)
+      throw UsageError("this process is one of " + std::to_string(g.size) + " MPI ranks but --devices is " +
+                       std::to_string(o.devices) + "; start runs with `shardscope-engine launch --devices N ...`");
+    g.hosts = g.mpi->hostnames();
+    g.stream = std::make_shared<CommStream>();
+    g.mpi_world = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
+    g.world = g.mpi_world.get();
+  };
+  return run_rank(o, &out, g, rec, setup);
+}
+
+RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, proto::Writer& out) {
+  if (!o.logits_out.empty()) throw UsageError("--logits-out needs real data; the simulator has none (use run or launch)");
+  if (nodes < 1 || o.devices % nodes)
+    throw UsageError("--nodes " + std::to_string(nodes) + " must divide --devices " + std::to_string(o.devices));
+  const int per_node = o.devices / nodes;
+  if (per_node > hw.max_devices_per_node)
+    throw UsageError(std::to_string(per_node) + " devices per node exceed the profile's " +
+                     std::to_string(hw.max_devices_per_node) + "; raise --nodes");
+  // Refuse what cannot run before any rank starts (as launch does).
+  validate(o, "sim");
+  {
+    const ModelConfig cfg = resolve_model(o.model, nullptr, o.overrides);
+    const auto [T, S] = mesh_of(o);
+    const int64_t P = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
+    validate_parallel(cfg, parse_strategy(o.strategy), o.devices, T, S, P, o.split == "zigzag", o.batch);
+  }
+  SimNetwork net(hw, o.devices, per_node);
+  std::vector<RunResult> results(size_t(o.devices));
+  std::atomic<bool> failed{false};
+  std::mutex failure_mutex;
+  std::optional<std::pair<proto::Error, int>> failure;
+  auto rank_main = [&](int r) {
+    Recorder rec(r);
+    SimClock clock;
+    rec.set_clock([&clock] { return int64_t(clock.compute_ns); });
+    std::vector<int> all(size_t(o.devices));
+    std::iota(all.begin(), all.end(), 0);
+    SimCommunicator world(net, 0, all, r, rec, clock, "world");
+    Group g;
+    g.rank = r;  // known before connect: only rank 0 ever writes the stream
+    g.size = o.devices;
+    RankSetup setup;
+    setup.backend = "sim";
+    setup.default_capacity = hw.memory_bytes;
+    setup.config = {{"hardware", hw.source}, {"hardware_file", hw.file}, {"nodes", nodes}};
+    setup.make_backend = [&](Allocator& a, Recorder& rr) { return std::make_unique<SimBackend>(a, rr, hw, clock); };
+    setup.abort = [&](int) {
+      failed = true;
+      net.abort();
+    };
+    setup.claim_failure = [&](const proto::Error& e, int code) {
+      std::lock_guard lock(failure_mutex);
+      if (failure) return false;
+      failure = std::make_pair(e, code);
+      return true;
+    };
+    setup.first_failure = [&] {
+      std::lock_guard lock(failure_mutex);
+      return *failure;
+    };
+    setup.connect = [&](Group& gg, Recorder&) {
+      gg.rank = r;
+      gg.size = o.devices;
+      gg.hosts.clear();
+      for (int i = 0; i < o.devices; ++i) gg.hosts.push_back("node" + std::to_string(net.node_of(i)));
+      gg.world = &world;
+    };
+    results[size_t(r)] = run_rank(o, r == 0 ? &out : nullptr, g, rec, setup);
+  };
+  if (o.devices == 1 || parse_strategy(o.strategy) == Strategy::Single) {
+    rank_main(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < o.devices; ++r) threads.emplace_back(rank_main, r);
+    for (auto& t : threads) t.join();
+  }
+  return results[0];  // the root reports the first failure, if any
 }
 
 }  // namespace ss

@@ -46,11 +46,16 @@ std::vector<int32_t> make_prompt(const RunOptions& o, int64_t vocab);
 // Validates the options that need no model (throws UsageError with one line
 // saying what to change). Shapes are checked by validate_parallel once the
 // model is known; `launch` runs both before starting any rank.
-void validate(const RunOptions& o);
+void validate(const RunOptions& o, const std::string& backend = "cpu");
 // Parses --mesh for the strategy: (T, S) with T*S = devices.
 std::pair<int, int> mesh_of(const RunOptions& o);
 
 RunResult run_inference(const RunOptions& o, proto::Writer& out);
+
+// The same run on the sim backend: one thread per rank on virtual devices of
+// `hw`, `nodes` nodes; writes the same event stream with "backend":"sim".
+struct HardwareProfile;
+RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, proto::Writer& out);
 
 // Peak and current resident set of this process, in bytes (from /proc/self/status).
 int64_t peak_rss_bytes();

@@ -1,0 +1,26 @@
+// The simulator's cost model. Kernels: a roofline over the profile's peak
+// rates and memory bandwidth, with an efficiency curve for small GEMM shapes
+// and a per-launch latency. Collectives: alpha-beta over the link class they
+// cross, for the algorithm that is fastest at that size (ring or tree).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/hardware.h"
+
+namespace ss {
+
+// Seconds for one kernel (op names as in Backend spans).
+double kernel_seconds(const HardwareProfile& hw, const std::string& op, double flops, double bytes,
+                      const std::vector<int64_t>& dims);
+
+struct CollectiveCost {
+  double seconds = 0;
+  const char* algorithm = "ring";
+};
+// `bytes` is the whole buffer (all_gather: the gathered output), as in wire_bytes().
+CollectiveCost collective_seconds(const LinkProfile& link, const std::string& op, double bytes, int ranks);
+
+}  // namespace ss

@@ -1,0 +1,38 @@
+// The sim backend: meta tensors through the same model, strategy and
+// allocator code as cpu; every kernel advances this rank's compute clock by
+// the cost model instead of running. Time is virtual: nanoseconds since the
+// simulated run began.
+#pragma once
+
+#include "sim/cost_model.h"
+#include "sim/meta_backend.h"
+
+namespace ss {
+
+// A rank's two virtual streams.
+struct SimClock {
+  double compute_ns = 0;
+  double comm_ns = 0;
+};
+
+class SimBackend final : public MetaBackend {
+ public:
+  SimBackend(Allocator& alloc, Recorder& rec, const HardwareProfile& hw, SimClock& clock)
+      : MetaBackend(alloc, rec), m_hw(hw), m_clock(clock) {}
+  std::string_view kind() const override { return "sim"; }
+  std::string device_name() const override { return m_hw.device_name + " (simulated)"; }
+
+ protected:
+  void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
+               const std::function<void()>&) override {
+    const double t0 = m_clock.compute_ns;
+    m_clock.compute_ns += kernel_seconds(m_hw, op, flops, bytes, dims) * 1e9;
+    recorder().span(StreamKind::Compute, op, int64_t(t0), int64_t(m_clock.compute_ns), flops, bytes, std::move(dims));
+  }
+
+ private:
+  const HardwareProfile& m_hw;
+  SimClock& m_clock;
+};
+
+}  // namespace ss
