@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "runtime/bench.h"
 #include "runtime/bench_parallel.h"
+#include "runtime/calibrate.h"
 #include "runtime/launch.h"
 #include "runtime/run.h"
 #include "runtime/summary.h"
@@ -147,12 +148,24 @@ int main(int argc, char** argv) {
   bench->add_option("--devices", bench_devices, "devices for --strategies")->capture_default_str();
   bench->add_option("--prompt-len", bench_prompt, "prompt length for --strategies")->capture_default_str();
   bench->add_flag("--collectives", bench_collectives, "the engine's all-reduce/all-gather against bare MPI");
+  bool bench_sim = false;
+  ss::SimBenchOptions simb;
+  bench->add_flag("--sim", bench_sim, "simulator speed, and simulated vs measured per-op time on this machine");
   std::vector<int64_t> coll_sizes;
   int coll_iters = 10;
   auto* coll_rank = app.add_subcommand("bench-collectives-rank", "(internal) one rank of bench --collectives");
   coll_rank->group("");
   coll_rank->add_option("--sizes", coll_sizes)->delimiter(',');
   coll_rank->add_option("--iterations", coll_iters);
+  bool coll_json = false;
+  coll_rank->add_flag("--json", coll_json);
+
+  std::string calib_out = "calibrated.json";
+  int calib_ranks = 2;
+  auto* calibrate = app.add_subcommand("calibrate", "measure this machine and write a hardware profile for simulate");
+  calibrate->add_option("--out", calib_out, "profile file to write")->capture_default_str();
+  calibrate->add_option("--ranks", calib_ranks, "ranks per run the profile is for (threads = cores / ranks)")
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -219,8 +232,10 @@ int main(int argc, char** argv) {
       std::printf("wrote %s (%s, %d file(s))\n", export_dir.c_str(), export_dtype.c_str(), export_shards);
       return 0;
     }
-    if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters);
+    if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters, coll_json);
+    if (*calibrate) return ss::run_calibrate(calib_out, calib_ranks, std::cout);
     if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);
+    if (*bench && bench_sim) return ss::run_sim_bench(simb, std::cout);
     if (*bench && !bench_strategies.empty()) {
       sb.strategies = bench_strategies;
       sb.devices = bench_devices;

@@ -14,7 +14,11 @@
 #include "core/allocator.h"
 #include "cpu/cpu_backend.h"
 #include "protocol/analysis.h"
+#include "runtime/calibrate.h"
 #include "runtime/run.h"
+
+#include <chrono>
+#include <sstream>
 
 #ifndef SHARDSCOPE_MPIEXEC
 #define SHARDSCOPE_MPIEXEC "mpirun"
@@ -141,6 +145,133 @@ int run_strategy_bench(const StrategyBenchOptions& o, std::ostream& out) {
   return 0;
 }
 
+int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
+  char line[512];
+  out << "shardscope-engine bench --sim  host " << host_name() << "\n\nSimulator speed (wall time of the whole simulate "
+         "command, one process, one thread per rank)\n";
+  std::snprintf(line, sizeof line, "%-34s %4s %9s %9s %10s %12s %10s\n", "run", "D", "prompt", "wall s", "events",
+                "events/s", "max RSS MB");
+  out << line;
+  struct Case {
+    std::string label, model, strategy, mesh;
+    int devices;
+    int64_t prompt;
+  };
+  const std::vector<Case> cases = {
+      {"llama2-7b tsp, " + o.hardware, "llama2-7b", "tsp", "", 8, 131072},
+      {"llama2-7b tp, " + o.hardware, "llama2-7b", "tp", "", 8, 131072},
+      {"llama2-7b tp_sp 8x8, 8 nodes, " + o.hardware, "llama2-7b", "tp_sp", "8x8", 64, 32768},
+      {"mamba2-2.7b sp, " + o.hardware, "mamba2-2.7b", "sp", "", 4, 65536},
+  };
+  for (const Case& c : cases) {
+    char tmpl[] = "/tmp/shardscope-simbench-XXXXXX";
+    const int fd = mkstemp(tmpl);
+    if (fd >= 0) close(fd);
+    std::string cmd = "/usr/bin/env time -f %M -o '" + std::string(tmpl) + ".rss' '" + self_exe() +
+                      "' simulate --hardware " + o.hardware + " --model " + c.model + " --strategy " + c.strategy +
+                      " --devices " + std::to_string(c.devices) + " --prompt-len " + std::to_string(c.prompt) +
+                      " --decode 4 --events '" + tmpl + "'" + (c.mesh.empty() ? "" : " --mesh " + c.mesh) +
+                      " --nodes " + std::to_string(std::max(1, c.devices / 8)) +
+                      " 2>/dev/null";
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = std::system(cmd.c_str());
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int64_t lines = 0;
+    {
+      std::ifstream in(tmpl);
+      std::string l;
+      while (std::getline(in, l)) ++lines;
+    }
+    double rss_mb = 0;
+    {
+      std::ifstream r(std::string(tmpl) + ".rss");
+      double kb = 0;
+      if (r >> kb) rss_mb = kb / 1024;
+    }
+    std::filesystem::remove(tmpl);
+    std::filesystem::remove(std::string(tmpl) + ".rss");
+    std::snprintf(line, sizeof line, "%-34s %4d %9lld %9.2f %10lld %12.0f %10.0f%s\n", c.label.c_str(), c.devices,
+                  static_cast<long long>(c.prompt), wall, static_cast<long long>(lines), lines / wall, rss_mb,
+                  rc == 0 ? "" : "  (failed)");
+    out << line << std::flush;
+  }
+
+  // Simulated against measured, on this machine.
+  out << "\nSimulated vs measured per-op time: " << o.check_model << ", tp on " << o.check_devices
+      << " cpu ranks, prompt " << o.check_prompt << "; profile calibrated in this run\n" << std::flush;
+  const std::string base = "/tmp/shardscope-simcheck-" + std::to_string(getpid());
+  std::ostringstream calib_log;
+  {
+    const nlohmann::json prof = calibrate_machine(calib_log, o.check_devices);
+    std::ofstream(base + ".profile.json") << prof.dump(2);
+  }
+  out << calib_log.str();
+  const std::string common = " --model " + o.check_model + " --strategy tp --devices " +
+                             std::to_string(o.check_devices) + " --prompt-len " + std::to_string(o.check_prompt) +
+                             " --decode 8";
+  const int rc1 = std::system(("'" + self_exe() + "' launch" + common + " --events " + base + ".cpu 2>/dev/null").c_str());
+  const int rc2 = std::system(("'" + self_exe() + "' simulate --hardware " + base + ".profile.json" + common +
+                               " --events " + base + ".sim 2>/dev/null").c_str());
+  const auto real = read_stream(base + ".cpu"), sim = read_stream(base + ".sim");
+  for (auto ext : {".cpu", ".sim", ".profile.json"}) std::filesystem::remove(base + ext);
+  if (rc1 || rc2) {
+    out << "the measured or simulated run failed\n";
+    return 1;
+  }
+  // Pair spans per rank and stream in order: the same code issues them.
+  auto by_rank = [](const std::vector<proto::Event>& ev) {
+    std::map<std::pair<int, std::string>, std::vector<proto::Span>> m;
+    for (auto& e : ev)
+      if (auto* s = std::get_if<proto::Span>(&e)) m[{s->rank, s->stream}].push_back(*s);
+    return m;
+  };
+  const auto R = by_rank(real), S = by_rank(sim);
+  std::map<std::string, std::vector<double>> err;  // op -> relative errors
+  std::map<std::string, double> meas_total;
+  int64_t mismatched = 0;
+  for (auto& [key, rs] : R) {
+    auto it = S.find(key);
+    if (it == S.end() || it->second.size() != rs.size()) {
+      ++mismatched;
+      continue;
+    }
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const auto& a = rs[i];
+      const auto& b = it->second[i];
+      if (a.op != b.op) {
+        ++mismatched;
+        continue;
+      }
+      const double m = double(a.t1 - a.t0), p = double(b.t1 - b.t0);
+      const std::string k = key.second + ":" + a.op + (a.phase == "decode" ? " (decode)" : "");
+      meas_total[k] += m;
+      if (m > 0) err[k].push_back((p - m) / m);
+    }
+  }
+  std::snprintf(line, sizeof line, "%-32s %7s %12s %10s %10s %9s\n", "op (stream)", "spans", "measured ms", "median",
+                "p90 |err|", "bias");
+  out << line;
+  std::vector<std::pair<double, std::string>> order;
+  for (auto& [k, t] : meas_total) order.emplace_back(-t, k);
+  std::sort(order.begin(), order.end());
+  for (auto& [neg, k] : order) {
+    auto e = err[k];
+    if (e.empty()) continue;
+    std::vector<double> ab(e.size());
+    std::transform(e.begin(), e.end(), ab.begin(), [](double v) { return std::fabs(v); });
+    std::sort(ab.begin(), ab.end());
+    std::sort(e.begin(), e.end());
+    const double median = ab[ab.size() / 2], p90 = ab[std::min(ab.size() - 1, ab.size() * 9 / 10)];
+    std::snprintf(line, sizeof line, "%-32s %7zu %12.2f %9.0f%% %9.0f%% %8.0f%%\n", k.c_str(), e.size(), -neg * 1e-6,
+                  100 * median, 100 * p90, 100 * e[e.size() / 2]);
+    out << line;
+  }
+  if (mismatched) out << mismatched << " span sequences did not pair up (different op order)\n";
+  out << "median: of |simulated - measured| / measured per span; bias: the median signed error. Goal: median within "
+         "25% per op kind.\n";
+  return 0;
+}
+
 int run_collective_bench(const CollectiveBenchOptions& o, std::ostream& out) {
   out << "shardscope-engine bench --collectives  host " << host_name() << "  (nccl-tests conventions: algbw = "
          "bytes/time, busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather)\n";
@@ -163,7 +294,7 @@ int run_collective_bench(const CollectiveBenchOptions& o, std::ostream& out) {
   return 0;
 }
 
-int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations) {
+int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations, bool json) {
   MpiWorld mpi;
   Recorder rec(mpi.rank());
   {
@@ -172,7 +303,14 @@ int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations) {
     Allocator alloc;
     CpuBackend be(alloc, rec);
     const auto rows = bench_collectives(world, be, sizes, iterations);
-    if (mpi.rank() == 0) {
+    if (mpi.rank() == 0 && json) {
+      for (const auto& r : rows)
+        std::printf("%s\n", nlohmann::json{{"op", r.op}, {"path", r.path}, {"ranks", r.ranks}, {"bytes", r.bytes},
+                                            {"time_s", r.time_s}, {"algbw", r.algbw}, {"busbw", r.busbw},
+                                            {"wrong", r.wrong}}
+                                 .dump()
+                                 .c_str());
+    } else if (mpi.rank() == 0) {
       std::printf("\n%d ranks\n%-11s %10s %11s %10s %10s %11s %10s %10s %8s %6s\n", mpi.size(), "op", "bytes",
                   "bare us", "algbw GB/s", "busbw GB/s", "engine us", "algbw GB/s", "busbw GB/s", "eng/bare", "wrong");
       for (size_t i = 0; i + 1 < rows.size(); i += 2) {

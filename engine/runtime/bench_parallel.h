@@ -17,6 +17,17 @@ struct StrategyBenchOptions {
 };
 int run_strategy_bench(const StrategyBenchOptions& o, std::ostream& out);
 
+struct SimBenchOptions {
+  std::string hardware = "h100-sxm";
+  std::string check_model = "small-llama";  // measured vs simulated on this machine
+  int check_devices = 2;
+  int64_t check_prompt = 512;
+};
+// Wall time and events/s of large simulations (D = 8 and 64, a 32-layer
+// model), then simulated against measured per-op times on a profile
+// calibrated here: median and 90th-percentile error per op kind.
+int run_sim_bench(const SimBenchOptions& o, std::ostream& out);
+
 struct CollectiveBenchOptions {
   std::vector<int> devices = {2, 4};
   std::vector<int64_t> sizes = {4096, 65536, 1 << 20, 16 << 20, 64 << 20};
@@ -25,6 +36,6 @@ struct CollectiveBenchOptions {
 // Starts mpirun for each device count and prints rank 0's table.
 int run_collective_bench(const CollectiveBenchOptions& o, std::ostream& out);
 // The rank side of run_collective_bench (hidden subcommand `bench-collectives-rank`).
-int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations);
+int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations, bool json = false);
 
 }  // namespace ss

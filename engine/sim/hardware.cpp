@@ -51,6 +51,15 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
   h.memory_bandwidth = positive(d, "device.", "memory_bandwidth_gbps", origin) * 1e9;
   h.launch = positive(d, "device.", "kernel_launch_us", origin) * 1e-6;
   if (!d.contains("sources")) throw UsageError(origin + ": field 'device.sources' is missing: say where the figures come from");
+  auto fraction = [&](const char* key, double def) {
+    if (!d.contains(key)) return def;
+    const double v = positive(d, "device.", key, origin);
+    if (v > 1) throw UsageError(origin + ": field 'device." + std::string(key) + "' is a fraction and must be at most 1");
+    return v;
+  };
+  h.attention_efficiency = fraction("attention_efficiency", h.attention_efficiency);
+  h.scan_efficiency = fraction("scan_efficiency", h.scan_efficiency);
+  h.elementwise_efficiency = fraction("elementwise_efficiency", h.elementwise_efficiency);
   const json& n = object(j, "node", origin);
   h.max_devices_per_node = int(positive(n, "node.", "max_devices", origin));
   h.intra = link(object(n, "link", origin), "node.link.", origin);

@@ -23,6 +23,9 @@ struct HardwareProfile {
   double matmul_flops = 0;  // GEMM rate for the engine's fp32 GEMMs, FLOP/s
   double memory_bandwidth = 0;  // bytes/s
   double launch = 0;            // seconds per kernel
+  // Achieved fractions (optional in the file): fused attention and SSD scans
+  // of the matmul rate, elementwise kernels of the memory bandwidth.
+  double attention_efficiency = 0.5, scan_efficiency = 0.5, elementwise_efficiency = 0.8;
   int max_devices_per_node = 8;
   LinkProfile intra, inter;
   nlohmann::json source;  // the file, for the config event

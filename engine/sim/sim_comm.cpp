@@ -74,7 +74,9 @@ Request SimCommunicator::timed(const char* op, double payload, std::vector<int64
   const CollectiveCost cost = collective_seconds(m_net.link_for(m_members), op, payload, size());
   const double end = start + cost.seconds * 1e9;
   m_clock.comm_ns = end;
-  m_rec.span(StreamKind::Comm, op, int64_t(start), int64_t(end), 0, wire_bytes(op, payload, size()), std::move(dims),
+  // The span opens when this rank arrives, as a real blocking call's would:
+  // waiting for the last participant is part of what a rank sees.
+  m_rec.span(StreamKind::Comm, op, int64_t(arrive), int64_t(end), 0, wire_bytes(op, payload, size()), std::move(dims),
              std::move(peers));
   return std::make_shared<SimRequest>(m_clock, end);
 }
