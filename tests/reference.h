@@ -14,10 +14,16 @@ namespace ref {
 
 using Vec = std::vector<double>;
 
-inline double silu(double v) { return v / (1.0 + std::exp(-v)); }
-inline double softplus(double v) { return std::log1p(std::exp(v)); }
+inline double silu(double v) {
+  return v / (1.0 + std::exp(-v));
+}
+inline double softplus(double v) {
+  return std::log1p(std::exp(v));
+}
 
-inline Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+inline Vec to_double(const std::vector<float>& v) {
+  return Vec(v.begin(), v.end());
+}
 
 // ||got - want|| / ||want|| over all elements (the absolute norm when want is 0).
 inline double rel_l2(const std::vector<float>& got, const Vec& want) {
@@ -33,7 +39,8 @@ inline double rel_l2(const std::vector<float>& got, const Vec& want) {
 }
 
 // y[M,N] = x[M,K] · w[N,K]^T (+ y0 when given).
-inline Vec matmul(const Vec& x, const Vec& w, int64_t M, int64_t N, int64_t K, const Vec* y0 = nullptr) {
+inline Vec matmul(const Vec& x, const Vec& w, int64_t M, int64_t N, int64_t K,
+                  const Vec* y0 = nullptr) {
   Vec y(size_t(M * N));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -132,7 +139,8 @@ inline Vec conv1d_causal(const Vec& x, const Vec& w, const Vec* b, const Vec* st
                          int64_t C, int64_t K, bool silu_out, Vec* state_out = nullptr) {
   Vec xp(size_t((T + K - 1) * C), 0.0);
   for (int64_t r = 0; r < K - 1; ++r)
-    for (int64_t c = 0; c < C; ++c) xp[size_t(r * C + c)] = state ? (*state)[size_t(r * C + c)] : 0.0;
+    for (int64_t c = 0; c < C; ++c)
+      xp[size_t(r * C + c)] = state ? (*state)[size_t(r * C + c)] : 0.0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t c = 0; c < C; ++c) xp[size_t((t + K - 1) * C + c)] = x[size_t(t * C + c)];
   Vec y(size_t(T * C));
@@ -190,8 +198,8 @@ inline Vec ssd_scan(const SsdProblem& p, Vec& state) {
 }
 
 // Mamba (v1) selective scan, per channel c and state n:
-//   dt = softplus(dt_raw + dt_bias_c), h_t = exp(dt A_cn) h_{t-1} + dt B_t x_t, A_cn = -exp(A_log_cn)
-//   y_t = (sum_n h_t C_t + D_c x_t) * silu(z_t)        (no gate when z is empty)
+//   dt = softplus(dt_raw + dt_bias_c), h_t = exp(dt A_cn) h_{t-1} + dt B_t x_t, A_cn =
+//   -exp(A_log_cn) y_t = (sum_n h_t C_t + D_c x_t) * silu(z_t)        (no gate when z is empty)
 // `state` (channels x d_state) is read and overwritten like ssd_scan's.
 struct SelectiveProblem {
   int64_t T = 0, channels = 0, d_state = 0;
@@ -209,7 +217,8 @@ inline Vec selective_scan(const SelectiveProblem& p, Vec& state) {
       double acc = 0;
       for (int64_t n = 0; n < N; ++n) {
         double& h = state[size_t(c * N + n)];
-        h = std::exp(-dt * std::exp(p.A_log[size_t(c * N + n)])) * h + dt * p.B[size_t(t * N + n)] * xv;
+        h = std::exp(-dt * std::exp(p.A_log[size_t(c * N + n)])) * h +
+            dt * p.B[size_t(t * N + n)] * xv;
         acc += h * p.C[size_t(t * N + n)];
       }
       acc += p.D[size_t(c)] * xv;

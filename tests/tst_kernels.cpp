@@ -4,7 +4,6 @@
 // column windows of wider buffers whose padding holds NaN: a kernel that reads
 // the padding poisons its result, one that writes it is caught directly.
 #include <QtTest>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -24,13 +23,13 @@ namespace {
 constexpr double kTol = 1e-5;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-#define VERIFY_CLOSE(got, want, what)                                                     \
-  do {                                                                                    \
-    const double err_ = ref::rel_l2(got, want);                                           \
-    QVERIFY2(err_ <= kTol, qPrintable(QStringLiteral("%1: relative L2 error %2 > %3")     \
-                                          .arg(QStringLiteral(what))                      \
-                                          .arg(err_)                                      \
-                                          .arg(kTol)));                                   \
+#define VERIFY_CLOSE(got, want, what)                                                 \
+  do {                                                                                \
+    const double err_ = ref::rel_l2(got, want);                                       \
+    QVERIFY2(err_ <= kTol, qPrintable(QStringLiteral("%1: relative L2 error %2 > %3") \
+                                          .arg(QStringLiteral(what))                  \
+                                          .arg(err_)                                  \
+                                          .arg(kTol)));                               \
   } while (0)
 
 std::vector<float> randn(std::mt19937& g, size_t n, double mean = 0.0, double sd = 1.0) {
@@ -131,6 +130,12 @@ class TestKernels : public QObject {
   void ssd_scan_state_carries();
   void selective_scan_data();
   void selective_scan();
+  void selective_state_passing_data();
+  void selective_state_passing();
+  void ssd_state_passing_data();
+  void ssd_state_passing();
+  void gated_norm_across_ranks_data();
+  void gated_norm_across_ranks();
 };
 
 void TestKernels::matmul_data() {
@@ -154,12 +159,14 @@ void TestKernels::matmul() {
   QFETCH(int, pad);
   QFETCH(bool, accumulate);
   std::mt19937 g(uint32_t(M * 1000 + N * 10 + K));
-  const auto xv = randn(g, size_t(M) * K), wv = randn(g, size_t(N) * K), yv = randn(g, size_t(M) * N);
+  const auto xv = randn(g, size_t(M) * K), wv = randn(g, size_t(N) * K),
+             yv = randn(g, size_t(M) * N);
   Rig r;
   Mat x = r.mat(M, K, pad, xv), w = r.mat(N, K, pad, wv), y = r.mat(M, N, pad, yv);
   r.be.matmul(y.view, x.view, w.view, accumulate);
   const ref::Vec y0 = ref::to_double(yv);
-  const ref::Vec want = ref::matmul(ref::to_double(xv), ref::to_double(wv), M, N, K, accumulate ? &y0 : nullptr);
+  const ref::Vec want =
+      ref::matmul(ref::to_double(xv), ref::to_double(wv), M, N, K, accumulate ? &y0 : nullptr);
   VERIFY_CLOSE(read(y.view), want, "y");
   QVERIFY(padding_intact(y));
 }
@@ -179,7 +186,8 @@ void TestKernels::embedding() {
   r.be.embedding(y.view, tab.view, tokens);
   const auto got = read(y.view);
   for (int t = 0; t < T; ++t)
-    for (int c = 0; c < d; ++c) QCOMPARE(got[size_t(t * d + c)], table[size_t(tokens[size_t(t)] * d + c)]);
+    for (int c = 0; c < d; ++c)
+      QCOMPARE(got[size_t(t * d + c)], table[size_t(tokens[size_t(t)] * d + c)]);
   QVERIFY(padding_intact(y));
 }
 
@@ -202,12 +210,14 @@ void TestKernels::rmsnorm_data() {
   QTest::addColumn<bool>("weight");
   QTest::addColumn<int>("pad");
   QTest::addColumn<bool>("in_place");
-  QTest::newRow("plain") << 7 << 64 << 64 << true << 0 << false;
-  QTest::newRow("no weight") << 7 << 64 << 64 << false << 0 << false;
-  QTest::newRow("grouped") << 9 << 96 << 24 << true << 0 << false;
-  QTest::newRow("grouped no weight") << 9 << 96 << 32 << false << 0 << false;
-  QTest::newRow("strided") << 13 << 40 << 40 << true << 3 << false;
-  QTest::newRow("strided in place no weight") << 13 << 48 << 16 << false << 2 << true;
+  QTest::addColumn<double>("scale");  // of x; at 1e-3 the mean square is near eps
+  QTest::newRow("plain") << 7 << 64 << 64 << true << 0 << false << 1.0;
+  QTest::newRow("no weight") << 7 << 64 << 64 << false << 0 << false << 1.0;
+  QTest::newRow("grouped") << 9 << 96 << 24 << true << 0 << false << 1.0;
+  QTest::newRow("grouped no weight") << 9 << 96 << 32 << false << 0 << false << 1.0;
+  QTest::newRow("strided") << 13 << 40 << 40 << true << 3 << false << 1.0;
+  QTest::newRow("strided in place no weight") << 13 << 48 << 16 << false << 2 << true << 1.0;
+  QTest::newRow("small values, grouped") << 5 << 64 << 16 << true << 0 << false << 1e-3;
 }
 
 void TestKernels::rmsnorm() {
@@ -217,8 +227,10 @@ void TestKernels::rmsnorm() {
   QFETCH(bool, weight);
   QFETCH(int, pad);
   QFETCH(bool, in_place);
+  QFETCH(double, scale);
   std::mt19937 g(uint32_t(T * 131 + n + group));
-  const auto xv = randn(g, size_t(T) * n, 0.3, 2.0), wv = randn(g, size_t(n), 1.0, 0.2);
+  const auto xv = randn(g, size_t(T) * n, 0.3 * scale, 2.0 * scale),
+             wv = randn(g, size_t(n), 1.0, 0.2);
   Rig r;
   Mat x = r.mat(T, n, pad, xv);
   Mat y = in_place ? x : r.mat(T, n, pad, std::vector<float>(size_t(T) * n, 0.0f));
@@ -226,7 +238,8 @@ void TestKernels::rmsnorm() {
   const float eps = 1e-5f;
   r.be.rmsnorm(y.view, x.view, w, eps, group);
   const ref::Vec wd = ref::to_double(wv);
-  const ref::Vec want = ref::rmsnorm(ref::to_double(xv), nullptr, weight ? &wd : nullptr, T, n, group, eps);
+  const ref::Vec want =
+      ref::rmsnorm(ref::to_double(xv), nullptr, weight ? &wd : nullptr, T, n, group, eps);
   VERIFY_CLOSE(read(y.view), want, "y");
   QVERIFY(padding_intact(y));
 }
@@ -300,7 +313,8 @@ void TestKernels::rope() {
   r.be.rope(x.view, n_heads, head_dim, pos, float(theta));
   // The kernel turns by the fp32 theta; the reference does the same so the
   // comparison measures the kernel's arithmetic, not the rounding of theta.
-  const ref::Vec want = ref::rope(ref::to_double(xv), T, n_heads, head_dim, pos, double(float(theta)));
+  const ref::Vec want =
+      ref::rope(ref::to_double(xv), T, n_heads, head_dim, pos, double(float(theta)));
   VERIFY_CLOSE(read(x.view), want, "x");
   QVERIFY(padding_intact(x));
 }
@@ -316,8 +330,8 @@ namespace {
 //   shuffled:  keys a random permutation of 0..Tk-1, queries random positions
 //   gaps:      keys at 100 + 3j, queries anywhere in [0, 100 + 3Tk), some
 //              before every key (they see nothing: o = 0, lse = -inf)
-void make_positions(const QString& mode, int Tq, int Tk, std::mt19937& g, std::vector<int32_t>& q_pos,
-                    std::vector<int32_t>& k_pos) {
+void make_positions(const QString& mode, int Tq, int Tk, std::mt19937& g,
+                    std::vector<int32_t>& q_pos, std::vector<int32_t>& k_pos) {
   q_pos.clear();
   k_pos.clear();
   if (mode == "prefill") {
@@ -432,8 +446,9 @@ void TestKernels::attention() {
   r.be.attention(o.view, q, k, v, a, lse);
 
   ref::Vec want_lse;
-  const ref::Vec want = ref::attention(ref::to_double(qv), ref::to_double(kv), ref::to_double(vv), Tq, Tk, n_heads,
-                                       n_kv_heads, head_dim, a.scale, q_pos, k_pos, &want_lse);
+  const ref::Vec want =
+      ref::attention(ref::to_double(qv), ref::to_double(kv), ref::to_double(vv), Tq, Tk, n_heads,
+                     n_kv_heads, head_dim, a.scale, q_pos, k_pos, &want_lse);
   VERIFY_CLOSE(read(o.view), want, "o");
   verify_lse(read(lse), want_lse);
   if (packed) QVERIFY(padding_intact(o));
@@ -457,7 +472,8 @@ void TestKernels::attention_merge_data() {
 void TestKernels::attention_merge() {
   QFETCH(int, T);
   QFETCH(QString, split);
-  const int n_heads = 4, n_kv_heads = 2, head_dim = 16, hq = n_heads * head_dim, hkv = n_kv_heads * head_dim;
+  const int n_heads = 4, n_kv_heads = 2, head_dim = 16, hq = n_heads * head_dim,
+            hkv = n_kv_heads * head_dim;
   std::mt19937 g(uint32_t(T) + uint32_t(split.size()));
   const std::vector<int32_t> pos = iota_pos(T);
   std::vector<char> in_first(static_cast<size_t>(T));
@@ -502,9 +518,9 @@ void TestKernels::attention_merge() {
   r.be.attention_merge(o[0], lse[0], o[1], lse[1], n_heads, head_dim);
 
   ref::Vec want_lse;
-  const ref::Vec want = ref::attention(ref::to_double(qv), ref::to_double(kv), ref::to_double(vv), T, T, n_heads,
-                                       n_kv_heads, head_dim, 1.0 / std::sqrt(double(float(head_dim))), pos, pos,
-                                       &want_lse);
+  const ref::Vec want = ref::attention(
+      ref::to_double(qv), ref::to_double(kv), ref::to_double(vv), T, T, n_heads, n_kv_heads,
+      head_dim, 1.0 / std::sqrt(double(float(head_dim))), pos, pos, &want_lse);
   VERIFY_CLOSE(read(o[0]), want, "merged o");
   verify_lse(read(lse[0]), want_lse);
 }
@@ -517,7 +533,8 @@ void TestKernels::silu_mul() {
   for (size_t i = 0; i < gv.size(); ++i) want[i] = ref::silu(gv[i]) * double(uv[i]);
   {
     Rig r;
-    Mat gate = r.mat(T, n, 2, gv), up = r.mat(T, n, 1, uv), y = r.mat(T, n, 3, std::vector<float>(gv.size(), 0));
+    Mat gate = r.mat(T, n, 2, gv), up = r.mat(T, n, 1, uv),
+        y = r.mat(T, n, 3, std::vector<float>(gv.size(), 0));
     r.be.silu_mul(y.view, gate.view, up.view);
     VERIFY_CLOSE(read(y.view), want, "y");
     QVERIFY(padding_intact(y));
@@ -538,7 +555,8 @@ void TestKernels::add() {
   for (size_t i = 0; i < av.size(); ++i) want[i] = double(av[i]) + double(bv[i]);
   {
     Rig r;
-    Mat a = r.mat(T, n, 1, av), b = r.mat(T, n, 4, bv), y = r.mat(T, n, 2, std::vector<float>(av.size(), 0));
+    Mat a = r.mat(T, n, 1, av), b = r.mat(T, n, 4, bv),
+        y = r.mat(T, n, 2, std::vector<float>(av.size(), 0));
     r.be.add(y.view, a.view, b.view);
     VERIFY_CLOSE(read(y.view), want, "y");
     QVERIFY(padding_intact(y));
@@ -605,8 +623,8 @@ void TestKernels::conv1d_causal() {
   QFETCH(bool, silu);
   QFETCH(int, pad);
   std::mt19937 g(uint32_t(T * 13 + C + K));
-  const auto xv = randn(g, size_t(T) * C), wv = randn(g, size_t(C) * K, 0.0, 0.5), bv = randn(g, size_t(C), 0.0, 0.1),
-             sv = randn(g, size_t(K - 1) * C);
+  const auto xv = randn(g, size_t(T) * C), wv = randn(g, size_t(C) * K, 0.0, 0.5),
+             bv = randn(g, size_t(C), 0.0, 0.1), sv = randn(g, size_t(K - 1) * C);
   Rig r;
   Mat x = r.mat(T, C, pad, xv), y = r.mat(T, C, pad, std::vector<float>(size_t(T) * C, kNaN));
   const Tensor w = r.tensor({C, K}, wv);
@@ -615,8 +633,9 @@ void TestKernels::conv1d_causal() {
   r.be.conv1d_causal(y.view, x.view, w, b, st, silu);
   const ref::Vec bd = ref::to_double(bv), sd = ref::to_double(sv);
   ref::Vec want_state;
-  const ref::Vec want = ref::conv1d_causal(ref::to_double(xv), ref::to_double(wv), bias ? &bd : nullptr,
-                                           state ? &sd : nullptr, T, C, K, silu, &want_state);
+  const ref::Vec want =
+      ref::conv1d_causal(ref::to_double(xv), ref::to_double(wv), bias ? &bd : nullptr,
+                         state ? &sd : nullptr, T, C, K, silu, &want_state);
   VERIFY_CLOSE(read(y.view), want, "y");
   QVERIFY(padding_intact(y));
   if (state) VERIFY_CLOSE(read(st), want_state, "conv state");
@@ -639,7 +658,8 @@ void TestKernels::conv1d_state_carries() {
   QFETCH(bool, bias);
   const int C = 20, K = 4;
   std::mt19937 g(uint32_t(T * 3 + split));
-  const auto xv = randn(g, size_t(T) * C), wv = randn(g, size_t(C) * K, 0.0, 0.5), bv = randn(g, size_t(C), 0.0, 0.1);
+  const auto xv = randn(g, size_t(T) * C), wv = randn(g, size_t(C) * K, 0.0, 0.5),
+             bv = randn(g, size_t(C), 0.0, 0.1);
   Rig r;
   const Tensor x = r.tensor({T, C}, xv), w = r.tensor({C, K}, wv);
   const Tensor b = bias ? r.tensor({C}, bv) : Tensor{};
@@ -656,8 +676,9 @@ void TestKernels::conv1d_state_carries() {
 
   const ref::Vec bd = ref::to_double(bv);
   ref::Vec want_state;
-  const ref::Vec want = ref::conv1d_causal(ref::to_double(xv), ref::to_double(wv), bias ? &bd : nullptr, nullptr, T,
-                                           C, K, true, &want_state);
+  const ref::Vec want =
+      ref::conv1d_causal(ref::to_double(xv), ref::to_double(wv), bias ? &bd : nullptr, nullptr, T,
+                         C, K, true, &want_state);
   VERIFY_CLOSE(read(y), want, "y");
   VERIFY_CLOSE(read(st), want_state, "conv state");
 }
@@ -699,7 +720,9 @@ ref::SsdProblem random_ssd(const SsdCase& c, std::mt19937& g) {
   return p;
 }
 
-std::vector<float> to_float(const ref::Vec& v) { return std::vector<float>(v.begin(), v.end()); }
+std::vector<float> to_float(const ref::Vec& v) {
+  return std::vector<float>(v.begin(), v.end());
+}
 
 }  // namespace
 
@@ -716,14 +739,24 @@ void TestKernels::ssd_scan_data() {
   QTest::addColumn<double>("dt_max");
   const double inf = std::numeric_limits<double>::infinity();
   QTest::newRow("chunk 1") << 23 << 4 << 8 << 1 << 16 << 1 << false << false << 0.0 << inf;
-  QTest::newRow("chunk 7, 2 groups, T=50") << 50 << 4 << 8 << 2 << 16 << 7 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 16, state, T=37") << 37 << 4 << 16 << 1 << 16 << 16 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 16, packed, 2 groups") << 45 << 8 << 16 << 2 << 16 << 16 << true << true << 0.0 << inf;
-  QTest::newRow("chunk 64, 4 groups, T=150") << 150 << 8 << 8 << 4 << 16 << 64 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 256, T=300") << 300 << 4 << 16 << 2 << 32 << 256 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 256, T=100 < chunk") << 100 << 2 << 16 << 1 << 16 << 256 << false << false << 0.0 << inf;
-  QTest::newRow("dt clamped to [0.01, 0.05]") << 70 << 4 << 8 << 2 << 16 << 16 << true << false << 0.01 << 0.05;
-  QTest::newRow("decode T=1, state") << 1 << 8 << 16 << 2 << 16 << 256 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 7, 2 groups, T=50")
+      << 50 << 4 << 8 << 2 << 16 << 7 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 16, state, T=37")
+      << 37 << 4 << 16 << 1 << 16 << 16 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 16, packed, 2 groups")
+      << 45 << 8 << 16 << 2 << 16 << 16 << true << true << 0.0 << inf;
+  QTest::newRow("chunk 64, 4 groups, T=150")
+      << 150 << 8 << 8 << 4 << 16 << 64 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 256, T=300")
+      << 300 << 4 << 16 << 2 << 32 << 256 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 256, head_dim 64, d_state 128 (mamba2-130m)")
+      << 300 << 4 << 64 << 1 << 128 << 256 << true << false << 0.0 << inf;
+  QTest::newRow("chunk 256, T=100 < chunk")
+      << 100 << 2 << 16 << 1 << 16 << 256 << false << false << 0.0 << inf;
+  QTest::newRow("dt clamped to [0.01, 0.05]")
+      << 70 << 4 << 8 << 2 << 16 << 16 << true << false << 0.01 << 0.05;
+  QTest::newRow("decode T=1, state")
+      << 1 << 8 << 16 << 2 << 16 << 256 << true << false << 0.0 << inf;
 }
 
 void TestKernels::ssd_scan() {
@@ -745,7 +778,8 @@ void TestKernels::ssd_scan() {
   ss::SsdArgs a;
   const int64_t HP = int64_t(H) * P, GN = int64_t(G) * N;
   Mat buf;
-  if (packed) {  // [x | B | C | dt] per row, like the conv output and in_proj slices the model passes
+  if (packed) {  // [x | B | C | dt] per row, like the conv output and in_proj slices the model
+                 // passes
     std::vector<float> all;
     for (int t = 0; t < T; ++t) {
       for (const auto* part : {&p.x, &p.B, &p.C}) {
@@ -840,6 +874,53 @@ void TestKernels::selective_scan_data() {
   QTest::newRow("packed, gate, state") << 29 << 32 << 8 << true << true << true;
 }
 
+namespace {
+
+// Random Mamba (v1) inputs: dt_bias as in random_ssd, A_log = log(n + 1)
+// (S4D-real) with noise, z always drawn (cleared by callers without a gate).
+ref::SelectiveProblem random_selective(int T, int Ch, int N, std::mt19937& g) {
+  ref::SelectiveProblem p;
+  p.T = T;
+  p.channels = Ch;
+  p.d_state = N;
+  auto f = [](const std::vector<float>& v) { return ref::to_double(v); };
+  p.x = f(randn(g, size_t(T) * Ch));
+  p.dt = f(randn(g, size_t(T) * Ch, 0.0, 0.5));
+  p.z = f(randn(g, size_t(T) * Ch, 0.0, 2.0));
+  p.B = f(randn(g, size_t(T) * N));
+  p.C = f(randn(g, size_t(T) * N));
+  p.D = f(randn(g, size_t(Ch), 1.0, 0.1));
+  std::vector<float> bias(static_cast<size_t>(Ch)), alog(static_cast<size_t>(Ch) * N);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int c = 0; c < Ch; ++c) {
+    const double dt = std::exp(std::log(1e-3) + u(g) * (std::log(1e-1) - std::log(1e-3)));
+    bias[size_t(c)] = float(dt + std::log(-std::expm1(-dt)));
+    for (int n = 0; n < N; ++n)
+      alog[size_t(c * N + n)] = float(std::log(n + 1.0) + 0.1 * (u(g) - 0.5));
+  }
+  p.dt_bias = f(bias);
+  p.A_log = f(alog);
+  return p;
+}
+
+// The scan's inputs on the backend (contiguous; y uninitialised; no state).
+ss::SelectiveScanArgs selective_args(Rig& r, const ref::SelectiveProblem& p) {
+  const int64_t T = p.T, Ch = p.channels, N = p.d_state;
+  ss::SelectiveScanArgs a;
+  a.x = r.tensor({T, Ch}, to_float(p.x));
+  if (!p.z.empty()) a.z = r.tensor({T, Ch}, to_float(p.z));
+  a.B = r.tensor({T, N}, to_float(p.B));
+  a.C = r.tensor({T, N}, to_float(p.C));
+  a.y = r.be.alloc({T, Ch}, Category::Workspace, "y");
+  a.dt = r.tensor({T, Ch}, to_float(p.dt));
+  a.dt_bias = r.tensor({Ch}, to_float(p.dt_bias));
+  a.D = r.tensor({Ch}, to_float(p.D));
+  a.A_log = r.tensor({Ch, N}, to_float(p.A_log));
+  return a;
+}
+
+}  // namespace
+
 void TestKernels::selective_scan() {
   QFETCH(int, T);
   QFETCH(int, channels);
@@ -849,39 +930,20 @@ void TestKernels::selective_scan() {
   QFETCH(bool, packed);
   const int Ch = channels;
   std::mt19937 g(uint32_t(T * 37 + Ch + N));
-  ref::SelectiveProblem p;
-  p.T = T;
-  p.channels = Ch;
-  p.d_state = N;
-  const auto xv = randn(g, size_t(T) * Ch), dtv = randn(g, size_t(T) * Ch, 0.0, 0.5),
-             zv = randn(g, size_t(T) * Ch, 0.0, 2.0), Bv = randn(g, size_t(T) * N), Cv = randn(g, size_t(T) * N),
-             Dv = randn(g, size_t(Ch), 1.0, 0.1), s0 = randn(g, size_t(Ch) * N, 0.0, 0.5);
-  std::vector<float> bias(static_cast<size_t>(Ch)), alog(static_cast<size_t>(Ch) * N);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  for (int c = 0; c < Ch; ++c) {
-    const double dt = std::exp(std::log(1e-3) + u(g) * (std::log(1e-1) - std::log(1e-3)));
-    bias[size_t(c)] = float(dt + std::log(-std::expm1(-dt)));
-    for (int n = 0; n < N; ++n) alog[size_t(c * N + n)] = float(std::log(n + 1.0) + 0.1 * (u(g) - 0.5));
-  }
-  p.x = ref::to_double(xv);
-  p.dt = ref::to_double(dtv);
-  if (gate) p.z = ref::to_double(zv);
-  p.dt_bias = ref::to_double(bias);
-  p.D = ref::to_double(Dv);
-  p.A_log = ref::to_double(alog);
-  p.B = ref::to_double(Bv);
-  p.C = ref::to_double(Cv);
+  ref::SelectiveProblem p = random_selective(T, Ch, N, g);
+  if (!gate) p.z.clear();
+  const auto s0 = randn(g, size_t(Ch) * N, 0.0, 0.5);
 
   Rig r;
-  ss::SelectiveScanArgs a;
-  Mat xz, bc;
+  ss::SelectiveScanArgs a = selective_args(r, p);
+  Mat xz, bc, y;
   if (packed) {  // [x | z] from in_proj and [B | C] from x_proj, with padding
     std::vector<float> xzv, bcv;
     for (int t = 0; t < T; ++t) {
-      xzv.insert(xzv.end(), xv.begin() + t * Ch, xv.begin() + (t + 1) * Ch);
-      xzv.insert(xzv.end(), zv.begin() + t * Ch, zv.begin() + (t + 1) * Ch);
-      bcv.insert(bcv.end(), Bv.begin() + t * N, Bv.begin() + (t + 1) * N);
-      bcv.insert(bcv.end(), Cv.begin() + t * N, Cv.begin() + (t + 1) * N);
+      xzv.insert(xzv.end(), p.x.begin() + t * Ch, p.x.begin() + (t + 1) * Ch);
+      xzv.insert(xzv.end(), p.z.begin() + t * Ch, p.z.begin() + (t + 1) * Ch);
+      bcv.insert(bcv.end(), p.B.begin() + t * N, p.B.begin() + (t + 1) * N);
+      bcv.insert(bcv.end(), p.C.begin() + t * N, p.C.begin() + (t + 1) * N);
     }
     xz = r.mat(T, 2 * Ch, 1, xzv);
     bc = r.mat(T, 2 * N, 3, bcv);
@@ -889,18 +951,9 @@ void TestKernels::selective_scan() {
     a.z = xz.view.slice(1, Ch, Ch);
     a.B = bc.view.slice(1, 0, N);
     a.C = bc.view.slice(1, N, N);
-  } else {
-    a.x = r.tensor({T, Ch}, xv);
-    if (gate) a.z = r.tensor({T, Ch}, zv);
-    a.B = r.tensor({T, N}, Bv);
-    a.C = r.tensor({T, N}, Cv);
   }
-  Mat y = r.mat(T, Ch, packed ? 2 : 0, std::vector<float>(size_t(T) * Ch, kNaN));
+  y = r.mat(T, Ch, packed ? 2 : 0, std::vector<float>(size_t(T) * Ch, kNaN));
   a.y = y.view;
-  a.dt = r.tensor({T, Ch}, dtv);
-  a.dt_bias = r.tensor({Ch}, bias);
-  a.D = r.tensor({Ch}, Dv);
-  a.A_log = r.tensor({Ch, N}, alog);
   if (state) a.state = r.tensor({Ch, N}, s0);
   r.be.selective_scan(a);
 
@@ -909,6 +962,171 @@ void TestKernels::selective_scan() {
   VERIFY_CLOSE(read(y.view), want, "y");
   QVERIFY(padding_intact(y));
   if (state) VERIFY_CLOSE(read(a.state), want_state, "ssm state");
+}
+
+void TestKernels::selective_state_passing_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("channels");
+  QTest::addColumn<int>("N");
+  QTest::addColumn<bool>("gate");
+  QTest::newRow("gate, T=37") << 37 << 32 << 16 << true;
+  QTest::newRow("no gate, T=20") << 20 << 24 << 8 << false;
+  QTest::newRow("gate, T=1") << 1 << 16 << 16 << true;
+}
+
+// Sequence-parallel state passing for Mamba (v1), one rank's view: scan the
+// rank's tokens from a zero state (keeping the chunk state and sum of dt),
+// then correct the outputs for the incoming state and advance that state over
+// the chunk. Together they equal one scan that starts from the incoming state.
+void TestKernels::selective_state_passing() {
+  QFETCH(int, T);
+  QFETCH(int, channels);
+  QFETCH(int, N);
+  QFETCH(bool, gate);
+  const int Ch = channels;
+  std::mt19937 g(uint32_t(T * 5 + Ch + N));
+  ref::SelectiveProblem p = random_selective(T, Ch, N, g);
+  if (!gate) p.z.clear();
+  const auto incoming = randn(g, size_t(Ch) * N, 0.0, 0.5);
+
+  Rig r;
+  ss::SelectiveScanArgs a = selective_args(r, p);
+  a.state = r.tensor({Ch, N}, std::vector<float>(size_t(Ch) * N, 0.0f));
+  a.dt_sum = r.tensor({Ch}, std::vector<float>(size_t(Ch), kNaN));
+  r.be.selective_scan(a);
+  ref::Vec want_dt_sum(size_t(Ch), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int c = 0; c < Ch; ++c)
+      want_dt_sum[size_t(c)] += ref::softplus(p.dt[size_t(t * Ch + c)] + p.dt_bias[size_t(c)]);
+  VERIFY_CLOSE(read(a.dt_sum), want_dt_sum, "dt_sum");
+
+  const Tensor state = r.tensor({Ch, N}, incoming);
+  ss::SelectiveScanArgs c = a;
+  c.state = state;
+  r.be.selective_state_correction(c);
+  r.be.selective_state_advance(state, a.A_log, a.state, a.dt_sum);
+
+  ref::Vec want_state = ref::to_double(incoming);
+  const ref::Vec want = ref::selective_scan(p, want_state);
+  VERIFY_CLOSE(read(a.y), want, "corrected y");
+  VERIFY_CLOSE(read(state), want_state, "advanced state");
+}
+
+void TestKernels::ssd_state_passing_data() {
+  QTest::addColumn<int>("T");
+  QTest::addColumn<int>("H");
+  QTest::addColumn<int>("G");
+  QTest::addColumn<int>("chunk");
+  QTest::addColumn<double>("dt_min");
+  QTest::addColumn<double>("dt_max");
+  const double inf = std::numeric_limits<double>::infinity();
+  QTest::newRow("chunk 16, T=37, 2 groups") << 37 << 4 << 2 << 16 << 0.0 << inf;
+  QTest::newRow("chunk 7, T=50, 1 group") << 50 << 4 << 1 << 7 << 0.0 << inf;
+  QTest::newRow("chunk 256, T=300, clamped") << 300 << 4 << 2 << 256 << 0.01 << 0.05;
+  QTest::newRow("T=1") << 1 << 8 << 4 << 16 << 0.0 << inf;
+}
+
+// Sequence-parallel state passing for Mamba2 (ranks as SSD chunks), one
+// rank's view: scan from a zero state keeping the chunk state and log decay,
+// correct the outputs for the incoming state, advance the incoming state.
+// Together they equal one scan that starts from the incoming state.
+void TestKernels::ssd_state_passing() {
+  QFETCH(int, T);
+  QFETCH(int, H);
+  QFETCH(int, G);
+  QFETCH(int, chunk);
+  QFETCH(double, dt_min);
+  QFETCH(double, dt_max);
+  const int P = 8, N = 16;
+  std::mt19937 g(uint32_t(T * 3 + H + G + chunk));
+  ref::SsdProblem p = random_ssd({T, H, P, G, N, chunk, dt_min, dt_max}, g);
+  p.dt_min = double(float(dt_min));
+  p.dt_max = double(float(dt_max));
+  const auto incoming = randn(g, size_t(H) * P * N, 0.0, 0.5);
+
+  Rig r;
+  ss::SsdArgs a;
+  a.x = r.tensor({T, H * P}, to_float(p.x));
+  a.B = r.tensor({T, G * N}, to_float(p.B));
+  a.C = r.tensor({T, G * N}, to_float(p.C));
+  a.dt = r.tensor({T, H}, to_float(p.dt));
+  a.y = r.be.alloc({T, H * P}, Category::Workspace, "y");
+  a.dt_bias = r.tensor({H}, to_float(p.dt_bias));
+  a.A_log = r.tensor({H}, to_float(p.A_log));
+  a.D = r.tensor({H}, to_float(p.D));
+  a.state = r.tensor({H, P, N}, std::vector<float>(size_t(H) * P * N, 0.0f));
+  a.log_decay = r.tensor({H}, std::vector<float>(size_t(H), kNaN));
+  a.n_heads = H;
+  a.head_dim = P;
+  a.n_groups = G;
+  a.d_state = N;
+  a.chunk = chunk;
+  a.dt_min = float(dt_min);
+  a.dt_max = float(dt_max);
+  r.be.ssd_scan(a);
+  ref::Vec want_log_decay(size_t(H), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      const double dt = ref::softplus(p.dt[size_t(t * H + h)] + p.dt_bias[size_t(h)]);
+      want_log_decay[size_t(h)] -=
+          std::clamp(dt, p.dt_min, p.dt_max) * std::exp(p.A_log[size_t(h)]);
+    }
+  VERIFY_CLOSE(read(a.log_decay), want_log_decay, "log_decay");
+
+  const Tensor state = r.tensor({H, P, N}, incoming);
+  ss::SsdArgs c = a;
+  c.state = state;
+  r.be.ssd_state_correction(c);
+  r.be.ssd_state_advance(state, a.state, a.log_decay);
+
+  ref::Vec want_state = ref::to_double(incoming);
+  const ref::Vec want = ref::ssd_scan(p, want_state);
+  VERIFY_CLOSE(read(a.y), want, "corrected y");
+  VERIFY_CLOSE(read(state), want_state, "advanced state");
+}
+
+void TestKernels::gated_norm_across_ranks_data() {
+  QTest::addColumn<int>("n");
+  QTest::addColumn<int>("groups");
+  QTest::addColumn<int>("ranks");
+  QTest::newRow("1 group over 2 ranks") << 64 << 1 << 2;
+  QTest::newRow("1 group over 3 ranks") << 96 << 1 << 3;
+  QTest::newRow("2 groups over 4 ranks") << 128 << 2 << 4;
+  QTest::newRow("4 groups over 2 ranks") << 128 << 4 << 2;
+}
+
+// The gated norm with its columns split over ranks (Mamba2 under tp when a
+// norm group spans ranks): each rank's sums of squares into its groups' slots,
+// summed over the ranks (the all-reduce, done here on the host), then each
+// rank normalises its columns. The result equals gated_rmsnorm on all columns.
+void TestKernels::gated_norm_across_ranks() {
+  QFETCH(int, n);
+  QFETCH(int, groups);
+  QFETCH(int, ranks);
+  const int T = 9, group = n / groups, cols = n / ranks, local_group = std::min(group, cols);
+  const float eps = 1e-5f;
+  std::mt19937 g(uint32_t(n + groups * 10 + ranks));
+  const auto xv = randn(g, size_t(T) * n), zv = randn(g, size_t(T) * n, 0.0, 2.0),
+             wv = randn(g, size_t(n), 1.0, 0.2);
+  Rig r;
+  Mat x = r.mat(T, n, 1, xv), z = r.mat(T, n, 2, zv),
+      y = r.mat(T, n, 0, std::vector<float>(size_t(T) * n, kNaN));
+  const Tensor w = r.tensor({n}, wv);
+  std::vector<float> total(size_t(T) * groups, 0.0f);
+  for (int k = 0; k < ranks; ++k) {
+    const Tensor ss = r.tensor({T, groups}, std::vector<float>(size_t(T) * groups, kNaN));
+    r.be.gated_norm_sumsq(ss, x.view.slice(1, k * cols, cols), z.view.slice(1, k * cols, cols),
+                          local_group, (k * cols) / group);
+    const auto part = read(ss);
+    for (size_t i = 0; i < total.size(); ++i) total[i] += part[i];
+  }
+  const Tensor ss = r.tensor({T, groups}, total);
+  for (int k = 0; k < ranks; ++k)
+    r.be.gated_rmsnorm_apply(y.view.slice(1, k * cols, cols), x.view.slice(1, k * cols, cols),
+                             z.view.slice(1, k * cols, cols), w.slice(0, k * cols, cols), ss, eps,
+                             local_group, group, (k * cols) / group);
+  const ref::Vec zd = ref::to_double(zv), wd = ref::to_double(wv);
+  VERIFY_CLOSE(read(y.view), ref::rmsnorm(ref::to_double(xv), &zd, &wd, T, n, group, eps), "y");
 }
 
 QTEST_GUILESS_MAIN(TestKernels)
