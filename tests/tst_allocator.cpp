@@ -1,0 +1,103 @@
+// The accounting allocator: every byte charged to a category, the peak kept,
+// the capacity enforced with an OomError naming the category and request,
+// and sizes parsed from what people type.
+#include <QtTest>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "cpu/cpu_backend.h"
+
+class TestAllocator : public QObject {
+  Q_OBJECT
+ private slots:
+  void accountsPerCategoryAndPeak() {
+    ss::Allocator a;
+    a.charge(ss::Category::Weights, 1000, "w");
+    a.charge(ss::Category::Activations, 300, "x");
+    a.release(ss::Category::Activations, 300);
+    a.charge(ss::Category::KvCache, 200, "k");
+    const ss::MemState& m = a.state();
+    QCOMPARE(m.bytes[int(ss::Category::Weights)], int64_t(1000));
+    QCOMPARE(m.bytes[int(ss::Category::Activations)], int64_t(0));
+    QCOMPARE(m.peak_bytes[int(ss::Category::Activations)], int64_t(300));
+    QCOMPARE(m.total, int64_t(1200));
+    QCOMPARE(m.peak_total, int64_t(1300));
+  }
+
+  void overCapacityIsAnOomNamingTheCategory() {
+    ss::Allocator a(1024);
+    a.charge(ss::Category::Weights, 1000, "w");
+    try {
+      a.charge(ss::Category::KvCache, 100, "layers.3.k_cache");
+      QFAIL("expected an OomError");
+    } catch (const ss::OomError& e) {
+      QCOMPARE(QString::fromStdString(e.category), QStringLiteral("kv_cache"));
+      QCOMPARE(e.requested, int64_t(100));
+      QCOMPARE(e.in_use, int64_t(1000));
+      QCOMPARE(e.capacity, int64_t(1024));
+      QVERIFY(QString::fromUtf8(e.what()).contains("layers.3.k_cache"));
+    }
+    // Nothing was charged by the refused request.
+    QCOMPARE(a.state().total, int64_t(1000));
+    QCOMPARE(a.state().bytes[int(ss::Category::KvCache)], int64_t(0));
+  }
+
+  void tensorsReturnTheirBytes() {
+    ss::Allocator a;
+    ss::Recorder rec;
+    ss::CpuBackend be(a, rec);
+    {
+      ss::Tensor t = be.alloc({16, 8}, ss::Category::Workspace, "t");
+      ss::Tensor view = t.slice(0, 4, 4);  // views share the buffer
+      QCOMPARE(a.state().bytes[int(ss::Category::Workspace)], int64_t(16 * 8 * 4));
+      t = ss::Tensor();
+      QCOMPARE(a.state().total, int64_t(16 * 8 * 4));  // the view keeps it alive
+    }
+    QCOMPARE(a.state().total, int64_t(0));
+    QCOMPARE(a.state().peak_total, int64_t(16 * 8 * 4));
+  }
+
+  void listenerSeesEveryChange() {
+    ss::Allocator a;
+    int calls = 0;
+    int64_t last = -1;
+    a.set_listener([&](const ss::MemState& m) {
+      ++calls;
+      last = m.total;
+    });
+    a.charge(ss::Category::Weights, 10, "w");
+    a.release(ss::Category::Weights, 10);
+    QCOMPARE(calls, 2);
+    QCOMPARE(last, int64_t(0));
+  }
+
+  void parsesSizes_data() {
+    QTest::addColumn<QString>("text");
+    QTest::addColumn<qint64>("bytes");
+    QTest::newRow("plain") << "1000000" << qint64(1000000);
+    QTest::newRow("GiB") << "2GiB" << qint64(2LL << 30);
+    QTest::newRow("MiB") << "512MiB" << qint64(512LL << 20);
+    QTest::newRow("GB decimal") << "1.5GB" << qint64(1500000000LL);
+    QTest::newRow("spaces and case") << "4 kib" << qint64(4096);
+    QTest::newRow("bytes") << "12B" << qint64(12);
+  }
+  void parsesSizes() {
+    QFETCH(QString, text);
+    QFETCH(qint64, bytes);
+    QCOMPARE(ss::parse_bytes(text.toStdString()), int64_t(bytes));
+  }
+
+  void refusesBadSizes_data() {
+    QTest::addColumn<QString>("text");
+    QTest::newRow("unit") << "12XB";
+    QTest::newRow("not a number") << "lots";
+    QTest::newRow("negative") << "-5MiB";
+  }
+  void refusesBadSizes() {
+    QFETCH(QString, text);
+    QVERIFY_THROWS_EXCEPTION(ss::UsageError, ss::parse_bytes(text.toStdString()));
+  }
+};
+
+QTEST_APPLESS_MAIN(TestAllocator)
+#include "tst_allocator.moc"
