@@ -1,0 +1,429 @@
+// The `shardscope-engine` command line, run as the GUI runs it (QProcess):
+// a `run` writes a whole v1 stream the Reader accepts, --logits-out and
+// --events write what they promise, running out of --capacity is an `oom`
+// with exit 3, and bad input is exit 2 with one stderr line.
+#include <QtTest>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "cpu/cpu_backend.h"
+#include "io/npy.h"
+#include "model/model.h"
+#include "protocol/events.h"
+
+using namespace ss::proto;
+
+namespace {
+
+const QStringList kPresets = {"tiny-llama", "tiny-mamba", "tiny-falcon-mamba", "tiny-mamba2",
+                              "tiny-hybrid"};
+const std::vector<std::string> kCategories = {"weights",   "activations",  "kv_cache",
+                                              "ssm_state", "comm_buffers", "workspace"};
+
+struct Ran {
+  int exit_code = -1;
+  bool crashed = false;
+  QByteArray out, err;
+};
+
+Ran engine(const QStringList& args) {
+  QProcess p;
+  p.start(SHARDSCOPE_ENGINE_BIN, args);
+  Ran r;
+  if (!p.waitForFinished(60000)) {
+    p.kill();
+    p.waitForFinished();
+    r.crashed = true;
+    return r;
+  }
+  r.crashed = p.exitStatus() != QProcess::NormalExit;
+  r.exit_code = p.exitCode();
+  r.out = p.readAllStandardOutput();
+  r.err = p.readAllStandardError();
+  return r;
+}
+
+struct Stream {
+  std::vector<Event> events;
+  std::vector<std::string> errors;
+  int64_t rejected = 0;
+  template <class T>
+  std::vector<const T*> all() const {
+    std::vector<const T*> out;
+    for (auto& e : events)
+      if (auto* x = std::get_if<T>(&e)) out.push_back(x);
+    return out;
+  }
+  std::map<std::string, double> metrics() const {
+    std::map<std::string, double> m;
+    for (auto* x : all<Metric>()) m[x->name] = x->value;
+    return m;
+  }
+};
+
+// Reads a stream the way the GUI does: in chunks, as they arrive.
+Stream read_stream(const QByteArray& bytes) {
+  Stream s;
+  Reader reader;
+  auto on_event = [&](Event e) { s.events.push_back(std::move(e)); };
+  auto on_error = [&](const std::string& m) { s.errors.push_back(m); };
+  for (qsizetype at = 0; at < bytes.size(); at += 1000)
+    reader.feed(std::string_view(bytes.constData() + at,
+                                 size_t(std::min<qsizetype>(1000, bytes.size() - at))),
+                on_event, on_error);
+  reader.finish(on_event, on_error);
+  s.rejected = reader.rejected();
+  return s;
+}
+
+int count_lines(const QByteArray& bytes) {
+  return int(bytes.split('\n').size()) - (bytes.endsWith('\n') ? 1 : 0);
+}
+
+QString one_line(const QByteArray& err) {
+  return QString::fromUtf8(err).trimmed();
+}
+
+// The weights a preset's model declares, by HF name.
+std::map<std::string, ss::Shape> weight_shapes(const std::string& preset) {
+  ss::Allocator alloc;
+  ss::Recorder rec;
+  ss::CpuBackend be(alloc, rec);
+  ss::Model model(ss::resolve_model(preset, nullptr), be);
+  std::map<std::string, ss::Shape> out;
+  for (auto& w : model.weights()) out[w.name] = w.shape;
+  return out;
+}
+
+// A stream with its times and measured values blanked: what two runs of the
+// same configuration must agree on. Memory samples are left out: changes
+// closer than a microsecond share one sample, so their count varies.
+std::vector<std::string> without_times(const Stream& s) {
+  std::vector<std::string> out;
+  for (auto& e : s.events) {
+    if (std::holds_alternative<Mem>(e)) continue;
+    nlohmann::json j = to_json(e);
+    for (const char* k : {"t", "t0", "t1"}) j.erase(k);
+    if (j["type"] == "metric") j.erase("value");
+    out.push_back(j.dump());
+  }
+  return out;
+}
+
+}  // namespace
+
+class TestEngineCli : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void initTestCase() { QVERIFY2(QFileInfo::exists(SHARDSCOPE_ENGINE_BIN), SHARDSCOPE_ENGINE_BIN); }
+
+  void runStream_data() {
+    QTest::addColumn<QString>("preset");
+    for (auto& p : kPresets) QTest::newRow(qPrintable(p)) << p;
+  }
+  void runStream() {
+    QFETCH(QString, preset);
+    const int prompt = 12, decode = 4;
+    const Ran r = engine({"run", "--model", preset, "--prompt-len", QString::number(prompt),
+                          "--decode", QString::number(decode), "--seed", "3"});
+    QVERIFY(!r.crashed);
+    QVERIFY2(r.exit_code == 0, r.err.constData());
+    QVERIFY2(r.err.isEmpty(), r.err.constData());
+
+    const Stream s = read_stream(r.out);
+    QVERIFY2(s.errors.empty(), s.errors.empty() ? "" : s.errors.front().c_str());
+    QCOMPARE(s.rejected, int64_t(0));
+    QCOMPARE(int(s.events.size()), count_lines(r.out));  // every line became a record
+
+    // Framing: hello first, done last and ok.
+    QVERIFY(std::holds_alternative<Hello>(s.events.front()));
+    QCOMPARE(std::get<Hello>(s.events.front()).version, 1);
+    const auto* done = std::get_if<Done>(&s.events.back());
+    QVERIFY(done);
+    QCOMPARE(done->status, std::string("ok"));
+    QCOMPARE(done->exit_code, 0);
+    QCOMPARE(int(s.all<Done>().size()), 1);
+    QVERIFY(s.all<Error>().empty());
+
+    // Setup records.
+    QCOMPARE(int(s.all<Config>().size()), 1);
+    const nlohmann::json& conf = s.all<Config>().front()->config;
+    QCOMPARE(conf["model"]["name"].get<std::string>(), preset.toStdString());
+    QCOMPARE(conf["workload"]["prompt_len"].get<int>(), prompt);
+    QCOMPARE(conf["workload"]["decode"].get<int>(), decode);
+    QCOMPARE(int(s.all<Device>().size()), 1);
+    QCOMPARE(s.all<Device>().front()->kind, std::string("cpu"));
+    QCOMPARE(s.all<Device>().front()->rank, 0);
+    QCOMPARE(int(s.all<Tokens>().size()), 1);
+    QCOMPARE(s.all<Tokens>().front()->ranges,
+             (std::vector<std::pair<int64_t, int64_t>>{{0, int64_t(prompt + decode)}}));
+
+    // One placement per weight of the model, with its global shape, held whole.
+    const auto shapes = weight_shapes(preset.toStdString());
+    std::set<std::string> placed;
+    int64_t placed_bytes = 0;
+    for (auto* p : s.all<Placement>()) {
+      QVERIFY2(shapes.count(p->tensor), p->tensor.c_str());
+      QVERIFY2(placed.insert(p->tensor).second, p->tensor.c_str());
+      QCOMPARE(p->shape, shapes.at(p->tensor));
+      QCOMPARE(p->mode, std::string("mirrored"));
+      QCOMPARE(p->bytes, ss::numel(p->shape) * 4);
+      QCOMPARE(p->rank, 0);
+      placed_bytes += p->bytes;
+    }
+    QCOMPARE(placed.size(), shapes.size());
+
+    // Phases in order, and spans of prefill and decode inside the run.
+    std::vector<std::string> phases;
+    for (auto* p : s.all<Phase>()) phases.push_back(p->name);
+    QCOMPARE(phases, (std::vector<std::string>{"load", "prefill", "decode"}));
+    std::map<std::string, int> spans_by_phase;
+    for (auto* sp : s.all<Span>()) {
+      QVERIFY(sp->t0 >= 0 && sp->t1 >= sp->t0 && sp->t1 <= done->t);
+      QVERIFY2(sp->stream == "compute" || sp->stream == "comm", sp->stream.c_str());
+      QVERIFY(!sp->op.empty());
+      QVERIFY(sp->flops >= 0 && sp->bytes >= 0);
+      ++spans_by_phase[sp->phase];
+    }
+    QVERIFY(spans_by_phase["prefill"] > 0);
+    QVERIFY(spans_by_phase["decode"] > 0);
+
+    // Memory samples: non-negative, in time order, peaks consistent.
+    const auto mems = s.all<Mem>();
+    QVERIFY(!mems.empty());
+    int64_t last_t = 0, max_peak = 0;
+    for (auto* m : mems) {
+      int64_t total = 0;
+      for (int64_t b : m->bytes) {
+        QVERIFY(b >= 0);
+        total += b;
+      }
+      QVERIFY2(total <= m->peak, qPrintable(QString("total %1 > peak %2").arg(total).arg(m->peak)));
+      QVERIFY(m->t >= last_t);
+      last_t = m->t;
+      max_peak = std::max(max_peak, m->peak);
+    }
+
+    // Metrics.
+    const auto m = s.metrics();
+    for (const char* name :
+         {"ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "decode_ms_per_token"}) {
+      QVERIFY2(m.count(name), name);
+      QVERIFY2(m.at(name) > 0 && std::isfinite(m.at(name)), name);
+    }
+    QVERIFY(m.count("parameters"));
+    QCOMPARE(int64_t(m.at("parameters")), conf["parameters"].get<int64_t>());
+    for (auto& c : kCategories) QVERIFY2(m.count("peak_" + c + "_bytes"), c.c_str());
+    QVERIFY(m.count("peak_bytes"));
+    QCOMPARE(int64_t(m.at("peak_weights_bytes")), placed_bytes);
+    QVERIFY(m.at("peak_bytes") >= m.at("peak_weights_bytes"));
+    QCOMPARE(int64_t(m.at("peak_bytes")), max_peak);
+    // Each family's state lands in its own category.
+    const bool attention = preset == "tiny-llama" || preset == "tiny-hybrid";
+    const bool ssm = preset != "tiny-llama";
+    QCOMPARE(m.at("peak_kv_cache_bytes") > 0, attention);
+    QCOMPARE(m.at("peak_ssm_state_bytes") > 0, ssm);
+    QVERIFY(m.at("peak_activations_bytes") > 0);
+  }
+
+  // Row i of --logits-out is the logits after token i; decoding token by token
+  // must give the rows that one prefill of the whole sequence gives.
+  void logitsOut_data() {
+    QTest::addColumn<QString>("preset");
+    for (auto& p : kPresets) QTest::newRow(qPrintable(p)) << p;
+  }
+  void logitsOut() {
+    QFETCH(QString, preset);
+    QTemporaryDir tmp;
+    QVERIFY(tmp.isValid());
+    const QStringList prompt = {"7", "250", "3", "3", "99", "18"};
+    const int decode = 5, vocab = 256;
+    const QString a = tmp.filePath("decoded.npy");
+    Ran r = engine({"run", "--model", preset, "--tokens", prompt.join(','), "--decode",
+                    QString::number(decode), "--logits-out", a});
+    QVERIFY2(r.exit_code == 0 && !r.crashed, r.err.constData());
+    const ss::NpyArray got = ss::read_npy(a.toStdString());
+    QCOMPARE(got.shape, (std::vector<int64_t>{int64_t(prompt.size()) + decode, vocab}));
+    // The header is padded to a multiple of 64 bytes, then float32 data.
+    QCOMPARE((QFileInfo(a).size() - qint64(got.data.size() * 4)) % 64, qint64(0));
+    QVERIFY(!QFileInfo::exists(a + ".tmp"));
+    for (float v : got.data) QVERIFY(std::isfinite(v));
+
+    // The greedy tokens, read back from the rows, then the whole sequence at once.
+    QStringList all = prompt;
+    for (int k = 0; k < decode - 1; ++k) {
+      const float* row = got.data.data() + size_t(int(prompt.size()) - 1 + k) * vocab;
+      all << QString::number(std::max_element(row, row + vocab) - row);
+    }
+    const QString b = tmp.filePath("prefilled.npy");
+    r = engine({"run", "--model", preset, "--tokens", all.join(','), "--logits-out", b});
+    QVERIFY2(r.exit_code == 0 && !r.crashed, r.err.constData());
+    const ss::NpyArray want = ss::read_npy(b.toStdString());
+    QCOMPARE(want.shape, (std::vector<int64_t>{int64_t(all.size()), vocab}));
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < want.data.size(); ++i) {
+      diff = std::max(diff, double(std::fabs(got.data[i] - want.data[i])));
+      scale = std::max(scale, double(std::fabs(want.data[i])));
+    }
+    QVERIFY2(diff <= 1e-4 * scale,
+             qPrintable(QString("decode vs prefill: max diff %1 of %2").arg(diff).arg(scale)));
+  }
+
+  // Capacity just under what a phase needs: the category that overflowed is
+  // named, the stream ends with oom, the exit code is 3.
+  void outOfMemory_data() {
+    QTest::addColumn<QString>("preset");
+    QTest::addColumn<QString>("capacity");  // "" = weights + 1 byte, measured
+    QTest::addColumn<QString>("category");  // "" = anything but weights
+    QTest::newRow("llama, weights") << "tiny-llama"
+                                    << "100KiB"
+                                    << "weights";
+    QTest::newRow("mamba2, weights") << "tiny-mamba2"
+                                     << "1000"
+                                     << "weights";
+    QTest::newRow("llama, after weights") << "tiny-llama"
+                                          << ""
+                                          << "";
+    QTest::newRow("mamba, after weights") << "tiny-mamba"
+                                          << ""
+                                          << "";
+  }
+  void outOfMemory() {
+    QFETCH(QString, preset);
+    QFETCH(QString, capacity);
+    QFETCH(QString, category);
+    if (capacity.isEmpty()) {
+      const Ran ok = engine({"run", "--model", preset, "--prompt-len", "8"});
+      QCOMPARE(ok.exit_code, 0);
+      capacity =
+          QString::number(int64_t(read_stream(ok.out).metrics().at("peak_weights_bytes")) + 1);
+    }
+    QTemporaryDir tmp;
+    const QString logits = tmp.filePath("l.npy");
+    const Ran r = engine({"run", "--model", preset, "--prompt-len", "8", "--capacity", capacity,
+                          "--logits-out", logits});
+    QVERIFY(!r.crashed);
+    QCOMPARE(r.exit_code, int(ss::kExitOom));
+    QCOMPARE(count_lines(r.err), 1);
+    QVERIFY2(r.err.contains("out of memory"), r.err.constData());
+    QVERIFY(!QFileInfo::exists(logits));
+
+    const Stream s = read_stream(r.out);
+    QCOMPARE(s.rejected, int64_t(0));
+    QCOMPARE(int(s.all<Error>().size()), 1);
+    const Error& e = *s.all<Error>().front();
+    QCOMPARE(e.code, std::string("oom"));
+    QVERIFY(e.detail.is_object());
+    const std::string cat = e.detail.value("category", "");
+    QVERIFY2(std::find(kCategories.begin(), kCategories.end(), cat) != kCategories.end(),
+             cat.c_str());
+    if (!category.isEmpty())
+      QCOMPARE(cat, category.toStdString());
+    else
+      QVERIFY2(cat != "weights", cat.c_str());
+    const int64_t cap = ss::parse_bytes(capacity.toStdString());
+    QCOMPARE(e.detail.value("capacity", int64_t(-1)), cap);
+    QVERIFY(e.detail.value("requested", int64_t(0)) > 0);
+    QVERIFY(e.detail.value("in_use", int64_t(0)) + e.detail.value("requested", int64_t(0)) > cap);
+    QVERIFY(std::holds_alternative<Done>(s.events.back()));
+    QCOMPARE(std::get<Done>(s.events.back()).status, std::string("oom"));
+    QCOMPARE(std::get<Done>(s.events.back()).exit_code, int(ss::kExitOom));
+    // Memory never went over the capacity on the way.
+    for (auto* m : s.all<Mem>()) QVERIFY(m->peak <= cap);
+  }
+
+  // Each row: arguments after `run`, and a word the one stderr line must hold.
+  void badInput_data() {
+    QTest::addColumn<QStringList>("args");
+    QTest::addColumn<QString>("says");
+    QTest::newRow("prompt-len 0") << QStringList{"--prompt-len", "0"} << "--prompt-len";
+    QTest::newRow("no prompt") << QStringList{"--model", "tiny-llama"} << "--prompt-len";
+    QTest::newRow("unknown model")
+        << QStringList{"--model", "nosuch", "--prompt-len", "4"} << "nosuch";
+    QTest::newRow("token not a number") << QStringList{"--tokens", "1,x"} << "'x'";
+    QTest::newRow("empty token") << QStringList{"--tokens", "1,,2"} << "--tokens";
+    QTest::newRow("token outside vocab") << QStringList{"--tokens", "1,256"} << "256";
+    QTest::newRow("prompt-len and tokens")
+        << QStringList{"--tokens", "1,2", "--prompt-len", "3"} << "either";
+    QTest::newRow("capacity unit")
+        << QStringList{"--prompt-len", "4", "--capacity", "12XB"} << "12XB";
+    QTest::newRow("capacity negative")
+        << QStringList{"--prompt-len", "4", "--capacity", "-5"} << "-5";
+    QTest::newRow("decode negative")
+        << QStringList{"--prompt-len", "4", "--decode", "-1"} << "--decode";
+    QTest::newRow("decode not a number")
+        << QStringList{"--prompt-len", "4", "--decode", "abc"} << "--decode";
+    QTest::newRow("unknown flag") << QStringList{"--prompt-len", "4", "--bogus"} << "--bogus";
+    QTest::newRow("events file cannot be created")
+        << QStringList{"--prompt-len", "4", "--events", "/nonexistent-dir/x.jsonl"}
+        << "nonexistent-dir";
+    QTest::newRow("logits folder missing")
+        << QStringList{"--prompt-len", "4", "--logits-out", "/nonexistent-dir/l.npy"}
+        << "nonexistent-dir";
+  }
+  void badInput() {
+    QFETCH(QStringList, args);
+    QFETCH(QString, says);
+    const Ran r = engine(QStringList{"run"} + args);
+    QVERIFY2(!r.crashed, "the engine crashed");
+    QCOMPARE(r.exit_code, int(ss::kExitUsage));
+    QVERIFY2(count_lines(r.err) == 1, r.err.constData());
+    QVERIFY2(one_line(r.err).contains(says), r.err.constData());
+    // Whatever reached stdout is a stream a reader accepts, ending in failure.
+    const Stream s = read_stream(r.out);
+    QCOMPARE(s.rejected, int64_t(0));
+    if (!s.events.empty()) {
+      QVERIFY(std::holds_alternative<Done>(s.events.back()));
+      QCOMPARE(std::get<Done>(s.events.back()).exit_code, int(ss::kExitUsage));
+      QCOMPARE(int(s.all<Error>().size()), 1);
+    }
+  }
+
+  void help_data() {
+    QTest::addColumn<QStringList>("args");
+    QTest::newRow("--help") << QStringList{"--help"};
+    for (const char* sub : {"run", "info", "presets", "export", "bench"})
+      QTest::newRow(sub) << QStringList{sub, "--help"};
+  }
+  void help() {
+    QFETCH(QStringList, args);
+    const Ran r = engine(args);
+    QVERIFY(!r.crashed);
+    QCOMPARE(r.exit_code, 0);
+    QVERIFY2(r.out.contains("Usage") || r.out.contains("usage"), r.out.constData());
+    if (args.size() > 1) QVERIFY2(r.out.contains(args.front().toUtf8()), r.out.constData());
+  }
+
+  // --events FILE: the stream goes to the file, stdout stays empty, and it is
+  // the stream stdout would have carried.
+  void eventsFile() {
+    QTemporaryDir tmp;
+    const QString file = tmp.filePath("run.jsonl");
+    const QStringList args = {"run",      "--model", "tiny-mamba2", "--prompt-len", "9",
+                              "--decode", "2"};
+    const Ran to_file = engine(args + QStringList{"--events", file});
+    QCOMPARE(to_file.exit_code, 0);
+    QVERIFY2(to_file.out.isEmpty(), to_file.out.left(200).constData());
+    QFile f(file);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const Stream from_file = read_stream(f.readAll());
+    QCOMPARE(from_file.rejected, int64_t(0));
+    QVERIFY(std::holds_alternative<Done>(from_file.events.back()));
+
+    const Ran to_stdout = engine(args);
+    QCOMPARE(to_stdout.exit_code, 0);
+    const Stream from_stdout = read_stream(to_stdout.out);
+    QCOMPARE(without_times(from_file), without_times(from_stdout));
+
+    const Ran dash = engine(args + QStringList{"--events", "-"});
+    QCOMPARE(dash.exit_code, 0);
+    QCOMPARE(without_times(read_stream(dash.out)), without_times(from_stdout));
+  }
+};
+
+QTEST_GUILESS_MAIN(TestEngineCli)
+#include "tst_engine_cli.moc"
