@@ -16,6 +16,7 @@
 #include "runtime/launch.h"
 #include "runtime/run.h"
 #include "runtime/summary.h"
+#include "runtime/sweep.h"
 #include "sim/hardware.h"
 #include <fstream>
 
@@ -49,6 +50,11 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--devices", o.devices, "devices (MPI ranks) of the run")->capture_default_str();
   cmd->add_option("--mesh", o.mesh, "tp_sp mesh TxS, e.g. 2x2");
   cmd->add_option("--split", o.split, "sequence split for sp/tp_sp/tsp: zigzag or contiguous")->capture_default_str();
+  cmd->add_option("--comm-precision", o.comm_precision,
+                  "tensor-parallel all-reduce precision: SPEC or site[@a-b]=SPEC,... (sites attn, mlp, mixer; SPEC "
+                  "fp32, bf16, fp16, int8[:B][:sr], int4[:B][:sr], fp8[:B][:sr])");
+  cmd->add_flag("--measure-sites", o.measure_sites, "record each quantized site's error against an exact reduction");
+  cmd->add_flag("--no-cache", o.no_cache, "decode by recomputing the prefix every step (to measure the cache)");
   cmd->add_option("--attention", o.attention, "sequence-parallel attention: gather (K/V all-gather) or ring")
       ->capture_default_str();
   cmd->add_option("--batch", o.batch, "sequences (dp gives each device its own)")->capture_default_str();
@@ -111,6 +117,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   simulate->add_option("--nodes", sim_nodes, "nodes the devices are spread over")->capture_default_str();
   simulate->add_option("--events", sim_events, "write the event stream to FILE instead of stdout");
+
+  ss::SweepOptions sweep_opts;
+  sweep_opts.run.strategy = "tp";
+  sweep_opts.run.devices = 2;
+  std::string sweep_tokens, sweep_capacity;
+  auto* sweep = app.add_subcommand("sweep", "quantized all-reduce trade-off: wire bytes against accuracy over a grid");
+  add_model_options(sweep, sweep_opts.run, sweep_tokens, sweep_capacity);
+  sweep->add_option("--precisions", sweep_opts.precisions, "precisions to try")->delimiter(',')->capture_default_str();
+  sweep->add_option("--blocks", sweep_opts.blocks, "block sizes for int8/int4/fp8")->delimiter(',')->capture_default_str();
+  sweep->add_option("--sites", sweep_opts.sites, "all, attn, mlp, mixer (one site at a time gives sensitivity)")
+      ->delimiter(',')
+      ->capture_default_str();
+  sweep->add_option("--rounding", sweep_opts.rounding, "rn (nearest) or sr (stochastic)")->capture_default_str();
+  sweep->add_option("--eval-tokens", sweep_opts.eval_tokens, "file of token ids: perplexity over them");
+  sweep->add_option("--events", sweep_opts.events, "write the sweep's stream to FILE (the table goes to stdout)");
 
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
@@ -181,6 +202,12 @@ int main(int argc, char** argv) {
 
   try {
     if (*run) return run_command(run_opts, tokens, capacity, events);
+    if (*sweep) {
+      if (!sweep_tokens.empty()) sweep_opts.run.tokens = parse_tokens(sweep_tokens);
+      if (!sweep_capacity.empty()) sweep_opts.run.capacity = ss::parse_bytes(sweep_capacity);
+      const bool to_stdout = sweep_opts.events.empty() || sweep_opts.events == "-";
+      return ss::run_sweep(sweep_opts, to_stdout ? std::cerr : std::cout);
+    }
     if (*simulate) {
       if (!sim_tokens.empty()) sim_opts.tokens = parse_tokens(sim_tokens);
       if (!sim_capacity.empty()) sim_opts.capacity = ss::parse_bytes(sim_capacity);

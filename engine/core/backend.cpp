@@ -210,6 +210,22 @@ void Backend::selective_scan(const SelectiveScanArgs& a) {
           {T, Di, N}, [&] { k_selective_scan(a); });
 }
 
+void Backend::quantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, uint64_t counter) {
+  require(in.is_contiguous() && out.is_contiguous() && out.nbytes() >= quantized_bytes(in.numel(), spec), "quantize",
+          "needs contiguous tensors and room for " + std::to_string(quantized_bytes(in.numel(), spec)) + " bytes");
+  const double q = double(quantized_bytes(in.numel(), spec));
+  execute("quantize", 4.0 * double(in.numel()), fbytes(in) + q, {in.numel()},
+          [&] { k_quantize(out, in, spec, counter); });
+}
+
+void Backend::dequantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, bool accumulate) {
+  require(in.is_contiguous() && out.is_contiguous() && in.nbytes() >= quantized_bytes(out.numel(), spec),
+          "dequantize", "needs contiguous tensors and the quantized bytes of every value");
+  const double q = double(quantized_bytes(out.numel(), spec));
+  execute("dequantize", 2.0 * double(out.numel()), fbytes(out) * (accumulate ? 2 : 1) + q, {out.numel()},
+          [&] { k_dequantize(out, in, spec, accumulate); });
+}
+
 void Backend::ssd_state_correction(const SsdArgs& a) {
   const int64_t T = a.y.rows(), H = a.n_heads, P = a.head_dim, N = a.d_state;
   require(a.state.defined() && a.state.numel() == H * P * N && a.C.rows() == T && a.dt.rows() == T,
@@ -287,6 +303,8 @@ int32_t Backend::k_argmax_row(const Tensor&, int64_t) {
   no_kernel("argmax_row");
 }
 void Backend::k_ssd_state_correction(const SsdArgs&) { no_kernel("ssd_state_correction"); }
+void Backend::k_quantize(const Tensor&, const Tensor&, const QuantSpec&, uint64_t) { no_kernel("quantize"); }
+void Backend::k_dequantize(const Tensor&, const Tensor&, const QuantSpec&, bool) { no_kernel("dequantize"); }
 void Backend::k_selective_state_correction(const SelectiveScanArgs&) { no_kernel("selective_state_correction"); }
 void Backend::k_ssd_state_advance(const Tensor&, const Tensor&, const Tensor&) { no_kernel("ssd_state_advance"); }
 void Backend::k_selective_state_advance(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {

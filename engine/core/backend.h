@@ -15,6 +15,7 @@
 #include "core/allocator.h"
 #include "core/tensor.h"
 #include "core/trace.h"
+#include "comm/quantize.h"
 
 namespace ss {
 
@@ -125,6 +126,11 @@ class Backend {
   // ... and, after the sums are all-reduced, y = x*silu(z) / sqrt(ss/total_group + eps) * w.
   void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss,
                            float eps, int64_t local_group, int64_t total_group, int64_t slot0);
+  // Block quantization for communication (comm/quantize.h): `in` (contiguous
+  // f32) into the bytes of `out`, a contiguous f32 carrier of at least
+  // quantized_bytes(n) bytes; and back, adding into `out` when accumulate.
+  void quantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, uint64_t counter);
+  void dequantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, bool accumulate);
   // Index of the largest value in row `row` of a 2-D tensor (greedy decoding).
   int32_t argmax_row(const Tensor& x, int64_t row);
 
@@ -158,6 +164,8 @@ class Backend {
   virtual void k_ssd_scan(const SsdArgs& a);
   virtual void k_selective_scan(const SelectiveScanArgs& a);
   virtual int32_t k_argmax_row(const Tensor& x, int64_t row);
+  virtual void k_quantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, uint64_t counter);
+  virtual void k_dequantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, bool accumulate);
   virtual void k_ssd_state_correction(const SsdArgs& a);
   virtual void k_selective_state_correction(const SelectiveScanArgs& a);
   virtual void k_ssd_state_advance(const Tensor& state, const Tensor& chunk_state, const Tensor& log_decay);

@@ -142,6 +142,14 @@ void CpuBackend::k_ssd_scan(const SsdArgs& a) { cpu::ssd_scan(a); }
 void CpuBackend::k_selective_scan(const SelectiveScanArgs& a) { cpu::selective_scan(a); }
 
 void CpuBackend::k_ssd_state_correction(const SsdArgs& a) { cpu::ssd_state_correction(a); }
+
+void CpuBackend::k_quantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, uint64_t counter) {
+  quantize_values(in.data<float>(), in.numel(), spec, counter, reinterpret_cast<uint8_t*>(out.data<float>()));
+}
+void CpuBackend::k_dequantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, bool accumulate) {
+  dequantize_values(reinterpret_cast<const uint8_t*>(in.data<float>()), out.numel(), spec, out.data<float>(),
+                    accumulate);
+}
 void CpuBackend::k_selective_state_correction(const SelectiveScanArgs& a) { cpu::selective_state_correction(a); }
 
 void CpuBackend::k_ssd_state_advance(const Tensor& state, const Tensor& chunk_state, const Tensor& log_decay) {

@@ -37,6 +37,8 @@ class CpuBackend final : public Backend {
   void k_selective_scan(const SelectiveScanArgs& a) override;
   int32_t k_argmax_row(const Tensor& x, int64_t row) override;
   void k_ssd_state_correction(const SsdArgs& a) override;
+  void k_quantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, uint64_t counter) override;
+  void k_dequantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, bool accumulate) override;
   void k_selective_state_correction(const SelectiveScanArgs& a) override;
   void k_ssd_state_advance(const Tensor& state, const Tensor& chunk_state, const Tensor& log_decay) override;
   void k_selective_state_advance(const Tensor& state, const Tensor& A_log, const Tensor& chunk_state,

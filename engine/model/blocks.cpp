@@ -77,7 +77,7 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
     Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "attn.o_partial");
     m_be.matmul(partial, o, w.o);
     SiteScope r(rec, layer, "attn.all_reduce");
-    reduce_into(x, partial);
+    reduce_into(x, partial, "attn", layer);
   } else {
     m_be.matmul(x, o, w.o, /*accumulate=*/true);
   }
@@ -210,7 +210,7 @@ void Model::mlp_block(int layer, const Tensor& x) {
     Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mlp.down_partial");
     m_be.matmul(partial, g, w.down);
     SiteScope r(rec, layer, "mlp.all_reduce");
-    reduce_into(x, partial);
+    reduce_into(x, partial, "mlp", layer);
   } else {
     m_be.matmul(x, g, w.down, /*accumulate=*/true);
   }
@@ -271,7 +271,7 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLay
     Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
     m_be.matmul(partial, y, w.out_proj);
     SiteScope r(rec, layer, "mixer.all_reduce");
-    reduce_into(x, partial);
+    reduce_into(x, partial, "mixer", layer);
   } else {
     m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
   }
@@ -500,7 +500,7 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayo
     Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
     m_be.matmul(partial, y, w.out_proj);
     SiteScope r(rec, layer, "mixer.all_reduce");
-    reduce_into(x, partial);
+    reduce_into(x, partial, "mixer", layer);
   } else {
     m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
   }

@@ -217,8 +217,33 @@ Cache Model::make_cache(int64_t max_tokens) {
   return cache;
 }
 
-void Model::reduce_into(const Tensor& x, const Tensor& partial) {
-  if (tp_active()) m_par.tp->all_reduce(partial);
+void Model::reduce_into(const Tensor& x, const Tensor& partial, const char* site, int layer) {
+  if (tp_active()) {
+    const QuantSpec spec = m_par.comm_precision.at(site, layer);
+    Tensor exact;
+    if (m_par.measure_sites && !spec.is_plain() && m_be.has_data()) {
+      exact = m_be.alloc(partial.shape(), Category::CommBuffers, "measure.exact");
+      m_be.copy(exact, partial);
+      SiteScope s(m_be.recorder(), layer, std::string(site) + ".exact_reference");
+      m_par.tp->all_reduce(exact);
+    }
+    // A distinct stochastic-rounding counter range per call.
+    const WireBytes w = quantized_all_reduce(*m_par.tp, m_be, partial, spec, (m_reduce_calls++) << 32);
+    if (exact.defined()) {
+      std::vector<float> a(static_cast<size_t>(exact.numel())), b(a.size());
+      m_be.download(exact, a.data());
+      m_be.download(partial.is_contiguous() ? partial : exact, b.data());
+      auto& [err, ref] = m_site_err[{site, layer}];
+      for (size_t i = 0; i < a.size(); ++i) {
+        err += double(a[i] - b[i]) * double(a[i] - b[i]);
+        ref += double(a[i]) * double(a[i]);
+      }
+    }
+    WireBytes& sum = m_wire[site];
+    sum.sent += w.sent;
+    sum.fp32 += w.fp32;
+    sum.bf16 += w.bf16;
+  }
   m_be.add(x, x, partial);
 }
 

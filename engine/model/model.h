@@ -7,10 +7,12 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "comm/quantized_all_reduce.h"
 #include "core/backend.h"
 #include "model/config.h"
 #include "model/parallel.h"
@@ -79,6 +81,12 @@ class Model {
   int64_t parameter_count() const;  // of the whole model
   int64_t local_parameter_count() const;  // held by this rank
   Backend& backend() { return m_be; }
+  // Bytes the tensor-parallel all-reduces put on the wire so far, per site,
+  // next to what fp32 and bf16 would have sent.
+  const std::map<std::string, WireBytes>& wire() const { return m_wire; }
+  // With Parallel::measure_sites: squared error and squared norm of each
+  // (site, layer)'s quantized all-reduce output against the exact one.
+  const std::map<std::pair<std::string, int>, std::pair<double, double>>& site_errors() const { return m_site_err; }
 
   // Allocates this rank's weights (category weights) and fills them from `src`.
   void load(TensorSource& src);
@@ -122,8 +130,9 @@ class Model {
   void stream_pack(const WeightPack& p, const std::function<void(int, const std::vector<Tensor>&)>& compute);
   std::vector<Tensor> pack_views(const WeightPack& p, const Tensor& flat) const;
   bool tp_active() const { return !m_par.folded() && m_par.tp_size > 1; }
-  // Sums a row-parallel partial output over the tensor-parallel group into x.
-  void reduce_into(const Tensor& x, const Tensor& partial);
+  // Sums a row-parallel partial output over the tensor-parallel group into x,
+  // at the precision the plan gives `site` (attn, mlp, mixer) of `layer`.
+  void reduce_into(const Tensor& x, const Tensor& partial, const char* site, int layer);
   // Conv over this rank's chunks with the halo of each chunk's predecessor;
   // `state` ends as the sequence's last d_conv-1 inputs (for decode).
   void sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
@@ -136,6 +145,9 @@ class Model {
   std::vector<LayerWeights> m_layers;
   std::vector<WeightSpec> m_specs;
   std::vector<WeightPack> m_packs;
+  std::map<std::string, WireBytes> m_wire;
+  std::map<std::pair<std::string, int>, std::pair<double, double>> m_site_err;
+  uint64_t m_reduce_calls = 0;
   std::vector<std::vector<size_t>> m_layer_packs;  // pack indices per layer
   AttentionShard m_attn;
   Mamba2Shard m_m2;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/quantize.h"
 #include "model/config.h"
 
 namespace ss {
@@ -33,6 +34,8 @@ struct Parallel {
   Communicator* world = nullptr;
   Communicator* tp = nullptr;   // ranks with the same sp_rank
   Communicator* sp = nullptr;   // ranks with the same tp_rank (tsp: the whole group)
+  CommPrecision comm_precision;  // tensor-parallel all-reduce precision per site
+  bool measure_sites = false;    // also reduce exactly and record each site's error
 
   bool folded() const { return strategy == Strategy::TSP; }
   // Weight shard count and index: the T axis, or all D ranks under tsp.

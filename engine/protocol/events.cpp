@@ -116,8 +116,9 @@ struct ToJson {
   }
   json operator()(const Phase& e) const { return {{"type", "phase"}, {"name", e.name}, {"t", e.t}}; }
   json operator()(const Accuracy& e) const {
-    return {{"type", "accuracy"}, {"metric", e.metric}, {"site", e.site}, {"layer", e.layer},
-            {"value", e.value}};
+    json j = {{"type", "accuracy"}, {"metric", e.metric}, {"site", e.site}, {"layer", e.layer}, {"value", e.value}};
+    if (!e.config.empty()) j["config"] = e.config;
+    return j;
   }
   json operator()(const Error& e) const {
     json j = {{"type", "error"}, {"code", e.code}, {"rank", e.rank}, {"message", e.message}};
@@ -276,6 +277,7 @@ Event from_json(const json& j) {
     e.site = get_str(j, "site", false);
     e.layer = get_int(j, "layer", false, -1);
     e.value = get_num(j, "value");
+    e.config = get_str(j, "config", false);
     return e;
   }
   if (type == "error") {

@@ -95,10 +95,11 @@ struct Phase {
 };
 
 struct Accuracy {
-  std::string metric;  // rel_l2, kl, top1, ...
+  std::string metric;  // rel_l2, kl, top1, first_divergence, perplexity, wire_bytes, ...
   std::string site;
   int layer = -1;
   double value = 0;
+  std::string config;  // the run it describes, e.g. "mlp=int8:128" in a sweep; empty: this run
 };
 
 struct Error {

@@ -209,6 +209,14 @@ void validate(const RunOptions& o, const std::string& backend) {
   if (o.batch > 1 && s != Strategy::Single && s != Strategy::DP)
     throw UsageError("--batch > 1 is for --strategy single or dp");
   if (o.prompt_len > 100'000'000) throw UsageError("--prompt-len is over 100M tokens");
+  const CommPrecision cp = parse_comm_precision(o.comm_precision);
+  if (cp.quantizes()) {
+    const bool has_all_reduce = s == Strategy::TP || (s == Strategy::TPSP && mesh_of(o).first > 1);
+    if (!has_all_reduce)
+      throw UsageError("--comm-precision quantizes tensor-parallel all-reduces, and --strategy " + o.strategy +
+                       " has none; use --strategy tp or tp_sp with T > 1");
+  }
+  if (o.no_cache && s != Strategy::Single) throw UsageError("--no-cache is for --strategy single");
 }
 
 // How a rank joins its world and makes its backend: MPI + cpu, or the
@@ -309,6 +317,8 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     par.world_size = g.size;
     par.zigzag = zigzag;
     par.ring_attention = o.attention == "ring";
+    par.comm_precision = parse_comm_precision(o.comm_precision);
+    par.measure_sites = o.measure_sites;
     par.world = g.world;
     if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
       par.tp_size = T;
@@ -361,6 +371,8 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
           {"mesh", {{"tp", T}, {"sp", S}}},
           {"split", o.split},
           {"attention", o.attention},
+          {"comm_precision", par.comm_precision.str()},
+          {"kv_cache", !o.no_cache},
           {"workload", {{"batch", o.batch}, {"prompt_len", P}, {"decode", o.decode}, {"seed", o.seed}}},
           {"capacity", o.capacity},
           {"threads", cpu::threads()},
@@ -484,6 +496,16 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     res.prefill_s = prefill_s;
     res.decode_s = decode_s;
 
+    // Wire bytes of the tensor-parallel all-reduces per site, next to fp32 and bf16.
+    for (auto& [site, w] : model.wire()) {
+      extra.push_back(proto::to_line(proto::Metric{"wire_bytes." + site, w.sent, "bytes", g.rank}));
+      extra.push_back(proto::to_line(proto::Metric{"wire_bytes_fp32." + site, w.fp32, "bytes", g.rank}));
+      extra.push_back(proto::to_line(proto::Metric{"wire_bytes_bf16." + site, w.bf16, "bytes", g.rank}));
+    }
+    if (g.root())
+      for (auto& [key, e] : model.site_errors())
+        extra.push_back(proto::to_line(
+            proto::Accuracy{"rel_l2", key.first, key.second, e.second > 0 ? std::sqrt(e.first / e.second) : 0.0}));
     // Per-rank peaks, then the run's metrics on the root.
     const MemState& m = alloc.state();
     for (int c = 0; c < kCategoryCount; ++c)

@@ -20,6 +20,9 @@ struct RunOptions {
   std::string split = "zigzag";          // sequence split: zigzag or contiguous
   std::string attention = "gather";      // sequence-parallel attention: gather (K/V all-gather) or ring
   int batch = 1;                         // sequences (dp splits them over devices)
+  std::string comm_precision;            // tensor-parallel all-reduce precision per site (comm/quantize.h)
+  bool measure_sites = false;            // record each quantized site's error against an exact reduction
+  bool no_cache = false;                 // decode by recomputing the whole prefix each step
   int64_t prompt_len = 0;                // synthetic prompt of this length ...
   std::vector<int32_t> tokens;           // ... or these tokens
   int decode = 0;                        // greedy decode steps after the prompt

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string_view>
 
 #include "sim/cost_model.h"
 
@@ -76,8 +77,10 @@ Request SimCommunicator::timed(const char* op, double payload, std::vector<int64
   m_clock.comm_ns = end;
   // The span opens when this rank arrives, as a real blocking call's would:
   // waiting for the last participant is part of what a rank sees.
-  m_rec.span(StreamKind::Comm, op, int64_t(arrive), int64_t(end), 0, wire_bytes(op, payload, size()), std::move(dims),
-             std::move(peers));
+  // The receiving side of a send puts nothing on the wire: recorded as the
+  // real communicators record it, so both streams agree on all but times.
+  const double wire = std::string_view(op) == "recv" ? 0.0 : wire_bytes(op, payload, size());
+  m_rec.span(StreamKind::Comm, op, int64_t(arrive), int64_t(end), 0, wire, std::move(dims), std::move(peers));
   return std::make_shared<SimRequest>(m_clock, end);
 }
 
@@ -87,9 +90,10 @@ Request SimCommunicator::iall_reduce(const Tensor& buf) {
 Request SimCommunicator::iall_gather(const Tensor& out, const Tensor&) {
   return timed("all_gather", double(out.nbytes()), {out.numel()}, others());
 }
-Request SimCommunicator::ibroadcast(const Tensor& buf, int root) {
-  return timed("broadcast", double(buf.nbytes()), {buf.numel()},
-               root == m_rank ? others() : std::vector<int>{m_members[size_t(root)]});
+Request SimCommunicator::ibroadcast(const Tensor& buf, int) {
+  // Peers are all other members on every rank, root or not, as the real
+  // communicators record a broadcast.
+  return timed("broadcast", double(buf.nbytes()), {buf.numel()}, others());
 }
 Request SimCommunicator::isendrecv(const Tensor& send, int dst, const Tensor&, int src) {
   // Ring steps run on every member at once: time them as one group operation.

@@ -1,0 +1,32 @@
+// All-reduce with quantized hops (DESIGN.md, "Quantized collectives"): a
+// reduce-scatter and an all-gather, each carrying block-quantized data. Each
+// rank splits the buffer into D chunks and quantizes chunk j for rank j; an
+// all-to-all delivers them; each rank dequantizes and sums its chunk in fp32,
+// requantizes the sum, and an all-gather returns every summed chunk, which
+// every rank dequantizes. Built only on Communicator primitives, so it runs
+// wherever they do (MPI, the simulated network).
+#pragma once
+
+#include "comm/communicator.h"
+#include "comm/quantize.h"
+#include "core/backend.h"
+
+namespace ss {
+
+struct WireBytes {
+  double sent = 0;   // bytes this rank put on the wire (values + scales)
+  double fp32 = 0;   // what an fp32 ring all-reduce of the same buffer sends
+  double bf16 = 0;   // what a bf16 one sends
+};
+
+// Reduces `buf` (contiguous f32) in place over `comm`. `counter` seeds the
+// stochastic rounding of this call (distinct per call). A plain fp32 spec is
+// the ordinary all_reduce.
+WireBytes quantized_all_reduce(Communicator& comm, Backend& be, const Tensor& buf, const QuantSpec& spec,
+                               uint64_t counter);
+
+// The bytes quantized_all_reduce sends per rank for n values over d ranks:
+// 2 (d-1) padded chunk payloads (all-to-all, then all-gather).
+double quantized_all_reduce_wire(int64_t n, int d, const QuantSpec& spec);
+
+}  // namespace ss

@@ -1,0 +1,303 @@
+#include "runtime/sweep.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "comm/quantize.h"
+#include "core/error.h"
+#include "io/npy.h"
+#include "model/config.h"
+#include "protocol/events.h"
+
+namespace ss {
+namespace {
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "shardscope-engine" : p.string();
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The run's options as arguments for each rank run.
+std::vector<std::string> run_args(const RunOptions& o) {
+  std::vector<std::string> a = {"--model", o.model, "--strategy", o.strategy, "--devices", std::to_string(o.devices),
+                                "--split", o.split, "--attention", o.attention, "--decode", std::to_string(o.decode),
+                                "--seed", std::to_string(o.seed)};
+  for (auto& s : o.overrides) a.insert(a.end(), {"--set", s});
+  if (!o.mesh.empty()) a.insert(a.end(), {"--mesh", o.mesh});
+  if (o.capacity > 0) a.insert(a.end(), {"--capacity", std::to_string(o.capacity)});
+  if (!o.tokens.empty()) {
+    std::string t;
+    for (auto v : o.tokens) t += (t.empty() ? "" : ",") + std::to_string(v);
+    a.insert(a.end(), {"--tokens", t});
+  } else {
+    a.insert(a.end(), {"--prompt-len", std::to_string(o.prompt_len)});
+  }
+  return a;
+}
+
+struct Point {
+  std::string label, precision, site;
+  int block = 0;
+  bool ok = false;
+  std::string error;
+  double wire = 0, wire_fp32 = 0, kl = 0, top1 = 0, ppl = NAN;
+  int first_divergence = -1;  // decode step, -1: none
+  std::map<std::string, double> site_rel_l2;
+};
+
+// Runs one configuration; returns its logits and fills wire and site errors.
+NpyArray run_point(const RunOptions& o, const std::string& precision, const std::string& base, Point& pt) {
+  const std::string npy = base + ".npy", events = base + ".jsonl", err = base + ".err";
+  std::string cmd = quote(self_exe()) + " launch";
+  for (auto& a : run_args(o)) cmd += " " + quote(a);
+  cmd += " --comm-precision " + quote(precision) + " --measure-sites --logits-out " + quote(npy) + " --events " +
+         quote(events) + " 2>" + quote(err);
+  const int rc = std::system(cmd.c_str());
+  NpyArray logits;
+  proto::Reader reader;
+  std::ifstream in(events);
+  std::string line;
+  std::map<std::string, std::pair<double, int>> site_sum;
+  while (std::getline(in, line)) {
+    auto r = reader.parse_line(line);
+    if (!r.event) continue;
+    if (auto* m = std::get_if<proto::Metric>(&*r.event); m && m->rank == 0) {
+      if (m->name.rfind("wire_bytes_fp32.", 0) == 0) pt.wire_fp32 += m->value;
+      else if (m->name.rfind("wire_bytes.", 0) == 0) pt.wire += m->value;
+    } else if (auto* a = std::get_if<proto::Accuracy>(&*r.event); a && a->metric == "rel_l2") {
+      auto& [sum, n] = site_sum[a->site];
+      sum += a->value;
+      ++n;
+    } else if (auto* e = std::get_if<proto::Error>(&*r.event)) {
+      pt.error = e->message;
+    }
+  }
+  for (auto& [site, sn] : site_sum) pt.site_rel_l2[site] = sn.first / sn.second;
+  if (rc == 0 && std::filesystem::exists(npy)) {
+    logits = read_npy(npy);
+    pt.ok = true;
+  } else if (pt.error.empty()) {
+    std::ifstream e(err);
+    std::getline(e, pt.error);
+    if (pt.error.empty()) pt.error = "exit status " + std::to_string(rc);
+  }
+  for (auto& f : {npy, events, err}) std::filesystem::remove(f);
+  return logits;
+}
+
+// Log-softmax of one row, in double.
+std::vector<double> log_softmax(const float* row, int64_t n) {
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(row[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(double(row[i]) - mx);
+  std::vector<double> out(static_cast<size_t>(n));
+  const double lse = mx + std::log(sum);
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(row[i]) - lse;
+  return out;
+}
+
+int64_t argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
+
+}  // namespace
+
+int run_sweep(const SweepOptions& so, std::ostream& table) {
+  RunOptions o = so.run;
+  if (!so.eval_tokens.empty()) {
+    std::ifstream in(so.eval_tokens);
+    if (!in) throw UsageError("--eval-tokens " + so.eval_tokens + ": cannot open");
+    std::string tok;
+    o.tokens.clear();
+    while (in >> tok) {
+      for (char& c : tok)
+        if (c == ',') c = ' ';
+      std::istringstream parts(tok);
+      long long v;
+      while (parts >> v) o.tokens.push_back(int32_t(v));
+    }
+    if (o.tokens.size() < 2) throw UsageError("--eval-tokens " + so.eval_tokens + ": needs at least two token ids");
+    o.prompt_len = 0;
+  }
+  // Refuse before any run: the strategy must all-reduce, the grid must parse.
+  RunOptions probe = o;
+  probe.comm_precision = "int8";
+  validate(probe);
+  const ModelConfig cfg = resolve_model(o.model, nullptr, o.overrides);
+  bool has_attn = false, has_mixer = false;
+  for (int i = 0; i < cfg.n_layers; ++i) (cfg.layer_kind(i) == LayerKind::Attention ? has_attn : has_mixer) = true;
+  std::vector<std::string> sites;
+  for (auto& s : so.sites) {
+    if (s != "all" && s != "attn" && s != "mlp" && s != "mixer")
+      throw UsageError("--sites: unknown site '" + s + "'; sites are all, attn, mlp, mixer");
+    if ((s == "attn" || s == "mlp") && !has_attn) continue;
+    if (s == "mixer" && !has_mixer) continue;
+    sites.push_back(s);
+  }
+  if (so.rounding != "rn" && so.rounding != "sr") throw UsageError("--rounding must be rn or sr");
+  std::vector<std::pair<std::string, std::string>> specs;  // (spec, precision name)
+  for (auto& p : so.precisions) {
+    const QuantSpec probe_spec = parse_quant_spec(p);  // refuses unknown precisions
+    if (!probe_spec.is_block()) specs.emplace_back(p, p);
+    else
+      for (int b : so.blocks) specs.emplace_back(p + ":" + std::to_string(b) + (so.rounding == "sr" ? ":sr" : ""), p);
+  }
+  for (auto& [spec, name] : specs) parse_quant_spec(spec);  // block sizes
+
+  std::FILE* f = stdout;
+  if (!so.events.empty() && so.events != "-") {
+    f = std::fopen(so.events.c_str(), "w");
+    if (!f) throw UsageError("--events " + so.events + ": cannot create the file");
+  }
+  proto::Writer out(f);
+  out.write(proto::Hello{proto::kVersion, engine_version(), host_name()});
+  nlohmann::json sweep = {{"precisions", so.precisions}, {"blocks", so.blocks}, {"sites", sites},
+                          {"rounding", so.rounding}, {"eval_tokens", so.eval_tokens}};
+  out.write(proto::Config{{{"sweep", sweep}, {"model", cfg.to_json()}, {"strategy", o.strategy},
+                           {"devices", o.devices}, {"workload", {{"prompt_len", o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size())}, {"decode", o.decode}, {"seed", o.seed}}}}});
+  out.flush();
+
+  const std::string base = "/tmp/shardscope-sweep-" + std::to_string(getpid());
+  Point ref;
+  ref.label = "fp32";
+  const NpyArray R = run_point(o, "fp32", base, ref);
+  if (!ref.ok) {
+    out.write(proto::Error{"failed", -1, "the unquantized reference run failed: " + ref.error, {}});
+    out.write(proto::Done{"failed", 0, kExitFailure});
+    out.flush();
+    if (f != stdout) std::fclose(f);
+    throw UsageError("the unquantized reference run failed: " + ref.error);
+  }
+  const int64_t V = R.shape.back(), rows = int64_t(R.data.size()) / V;
+  const int64_t P = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
+  auto perplexity = [&](const NpyArray& L) -> double {
+    if (o.tokens.empty()) return NAN;
+    double nll = 0;
+    for (int64_t i = 0; i + 1 < P; ++i) nll -= log_softmax(&L.data[size_t(i * V)], V)[size_t(o.tokens[size_t(i + 1)])];
+    return std::exp(nll / double(P - 1));
+  };
+  ref.ppl = perplexity(R);
+  ref.top1 = 1;
+  auto emit = [&](const Point& p) {
+    auto acc = [&](const char* metric, double v, const std::string& site = "") {
+      out.write(proto::Accuracy{metric, site, -1, v, p.label});
+    };
+    acc("wire_bytes", p.wire);
+    acc("wire_bytes_fp32", p.wire_fp32);
+    acc("kl", p.kl);
+    acc("top1", p.top1);
+    acc("first_divergence", p.first_divergence);
+    if (!std::isnan(p.ppl)) acc("perplexity", p.ppl);
+    for (auto& [site, v] : p.site_rel_l2) acc("rel_l2", v, site);
+    out.flush();
+  };
+  emit(ref);
+
+  std::vector<Point> points;
+  int index = 0;
+  const int total = int(specs.size() * sites.size());
+  for (auto& [spec, name] : specs)
+    for (auto& site : sites) {
+      Point p;
+      p.precision = name;
+      p.block = parse_quant_spec(spec).is_block() ? parse_quant_spec(spec).block : 0;
+      p.site = site;
+      p.label = site == "all" ? spec : site + "=" + spec;
+      std::fprintf(stderr, "sweep: %d/%d %s\n", ++index, total, p.label.c_str());
+      const NpyArray Q = run_point(o, p.label, base, p);
+      if (p.ok && Q.data.size() == R.data.size()) {
+        double kl = 0;
+        int64_t agree = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto lp = log_softmax(&R.data[size_t(r * V)], V), lq = log_softmax(&Q.data[size_t(r * V)], V);
+          for (int64_t v = 0; v < V; ++v) kl += std::exp(lp[size_t(v)]) * (lp[size_t(v)] - lq[size_t(v)]);
+          agree += argmax(&R.data[size_t(r * V)], V) == argmax(&Q.data[size_t(r * V)], V);
+        }
+        p.kl = kl / double(rows);
+        p.top1 = double(agree) / double(rows);
+        for (int64_t k = 0; k <= o.decode && P - 1 + k < rows; ++k)
+          if (argmax(&R.data[size_t((P - 1 + k) * V)], V) != argmax(&Q.data[size_t((P - 1 + k) * V)], V)) {
+            p.first_divergence = int(k);
+            break;
+          }
+        p.ppl = perplexity(Q);
+        emit(p);
+      } else {
+        out.write(proto::Error{"failed", -1, p.label + ": " + p.error, {}});
+      }
+      points.push_back(p);
+    }
+  out.write(proto::Done{"ok", 0, kExitOk});
+  out.flush();
+  if (f != stdout) std::fclose(f);
+
+  // The trade-off table, the Pareto front over (wire bytes, KL), and sensitivity.
+  char line[512];
+  table << "\nsweep: " << cfg.name << ", " << o.strategy << " on " << o.devices << " ranks, " << rows
+        << " positions (prompt " << P << " + decode " << o.decode << "), rounding " << so.rounding << "\n";
+  std::snprintf(line, sizeof line, "%-22s %12s %9s %12s %10s %10s %10s %s\n", "config", "wire B/rank", "vs fp32",
+                "logits KL", "top-1", "diverges", "perplexity", "site rel L2");
+  table << line;
+  auto row = [&](const Point& p, bool pareto) {
+    std::string sites_err;
+    for (auto& [s, v] : p.site_rel_l2) {
+      char b[48];
+      std::snprintf(b, sizeof b, "%s %.2e ", s.c_str(), v);
+      sites_err += b;
+    }
+    char div[16], ppl[24];
+    if (p.first_divergence < 0) std::snprintf(div, sizeof div, "never");
+    else std::snprintf(div, sizeof div, "step %d", p.first_divergence);
+    if (std::isnan(p.ppl)) std::snprintf(ppl, sizeof ppl, "-");
+    else std::snprintf(ppl, sizeof ppl, "%.4f", p.ppl);
+    std::snprintf(line, sizeof line, "%-22s %12.0f %8.3fx %12.3e %9.2f%% %10s %10s %s%s\n", p.label.c_str(), p.wire,
+                  p.wire_fp32 > 0 ? p.wire / p.wire_fp32 : 1.0, p.kl, 100 * p.top1, div, ppl, sites_err.c_str(),
+                  pareto ? " *" : "");
+    table << line;
+  };
+  row(ref, false);
+  for (const Point& p : points) {
+    if (!p.ok) {
+      table << p.label << ": failed: " << p.error << "\n";
+      continue;
+    }
+    bool dominated = false;
+    for (const Point& q : points)
+      if (q.ok && q.site == "all" && p.site == "all" && (q.wire <= p.wire && q.kl <= p.kl) &&
+          (q.wire < p.wire || q.kl < p.kl))
+        dominated = true;
+    row(p, p.site == "all" && !dominated);
+  }
+  table << "* on the Pareto front of wire bytes against logits KL (all sites quantized)\n";
+  if (sites.size() > 2) {
+    table << "\nper-site sensitivity (only that site quantized; highest KL first)\n";
+    for (auto& [spec, name] : specs) {
+      std::vector<std::pair<double, std::string>> rank;
+      for (const Point& p : points)
+        if (p.ok && p.site != "all" && p.label == p.site + "=" + spec) rank.emplace_back(-p.kl, p.site);
+      std::sort(rank.begin(), rank.end());
+      table << "  " << spec << ":";
+      for (auto& [negkl, site] : rank) {
+        std::snprintf(line, sizeof line, " %s (KL %.2e)", site.c_str(), -negkl);
+        table << line;
+      }
+      table << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace ss

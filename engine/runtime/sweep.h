@@ -1,0 +1,31 @@
+// `shardscope-engine sweep`: the accuracy/wire trade-off of quantized
+// all-reduces. Runs the same configuration unquantized and at every point of
+// a grid (precision x block size x site), each as a real multi-rank run, and
+// writes one stream of `accuracy` records (per point: wire bytes, logits KL,
+// top-1 agreement, first greedy divergence, perplexity, each site's error)
+// with a printed summary: the trade-off table, the Pareto front, and the
+// per-site sensitivity ranking.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "runtime/run.h"
+
+namespace ss {
+
+struct SweepOptions {
+  RunOptions run;                  // model, strategy, devices, workload
+  std::vector<std::string> run_args;  // the same, as command-line arguments for each rank run
+  std::vector<std::string> precisions = {"bf16", "fp16", "fp8", "int8", "int4"};
+  std::vector<int> blocks = {32, 128, 1024};
+  std::vector<std::string> sites = {"all", "attn", "mlp", "mixer"};
+  std::string rounding = "rn";     // rn or sr
+  std::string eval_tokens;         // file of token ids: perplexity over them
+  std::string events;              // stream destination ("" = stdout)
+};
+
+int run_sweep(const SweepOptions& o, std::ostream& table);
+
+}  // namespace ss
