@@ -169,6 +169,11 @@ int main(int argc, char** argv) {
   bench->add_option("--devices", bench_devices, "devices for --strategies")->capture_default_str();
   bench->add_option("--prompt-len", bench_prompt, "prompt length for --strategies")->capture_default_str();
   bench->add_flag("--collectives", bench_collectives, "the engine's all-reduce/all-gather against bare MPI");
+  bool bench_cache = false, bench_comm = false;
+  bench->add_flag("--cache", bench_cache, "decode latency with the prefill->decode caches against recomputing the prefix");
+  bench->add_flag("--comm", bench_comm, "quantized all-reduce against bare MPI, and quantize/dequantize throughput");
+  auto* comm_rank = app.add_subcommand("bench-comm-rank", "(internal) one rank of bench --comm");
+  comm_rank->group("");
   bool bench_sim = false;
   ss::SimBenchOptions simb;
   bench->add_flag("--sim", bench_sim, "simulator speed, and simulated vs measured per-op time on this machine");
@@ -263,6 +268,10 @@ int main(int argc, char** argv) {
     if (*calibrate) return ss::run_calibrate(calib_out, calib_ranks, std::cout);
     if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);
     if (*bench && bench_sim) return ss::run_sim_bench(simb, std::cout);
+    if (*bench && bench_cache) return ss::run_cache_bench(std::cout);
+    if (*bench && bench_comm) return ss::run_comm_bench(std::cout);
+    if (*comm_rank)
+      return ss::comm_bench_rank({4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}, 5);
     if (*bench && !bench_strategies.empty()) {
       sb.strategies = bench_strategies;
       sb.devices = bench_devices;

@@ -203,6 +203,43 @@ float e4m3_to_f32(uint8_t b) {
   return sign * std::ldexp(float(8 + m), e - 7 - 3);
 }
 
+namespace {
+
+// Fast e4m3 encoding of |v| <= 448 by bit manipulation, round-to-nearest-even
+// on the float's mantissa (normals), or on the subnormal grid of 2^-9.
+inline uint8_t e4m3_nearest(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80);
+  u &= 0x7fffffffu;
+  if (u < 0x3c800000u) {  // below 2^-6: subnormal grid m * 2^-9, m in 0..8
+    float a;
+    std::memcpy(&a, &u, 4);
+    const int m = int(std::nearbyint(a * 512.0f));
+    return uint8_t(sign | (m >= 8 ? 0x08 : m));  // m = 8 is the smallest normal
+  }
+  u += 0x7ffffu + ((u >> 20) & 1u);  // round the 23-bit mantissa to 3 bits
+  int exp = int(u >> 23) - 127 + 7;
+  const uint32_t mant = (u >> 20) & 7u;
+  if (exp > 15 || (exp == 15 && mant == 7)) return uint8_t(sign | 0x7e);  // clamp to 448
+  return uint8_t(sign | (exp << 3) | mant);
+}
+
+struct E4m3Table {
+  float v[256];
+  E4m3Table() {
+    for (int i = 0; i < 256; ++i) v[i] = e4m3_to_f32(uint8_t(i));
+  }
+};
+const E4m3Table& e4m3_table() {
+  static const E4m3Table t;
+  return t;
+}
+
+}  // namespace
+
+// Block formats store the blocks' fp32 scales first (4-byte aligned), then
+// the values. The loops are written per format so the compiler vectorises them.
 void quantize_values(const float* x, int64_t n, const QuantSpec& s, uint64_t counter0, uint8_t* out) {
   switch (s.precision) {
     case Precision::FP32: std::memcpy(out, x, size_t(n) * 4); return;
@@ -223,7 +260,7 @@ void quantize_values(const float* x, int64_t n, const QuantSpec& s, uint64_t cou
   const bool sr = s.rounding == Rounding::Stochastic;
   const float qm = qmax(s.precision);
   const int64_t nblocks = (n + s.block - 1) / s.block;
-  float* scales = reinterpret_cast<float*>(out);  // scales first (4-byte aligned), then values
+  float* scales = reinterpret_cast<float*>(out);
   uint8_t* values = out + 4 * nblocks;
   if (s.precision == Precision::INT4) std::memset(values, 0, size_t((n + 1) / 2));
   for (int64_t b = 0; b < nblocks; ++b) {
@@ -233,36 +270,55 @@ void quantize_values(const float* x, int64_t n, const QuantSpec& s, uint64_t cou
     const float scale = amax > 0 ? amax / qm : 1.0f;
     scales[b] = scale;
     const float inv = 1.0f / scale;
-    for (int64_t i = i0; i < i1; ++i) {
-      const float u = sr ? uniform(s.seed, counter0 + uint64_t(i)) : 0.5f;
-      const float v = x[i] * inv;
-      if (s.precision == Precision::FP8) {
-        values[i] = f32_to_e4m3(v, u);
-      } else {
-        const float q = std::clamp(round_int(v, u, s.rounding), -qm, qm);
-        if (s.precision == Precision::INT8) values[i] = uint8_t(int8_t(q));
-        else values[i / 2] |= uint8_t((int(q) & 0xf) << (4 * (i & 1)));
+    if (s.precision == Precision::INT8 && !sr) {
+      int8_t* q = reinterpret_cast<int8_t*>(values);
+      for (int64_t i = i0; i < i1; ++i) q[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -qm, qm));
+    } else if (s.precision == Precision::INT4 && !sr) {
+      // Two values per byte, low nibble first; blocks start on any element.
+      for (int64_t i = i0; i < i1; ++i) {
+        const int q = int(std::clamp(std::nearbyint(x[i] * inv), -qm, qm));
+        values[i >> 1] |= uint8_t((q & 0xf) << ((i & 1) << 2));
+      }
+    } else if (s.precision == Precision::FP8 && !sr) {
+      for (int64_t i = i0; i < i1; ++i) values[i] = e4m3_nearest(x[i] * inv);
+    } else {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float u = sr ? uniform(s.seed, counter0 + uint64_t(i)) : 0.5f;
+        const float v = x[i] * inv;
+        if (s.precision == Precision::FP8) {
+          values[i] = f32_to_e4m3(v, u);
+        } else {
+          const float q = std::clamp(round_int(v, u, s.rounding), -qm, qm);
+          if (s.precision == Precision::INT8) values[i] = uint8_t(int8_t(q));
+          else values[i / 2] |= uint8_t((int(q) & 0xf) << (4 * (i & 1)));
+        }
       }
     }
   }
 }
 
 void dequantize_values(const uint8_t* in, int64_t n, const QuantSpec& s, float* out, bool accumulate) {
-  auto put = [&](int64_t i, float v) { out[i] = accumulate ? out[i] + v : v; };
+  const float keep = accumulate ? 1.0f : 0.0f;
   switch (s.precision) {
     case Precision::FP32:
       for (int64_t i = 0; i < n; ++i) {
         float v;
         std::memcpy(&v, in + 4 * i, 4);
-        put(i, v);
+        out[i] = out[i] * keep + v;
       }
       return;
     case Precision::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, in + 2 * i, 2);
+        out[i] = (accumulate ? out[i] : 0.0f) + bf16_to_f32(h);
+      }
+      return;
     case Precision::FP16:
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, in + 2 * i, 2);
-        put(i, s.precision == Precision::BF16 ? bf16_to_f32(h) : f16_to_f32(h));
+        out[i] = (accumulate ? out[i] : 0.0f) + f16_to_f32(h);
       }
       return;
     default: break;
@@ -270,15 +326,23 @@ void dequantize_values(const uint8_t* in, int64_t n, const QuantSpec& s, float* 
   const int64_t nblocks = (n + s.block - 1) / s.block;
   const float* scales = reinterpret_cast<const float*>(in);
   const uint8_t* values = in + 4 * nblocks;
-  for (int64_t i = 0; i < n; ++i) {
-    const float scale = scales[i / s.block];
-    float v;
-    if (s.precision == Precision::INT8) v = float(int8_t(values[i]));
-    else if (s.precision == Precision::INT4) {
-      int q = (values[i / 2] >> (4 * (i & 1))) & 0xf;
-      v = float(q >= 8 ? q - 16 : q);
-    } else v = e4m3_to_f32(values[i]);
-    put(i, v * scale);
+  const float* table = e4m3_table().v;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t i0 = b * s.block, i1 = std::min(n, i0 + s.block);
+    const float scale = scales[b];
+    if (!accumulate) std::fill(out + i0, out + i1, 0.0f);
+    if (s.precision == Precision::INT8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(values);
+      for (int64_t i = i0; i < i1; ++i) out[i] += float(q[i]) * scale;
+    } else if (s.precision == Precision::INT4) {
+      for (int64_t i = i0; i < i1; ++i) {
+        // Sign-extend the nibble: shift it to the top of an int8, then back.
+        const int8_t q = int8_t(uint8_t(values[i >> 1] << (4 - ((i & 1) << 2)))) >> 4;
+        out[i] += float(q) * scale;
+      }
+    } else {
+      for (int64_t i = i0; i < i1; ++i) out[i] += table[values[i]] * scale;
+    }
   }
 }
 

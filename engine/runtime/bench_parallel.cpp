@@ -11,6 +11,7 @@
 
 #include "comm/mpi_bench.h"
 #include "comm/mpi_communicator.h"
+#include "comm/quantized_all_reduce.h"
 #include "core/allocator.h"
 #include "cpu/cpu_backend.h"
 #include "protocol/analysis.h"
@@ -269,6 +270,123 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
   if (mismatched) out << mismatched << " span sequences did not pair up (different op order)\n";
   out << "median: of |simulated - measured| / measured per span; bias: the median signed error. Goal: median within "
          "25% per op kind.\n";
+  return 0;
+}
+
+int run_cache_bench(std::ostream& out) {
+  char line[512];
+  out << "shardscope-engine bench --cache  host " << host_name() << "  (single cpu device)\n";
+  std::snprintf(line, sizeof line, "%-14s %7s %7s %10s %14s %16s %9s %14s\n", "model", "prompt", "decode", "TTFT ms",
+                "ms/token cache", "ms/token no cache", "speedup", "cache MiB");
+  out << line;
+  for (std::string model : {"small-llama", "small-mamba2"})
+    for (int64_t prompt : {256, 1024}) {
+      double ms[2] = {0, 0}, ttft = 0, cache_bytes = 0;
+      for (int nc = 0; nc < 2; ++nc) {
+        char tmpl[] = "/tmp/shardscope-cache-XXXXXX";
+        const int fd = mkstemp(tmpl);
+        if (fd >= 0) close(fd);
+        const std::string cmd = "'" + self_exe() + "' run --model " + model + " --prompt-len " + std::to_string(prompt) +
+                                " --decode 8" + (nc ? " --no-cache" : "") + " --events " + tmpl + " 2>/dev/null";
+        if (std::system(cmd.c_str()) != 0) out << model << ": run failed\n";
+        const auto st = proto::analyze(read_stream(tmpl));
+        std::filesystem::remove(tmpl);
+        auto metric = [&](const char* n) { return st.metrics.count(n) ? st.metrics.at(n) : 0.0; };
+        ms[nc] = metric("decode_ms_per_token");
+        if (!nc) {
+          ttft = metric("ttft_ms");
+          cache_bytes = metric("peak_kv_cache_bytes") + metric("peak_ssm_state_bytes");
+        }
+      }
+      std::snprintf(line, sizeof line, "%-14s %7lld %7d %10.1f %14.2f %16.2f %8.1fx %14.2f\n", model.c_str(),
+                    static_cast<long long>(prompt), 8, ttft, ms[0], ms[1], ms[1] / std::max(ms[0], 1e-9),
+                    cache_bytes / (1 << 20));
+      out << line << std::flush;
+    }
+  return 0;
+}
+
+int run_comm_bench(std::ostream& out) {
+  char line[256];
+  out << "shardscope-engine bench --comm  host " << host_name() << "\n\nquantize + dequantize throughput, one core "
+      << "(bytes of fp32 input per second)\n";
+  const int64_t n = 1 << 22;
+  std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = std::sin(0.001f * float(i)) * 3.0f;
+  for (const char* spec : {"bf16", "int8:128", "int8:128:sr", "int4:128", "fp8:128"}) {
+    const QuantSpec s = parse_quant_spec(spec);
+    std::vector<uint8_t> q(static_cast<size_t>(quantized_bytes(n, s)));
+    const auto t0 = std::chrono::steady_clock::now();
+    int reps = 0;
+    double secs = 0;
+    do {
+      quantize_values(x.data(), n, s, 0, q.data());
+      dequantize_values(q.data(), n, s, y.data(), false);
+      ++reps;
+      secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while (secs < 0.5);
+    std::snprintf(line, sizeof line, "  %-12s %8.2f GB/s\n", spec, 4.0 * double(n) * reps / secs * 1e-9);
+    out << line;
+  }
+  out << "\nall-reduce: bare MPI (fp32) and the quantized all-reduce (reduce-scatter + all-gather hops) in the same "
+         "run; time is the slowest rank's mean; busbw with the all-reduce factor 2(n-1)/n on the fp32 size\n"
+      << std::flush;
+  for (int d : {2, 4}) {
+    std::string cmd = std::string(SHARDSCOPE_MPIEXEC) + " -np " + std::to_string(d) +
+                      (unsigned(d) > std::thread::hardware_concurrency() ? " --oversubscribe" : "") + " '" +
+                      self_exe() + "' bench-comm-rank";
+    if (geteuid() == 0) cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + cmd;
+    std::FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return 1;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out << buf << std::flush;
+    if (pclose(p) != 0) return 1;
+  }
+  out << "Goals: int8 (B=128) wire <= 0.27x fp32; int8 faster than fp32 for messages >= 1 MiB; quantize+dequantize "
+         ">= 2 GB/s per core.\n";
+  return 0;
+}
+
+int comm_bench_rank(const std::vector<int64_t>& sizes, int iterations) {
+  MpiWorld mpi;
+  Recorder rec(mpi.rank());
+  {
+    auto stream = std::make_shared<CommStream>();
+    MpiCommunicator world(stream, MPI_COMM_WORLD, rec, "world");
+    Allocator alloc;
+    CpuBackend be(alloc, rec);
+    const int D = mpi.size();
+    if (mpi.rank() == 0)
+      std::printf("\n%d ranks\n%-12s %10s %11s %10s %12s %11s %8s\n", D, "precision", "bytes", "time us",
+                  "busbw GB/s", "wire B/rank", "vs fp32", "speedup");
+    for (int64_t bytes : sizes) {
+      const int64_t n = bytes / 4;
+      Tensor buf = be.alloc({n}, Category::CommBuffers, "bench");
+      double fp32_time = 0;
+      for (const char* spec : {"fp32", "bf16", "int8:128", "int4:128", "fp8:128"}) {
+        const QuantSpec s = parse_quant_spec(spec);
+        be.fill(buf, 1.0f);
+        WireBytes w = quantized_all_reduce(world, be, buf, s, 0);  // warm-up
+        world.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < iterations; ++i) w = quantized_all_reduce(world, be, buf, s, uint64_t(i) << 32);
+        double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations;
+        Tensor tt = be.alloc({1}, Category::Workspace, "t");
+        float tf = float(t);
+        be.upload(tt, &tf, DType::F32);
+        world.all_reduce(tt);  // the mean over ranks
+        be.download(tt, &tf);
+        t = double(tf) / D;
+        if (s.is_plain()) fp32_time = t;
+        rec.clear();
+        if (mpi.rank() == 0)
+          std::printf("%-12s %10lld %11.1f %10.3f %12.0f %10.3fx %7.2fx\n", spec, static_cast<long long>(bytes), t * 1e6,
+                      2.0 * (D - 1) / D * double(bytes) / t * 1e-9, w.sent, w.sent / std::max(w.fp32, 1.0),
+                      fp32_time / t);
+      }
+    }
+    std::fflush(stdout);
+  }
   return 0;
 }
 

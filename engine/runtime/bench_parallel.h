@@ -28,6 +28,15 @@ struct SimBenchOptions {
 // calibrated here: median and 90th-percentile error per op kind.
 int run_sim_bench(const SimBenchOptions& o, std::ostream& out);
 
+// TTFT and per-token decode latency with the prefill->decode caches (KV,
+// conv_state + ssm_state) against the same decode recomputing the prefix.
+int run_cache_bench(std::ostream& out);
+
+// Quantized all-reduce against bare MPI all-reduce per message size and rank
+// count: time, algbw, busbw, wire bytes; and quantize+dequantize throughput per core.
+int run_comm_bench(std::ostream& out);
+int comm_bench_rank(const std::vector<int64_t>& sizes, int iterations);
+
 struct CollectiveBenchOptions {
   std::vector<int> devices = {2, 4};
   std::vector<int64_t> sizes = {4096, 65536, 1 << 20, 16 << 20, 64 << 20};

@@ -473,17 +473,28 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       prefill_s += (t1 - t0) * 1e-9;
       prefill_tokens += P;
       if (seq == seq_begin) res.ttft_s = (t1 - t0) * 1e-9;
-      step_boundary(g, rec, extra, strategy == Strategy::DP ? out : out);
+      step_boundary(g, rec, extra, out);
 
       if (o.decode > 0 && g.root() && seq == seq_begin) extra.push_back(proto::to_line(proto::Phase{"decode", rec.now()}));
       rec.set_phase("decode");
+      std::vector<int32_t> history = prompt;  // --no-cache recomputes all of it every step
+      if (o.no_cache) cache = Cache();  // the prefill's caches are not used
       for (int k = 0; k < o.decode; ++k) {
         if (seq == seq_begin) res.generated.push_back(next);
         const int32_t p1 = int32_t(P + k);
         StepLayout dl;
         dl.kv_owner = seq_sharded ? int(p1 % S) : 0;
         const int64_t d0 = rec.now();
-        Tensor logits = model.forward(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&p1, 1), cache, false, dl);
+        Tensor logits;
+        if (o.no_cache) {
+          history.push_back(next);
+          std::vector<int32_t> all_pos(history.size());
+          std::iota(all_pos.begin(), all_pos.end(), 0);
+          Cache fresh = model.make_cache(int64_t(history.size()));
+          logits = model.forward(history, all_pos, fresh, false);
+        } else {
+          logits = model.forward(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&p1, 1), cache, false, dl);
+        }
         next = be.argmax_row(logits, 0);
         if (strategy != Strategy::DP) next = share_token(next, 0);
         collect(seq, logits, {p1});
