@@ -1,0 +1,148 @@
+// The quantization sweep, end to end: a grid of real tensor-parallel runs
+// against the unquantized run. More bits and smaller blocks must cost less
+// accuracy; bf16 must keep the greedy tokens; bad input is refused up front.
+#include <QProcess>
+#include <QTemporaryDir>
+#include <QtTest>
+
+#include <map>
+
+#include "protocol/events.h"
+
+namespace {
+
+struct SweepRun {
+  int exit_code = -1;
+  QByteArray stderr_text;
+  // config label -> metric -> value (site-level rel_l2 under "rel_l2:<site>")
+  std::map<std::string, std::map<std::string, double>> points;
+  int64_t rejected = 0;
+  std::string status;
+};
+
+SweepRun sweep(const QStringList& args) {
+  QTemporaryDir dir;
+  const QString events = dir.filePath("sweep.jsonl");
+  QProcess p;
+  p.start(SHARDSCOPE_ENGINE_BIN, QStringList{"sweep"} + args + QStringList{"--events", events});
+  SweepRun r;
+  if (!p.waitForFinished(240000)) {
+    p.kill();
+    return r;
+  }
+  r.exit_code = p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
+  r.stderr_text = p.readAllStandardError();
+  QFile f(events);
+  if (!f.open(QIODevice::ReadOnly)) return r;
+  ss::proto::Reader reader;
+  for (const QByteArray& line : f.readAll().split('\n')) {
+    if (line.isEmpty()) continue;
+    auto res = reader.parse_line(std::string_view(line.constData(), size_t(line.size())));
+    if (!res.event) continue;
+    if (auto* a = std::get_if<ss::proto::Accuracy>(&*res.event)) {
+      const std::string key = a->metric == "rel_l2" ? "rel_l2:" + a->site : a->metric;
+      r.points[a->config][key] = a->value;
+    } else if (auto* d = std::get_if<ss::proto::Done>(&*res.event)) {
+      r.status = d->status;
+    }
+  }
+  r.rejected = reader.rejected();
+  return r;
+}
+
+// Mean of the per-site relative errors of a point.
+double site_error(const std::map<std::string, double>& m) {
+  double sum = 0;
+  int n = 0;
+  for (auto& [k, v] : m)
+    if (k.rfind("rel_l2:", 0) == 0) {
+      sum += v;
+      ++n;
+    }
+  return n ? sum / n : -1;
+}
+
+}  // namespace
+
+class TestSweep : public QObject {
+  Q_OBJECT
+ private slots:
+  void moreBitsAndSmallerBlocksCostLess_data() {
+    QTest::addColumn<QStringList>("model");
+    QTest::newRow("transformer, tp on 4") << QStringList{"--model", "tiny-llama", "--set", "num_key_value_heads=4"};
+    QTest::newRow("mamba2, tp on 4") << QStringList{"--model", "tiny-mamba2"};
+  }
+  void moreBitsAndSmallerBlocksCostLess() {
+    QFETCH(QStringList, model);
+    const SweepRun r = sweep(model + QStringList{"--strategy", "tp", "--devices", "4", "--prompt-len", "48", "--decode",
+                                                 "8", "--precisions", "bf16,int8,int4", "--blocks", "16,1024",
+                                                 "--sites", "all"});
+    QCOMPARE(r.exit_code, 0);
+    QCOMPARE(r.status, std::string("ok"));
+    QCOMPARE(r.rejected, int64_t(0));
+    for (const char* c : {"fp32", "bf16", "int8:16", "int8:1024", "int4:16", "int4:1024"})
+      QVERIFY2(r.points.count(c), c);
+    auto at = [&](const char* c, const char* m) { return r.points.at(c).at(m); };
+    // The reference agrees with itself; bf16 keeps every greedy token.
+    QCOMPARE(at("fp32", "top1"), 1.0);
+    QVERIFY2(at("bf16", "top1") >= 0.999, qPrintable(QString::number(at("bf16", "top1"))));
+    // More bits, less error: at each site and in the logits.
+    QVERIFY(site_error(r.points.at("bf16")) < site_error(r.points.at("int8:16")));
+    QVERIFY(site_error(r.points.at("int8:16")) < site_error(r.points.at("int4:16")));
+    QVERIFY(site_error(r.points.at("int8:1024")) < site_error(r.points.at("int4:1024")));
+    QVERIFY(at("bf16", "kl") < at("int8:1024", "kl"));
+    QVERIFY(at("int8:1024", "kl") < at("int4:1024", "kl"));
+    // Smaller blocks, less error.
+    QVERIFY(site_error(r.points.at("int8:16")) < site_error(r.points.at("int8:1024")));
+    QVERIFY(site_error(r.points.at("int4:16")) < site_error(r.points.at("int4:1024")));
+    // Fewer bytes on the wire as the precision drops (scales included).
+    QVERIFY(at("int4:1024", "wire_bytes") < at("int8:1024", "wire_bytes"));
+    QVERIFY(at("int8:1024", "wire_bytes") < at("bf16", "wire_bytes"));
+    QVERIFY(at("bf16", "wire_bytes") < at("fp32", "wire_bytes"));
+    QVERIFY(at("int8:16", "wire_bytes") > at("int8:1024", "wire_bytes"));  // more scales
+  }
+
+  void checkpointModelSweeps() {
+    QTemporaryDir dir;
+    QProcess exp;
+    exp.start(SHARDSCOPE_ENGINE_BIN, {"export", "--model", "tiny-mamba2", "--out", dir.filePath("m"), "--seed", "5"});
+    QVERIFY(exp.waitForFinished(60000));
+    QCOMPARE(exp.exitCode(), 0);
+    const SweepRun r = sweep({"--model", dir.filePath("m"), "--strategy", "tp", "--devices", "2", "--prompt-len", "16",
+                              "--decode", "4", "--precisions", "bf16,int8", "--blocks", "64", "--sites", "all,mixer"});
+    QCOMPARE(r.exit_code, 0);
+    QCOMPARE(r.status, std::string("ok"));
+    QVERIFY(r.points.count("int8:64"));
+    QVERIFY(r.points.count("mixer=int8:64"));
+    QVERIFY(r.points.at("int8:64").at("kl") > 0);
+  }
+
+  void refusesBadInput_data() {
+    QTest::addColumn<QStringList>("args");
+    QTest::addColumn<QString>("says");
+    const QStringList base = {"--model", "tiny-mamba2", "--devices", "2", "--prompt-len", "16"};
+    QTest::newRow("unknown precision") << base + QStringList{"--strategy", "tp", "--precisions", "int3"} << "int3";
+    QTest::newRow("block 0") << base + QStringList{"--strategy", "tp", "--precisions", "int8", "--blocks", "0"}
+                             << "block size";
+    QTest::newRow("block over 1M") << base + QStringList{"--strategy", "tp", "--precisions", "int8", "--blocks",
+                                                         "1048577"}
+                                   << "block size";
+    QTest::newRow("no all-reduce") << base + QStringList{"--strategy", "sp"} << "has none";
+    QTest::newRow("unknown site") << base + QStringList{"--strategy", "tp", "--sites", "ffn"} << "ffn";
+  }
+  void refusesBadInput() {
+    QFETCH(QStringList, args);
+    QFETCH(QString, says);
+    QElapsedTimer t;
+    t.start();
+    const SweepRun r = sweep(args);
+    QCOMPARE(r.exit_code, 2);
+    const QList<QByteArray> lines = r.stderr_text.trimmed().split('\n');
+    QCOMPARE(lines.size(), 1);
+    QVERIFY2(lines.front().contains(says.toUtf8()), lines.front().constData());
+    QVERIFY(r.points.empty());  // refused before any run
+  }
+};
+
+QTEST_GUILESS_MAIN(TestSweep)
+#include "tst_sweep.moc"
