@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one command that sets up a fresh Debian 12 machine, builds ShardScope and
 # opens the explorer. Without a display it says so and runs a headless demo:
-# a real engine run whose summary it prints.
+# real engine runs (one device, then four MPI ranks) and a simulation, whose
+# summaries it prints.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${SHARDSCOPE_BUILD_DIR:-$root/build}"
@@ -19,9 +20,20 @@ echo "run.sh: no display found (DISPLAY and WAYLAND_DISPLAY are unset): running 
 echo "run.sh: to open the explorer, run this from a desktop session (or: xvfb-run -a $0)."
 demo="$(mktemp -d)"
 trap 'rm -rf "$demo"' EXIT
-for model in small-llama small-mamba2; do
+step() {
   echo
-  echo "=== $model: prefill 256 tokens, decode 16, on this CPU ==="
-  "$engine" run --model "$model" --prompt-len 256 --decode 16 --events "$demo/$model.jsonl"
-  "$engine" summarize "$demo/$model.jsonl"
-done
+  echo "=== $1 ==="
+  shift
+  "$engine" "$@" --events "$demo/run.jsonl"
+  "$engine" summarize "$demo/run.jsonl"
+}
+step "small-llama on one CPU device: prefill 256 tokens, decode 16" \
+  run --model small-llama --prompt-len 256 --decode 16
+step "small-mamba2 on one CPU device: prefill 256 tokens, decode 16" \
+  run --model small-mamba2 --prompt-len 256 --decode 16
+step "small-llama, tensor parallel on 4 CPU devices (4 MPI ranks)" \
+  launch --model small-llama --strategy tp --devices 4 --prompt-len 256 --decode 8
+step "small-llama, folded tensor+sequence parallel (tsp) on 4 CPU devices" \
+  launch --model small-llama --strategy tsp --devices 4 --prompt-len 256 --decode 8
+step "simulated: Llama-2-7B, 128K tokens, tsp on 8 x MI300X" \
+  simulate --hardware mi300x --model llama2-7b --strategy tsp --devices 8 --prompt-len 131072 --decode 4
