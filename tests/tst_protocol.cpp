@@ -144,7 +144,7 @@ std::vector<std::pair<const char*, Event>> samples() {
       {"metric whole run", Metric{"ttft_ms", 12.625, "ms", -1}},
       {"metric per rank", Metric{"peak_bytes", 123456789.0, "bytes", 6}},
       {"phase", Phase{"prefill", 42}},
-      {"accuracy", Accuracy{"rel_l2", "mlp.down", 3, 1.5e-4}},
+      {"accuracy", Accuracy{"rel_l2", "mlp.down", 3, 1.5e-4, "mlp=int8:128"}},
       {"error with detail", oom},
       {"error without detail", plain},
       {"done ok", Done{"ok", 99999, 0}},

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -267,7 +268,9 @@ void quantize_values(const float* x, int64_t n, const QuantSpec& s, uint64_t cou
     const int64_t i0 = b * s.block, i1 = std::min(n, i0 + s.block);
     float amax = 0;
     for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float scale = amax > 0 ? amax / qm : 1.0f;
+    // At least FLT_MIN: a subnormal scale (blocks below qmax * FLT_MIN) has an
+    // infinite reciprocal, which would turn the block's zeros into NaN.
+    const float scale = amax > 0 ? std::max(amax / qm, std::numeric_limits<float>::min()) : 1.0f;
     scales[b] = scale;
     const float inv = 1.0f / scale;
     if (s.precision == Precision::INT8 && !sr) {
@@ -298,13 +301,12 @@ void quantize_values(const float* x, int64_t n, const QuantSpec& s, uint64_t cou
 }
 
 void dequantize_values(const uint8_t* in, int64_t n, const QuantSpec& s, float* out, bool accumulate) {
-  const float keep = accumulate ? 1.0f : 0.0f;
   switch (s.precision) {
     case Precision::FP32:
       for (int64_t i = 0; i < n; ++i) {
         float v;
         std::memcpy(&v, in + 4 * i, 4);
-        out[i] = out[i] * keep + v;
+        out[i] = (accumulate ? out[i] : 0.0f) + v;  // not out * 0: the buffer may hold NaN
       }
       return;
     case Precision::BF16:

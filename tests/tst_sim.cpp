@@ -1,0 +1,609 @@
+// The simulator against real runs. `simulate` runs the same model, strategy
+// and allocator code as `launch` (one thread per rank instead of one MPI
+// process), so for the same options the two streams must agree on everything
+// but time: peak memory per rank and category to the byte, placements, token
+// ranges, and the sequence of compute and comm spans. Beyond that: malformed
+// hardware profiles are refused naming the field, 7B-class models at 64K-128K
+// tokens and a 64-rank mesh simulate to the end with the weights their
+// strategy promises, and running out of a simulated device's memory is an
+// `oom` result, not a crash.
+#include <QtTest>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "protocol/events.h"
+
+using namespace ss::proto;
+using json = nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kCategories = {"weights",   "activations",  "kv_cache",
+                                              "ssm_state", "comm_buffers", "workspace"};
+const QStringList kFamilies = {"tiny-llama", "tiny-mamba", "tiny-falcon-mamba", "tiny-mamba2",
+                               "tiny-hybrid"};
+constexpr int kPrompt = 24, kDecode = 4;
+
+QString resources_dir() {
+  return qEnvironmentVariable("SHARDSCOPE_RESOURCES", SHARDSCOPE_TESTS_DIR "/../resources");
+}
+
+json read_json(const QString& path) {
+  QFile f(path);
+  if (!f.open(QIODevice::ReadOnly)) return json();
+  return json::parse(f.readAll().toStdString(), nullptr, false);
+}
+
+struct Ran {
+  int exit_code = -1;
+  bool crashed = false;
+  QByteArray out, err;
+};
+
+Ran engine(const QStringList& args, int timeout_ms = 120000) {
+  QProcess p;
+  p.start(SHARDSCOPE_ENGINE_BIN, args);
+  Ran r;
+  if (!p.waitForFinished(timeout_ms)) {
+    p.kill();
+    p.waitForFinished();
+    r.crashed = true;
+  }
+  r.crashed = r.crashed || p.exitStatus() != QProcess::NormalExit;
+  r.exit_code = p.exitCode();
+  r.out = p.readAllStandardOutput();
+  r.err = p.readAllStandardError();
+  return r;
+}
+
+struct Stream {
+  std::vector<Event> events;
+  std::vector<std::string> errors;
+  template <class T>
+  std::vector<const T*> all() const {
+    std::vector<const T*> out;
+    for (auto& e : events)
+      if (auto* x = std::get_if<T>(&e)) out.push_back(x);
+    return out;
+  }
+  const Done* done() const { return events.empty() ? nullptr : std::get_if<Done>(&events.back()); }
+  // Per-rank metrics (those with a rank field), by (rank, name).
+  std::map<std::pair<int, std::string>, double> rank_metrics() const {
+    std::map<std::pair<int, std::string>, double> m;
+    for (auto* x : all<Metric>())
+      if (x->rank >= 0) m[{x->rank, x->name}] = x->value;
+    return m;
+  }
+};
+
+Stream read_stream(const QByteArray& bytes) {
+  Stream s;
+  Reader reader;
+  auto on_event = [&](Event e) { s.events.push_back(std::move(e)); };
+  auto on_error = [&](const std::string& m) { s.errors.push_back(m); };
+  reader.feed(std::string_view(bytes.constData(), size_t(bytes.size())), on_event, on_error);
+  reader.finish(on_event, on_error);
+  return s;
+}
+
+QString one_line(const QByteArray& err) {
+  return QString::fromUtf8(err).trimmed();
+}
+
+// Records of one type per rank, in stream order, as JSON text without the
+// fields named in `drop` (and, for spans, only those of `stream_kind`).
+using PerRank = std::map<int, std::vector<std::string>>;
+PerRank records(const Stream& s, const std::string& type, const std::vector<const char*>& drop,
+                const std::string& stream_kind = {}) {
+  PerRank out;
+  for (auto& e : s.events) {
+    json j = to_json(e);
+    if (j["type"] != type) continue;
+    if (!stream_kind.empty() && j["stream"] != stream_kind) continue;
+    for (const char* k : drop) j.erase(k);
+    out[j["rank"].get<int>()].push_back(j.dump());
+  }
+  return out;
+}
+
+// Empty when both agree; else where they first part.
+QString first_difference(const PerRank& real, const PerRank& sim) {
+  std::set<int> ranks;
+  for (auto& [r, v] : real) ranks.insert(r);
+  for (auto& [r, v] : sim) ranks.insert(r);
+  for (int r : ranks) {
+    const auto a = real.count(r) ? real.at(r) : std::vector<std::string>{};
+    const auto b = sim.count(r) ? sim.at(r) : std::vector<std::string>{};
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      const std::string x = i < a.size() ? a[i] : "(none)", y = i < b.size() ? b[i] : "(none)";
+      if (x != y)
+        return QString("rank %1, record %2 of %3 (cpu) / %4 (sim):\n  cpu %5\n  sim %6")
+            .arg(r)
+            .arg(i)
+            .arg(a.size())
+            .arg(b.size())
+            .arg(QString::fromStdString(x), QString::fromStdString(y));
+    }
+  }
+  return {};
+}
+
+// Shapes each family needs at D = 4: tiny-llama and the hybrid's attention
+// have 2 kv heads in the preset; every other dimension divides as it is.
+QStringList shape_sets(const QString& model, int D) {
+  if (D < 4) return {};
+  if (model == "tiny-llama") return {"num_attention_heads=8", "num_key_value_heads=4"};
+  if (model == "tiny-hybrid")
+    return {
+        R"(attention={"num_attention_heads":8,"num_key_value_heads":4,"intermediate_size":160})"};
+  return {};
+}
+
+QStringList with_sets(QStringList args, const QStringList& sets) {
+  for (auto& s : sets) args << "--set" << s;
+  return args;
+}
+
+// Parameters of a preset from its config file, counted here with the model's
+// own dimensions (not the engine's count): `whole` is what every rank holds,
+// `split` what tensor parallelism (and tsp) divides over its shards.
+struct Params {
+  int64_t whole = 0, split = 0;
+  int64_t total() const { return whole + split; }
+};
+
+int64_t get(const json& c, const char* key, int64_t fallback = -1) {
+  return c.contains(key) ? c[key].get<int64_t>() : fallback;
+}
+
+// Llama: q, k, v, o and the gated MLP are split; the two norms per layer,
+// the final norm, the embedding and an untied lm_head are whole.
+Params llama_params(const json& c) {
+  const int64_t V = get(c, "vocab_size"), d = get(c, "hidden_size"),
+                L = get(c, "num_hidden_layers");
+  const int64_t F = get(c, "intermediate_size"), H = get(c, "num_attention_heads");
+  const int64_t KV = get(c, "num_key_value_heads", H), hd = get(c, "head_dim", d / H);
+  const bool tied = c.value("tie_word_embeddings", false);
+  return {V * d * (tied ? 1 : 2) + L * 2 * d + d, L * (d * hd * (2 * H + 2 * KV) + 3 * d * F)};
+}
+
+// Mamba2 per layer: norm; in_proj [z, x, B, C, dt] x d; conv1d over x, B, C
+// (+ bias); dt_bias, A_log and D per head; gated norm over d_inner; out_proj.
+// Whole: the embedding (+ untied head) and the final norm.
+Params mamba2_params(const json& c) {
+  const int64_t V = get(c, "vocab_size"), d = get(c, "hidden_size"),
+                L = get(c, "num_hidden_layers");
+  const int64_t N = get(c, "state_size"), P = get(c, "head_dim"), G = get(c, "n_groups", 1);
+  const int64_t K = get(c, "conv_kernel"), Di = get(c, "expand", 2) * d, H = Di / P;
+  const int64_t conv = Di + 2 * G * N;
+  const int64_t layer = d + (2 * Di + 2 * G * N + H) * d + conv * K +
+                        (c.value("use_conv_bias", true) ? conv : 0) + 3 * H + Di + d * Di;
+  const bool tied = c.value("tie_word_embeddings", false);
+  return {V * d * (tied ? 1 : 2) + d, L * layer};
+}
+
+}  // namespace
+
+class TestSim : public QObject {
+  Q_OBJECT
+
+  QTemporaryDir m_dir;
+  json m_h100;
+
+  // A real run and its simulation with the same options, run once per row
+  // and shared by the memory and the record checks.
+  struct Pair {
+    Ran real, sim;
+    Stream real_stream, sim_stream;
+  };
+  std::map<QString, Pair> m_pairs;
+
+  const Pair& pair(const QStringList& args) {
+    const QString key = args.join(' ');
+    auto it = m_pairs.find(key);
+    if (it != m_pairs.end()) return it->second;
+    Pair p;
+    p.real = engine(QStringList{"launch"} + args);
+    p.sim = engine(QStringList{"simulate", "--hardware", "h100-sxm"} + args);
+    p.real_stream = read_stream(p.real.out);
+    p.sim_stream = read_stream(p.sim.out);
+    return m_pairs.emplace(key, std::move(p)).first->second;
+  }
+
+  static void rows() {
+    QTest::addColumn<QStringList>("args");
+    QTest::addColumn<int>("devices");
+    auto row = [](const QString& model, const QString& strategy, int D, const QStringList& extra,
+                  const QString& tag = {}) {
+      const QStringList args =
+          with_sets(
+              {"--model", model, "--strategy", strategy, "--devices", QString::number(D),
+               "--prompt-len", QString::number(kPrompt), "--decode", QString::number(kDecode)},
+              shape_sets(model, D)) +
+          extra;
+      QTest::newRow(qPrintable(QString("%1/%2/D%3%4").arg(model, strategy).arg(D).arg(tag)))
+          << args << D;
+    };
+    for (const QString& model : kFamilies) {
+      row(model, "single", 1, {});
+      for (int D : {2, 4}) {
+        row(model, "dp", D, {"--batch", QString::number(D)});
+        row(model, "tp", D, {});
+        row(model, "sp", D, {});
+        row(model, "tsp", D, {});
+      }
+      row(model, "tp_sp", 4, {"--mesh", "2x2"}, "/2x2");
+    }
+    // Variants that allocate differently: K/V blocks on a ring instead of a
+    // gathered K/V, contiguous token chunks, two sequences per dp rank.
+    row("tiny-llama", "sp", 4, {"--attention", "ring"}, "/ring");
+    row("tiny-hybrid", "sp", 2, {"--attention", "ring"}, "/ring");
+    row("tiny-mamba2", "sp", 4, {"--split", "contiguous"}, "/contiguous");
+    row("tiny-mamba", "dp", 2, {"--batch", "4"}, "/batch4");
+  }
+
+  // Both runs finished, each with a whole stream that ends in done ok.
+  static bool finished(const Pair& p, QString* why) {
+    for (auto [name, r, s] : {std::tuple{"launch", &p.real, &p.real_stream},
+                              std::tuple{"simulate", &p.sim, &p.sim_stream}}) {
+      if (r->crashed || r->exit_code != 0 || !s->errors.empty() || !s->done() ||
+          s->done()->status != "ok") {
+        *why = QString("%1 exit %2: %3 %4")
+                   .arg(name)
+                   .arg(r->exit_code)
+                   .arg(one_line(r->err))
+                   .arg(s->errors.empty() ? "" : QString::fromStdString(s->errors.front()));
+        return false;
+      }
+    }
+    return true;
+  }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY2(QFileInfo::exists(SHARDSCOPE_ENGINE_BIN), SHARDSCOPE_ENGINE_BIN);
+    QVERIFY(m_dir.isValid());
+    m_h100 = read_json(resources_dir() + "/hardware/h100-sxm.json");
+    QVERIFY2(m_h100.is_object(), "resources/hardware/h100-sxm.json is not readable");
+  }
+
+  // --- 1. memory: simulated equals measured, per rank and category ---------
+
+  void memoryEqualsMeasured_data() { rows(); }
+  void memoryEqualsMeasured() {
+    QFETCH(QStringList, args);
+    QFETCH(int, devices);
+    const Pair& p = pair(args);
+    QString why;
+    QVERIFY2(finished(p, &why), qPrintable(why));
+
+    const auto real = p.real_stream.rank_metrics(), sim = p.sim_stream.rank_metrics();
+    std::vector<std::string> names;
+    for (auto& c : kCategories) names.push_back("peak_" + c + "_bytes");
+    names.push_back("peak_bytes");
+    for (int r = 0; r < devices; ++r)
+      for (auto& n : names) {
+        const auto key = std::make_pair(r, n);
+        QVERIFY2(real.count(key),
+                 qPrintable(QString("cpu rank %1 has no %2").arg(r).arg(n.c_str())));
+        QVERIFY2(sim.count(key),
+                 qPrintable(QString("sim rank %1 has no %2").arg(r).arg(n.c_str())));
+        const auto a = int64_t(real.at(key)), b = int64_t(sim.at(key));
+        QVERIFY2(a == b, qPrintable(QString("rank %1 %2: cpu %3, sim %4 (sim - cpu = %5)")
+                                        .arg(r)
+                                        .arg(n.c_str())
+                                        .arg(a)
+                                        .arg(b)
+                                        .arg(b - a)));
+      }
+    // Not a comparison of two zeros: every rank holds weights and activations.
+    for (int r = 0; r < devices; ++r) {
+      QVERIFY(real.at({r, "peak_weights_bytes"}) > 0);
+      QVERIFY(real.at({r, "peak_activations_bytes"}) > 0);
+    }
+    // No rank beyond the run's devices.
+    QCOMPARE(real.rbegin()->first.first, devices - 1);
+    QCOMPARE(sim.rbegin()->first.first, devices - 1);
+  }
+
+  // --- 2. placements, tokens and span order: identical but for time --------
+
+  void recordsEqualButTimes_data() { rows(); }
+  void recordsEqualButTimes() {
+    QFETCH(QStringList, args);
+    QFETCH(int, devices);
+    const Pair& p = pair(args);
+    QString why;
+    QVERIFY2(finished(p, &why), qPrintable(why));
+    const Stream &real = p.real_stream, &sim = p.sim_stream;
+
+    // Every field of placement (step included) and tokens records.
+    const PerRank placed = records(real, "placement", {});
+    QCOMPARE(int(placed.size()), devices);
+    QString diff = first_difference(placed, records(sim, "placement", {}));
+    QVERIFY2(diff.isEmpty(), qPrintable("placement: " + diff));
+    const PerRank tokens = records(real, "tokens", {});
+    QCOMPARE(int(tokens.size()), devices);
+    for (auto& [r, v] : tokens) QCOMPARE(int(v.size()), 1);
+    diff = first_difference(tokens, records(sim, "tokens", {}));
+    QVERIFY2(diff.isEmpty(), qPrintable("tokens: " + diff));
+
+    // Spans per rank and stream in stream order: op, site, layer and phase
+    // (and shape, flops, bytes, peers) agree; only t0 and t1 may differ.
+    const PerRank compute = records(real, "span", {"t0", "t1"}, "compute");
+    QCOMPARE(int(compute.size()), devices);
+    diff = first_difference(compute, records(sim, "span", {"t0", "t1"}, "compute"));
+    QVERIFY2(diff.isEmpty(), qPrintable("compute spans: " + diff));
+    const PerRank comm = records(real, "span", {"t0", "t1"}, "comm");
+    const bool communicates = devices > 1 && !args.contains("dp");
+    QCOMPARE(int(comm.size()), communicates ? devices : 0);
+    diff = first_difference(comm, records(sim, "span", {"t0", "t1"}, "comm"));
+    QVERIFY2(diff.isEmpty(), qPrintable("comm spans: " + diff));
+
+    // Where the two must differ: each says which backend ran it.
+    QCOMPARE(int(sim.all<Config>().size()), 1);
+    QCOMPARE(int(real.all<Config>().size()), 1);
+    QCOMPARE(sim.all<Config>().front()->config.value("backend", ""), std::string("sim"));
+    QCOMPARE(real.all<Config>().front()->config.value("backend", ""), std::string("cpu"));
+    QCOMPARE(int(sim.all<Device>().size()), devices);
+    for (auto* d : sim.all<Device>()) QCOMPARE(d->kind, std::string("sim"));
+    for (auto* d : real.all<Device>()) QCOMPARE(d->kind, std::string("cpu"));
+  }
+
+  // The config record of a simulation carries the hardware profile it ran on,
+  // and each device says what it simulates.
+  void simulatedConfigNamesHardware() {
+    const Ran r =
+        engine({"simulate", "--hardware", "h100-sxm", "--model", "tiny-hybrid", "--strategy", "tp",
+                "--devices", "2", "--prompt-len", "24", "--decode", "4"});
+    QVERIFY(!r.crashed);
+    QVERIFY2(r.exit_code == 0, r.err.constData());
+    const Stream s = read_stream(r.out);
+    QVERIFY(s.errors.empty());
+    QCOMPARE(int(s.all<Config>().size()), 1);
+    const json& conf = s.all<Config>().front()->config;
+    QCOMPARE(conf.value("backend", ""), std::string("sim"));
+    const std::string device_name = m_h100["device"]["name"];
+    for (auto* d : s.all<Device>()) {
+      QCOMPARE(d->kind, std::string("sim"));
+      QCOMPARE(d->capacity, m_h100["device"]["memory_bytes"].get<int64_t>());
+      QVERIFY2(d->name.find(device_name) != std::string::npos, d->name.c_str());
+    }
+    QVERIFY2(conf.contains("hardware"),
+             qPrintable("the simulated config record has no hardware profile; its fields: " +
+                        QString::fromStdString([&] {
+                          std::string k;
+                          for (auto& [key, v] : conf.items()) k += key + " ";
+                          return k;
+                        }())));
+    QVERIFY2(conf["hardware"] == m_h100, conf["hardware"].dump().c_str());
+  }
+
+  // --- 3. malformed profiles: exit 2, one line naming field and reason -----
+
+  void malformedProfile_data() {
+    QTest::addColumn<QString>("edit");
+    QTest::addColumn<QString>("field");  // empty: a file that is not JSON names none
+    QTest::addColumn<QString>("reason");
+    QTest::newRow("missing") << "missing"
+                             << "device.memory_bandwidth_gbps"
+                             << "is missing";
+    QTest::newRow("negative") << "negative"
+                              << "node.link.bandwidth_gbps"
+                              << "must be positive";
+    QTest::newRow("string") << "string"
+                            << "device.fp32_tflops"
+                            << "must be a number";
+    QTest::newRow("zero") << "zero"
+                          << "network.latency_us"
+                          << "must be positive";
+    QTest::newRow("not-object") << "not-object"
+                                << "node"
+                                << "must be an object";
+    QTest::newRow("not-json") << "not-json"
+                              << ""
+                              << "not valid JSON";
+  }
+  void malformedProfile() {
+    QFETCH(QString, edit);
+    QFETCH(QString, field);
+    QFETCH(QString, reason);
+    json j = m_h100;
+    if (edit == "missing") j["device"].erase("memory_bandwidth_gbps");
+    if (edit == "negative") j["node"]["link"]["bandwidth_gbps"] = -370;
+    if (edit == "string") j["device"]["fp32_tflops"] = "67";
+    if (edit == "zero") j["network"]["latency_us"] = 0;
+    if (edit == "not-object") j["node"] = 8;
+    const QString file = m_dir.filePath(edit + ".json");
+    {
+      QFile f(file);
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write(edit == "not-json" ? QByteArray("name: h100\n[device]\nmemory_bytes = 80e9\n")
+                                 : QByteArray::fromStdString(j.dump(2)));
+    }
+    const Ran r =
+        engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--prompt-len", "8"});
+    QVERIFY(!r.crashed);
+    QCOMPARE(r.exit_code, 2);
+    QVERIFY2(r.out.isEmpty(), r.out.left(200).constData());  // refused before any rank ran
+    const QString err = one_line(r.err);
+    QVERIFY2(!err.isEmpty() && !err.contains('\n'), qPrintable(err));
+    QVERIFY2(err.contains(file), qPrintable(err));
+    if (!field.isEmpty()) QVERIFY2(err.contains("'" + field + "'"), qPrintable(err));
+    QVERIFY2(err.contains(reason), qPrintable(err));
+  }
+
+  void unknownProfileListsProfiles() {
+    const Ran r = engine(
+        {"simulate", "--hardware", "h900-nvl", "--model", "tiny-llama", "--prompt-len", "8"});
+    QVERIFY(!r.crashed);
+    QCOMPARE(r.exit_code, 2);
+    const QString err = one_line(r.err);
+    QVERIFY2(!err.contains('\n'), qPrintable(err));
+    QVERIFY2(err.contains("h900-nvl"), qPrintable(err));
+    const QStringList profiles =
+        QDir(resources_dir() + "/hardware").entryList({"*.json"}, QDir::Files, QDir::Name);
+    QVERIFY(profiles.size() >= 2);
+    for (QString p : profiles) QVERIFY2(err.contains(p.chopped(5)), qPrintable(err));
+  }
+
+  // --- 4. scale: big models and many ranks run to the end ------------------
+
+  void scale_data() {
+    QTest::addColumn<QString>("model");
+    QTest::addColumn<QString>("strategy");
+    QTest::addColumn<int>("devices");
+    QTest::addColumn<QStringList>("extra");
+    QTest::addColumn<int>("shards");  // ranks each split weight is divided over
+    QTest::addColumn<int>("per_node");
+    // tsp: 1/D of every projection on each rank, norms and embeddings whole.
+    QTest::newRow("llama2-7b/tsp/D8/128K")
+        << "llama2-7b"
+        << "tsp" << 8 << QStringList{"--prompt-len", "131072", "--decode", "2"} << 8 << 8;
+    // sp: every rank holds all parameters.
+    QTest::newRow("mamba2-2.7b/sp/D4/64K")
+        << "mamba2-2.7b"
+        << "sp" << 4 << QStringList{"--prompt-len", "65536", "--decode", "2"} << 1 << 4;
+    // 64 ranks over 8 nodes: tp over 8, sp over 8 (kv heads raised to 8).
+    QTest::newRow("small-llama/tp_sp/8x8")
+        << "small-llama"
+        << "tp_sp" << 64
+        << QStringList{"--mesh",       "8x8",  "--nodes",  "8", "--set", "num_key_value_heads=8",
+                       "--prompt-len", "1024", "--decode", "2"}
+        << 8 << 8;
+  }
+  void scale() {
+    QFETCH(QString, model);
+    QFETCH(QString, strategy);
+    QFETCH(int, devices);
+    QFETCH(QStringList, extra);
+    QFETCH(int, shards);
+    QFETCH(int, per_node);
+
+    json c = read_json(resources_dir() + "/models/" + model + ".json");
+    QVERIFY2(c.is_object(), qPrintable(model));
+    for (int i = 0; i + 1 < extra.size(); ++i)
+      if (extra[i] == "--set") {
+        const QStringList kv = extra[i + 1].split('=');
+        c[kv[0].toStdString()] = kv[1].toLongLong();
+      }
+    const Params params = c["model_type"] == "mamba2" ? mamba2_params(c) : llama_params(c);
+    QCOMPARE(params.split % shards, int64_t(0));
+    const int64_t want = 4 * (params.whole + params.split / shards);
+
+    const QString events =
+        m_dir.filePath(QString(QTest::currentDataTag()).replace('/', '_') + ".jsonl");
+    const Ran r =
+        engine(QStringList{"simulate", "--hardware", "h100-sxm", "--model", model, "--strategy",
+                           strategy, "--devices", QString::number(devices), "--events", events} +
+                   extra,
+               300000);
+    QVERIFY(!r.crashed);
+    QVERIFY2(r.exit_code == 0, r.err.constData());
+    QFile f(events);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const Stream s = read_stream(f.readAll());
+    QVERIFY2(s.errors.empty(), s.errors.empty() ? "" : s.errors.front().c_str());
+    QVERIFY(s.done());
+    QCOMPARE(s.done()->status, std::string("ok"));
+    QCOMPARE(s.done()->exit_code, 0);
+    QVERIFY(s.all<Error>().empty());
+
+    // The engine's parameter count agrees with the one counted here.
+    QCOMPARE(int(s.all<Config>().size()), 1);
+    QCOMPARE(s.all<Config>().front()->config.value("parameters", int64_t(-1)), params.total());
+    const auto metrics = s.rank_metrics();
+    for (int r = 0; r < devices; ++r) {
+      const auto it = metrics.find({r, "peak_weights_bytes"});
+      QVERIFY2(it != metrics.end(), qPrintable(QString("rank %1 reports no weights").arg(r)));
+      QVERIFY2(int64_t(it->second) == want, qPrintable(QString("rank %1: weights %2, expected %3")
+                                                           .arg(r)
+                                                           .arg(int64_t(it->second))
+                                                           .arg(want)));
+    }
+    // One device per rank, on the node its rank belongs to.
+    std::set<int> ranks;
+    for (auto* d : s.all<Device>()) {
+      QVERIFY(ranks.insert(d->rank).second);
+      QCOMPARE(d->host, "node" + std::to_string(d->rank / per_node));
+    }
+    QCOMPARE(int(ranks.size()), devices);
+  }
+
+  // --- 5. out of memory in the simulator: a result, not a crash ------------
+
+  void oomIsAResult() {
+    const json a6000 = read_json(resources_dir() + "/hardware/a6000-pcie.json");
+    QVERIFY(a6000.is_object());
+    const Ran r = engine({"simulate", "--hardware", "a6000-pcie", "--model", "llama2-7b",
+                          "--strategy", "sp", "--devices", "2", "--prompt-len", "131072"});
+    QVERIFY(!r.crashed);
+    QCOMPARE(r.exit_code, 3);
+    const Stream s = read_stream(r.out);
+    QVERIFY2(s.errors.empty(), s.errors.empty() ? "" : s.errors.front().c_str());
+    QVERIFY(std::holds_alternative<Hello>(s.events.front()));
+    QCOMPARE(int(s.all<Error>().size()), 1);
+    const Error& e = *s.all<Error>().front();
+    QCOMPARE(e.code, std::string("oom"));
+    QVERIFY(e.rank >= 0 && e.rank < 2);
+    QVERIFY2(e.detail.is_object() && e.detail.contains("category"), e.detail.dump().c_str());
+    const std::string category = e.detail["category"];
+    QVERIFY2(std::find(kCategories.begin(), kCategories.end(), category) != kCategories.end(),
+             category.c_str());
+    QVERIFY2(e.message.find(category) != std::string::npos, e.message.c_str());
+    // Over the simulated device's capacity, the one the profile gives.
+    const int64_t capacity = e.detail["capacity"], requested = e.detail["requested"],
+                  in_use = e.detail["in_use"];
+    QCOMPARE(capacity, a6000["device"]["memory_bytes"].get<int64_t>());
+    QVERIFY(requested > 0 && in_use + requested > capacity);
+    QVERIFY(s.done());
+    QCOMPARE(s.done()->status, std::string("oom"));
+    QCOMPARE(s.done()->exit_code, 3);
+    // One stderr line saying which rank ran out.
+    const QString err = one_line(r.err);
+    QVERIFY2(!err.isEmpty() && !err.contains('\n'), qPrintable(err));
+    QVERIFY2(err.contains("oom"), qPrintable(err));
+  }
+
+  // Exactness at the edge: with the capacity set to the measured peak both
+  // backends finish, one byte less and both fail at the same allocation.
+  void capacityAtMeasuredPeak_data() {
+    QTest::addColumn<QString>("model");
+    for (const QString& m : kFamilies) QTest::newRow(qPrintable(m)) << m;
+  }
+  void capacityAtMeasuredPeak() {
+    QFETCH(QString, model);
+    const QStringList args = {"--model",      model,
+                              "--prompt-len", QString::number(kPrompt),
+                              "--decode",     QString::number(kDecode)};
+    const Ran measured = engine(QStringList{"run"} + args);
+    QVERIFY2(measured.exit_code == 0, measured.err.constData());
+    const auto m = read_stream(measured.out).rank_metrics();
+    QVERIFY(m.count({0, "peak_bytes"}));
+    const auto peak = int64_t(m.at({0, "peak_bytes"}));
+
+    for (int64_t capacity : {peak, peak - 1}) {
+      const QStringList with = args + QStringList{"--capacity", QString::number(capacity)};
+      const Ran real = engine(QStringList{"run"} + with);
+      const Ran sim = engine(QStringList{"simulate"} + with);
+      QVERIFY(!real.crashed && !sim.crashed);
+      const int want = capacity == peak ? 0 : 3;
+      QVERIFY2(real.exit_code == want, real.err.constData());
+      QVERIFY2(sim.exit_code == want, sim.err.constData());
+      if (want == 0) continue;
+      const Stream a = read_stream(real.out), b = read_stream(sim.out);
+      QCOMPARE(int(a.all<Error>().size()), 1);
+      QCOMPARE(int(b.all<Error>().size()), 1);
+      const json &da = a.all<Error>().front()->detail, &db = b.all<Error>().front()->detail;
+      QVERIFY2(da == db,
+               qPrintable(QString("cpu %1\nsim %2").arg(da.dump().c_str(), db.dump().c_str())));
+      QCOMPARE(b.all<Error>().front()->message, a.all<Error>().front()->message);
+    }
+  }
+};
+
+QTEST_GUILESS_MAIN(TestSim)
+#include "tst_sim.moc"
