@@ -35,10 +35,12 @@ WireBytes quantized_all_reduce(Communicator& comm, Backend& be, const Tensor& bu
   const int64_t words = carrier_words(n, D, s);
   Tensor send = be.alloc({int64_t(D), words}, Category::CommBuffers, "quant.send");
   Tensor recv = be.alloc({int64_t(D), words}, Category::CommBuffers, "quant.recv");
-  // Hop 1 (reduce-scatter): chunk j, quantized, goes to rank j.
+  // Hop 1 (reduce-scatter): chunk j, quantized, goes to rank j. Each rank
+  // draws its own rounding noise, so the contributors' errors cancel (~sqrt D).
+  const uint64_t rank_counter = counter + (uint64_t(me + 1) << 40);
   for (int c = 0; c < D; ++c)
     be.quantize(send.slice(0, c, 1).reshape({words}), flat.slice(0, begin(c), length(c)), s,
-                counter + uint64_t(begin(c)));
+                rank_counter + uint64_t(begin(c)));
   comm.all_to_all(recv, send);
   Tensor mine = flat.slice(0, begin(me), length(me));
   be.dequantize(mine, recv.slice(0, 0, 1).reshape({words}), s, false);

@@ -517,7 +517,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     if (g.root())
       for (auto& [key, e] : model.site_errors())
         extra.push_back(proto::to_line(
-            proto::Accuracy{"rel_l2", key.first, key.second, e.second > 0 ? std::sqrt(e.first / e.second) : 0.0}));
+            proto::Accuracy{"rel_l2", key.first, key.second, e.second > 0 ? std::sqrt(e.first / e.second) : 0.0, ""}));
     // Per-rank peaks, then the run's metrics on the root.
     const MemState& m = alloc.state();
     for (int c = 0; c < kCategoryCount; ++c)
