@@ -76,14 +76,17 @@ Failure diagnose(const StderrLog& log, int mpirun_status) {
   static const std::regex noticed(R"(process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+) \(([^)]*)\))");
   static const std::regex exited(R"(Process name: \[\[\d+,\d+\],(\d+)\])");
   std::smatch m;
-  for (auto& [rank, lines] : log.by_rank)
+  // The lowest rank that reported an error (ranks in order, as rank 0 would report).
+  for (auto& [rank, lines] : log.by_rank) {
+    if (f.rank >= 0) break;
     for (auto& l : lines)
-      if (std::regex_search(l, m, engine_err)) {
+      if (f.rank < 0 && std::regex_search(l, m, engine_err)) {
         f.rank = std::stoi(m[1]);
         f.code = m[2];
         f.message = "rank " + std::string(m[1]) + ": " + std::string(m[3]);
         f.exit_code = f.code == "oom" ? kExitOom : (f.code == "usage" || f.code == "format") ? kExitUsage : kExitFailure;
       }
+  }
   if (f.rank < 0) {
     for (auto& l : log.untagged) {
       if (std::regex_search(l, m, noticed)) {
