@@ -378,7 +378,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
           {"threads", cpu::threads()},
       };
       hello();
-      conf.update(setup.config);  // the simulator's hardware profile and nodes
+      if (setup.config.is_object()) conf.update(setup.config);  // the simulator's hardware profile and nodes
       out->write(proto::Config{conf});
       out->flush();
     }
