@@ -27,13 +27,25 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
   std::vector<int32_t> kb_min(n_kb, std::numeric_limits<int32_t>::max());
   for (int64_t j = 0; j < Tk; ++j) kb_min[j / kKeyBlock] = std::min(kb_min[j / kKeyBlock], a.k_pos[j]);
 
-  std::vector<float> S(size_t(kQueryBlock) * kKeyBlock), acc(size_t(kQueryBlock) * hd);
-  std::vector<float> m(kQueryBlock), l(kQueryBlock);
-  for (int h = 0; h < a.n_heads; ++h) {
-    const int kvh = h / group;
-    const float* kh = k.data<float>() + int64_t(kvh) * hd;
-    const float* vh = v.data<float>() + int64_t(kvh) * hd;
-    for (int64_t i0 = 0; i0 < Tq; i0 += kQueryBlock) {
+  // (head, query block) tiles run in parallel, each with single-threaded
+  // GEMMs: many small GEMMs use the cores better side by side than one after
+  // another with OpenBLAS splitting each.
+  const int64_t n_qb = (Tq + kQueryBlock - 1) / kQueryBlock;
+  const int64_t tiles = int64_t(a.n_heads) * n_qb;
+  const int blas_threads = threads();
+  const bool parallel = tiles > 1 && blas_threads > 1 && Tq * Tk >= (1 << 16);
+  if (parallel) openblas_set_num_threads(1);
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> S(size_t(kQueryBlock) * kKeyBlock), acc(size_t(kQueryBlock) * hd);
+    std::vector<float> m(kQueryBlock), l(kQueryBlock);
+#pragma omp for schedule(dynamic)
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int h = int(tile / n_qb);
+      const int64_t i0 = (tile % n_qb) * kQueryBlock;
+      const int kvh = h / group;
+      const float* kh = k.data<float>() + int64_t(kvh) * hd;
+      const float* vh = v.data<float>() + int64_t(kvh) * hd;
       const int bq = int(std::min<int64_t>(kQueryBlock, Tq - i0));
       const float* qh = q.data<float>() + i0 * q.ld() + int64_t(h) * hd;
       int32_t qmax = std::numeric_limits<int32_t>::min();
@@ -59,11 +71,11 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
             for (int j = 0; j < bk; ++j) s[j] = 0.0f;
             continue;
           }
-          const float corr = std::exp(m[i] - mx);
+          const float corr = fast_exp(m[i] - mx);
           float sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (int j = 0; j < bk; ++j) {
-            s[j] = std::exp(s[j] - mx);
+            s[j] = fast_exp(s[j] - mx);
             sum += s[j];
           }
           l[i] = l[i] * corr + sum;
@@ -78,10 +90,12 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
         float* orow = o.data<float>() + (i0 + i) * o.ld() + int64_t(h) * hd;
         const float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
         for (int d = 0; d < hd; ++d) orow[d] = acc[size_t(i) * hd + d] * inv;
-        if (lse.defined()) lse.data<float>()[(i0 + i) * a.n_heads + h] = l[i] > 0 ? m[i] + std::log(l[i]) : kNegInf;
+        if (lse.defined())
+          lse.data<float>()[(i0 + i) * a.n_heads + h] = l[i] > 0 ? m[i] + std::log(l[i]) : kNegInf;
       }
     }
   }
+  if (parallel) openblas_set_num_threads(blas_threads);
 }
 
 // Combines two partial attentions over disjoint key sets:

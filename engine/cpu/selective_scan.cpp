@@ -29,7 +29,7 @@ void selective_scan(const SelectiveScanArgs& a) {
         const float* Ct = a.C.data<float>() + t * a.C.ld();
         float y = 0;
         for (int64_t n = 0; n < N; ++n) {
-          h[n] = std::exp(dt * A[n]) * h[n] + dt * Bt[n] * xv;
+          h[n] = fast_exp(dt * A[n]) * h[n] + dt * Bt[n] * xv;
           y += h[n] * Ct[n];
         }
         y += Dc * xv;

@@ -29,62 +29,87 @@ void ssd_scan(const SsdArgs& a) {
   std::vector<float> S(size_t(H) * P * N, 0.0f);
   if (a.state.defined()) std::copy_n(a.state.data<float>(), S.size(), S.data());
 
-  std::vector<float> CB(size_t(L) * L), M(size_t(L) * L), Bw(size_t(L) * N), cum(L);
   const float* X = a.x.data<float>();
   const float* Bm = a.B.data<float>();
   const float* Cm = a.C.data<float>();
   float* Y = a.y.data<float>();
   const int64_t ldx = a.x.ld(), ldy = a.y.ld(), ldb = a.B.ld(), ldc = a.C.ld();
+  const int64_t n_chunks = (T + L - 1) / L;
+  std::vector<float> CB(size_t(n_chunks) * L * L);
+  const int blas_threads = threads();
 
-  for (int64_t c0 = 0; c0 < T; c0 += L) {
-    const int l = int(std::min<int64_t>(L, T - c0));
-    for (int g = 0; g < G; ++g) {
-      const float* Bg = Bm + c0 * ldb + int64_t(g) * N;
-      const float* Cg = Cm + c0 * ldc + int64_t(g) * N;
-      // CB[t][s] = C_t · B_s, shared by the heads of the group.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, l, N, 1.0f, Cg, int(ldc), Bg, int(ldb), 0.0f,
-                  CB.data(), L);
+  for (int g = 0; g < G; ++g) {
+    // CB[t][s] = C_t · B_s for every chunk, shared by the heads of the group.
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const int64_t c0 = c * L;
+      const int l = int(std::min<int64_t>(L, T - c0));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, l, N, 1.0f, Cm + c0 * ldc + int64_t(g) * N, int(ldc),
+                  Bm + c0 * ldb + int64_t(g) * N, int(ldb), 0.0f, CB.data() + size_t(c) * L * L, L);
+    }
+    // Heads are independent: they run side by side, each through its chunks
+    // in order (the state carries), with single-threaded GEMMs.
+    const bool parallel = heads_per_group > 1 && blas_threads > 1 && T * P * N >= (1 << 16);
+    if (parallel) openblas_set_num_threads(1);
+#pragma omp parallel if (parallel)
+    {
+      std::vector<float> M(size_t(L) * L), Bw(size_t(L) * N), cum(L), dt_h(L);
+#pragma omp for schedule(dynamic)
       for (int h = g * heads_per_group; h < (g + 1) * heads_per_group; ++h) {
-        float run = 0;
-        for (int t = 0; t < l; ++t) cum[t] = (run += dt[size_t(c0 + t) * H + h] * A[h]);
-        // Masked, decayed, dt-weighted quadratic form (lower triangle).
-        for (int t = 0; t < l; ++t) {
-          float* mr = M.data() + size_t(t) * L;
-          const float* cbr = CB.data() + size_t(t) * L;
-          for (int s = 0; s <= t; ++s) mr[s] = cbr[s] * std::exp(cum[t] - cum[s]) * dt[size_t(c0 + s) * H + h];
-          for (int s = t + 1; s < l; ++s) mr[s] = 0.0f;
-        }
         float* Sh = S.data() + size_t(h) * P * N;
-        const float* Xh = X + c0 * ldx + int64_t(h) * P;
-        float* Yh = Y + c0 * ldy + int64_t(h) * P;
-        // Inter-chunk term first: Y = diag(e^cum) C S^T ...
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, P, N, 1.0f, Cg, int(ldc), Sh, N, 0.0f, Yh,
-                    int(ldy));
-        for (int t = 0; t < l; ++t) {
-          const float e = std::exp(cum[t]);
-          float* yr = Yh + int64_t(t) * ldy;
-          for (int p = 0; p < P; ++p) yr[p] *= e;
+        for (int64_t c = 0; c < n_chunks; ++c) {
+          const int64_t c0 = c * L;
+          const int l = int(std::min<int64_t>(L, T - c0));
+          const float* Bg = Bm + c0 * ldb + int64_t(g) * N;
+          const float* Cg = Cm + c0 * ldc + int64_t(g) * N;
+          const float* CBc = CB.data() + size_t(c) * L * L;
+          float run = 0;
+          for (int t = 0; t < l; ++t) {
+            dt_h[size_t(t)] = dt[size_t(c0 + t) * H + h];
+            cum[t] = (run += dt_h[size_t(t)] * A[h]);
+          }
+          // Masked, decayed, dt-weighted quadratic form (lower triangle).
+          for (int t = 0; t < l; ++t) {
+            float* mr = M.data() + size_t(t) * L;
+            const float* cbr = CBc + size_t(t) * L;
+            const float ct = cum[t];
+            const float* dth = dt_h.data();
+            const float* cm = cum.data();
+#pragma omp simd
+            for (int s = 0; s <= t; ++s) mr[s] = cbr[s] * fast_exp(ct - cm[s]) * dth[s];
+            for (int s = t + 1; s < l; ++s) mr[s] = 0.0f;
+          }
+          const float* Xh = X + c0 * ldx + int64_t(h) * P;
+          float* Yh = Y + c0 * ldy + int64_t(h) * P;
+          // Inter-chunk term first: Y = diag(e^cum) C S^T ...
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, P, N, 1.0f, Cg, int(ldc), Sh, N, 0.0f, Yh,
+                      int(ldy));
+          for (int t = 0; t < l; ++t) {
+            const float e = fast_exp(cum[t]);
+            float* yr = Yh + int64_t(t) * ldy;
+            for (int p = 0; p < P; ++p) yr[p] *= e;
+          }
+          // ... plus the intra-chunk term M X.
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, l, P, l, 1.0f, M.data(), L, Xh, int(ldx), 1.0f,
+                      Yh, int(ldy));
+          // D skip connection.
+          const float Dh = a.D.data<float>()[h];
+          for (int t = 0; t < l; ++t)
+            for (int p = 0; p < P; ++p) Yh[int64_t(t) * ldy + p] += Dh * Xh[int64_t(t) * ldx + p];
+          // Carry the state to the next chunk.
+          const float last = cum[l - 1];
+          for (int s = 0; s < l; ++s) {
+            const float wgt = fast_exp(last - cum[s]) * dt_h[size_t(s)];
+            const float* br = Bg + int64_t(s) * ldb;
+            for (int n = 0; n < N; ++n) Bw[size_t(s) * N + n] = br[n] * wgt;
+          }
+          const float decay = fast_exp(last);
+          for (int64_t i = 0; i < int64_t(P) * N; ++i) Sh[i] *= decay;
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, N, l, 1.0f, Xh, int(ldx), Bw.data(), N, 1.0f, Sh,
+                      N);
         }
-        // ... plus the intra-chunk term M X.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, l, P, l, 1.0f, M.data(), L, Xh, int(ldx), 1.0f,
-                    Yh, int(ldy));
-        // D skip connection.
-        const float Dh = a.D.data<float>()[h];
-        for (int t = 0; t < l; ++t)
-          for (int p = 0; p < P; ++p) Yh[int64_t(t) * ldy + p] += Dh * Xh[int64_t(t) * ldx + p];
-        // Carry the state to the next chunk.
-        const float last = cum[l - 1];
-        for (int s = 0; s < l; ++s) {
-          const float wgt = std::exp(last - cum[s]) * dt[size_t(c0 + s) * H + h];
-          const float* br = Bg + int64_t(s) * ldb;
-          for (int n = 0; n < N; ++n) Bw[size_t(s) * N + n] = br[n] * wgt;
-        }
-        const float decay = std::exp(last);
-        for (int64_t i = 0; i < int64_t(P) * N; ++i) Sh[i] *= decay;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, N, l, 1.0f, Xh, int(ldx), Bw.data(), N, 1.0f, Sh,
-                    N);
       }
     }
+    if (parallel) openblas_set_num_threads(blas_threads);
   }
   if (a.state.defined()) std::copy(S.begin(), S.end(), a.state.data<float>());
   if (a.log_decay.defined())

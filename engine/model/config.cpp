@@ -268,7 +268,12 @@ void apply_overrides(json& j, const std::vector<std::string>& overrides) {
       throw UsageError("--set '" + o + "' must look like key=value, e.g. hidden_size=512");
     std::string key = o.substr(0, eq), val = o.substr(eq + 1);
     json v = json::parse(val, nullptr, false);
-    j[key] = v.is_discarded() ? json(val) : v;
+    if (v.is_discarded()) v = json(val);
+    j[key] = v;
+    // The hybrid's sub-blocks inherit top-level keys; an override reaches
+    // them too when they set the key themselves.
+    for (const char* sub : {"attention", "mamba2"})
+      if (j.contains(sub) && j[sub].is_object() && j[sub].contains(key)) j[sub][key] = v;
   }
 }
 
