@@ -116,6 +116,10 @@ int main(int argc, char** argv) {
   simulate->add_option("--hardware", sim_hardware, "profile name in resources/hardware, or a JSON file")
       ->capture_default_str();
   simulate->add_option("--nodes", sim_nodes, "nodes the devices are spread over")->capture_default_str();
+  int sim_replicas = 1;
+  simulate->add_option("--replicas", sim_replicas,
+                       "data-parallel copies of the simulated group (reported, not simulated one by one)")
+      ->capture_default_str();
   simulate->add_option("--events", sim_events, "write the event stream to FILE instead of stdout");
 
   ss::SweepOptions sweep_opts;
@@ -224,7 +228,7 @@ int main(int argc, char** argv) {
         if (!f) throw ss::UsageError("--events " + sim_events + ": cannot create the file");
       }
       ss::proto::Writer w(f);
-      ss::RunResult r = ss::simulate(sim_opts, hw, sim_nodes, w);
+      ss::RunResult r = ss::simulate(sim_opts, hw, sim_nodes, sim_replicas, w);
       if (f != stdout) std::fclose(f);
       return r.exit_code;
     }

@@ -541,6 +541,18 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
         metric(("peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes").c_str(), double(m.peak_bytes[size_t(c)]),
                "bytes");
       metric("peak_rss_bytes", double(peak_rss_bytes()), "bytes");
+      // Data-parallel replicas of the simulated group (simulate --replicas):
+      // for inference they serve independent requests and exchange nothing,
+      // so they scale throughput and add no traffic between replicas.
+      if (setup.config.is_object() && setup.config.contains("replicas")) {
+        const double r = setup.config["replicas"].get<double>();
+        metric("replicas", r, "count");
+        metric("total_devices", r * o.devices, "count");
+        metric("aggregate_prefill_tokens_per_s", r * prefill_tokens / std::max(prefill_s, 1e-12), "tokens/s");
+        if (o.decode > 0)
+          metric("aggregate_decode_tokens_per_s", r * decode_tokens / std::max(decode_s, 1e-12), "tokens/s");
+        metric("inter_replica_bytes", 0.0, "bytes");
+      }
       if (keep_logits) {
         std::vector<int64_t> shape = {total, cfg.vocab};
         if (o.batch > 1) shape.insert(shape.begin(), o.batch);
@@ -588,7 +600,8 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out) {
   return run_rank(o, &out, g, rec, setup);
 }
 
-RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, proto::Writer& out) {
+RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, int replicas, proto::Writer& out) {
+  if (replicas < 1 || replicas > 1000000) throw UsageError("--replicas must be between 1 and 1000000");
   if (!o.logits_out.empty()) throw UsageError("--logits-out needs real data; the simulator has none (use run or launch)");
   if (nodes < 1 || o.devices % nodes)
     throw UsageError("--nodes " + std::to_string(nodes) + " must divide --devices " + std::to_string(o.devices));
@@ -623,6 +636,7 @@ RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, pr
     setup.backend = "sim";
     setup.default_capacity = hw.memory_bytes;
     setup.config = {{"hardware", hw.source}, {"hardware_file", hw.file}, {"nodes", nodes}};
+    if (replicas > 1) setup.config["replicas"] = replicas;
     setup.make_backend = [&](Allocator& a, Recorder& rr) { return std::make_unique<SimBackend>(a, rr, hw, clock); };
     setup.abort = [&](int) {
       failed = true;

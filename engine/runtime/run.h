@@ -58,7 +58,9 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out);
 // The same run on the sim backend: one thread per rank on virtual devices of
 // `hw`, `nodes` nodes; writes the same event stream with "backend":"sim".
 struct HardwareProfile;
-RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, proto::Writer& out);
+// `replicas` data-parallel copies of the group are reported (throughput, the
+// traffic they add) without being simulated one by one.
+RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, int replicas, proto::Writer& out);
 
 // Peak and current resident set of this process, in bytes (from /proc/self/status).
 int64_t peak_rss_bytes();

@@ -81,6 +81,10 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   metric("prefill_tokens_per_s", "prefill", "%.1f tokens/s");
   metric("decode_tokens_per_s", "decode", "%.1f tokens/s");
   metric("decode_ms_per_token", "per decoded token", "%.2f ms");
+  metric("replicas", "data-parallel replicas", "%.0f");
+  metric("total_devices", "devices in all", "%.0f");
+  metric("aggregate_prefill_tokens_per_s", "prefill, all replicas", "%.1f tokens/s");
+  metric("aggregate_decode_tokens_per_s", "decode, all replicas", "%.1f tokens/s");
   out << "peak memory per device (accounted):\n";
   for (auto& [rank, m] : peak_mem) {
     int64_t tot = 0;
