@@ -92,7 +92,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
   const double vector = 7.0 * T * C * S / scan_s / 0.25;
   log << "  vector (from the selective scan): " << vector * 1e-9 << " GFLOP/s\n";
   // Attention and elementwise kernels, as fractions of the GEMM rate and of the copy bandwidth.
-  double attention_eff = 0.5, scan_eff = 0.5, elementwise_eff = 1.0;
+  double attention_eff = 0.5, scan_eff = 0.5, elementwise_eff = 1.0, gemv_eff = 1.0;
   {
     const int64_t Tq = 512, H = 8, hd = 64;
     Tensor q = be.alloc({Tq, H * hd}, Category::Workspace, "q"), k = be.alloc({Tq, H * hd}, Category::Workspace, "k");
@@ -108,13 +108,21 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
     const double att_s = best_seconds(3, [&] { be.attention(o, q, k, v, aa); });
     const double att_flops = double(Tq) * double(Tq + 1) / 2 * double(H) * 4.0 * double(hd);
     attention_eff = std::clamp(att_flops / att_s / gemm, 0.01, 1.0);
-    Tensor g = be.alloc({1024, 2816}, Category::Workspace, "g"), u = be.alloc({1024, 2816}, Category::Workspace, "u");
+    // Elementwise: a memory-bound add the size of a layer's activations.
+    Tensor g = be.alloc({512, 1024}, Category::Workspace, "g"), u = be.alloc({512, 1024}, Category::Workspace, "u");
     be.fill(g, 0.1f);
     be.fill(u, 0.1f);
-    const double ew_s = best_seconds(3, [&] { be.silu_mul(g, g, u); });
+    const double ew_s = best_seconds(5, [&] { be.add(g, g, u); });
     elementwise_eff = std::clamp(3.0 * double(g.nbytes()) / ew_s / bw, 0.01, 1.0);
+    // Decode GEMMs (one row): the weights stream once per call.
+    Tensor xr = be.alloc({1, 1024}, Category::Workspace, "x1"), w = be.alloc({2816, 1024}, Category::Workspace, "w");
+    Tensor yr = be.alloc({1, 2816}, Category::Workspace, "y1");
+    be.fill(xr, 0.1f);
+    be.fill(w, 0.01f);
+    const double gemv_s = best_seconds(5, [&] { be.matmul(yr, xr, w); });
+    gemv_eff = std::clamp(double(w.nbytes()) / gemv_s / bw, 0.01, 1.0);
     log << "  attention: " << 100 * attention_eff << "% of the GEMM rate; elementwise: " << 100 * elementwise_eff
-        << "% of the copy bandwidth\n";
+        << "%, one-row GEMM: " << 100 * gemv_eff << "% of the copy bandwidth\n";
   }
   // Per-kernel overhead: a tiny op through the backend, span recording included.
   Tensor t1 = be.alloc({1, 8}, Category::Workspace, "tiny");
@@ -171,6 +179,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
         {"attention_efficiency", attention_eff},
         {"scan_efficiency", scan_eff},
         {"elementwise_efficiency", elementwise_eff},
+        {"gemv_efficiency", gemv_eff},
         {"sources", {{"all", src_note}}}}},
       {"node",
        {{"max_devices", std::max(cores, ranks)},

@@ -217,6 +217,9 @@ void validate(const RunOptions& o, const std::string& backend) {
                        " has none; use --strategy tp or tp_sp with T > 1");
   }
   if (o.no_cache && s != Strategy::Single) throw UsageError("--no-cache is for --strategy single");
+  if (!o.force_decode.empty() && int(o.force_decode.size()) < o.decode)
+    throw UsageError("--force-decode gives " + std::to_string(o.force_decode.size()) + " tokens for --decode " +
+                     std::to_string(o.decode) + "; give one per decode step");
 }
 
 // How a rank joins its world and makes its backend: MPI + cpu, or the
@@ -481,6 +484,9 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       std::vector<int32_t> history = prompt;  // --no-cache recomputes all of it every step
       if (o.no_cache) cache = Cache();  // the prefill's caches are not used
       for (int k = 0; k < o.decode; ++k) {
+        // Teacher forcing (--force-decode): every run sees the same contexts,
+        // so their logits compare position by position.
+        if (size_t(k) < o.force_decode.size()) next = o.force_decode[size_t(k)];
         if (seq == seq_begin) res.generated.push_back(next);
         const int32_t p1 = int32_t(P + k);
         StepLayout dl;

@@ -60,12 +60,18 @@ struct Point {
 };
 
 // Runs one configuration; returns its logits and fills wire and site errors.
-NpyArray run_point(const RunOptions& o, const std::string& precision, const std::string& base, Point& pt) {
+NpyArray run_point(const RunOptions& o, const std::string& precision, const std::string& base, Point& pt,
+                   const std::vector<int32_t>& forced = {}) {
   const std::string npy = base + ".npy", events = base + ".jsonl", err = base + ".err";
   std::string cmd = quote(self_exe()) + " launch";
   for (auto& a : run_args(o)) cmd += " " + quote(a);
   cmd += " --comm-precision " + quote(precision) + " --measure-sites --logits-out " + quote(npy) + " --events " +
          quote(events) + " 2>" + quote(err);
+  if (!forced.empty()) {
+    std::string t;
+    for (auto v : forced) t += (t.empty() ? "" : ",") + std::to_string(v);
+    cmd += " --force-decode " + t;
+  }
   const int rc = std::system(cmd.c_str());
   NpyArray logits;
   proto::Reader reader;
@@ -111,9 +117,9 @@ std::vector<double> log_softmax(const float* row, int64_t n) {
   return out;
 }
 
-int64_t argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
-
 }  // namespace
+
+static int64_t argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
 
 int run_sweep(const SweepOptions& so, std::ostream& table) {
   RunOptions o = so.run;
@@ -183,6 +189,12 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   }
   const int64_t V = R.shape.back(), rows = int64_t(R.data.size()) / V;
   const int64_t P = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
+  // The reference's greedy tokens: every quantized run decodes them (teacher
+  // forcing), so each position is compared in the same context; where the
+  // quantized run's own greedy choice would first differ is reported apart.
+  std::vector<int32_t> forced;
+  for (int64_t k = 0; k < o.decode && P - 1 + k < rows; ++k)
+    forced.push_back(int32_t(argmax(&R.data[size_t((P - 1 + k) * V)], V)));
   auto perplexity = [&](const NpyArray& L) -> double {
     if (o.tokens.empty()) return NAN;
     double nll = 0;
@@ -217,7 +229,7 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
       p.site = site;
       p.label = site == "all" ? spec : site + "=" + spec;
       std::fprintf(stderr, "sweep: %d/%d %s\n", ++index, total, p.label.c_str());
-      const NpyArray Q = run_point(o, p.label, base, p);
+      const NpyArray Q = run_point(o, p.label, base, p, forced);
       if (p.ok && Q.data.size() == R.data.size()) {
         double kl = 0;
         int64_t agree = 0;
@@ -247,7 +259,8 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   // The trade-off table, the Pareto front over (wire bytes, KL), and sensitivity.
   char line[512];
   table << "\nsweep: " << cfg.name << ", " << o.strategy << " on " << o.devices << " ranks, " << rows
-        << " positions (prompt " << P << " + decode " << o.decode << "), rounding " << so.rounding << "\n";
+        << " positions (prompt " << P << " + decode " << o.decode << ", decoded with the reference's greedy tokens), "
+        << "rounding " << so.rounding << "\n";
   std::snprintf(line, sizeof line, "%-22s %12s %9s %12s %10s %10s %10s %s\n", "config", "wire B/rank", "vs fp32",
                 "logits KL", "top-1", "diverges", "perplexity", "site rel L2");
   table << line;

@@ -23,7 +23,8 @@ double kernel_seconds(const HardwareProfile& hw, const std::string& op, double f
   double rate = hw.fp32_flops, bandwidth = hw.memory_bandwidth * hw.elementwise_efficiency;
   if (op == "gemm") {
     rate = hw.matmul_flops * gemm_efficiency(dims);
-    bandwidth = hw.memory_bandwidth;
+    // A GEMM of a few rows streams its weights at a fraction of the bandwidth.
+    bandwidth = hw.memory_bandwidth * (!dims.empty() && dims[0] <= 8 ? hw.gemv_efficiency : 1.0);
   }
   // Blockwise attention and the SSD scan are GEMM-shaped but fused: a
   // fraction of the matmul rate (FlashAttention-2 reports 50-73% of peak on

@@ -60,6 +60,7 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
   h.attention_efficiency = fraction("attention_efficiency", h.attention_efficiency);
   h.scan_efficiency = fraction("scan_efficiency", h.scan_efficiency);
   h.elementwise_efficiency = fraction("elementwise_efficiency", h.elementwise_efficiency);
+  h.gemv_efficiency = fraction("gemv_efficiency", h.gemv_efficiency);
   const json& n = object(j, "node", origin);
   h.max_devices_per_node = int(positive(n, "node.", "max_devices", origin));
   h.intra = link(object(n, "link", origin), "node.link.", origin);

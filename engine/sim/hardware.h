@@ -26,6 +26,7 @@ struct HardwareProfile {
   // Achieved fractions (optional in the file): fused attention and SSD scans
   // of the matmul rate, elementwise kernels of the memory bandwidth.
   double attention_efficiency = 0.5, scan_efficiency = 0.5, elementwise_efficiency = 0.8;
+  double gemv_efficiency = 0.8;  // of the memory bandwidth, for GEMMs with a few rows (decode)
   int max_devices_per_node = 8;
   LinkProfile intra, inter;
   nlohmann::json source;  // the file, for the config event
