@@ -11,11 +11,6 @@
 namespace ss {
 namespace {
 
-// This rank's chunks in sequence order: (sequence index, local row offset, length).
-struct LocalChunk {
-  int seq = 0;
-  int64_t row = 0, len = 0;
-};
 std::vector<LocalChunk> local_chunks(const StepLayout& l, int sp_rank) {
   std::vector<LocalChunk> out;
   int64_t row = 0;
@@ -322,43 +317,23 @@ Tensor Model::mamba2_mix(int layer, const Tensor& zxbcdt, Cache& cache, const St
     b.state = lc.ssm_state;
     m_be.ssd_scan(b);
   } else {
-    // Ranks as SSD chunks: scan each local chunk from a zero state, exchange
-    // every chunk's final state and total decay, then add each chunk's
-    // incoming state (the inter-chunk term) to its outputs.
-    const auto mine = local_chunks(layout, m_par.sp_rank);
-    const int64_t nl = int64_t(mine.size()), HPN = int64_t(H) * P * N, per = HPN + H, S = m_par.sp_size;
-    Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states");
-    {
-      SiteScope s(rec, layer, "mixer.scan");
-      for (int64_t j = 0; j < nl; ++j) {
-        SsdArgs b = rows(mine[size_t(j)].row, mine[size_t(j)].len);
-        const Tensor slot = local.slice(0, j, 1).reshape({per});
-        b.state = slot.slice(0, 0, HPN).reshape({H, P, N});
-        b.log_decay = slot.slice(0, HPN, H);
-        m_be.fill(b.state, 0.0f);
-        m_be.ssd_scan(b);
-      }
-    }
-    Tensor all = m_be.alloc({S * nl, per}, Category::CommBuffers, "mixer.all_chunk_states");
-    {
-      SiteScope s(rec, layer, "mixer.state_all_gather");
-      m_par.sp->all_gather(all, local);
-    }
-    SiteScope s(rec, layer, "mixer.state_pass");
-    const Tensor incoming = lc.ssm_state;  // ends as the whole sequence's final state
-    m_be.fill(incoming, 0.0f);
-    for (int k = 0; k < int(layout.chunks.size()); ++k) {
-      const int owner = layout.chunks[size_t(k)].second;
-      const Tensor slot = all.slice(0, owner * nl + index_at_owner(layout, k), 1).reshape({per});
-      if (owner == m_par.sp_rank && k > 0)
-        for (const LocalChunk& ch : mine)
-          if (ch.seq == k) {
-            SsdArgs b = rows(ch.row, ch.len);
-            b.state = incoming;
-            m_be.ssd_state_correction(b);
-          }
-      m_be.ssd_state_advance(incoming, slot.slice(0, 0, HPN).reshape({H, P, N}), slot.slice(0, HPN, H));
-    }
+    const int64_t HPN = int64_t(H) * P * N;
+    pass_states(
+        layer, layout, HPN, H, lc.ssm_state,
+        [&](const LocalChunk& ch, const Tensor& state, const Tensor& decay) {
+          SsdArgs c = rows(ch.row, ch.len);
+          c.state = state.reshape({H, P, N});
+          c.log_decay = decay;
+          m_be.ssd_scan(c);
+        },
+        [&](const LocalChunk& ch, const Tensor& incoming) {
+          SsdArgs c = rows(ch.row, ch.len);
+          c.state = incoming;
+          m_be.ssd_state_correction(c);
+        },
+        [&](const Tensor& incoming, const Tensor& state, const Tensor& decay) {
+          m_be.ssd_state_advance(incoming, state.reshape({H, P, N}), decay);
+        });
   }
   xBCc = Tensor();
   SiteScope s(rec, layer, "mixer.gated_norm");
@@ -412,18 +387,45 @@ void Model::mamba_scan(int layer, const Tensor& y, const Tensor& xc, const Tenso
     m_be.selective_scan(b);
     return;
   }
+  pass_states(
+      layer, layout, Di * N, Di, lc.ssm_state,
+      [&](const LocalChunk& ch, const Tensor& state, const Tensor& dt_sum) {
+        SelectiveScanArgs c = rows(ch.row, ch.len);
+        c.state = state.reshape({Di, N});
+        c.dt_sum = dt_sum;
+        m_be.selective_scan(c);
+      },
+      [&](const LocalChunk& ch, const Tensor& incoming) {
+        SelectiveScanArgs c = rows(ch.row, ch.len);
+        c.state = incoming;
+        m_be.selective_state_correction(c);
+      },
+      [&](const Tensor& incoming, const Tensor& state, const Tensor& dt_sum) {
+        m_be.selective_state_advance(incoming, w.A_log, state.reshape({Di, N}), dt_sum);
+      });
+}
+
+// Ranks as SSD chunks (sequence parallelism for the scans): each rank scans
+// its chunks from a zero state, every chunk's final state and decay are
+// all-gathered, then, walking the chunks in sequence order, each rank adds
+// the incoming state's term to its own chunks and advances the state, which
+// ends as the whole sequence's final state on every rank (decode goes on from it).
+void Model::pass_states(int layer, const StepLayout& layout, int64_t state_numel, int64_t decay_numel,
+                        const Tensor& final_state, const ChunkScan& scan, const ChunkCorrect& correct,
+                        const StateAdvance& advance) {
+  Recorder& rec = m_be.recorder();
   const auto mine = local_chunks(layout, m_par.sp_rank);
-  const int64_t nl = int64_t(mine.size()), per = Di * N + Di, S = m_par.sp_size;
+  const int64_t nl = int64_t(mine.size()), per = state_numel + decay_numel, S = m_par.sp_size;
+  auto split = [&](const Tensor& slot) {
+    return std::make_pair(slot.slice(0, 0, state_numel), slot.slice(0, state_numel, decay_numel));
+  };
   Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states");
   {
     SiteScope s(rec, layer, "mixer.scan");
     for (int64_t j = 0; j < nl; ++j) {
-      SelectiveScanArgs b = rows(mine[size_t(j)].row, mine[size_t(j)].len);
-      const Tensor slot = local.slice(0, j, 1).reshape({per});
-      b.state = slot.slice(0, 0, Di * N).reshape({Di, N});
-      b.dt_sum = slot.slice(0, Di * N, Di);
-      m_be.fill(b.state, 0.0f);
-      m_be.selective_scan(b);
+      auto [state, decay] = split(local.slice(0, j, 1).reshape({per}));
+      m_be.fill(state, 0.0f);
+      scan(mine[size_t(j)], state, decay);
     }
   }
   Tensor all = m_be.alloc({S * nl, per}, Category::CommBuffers, "mixer.all_chunk_states");
@@ -432,20 +434,14 @@ void Model::mamba_scan(int layer, const Tensor& y, const Tensor& xc, const Tenso
     m_par.sp->all_gather(all, local);
   }
   SiteScope s(rec, layer, "mixer.state_pass");
-  const Tensor incoming = lc.ssm_state;
-  m_be.fill(incoming, 0.0f);
+  m_be.fill(final_state, 0.0f);
   for (int k = 0; k < int(layout.chunks.size()); ++k) {
     const int owner = layout.chunks[size_t(k)].second;
-    const Tensor slot = all.slice(0, owner * nl + index_at_owner(layout, k), 1).reshape({per});
     if (owner == m_par.sp_rank && k > 0)
       for (const LocalChunk& ch : mine)
-        if (ch.seq == k) {
-          SelectiveScanArgs b = rows(ch.row, ch.len);
-          b.state = incoming;
-          m_be.selective_state_correction(b);
-        }
-    m_be.selective_state_advance(incoming, w.A_log, slot.slice(0, 0, Di * N).reshape({Di, N}),
-                                 slot.slice(0, Di * N, Di));
+        if (ch.seq == k) correct(ch, final_state);
+    auto [state, decay] = split(all.slice(0, owner * nl + index_at_owner(layout, k), 1).reshape({per}));
+    advance(final_state, state, decay);
   }
 }
 

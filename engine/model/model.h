@@ -70,6 +70,13 @@ struct WeightPack {
   Tensor flat;                  // this rank's shard
 };
 
+// One of this rank's sequence chunks: its index in sequence order, its first
+// local row and its length.
+struct LocalChunk {
+  int seq = 0;
+  int64_t row = 0, len = 0;
+};
+
 class Model {
  public:
   Model(ModelConfig cfg, Backend& be, Parallel par = {});
@@ -125,6 +132,12 @@ class Model {
                   const MambaWeights& w);
   void mamba_scan(int layer, const Tensor& y, const Tensor& xc, const Tensor& dt, const Tensor& z, const Tensor& B,
                   const Tensor& C, Cache& cache, const StepLayout& layout, const MambaWeights& w);
+  using ChunkScan = std::function<void(const LocalChunk&, const Tensor& state, const Tensor& decay)>;
+  using ChunkCorrect = std::function<void(const LocalChunk&, const Tensor& incoming)>;
+  using StateAdvance = std::function<void(const Tensor& incoming, const Tensor& state, const Tensor& decay)>;
+  void pass_states(int layer, const StepLayout& layout, int64_t state_numel, int64_t decay_numel,
+                   const Tensor& final_state, const ChunkScan& scan, const ChunkCorrect& correct,
+                   const StateAdvance& advance);
   // Streams a pack: calls compute(shard index, member tensors of that shard)
   // for every shard, with the next transfer in flight during compute.
   void stream_pack(const WeightPack& p, const std::function<void(int, const std::vector<Tensor>&)>& compute);
