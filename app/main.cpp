@@ -16,17 +16,34 @@ int main(int argc, char** argv) {
   cli.addHelpOption();
   cli.addVersionOption();
   QCommandLineOption runOnce(QStringLiteral("run-once"), QStringLiteral("run the default setup once, print the summary and quit"));
-  QCommandLineOption screenshot(QStringLiteral("screenshot"), QStringLiteral("with --run-once: save a PNG of the window"), QStringLiteral("file"));
+  QCommandLineOption screenshot(QStringLiteral("screenshot"),
+                                QStringLiteral("with --run-once: save a PNG of each page as FILE-<page>.png"),
+                                QStringLiteral("file"));
+  QCommandLineOption replay(QStringLiteral("open"), QStringLiteral("open a recorded stream"), QStringLiteral("file"));
   cli.addOption(runOnce);
   cli.addOption(screenshot);
+  cli.addOption(replay);
+  cli.addPositionalArgument(QStringLiteral("engine-args"),
+                            QStringLiteral("with --run-once: the setup as engine arguments (model backend strategy "
+                                           "devices prompt decode), e.g. small-llama cpu tsp 4 256 8"));
   cli.process(app);
 
   MainWindow w;
   w.show();
+  if (cli.isSet(replay)) w.openStream(cli.value(replay));
   if (cli.isSet(runOnce)) {
+    const QStringList p = cli.positionalArguments();
+    if (p.size() == 6) w.setSetup(p[0], p[1], p[2], p[3].toInt(), p[4].toInt(), p[5].toInt());
     QObject::connect(&w, &MainWindow::runFinished, &app, [&](const RunOutcome& o) {
       std::printf("%s\n", qPrintable(w.summaryText()));
-      if (cli.isSet(screenshot)) w.grab().save(cli.value(screenshot));
+      if (cli.isSet(screenshot)) {
+        for (int i = 0; i < w.pages()->count(); ++i) {
+          w.pages()->setCurrentIndex(i);
+          QApplication::processEvents();
+          const QString page = w.pages()->tabText(i).toLower().replace(' ', '-');
+          w.grab().save(cli.value(screenshot) + "-" + page + ".png");
+        }
+      }
       QApplication::exit(o.exitCode == 0 && !o.crashed ? 0 : 1);
     });
     QTimer::singleShot(0, &w, &MainWindow::runOnce);

@@ -1,21 +1,23 @@
 #include "mainwindow.h"
 
+#include <QAction>
 #include <QComboBox>
 #include <QCoreApplication>
 #include <QDir>
+#include <QFileDialog>
 #include <QFormLayout>
 #include <QHBoxLayout>
 #include <QLabel>
-#include <QLocale>
-#include <QPlainTextEdit>
+#include <QLineEdit>
+#include <QMenuBar>
 #include <QPushButton>
 #include <QSpinBox>
 #include <QStatusBar>
+#include <QTabWidget>
+#include <QTimer>
 #include <QVBoxLayout>
 
-namespace {
-QString bytesText(double b) { return QLocale().formattedDataSize(qint64(b), 2, QLocale::DataSizeIecFormat); }
-}  // namespace
+#include "pages.h"
 
 QString resourcesDir() {
   const QString env = qEnvironmentVariable("SHARDSCOPE_RESOURCES");
@@ -37,13 +39,28 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   for (const QFileInfo& f : QDir(resourcesDir() + "/models").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
     m_model->addItem(f.completeBaseName());
   m_model->setCurrentText(QStringLiteral("small-llama"));
+  m_backend = new QComboBox(setup);
+  m_backend->addItem(tr("CPU devices (MPI ranks)"), QStringLiteral("cpu"));
+  for (const QFileInfo& f : QDir(resourcesDir() + "/hardware").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
+    m_backend->addItem(tr("simulated %1").arg(f.completeBaseName()), QStringLiteral("sim:") + f.completeBaseName());
+  m_strategy = new QComboBox(setup);
+  m_strategy->addItems({"single", "dp", "tp", "sp", "tp_sp", "tsp"});
+  m_strategy->setCurrentText(QStringLiteral("tp"));
+  m_devices = new QSpinBox(setup);
+  m_devices->setRange(1, 64);
+  m_devices->setValue(4);
+  m_mesh = new QLineEdit(QStringLiteral("2x2"), setup);
   m_prompt = new QSpinBox(setup);
   m_prompt->setRange(1, 1 << 20);
   m_prompt->setValue(256);
   m_decode = new QSpinBox(setup);
   m_decode->setRange(0, 4096);
-  m_decode->setValue(16);
+  m_decode->setValue(8);
   form->addRow(tr("Model"), m_model);
+  form->addRow(tr("Backend"), m_backend);
+  form->addRow(tr("Strategy"), m_strategy);
+  form->addRow(tr("Devices"), m_devices);
+  form->addRow(tr("Mesh (tp_sp)"), m_mesh);
   form->addRow(tr("Prompt tokens"), m_prompt);
   form->addRow(tr("Decode tokens"), m_decode);
   m_run = new QPushButton(tr("Run"), setup);
@@ -53,76 +70,110 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   buttons->addWidget(m_run);
   buttons->addWidget(m_stop);
   form->addRow(buttons);
-  setup->setMaximumWidth(340);
+  setup->setFixedWidth(330);
 
-  m_summary = new QPlainTextEdit(central);
-  m_summary->setReadOnly(true);
-  m_summary->setFont(QFont(QStringLiteral("DejaVu Sans Mono"), 10));
-  m_summary->setPlaceholderText(tr("Pick a model and press Run: the engine runs on this CPU and its summary appears here."));
+  m_tabs = new QTabWidget(central);
+  m_memory = new MemoryPage(m_data, m_tabs);
+  m_timeline = new TimelineView(m_data, m_tabs);
+  m_placement = new PlacementPage(m_data, m_tabs);
+  m_summary = new SummaryPage(m_data, m_tabs);
+  m_tabs->addTab(m_summary, tr("Summary"));
+  m_tabs->addTab(m_memory, tr("Memory"));
+  m_tabs->addTab(m_placement, tr("Shard placement"));
+  m_tabs->addTab(m_timeline, tr("Timeline"));
   layout->addWidget(setup);
-  layout->addWidget(m_summary, 1);
+  layout->addWidget(m_tabs, 1);
   setCentralWidget(central);
   m_status = new QLabel(tr("ready"), this);
   statusBar()->addWidget(m_status, 1);
-  resize(1100, 640);
+  resize(1400, 820);
 
+  auto* file = menuBar()->addMenu(tr("&File"));
+  file->addAction(tr("&Open recorded stream..."), this, [this] {
+    const QString path = QFileDialog::getOpenFileName(this, tr("Open a recorded stream"), QString(),
+                                                      tr("Event streams (*.jsonl);;All files (*)"));
+    if (!path.isEmpty()) openStream(path);
+  });
+  file->addAction(tr("&Quit"), this, &QWidget::close);
+
+  m_redraw = new QTimer(this);
+  m_redraw->setInterval(100);  // at most 10 redraws a second, whatever the event rate
+  connect(m_redraw, &QTimer::timeout, this, &MainWindow::refreshPages);
   connect(m_run, &QPushButton::clicked, this, &MainWindow::runOnce);
   connect(m_stop, &QPushButton::clicked, m_client, &EngineClient::stop);
   connect(m_client, &EngineClient::eventsReceived, this, &MainWindow::onEvents);
   connect(m_client, &EngineClient::finished, this, &MainWindow::onFinished);
+  connect(m_strategy, &QComboBox::currentTextChanged, this, &MainWindow::updateSetupState);
+  updateSetupState();
+}
+
+void MainWindow::updateSetupState() {
+  const bool single = m_strategy->currentText() == QLatin1String("single");
+  m_devices->setEnabled(!single);
+  m_mesh->setEnabled(m_strategy->currentText() == QLatin1String("tp_sp"));
+}
+
+void MainWindow::setSetup(const QString& model, const QString& backend, const QString& strategy, int devices,
+                          int prompt, int decode) {
+  m_model->setCurrentText(model);
+  const int b = m_backend->findData(backend);
+  if (b >= 0) m_backend->setCurrentIndex(b);
+  m_strategy->setCurrentText(strategy);
+  m_devices->setValue(devices);
+  m_prompt->setValue(prompt);
+  m_decode->setValue(decode);
+}
+
+QStringList MainWindow::engineArguments() const {
+  const QString backend = m_backend->currentData().toString(), strategy = m_strategy->currentText();
+  QStringList args;
+  if (backend.startsWith(QLatin1String("sim:"))) args << "simulate" << "--hardware" << backend.mid(4);
+  else args << (strategy == QLatin1String("single") ? "run" : "launch");
+  args << "--model" << m_model->currentText() << "--strategy" << strategy << "--prompt-len"
+       << QString::number(m_prompt->value()) << "--decode" << QString::number(m_decode->value());
+  if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
+  if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
+  if (strategy == QLatin1String("dp")) args << "--batch" << QString::number(m_devices->value());
+  return args;
 }
 
 void MainWindow::runOnce() {
-  m_lines.clear();
-  m_spans = m_memSamples = 0;
-  m_summary->clear();
+  m_data.clear();
   m_run->setEnabled(false);
   m_stop->setEnabled(true);
-  m_status->setText(tr("running %1 on the cpu backend ...").arg(m_model->currentText()));
-  m_client->start({"run", "--model", m_model->currentText(), "--prompt-len", QString::number(m_prompt->value()),
-                   "--decode", QString::number(m_decode->value())});
+  const QStringList args = engineArguments();
+  m_status->setText(tr("running: shardscope-engine %1").arg(args.join(' ')));
+  m_redraw->start();
+  m_client->start(args);
 }
 
-void MainWindow::onEvents(const EventBatch& events) {
-  using namespace ss::proto;
-  for (const Event& e : *events) {
-    if (auto* c = std::get_if<Config>(&e)) {
-      const auto& m = c->config.value("model", nlohmann::json::object());
-      m_lines << tr("model %1 (%2), %3 M parameters, weights %4")
-                     .arg(QString::fromStdString(m.value("name", "?")), QString::fromStdString(m.value("family", "?")))
-                     .arg(c->config.value("parameters", 0.0) / 1e6, 0, 'f', 1)
-                     .arg(QString::fromStdString(c->config.value("weights", "?")));
-    } else if (auto* d = std::get_if<Device>(&e)) {
-      m_lines << tr("device %1: %2 (%3)").arg(d->rank).arg(QString::fromStdString(d->kind), QString::fromStdString(d->name));
-    } else if (auto* m = std::get_if<Metric>(&e)) {
-      const QString name = QString::fromStdString(m->name);
-      const QString value = m->unit == "bytes" ? bytesText(m->value) : QString::number(m->value, 'f', 2) + " " + QString::fromStdString(m->unit);
-      m_lines << QStringLiteral("  %1  %2").arg(name, -28).arg(value);
-    } else if (auto* er = std::get_if<Error>(&e)) {
-      m_lines << tr("error (%1): %2").arg(QString::fromStdString(er->code), QString::fromStdString(er->message));
-    } else if (std::holds_alternative<Span>(e)) {
-      ++m_spans;
-    } else if (std::holds_alternative<Mem>(e)) {
-      ++m_memSamples;
-    }
-  }
-  m_summary->setPlainText(summaryText());
+bool MainWindow::openStream(const QString& path) {
+  m_data.clear();
+  const bool ok = m_client->openFile(path);
+  refreshPages();
+  return ok;
 }
 
-QString MainWindow::summaryText() const {
-  return m_lines.join('\n') + tr("\n\n%1 spans and %2 memory samples received").arg(m_spans).arg(m_memSamples);
+void MainWindow::onEvents(const EventBatch& events) { m_data.add(*events); }
+
+void MainWindow::refreshPages() {
+  m_memory->refresh();
+  m_placement->refresh();
+  m_summary->refresh();
+  m_timeline->resetZoom();
 }
+
+QString MainWindow::summaryText() const { return m_summary->text(); }
 
 void MainWindow::onFinished(const RunOutcome& o) {
+  m_redraw->stop();
+  refreshPages();
   m_run->setEnabled(true);
   m_stop->setEnabled(false);
   QString text = tr("%1 (status %2)").arg(o.message, o.status);
   if (o.rejected) text += tr("; %1 unreadable lines").arg(o.rejected);
+  for (const QString& l : o.stderrTail)
+    if (o.exitCode != 0 || o.crashed) text += QStringLiteral(" | ") + l;
   m_status->setText(text);
-  if (o.exitCode != 0 || o.crashed) {
-    m_lines << QString() << tr("The engine did not finish: %1").arg(o.message);
-    for (const QString& l : o.stderrTail) m_lines << QStringLiteral("  stderr: ") + l;
-    m_summary->setPlainText(summaryText());
-  }
   emit runFinished(o);
 }

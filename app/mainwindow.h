@@ -1,16 +1,24 @@
-// The explorer's main window. At this stage: pick a preset and a workload,
-// run the engine on one CPU device, and read the run's summary.
+// The explorer's main window: the run setup on the left, the pages (memory,
+// timeline, placement, summary) on the right, fed live by EngineClient or by
+// a recorded stream, redrawn at a bounded rate.
 #pragma once
 
 #include <QMainWindow>
 
 #include "engineclient.h"
+#include "rundata.h"
 
 class QComboBox;
+class QLineEdit;
 class QSpinBox;
 class QPushButton;
-class QPlainTextEdit;
 class QLabel;
+class QTabWidget;
+class QTimer;
+class MemoryPage;
+class TimelineView;
+class PlacementPage;
+class SummaryPage;
 
 class MainWindow : public QMainWindow {
   Q_OBJECT
@@ -19,8 +27,15 @@ class MainWindow : public QMainWindow {
 
   // Starts a run with the current setup (also used by --run-once).
   void runOnce();
+  bool openStream(const QString& path);
   EngineClient* client() { return m_client; }
   QString summaryText() const;
+  QTabWidget* pages() { return m_tabs; }
+  // The engine arguments the setup describes.
+  QStringList engineArguments() const;
+  // Selects a setup programmatically (screenshots, tests).
+  void setSetup(const QString& model, const QString& backend, const QString& strategy, int devices, int prompt,
+                int decode);
 
  signals:
   void runFinished(const RunOutcome& outcome);
@@ -28,17 +43,27 @@ class MainWindow : public QMainWindow {
  private:
   void onEvents(const EventBatch& events);
   void onFinished(const RunOutcome& outcome);
+  void refreshPages();
+  void updateSetupState();
 
   EngineClient* m_client;
+  RunData m_data;
   QComboBox* m_model;
+  QComboBox* m_backend;
+  QComboBox* m_strategy;
+  QSpinBox* m_devices;
+  QLineEdit* m_mesh;
   QSpinBox* m_prompt;
   QSpinBox* m_decode;
   QPushButton* m_run;
   QPushButton* m_stop;
-  QPlainTextEdit* m_summary;
   QLabel* m_status;
-  QStringList m_lines;
-  qint64 m_spans = 0, m_memSamples = 0;
+  QTabWidget* m_tabs;
+  MemoryPage* m_memory;
+  TimelineView* m_timeline;
+  PlacementPage* m_placement;
+  SummaryPage* m_summary;
+  QTimer* m_redraw;
 };
 
 // $SHARDSCOPE_RESOURCES, ../share/shardscope next to the app, or the source tree.

@@ -1,0 +1,160 @@
+// The explorer offscreen: EngineClient driving a real engine run end to end,
+// the same stream replayed from a file giving the same data, the failures a
+// person will hit, and the pages showing what the stream said.
+#include <QSignalSpy>
+#include <QTabWidget>
+#include <QTemporaryDir>
+#include <QtTest>
+
+#include "engineclient.h"
+#include "mainwindow.h"
+#include "pages.h"
+#include "rundata.h"
+
+namespace {
+
+// Runs the engine through an EngineClient and collects everything it emits.
+struct Collected {
+  RunData data;
+  RunOutcome outcome;
+  QStringList rejected;
+};
+
+bool drive(EngineClient& client, Collected& c, const std::function<void()>& start) {
+  QObject::connect(&client, &EngineClient::eventsReceived, [&](const EventBatch& b) { c.data.add(*b); });
+  QObject::connect(&client, &EngineClient::lineRejected, [&](const QString& r) { c.rejected << r; });
+  QSignalSpy done(&client, &EngineClient::finished);
+  start();
+  if (done.isEmpty() && !done.wait(120000)) return false;
+  c.outcome = done.takeFirst().at(0).value<RunOutcome>();
+  return true;
+}
+
+}  // namespace
+
+class TestExplorer : public QObject {
+  Q_OBJECT
+ private slots:
+  void initTestCase() { qputenv("SHARDSCOPE_ENGINE", SHARDSCOPE_ENGINE_BIN); }
+
+  void liveRunThenReplayGiveTheSameData() {
+    QTemporaryDir dir;
+    const QString stream = dir.filePath("run.jsonl");
+    EngineClient live;
+    Collected a;
+    QVERIFY(drive(live, a, [&] {
+      live.start({"launch", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "16",
+                  "--decode", "4", "--events", "-"});
+    }));
+    QCOMPARE(a.outcome.exitCode, 0);
+    QCOMPARE(a.outcome.status, QStringLiteral("ok"));
+    QVERIFY(a.rejected.isEmpty());
+    QCOMPARE(int(a.data.ranks().size()), 2);
+    for (auto& [rank, d] : a.data.ranks()) {
+      QVERIFY(!d.spans.empty());
+      QVERIFY(!d.mem.empty());
+      QVERIFY(!d.placements.empty());
+      QCOMPARE(d.device.kind, std::string("cpu"));
+    }
+    QCOMPARE(QString::fromStdString(a.data.config().value("strategy", "")), QStringLiteral("tp"));
+
+    // The same run recorded to a file and replayed: the same records.
+    QProcess p;
+    p.start(SHARDSCOPE_ENGINE_BIN, {"launch", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2",
+                                    "--prompt-len", "16", "--decode", "4", "--events", stream});
+    QVERIFY(p.waitForFinished(120000));
+    EngineClient replay;
+    Collected b;
+    QVERIFY(drive(replay, b, [&] { replay.openFile(stream); }));
+    QCOMPARE(b.outcome.status, QStringLiteral("ok"));
+    QCOMPARE(b.data.ranks().size(), a.data.ranks().size());
+    for (auto& [rank, d] : a.data.ranks()) {
+      const RankData& e = b.data.ranks().at(rank);
+      QCOMPARE(e.spans.size(), d.spans.size());
+      QCOMPARE(e.placements.size(), d.placements.size());
+      for (size_t i = 0; i < d.spans.size(); ++i) {
+        QCOMPARE(e.spans[i].op, d.spans[i].op);
+        QCOMPARE(e.spans[i].site, d.spans[i].site);
+      }
+    }
+  }
+
+  void workerThatCannotStart() {
+    qputenv("SHARDSCOPE_ENGINE", "/nonexistent/shardscope-engine");
+    EngineClient client;
+    Collected c;
+    QVERIFY(drive(client, c, [&] { client.start({"run", "--model", "tiny-llama", "--prompt-len", "4"}); }));
+    qputenv("SHARDSCOPE_ENGINE", SHARDSCOPE_ENGINE_BIN);
+    QVERIFY(c.outcome.crashed);
+    QVERIFY2(c.outcome.message.contains(QStringLiteral("could not start")), qPrintable(c.outcome.message));
+  }
+
+  void workerThatFailsKeepsWhatArrivedAndSaysWhy() {
+    EngineClient client;
+    Collected c;
+    QVERIFY(drive(client, c, [&] {
+      client.start({"run", "--model", "tiny-llama", "--prompt-len", "64", "--capacity", "150KiB"});
+    }));
+    QCOMPARE(c.outcome.exitCode, 3);
+    QCOMPARE(c.outcome.status, QStringLiteral("oom"));
+    QVERIFY(!c.outcome.stderrTail.isEmpty());
+    QVERIFY(c.outcome.message.contains(QStringLiteral("out of memory")));
+    QCOMPARE(int(c.data.errors().size()), 1);
+    QCOMPARE(c.data.errors().front().code, std::string("oom"));
+    QVERIFY(!c.data.ranks().empty());  // what arrived before the failure is kept
+  }
+
+  void killedWorkerIsReported() {
+    EngineClient client;
+    Collected c;
+    QVERIFY(drive(client, c, [&] {
+      client.start({"run", "--model", "small-llama", "--prompt-len", "512", "--decode", "200"});
+      QTimer::singleShot(1500, [] { QProcess::execute("pkill", {"-KILL", "-f", "shardscope-engine run --model small-llama"}); });
+    }));
+    QVERIFY(c.outcome.crashed);
+    QCOMPARE(c.outcome.status, QStringLiteral("failed"));
+  }
+
+  void unreadableLinesAreCountedNotFatal() {
+    QTemporaryDir dir;
+    QFile f(dir.filePath("bad.jsonl"));
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write("{\"type\":\"hello\",\"protocol\":\"shardscope-events\",\"version\":1}\n");
+    f.write("not json\n{\"type\":\"span\"}\n\xff\xfe\n");
+    f.write("{\"type\":\"metric\",\"name\":\"ttft_ms\",\"value\":1.5}\n");
+    f.close();
+    EngineClient client;
+    Collected c;
+    QVERIFY(drive(client, c, [&] { client.openFile(f.fileName()); }));
+    QCOMPARE(c.outcome.rejected, qint64(3));
+    QCOMPARE(c.data.metrics().at("ttft_ms"), 1.5);
+  }
+
+  void pagesShowTheRun() {
+    MainWindow w;
+    w.resize(1400, 820);
+    w.setSetup("tiny-mamba2", "cpu", "tsp", 2, 16, 4);
+    QSignalSpy done(&w, &MainWindow::runFinished);
+    w.runOnce();
+    QVERIFY(done.wait(120000));
+    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 0);
+    const QString summary = w.summaryText();
+    QVERIFY2(summary.contains(QStringLiteral("tiny-mamba2 · tsp · 2 device(s) · cpu")), qPrintable(summary));
+    QVERIFY(summary.contains(QStringLiteral("Peak memory per device")));
+    QVERIFY(summary.contains(QStringLiteral("on the wire")));
+    for (int i = 0; i < w.pages()->count(); ++i) {
+      w.pages()->setCurrentIndex(i);
+      QApplication::processEvents();
+      const QImage img = w.pages()->currentWidget()->grab().toImage();
+      // Not blank: a page with data has many distinct colours.
+      QSet<QRgb> colours;
+      for (int y = 0; y < img.height(); y += 4)
+        for (int x = 0; x < img.width(); x += 4) colours.insert(img.pixel(x, y));
+      QVERIFY2(colours.size() > 8, qPrintable(w.pages()->tabText(i)));
+      img.save(QDir::temp().filePath("shardscope-page-" + QString::number(i) + ".png"));
+    }
+  }
+};
+
+QTEST_MAIN(TestExplorer)
+#include "tst_explorer.moc"

@@ -1,0 +1,431 @@
+#include "pages.h"
+
+#include <QComboBox>
+#include <QHBoxLayout>
+#include <QHelpEvent>
+#include <QLabel>
+#include <QMouseEvent>
+#include <QPainter>
+#include <QSpinBox>
+#include <QTextBrowser>
+#include <QToolTip>
+#include <QVBoxLayout>
+#include <qcustomplot.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "protocol/analysis.h"
+
+namespace {
+
+const char* const kCategories[] = {"weights", "activations", "kv_cache", "ssm_state", "comm_buffers", "workspace"};
+const QColor kCategoryColors[] = {QColor(70, 110, 180), QColor(230, 150, 60), QColor(90, 170, 90),
+                                  QColor(150, 100, 190), QColor(200, 80, 80), QColor(140, 140, 140)};
+
+// A stable colour per op kind; communication in warm tones.
+QColor opColor(const std::string& op, bool comm) {
+  static const QColor compute[] = {QColor(66, 133, 244), QColor(52, 168, 83), QColor(0, 150, 136),
+                                   QColor(121, 85, 200), QColor(96, 125, 139), QColor(3, 169, 244),
+                                   QColor(139, 195, 74), QColor(63, 81, 181)};
+  static const QColor wire[] = {QColor(234, 67, 53), QColor(251, 140, 0), QColor(233, 30, 99),
+                                QColor(255, 193, 7)};
+  const size_t h = std::hash<std::string>{}(op);
+  return comm ? wire[h % 4] : compute[h % 8];
+}
+
+// Byte tick labels on a plot axis.
+class BytesTicker : public QCPAxisTicker {
+ protected:
+  QString getTickLabel(double tick, const QLocale&, QChar, int) override { return bytesText(tick); }
+};
+
+}  // namespace
+
+QString bytesText(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(b) >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return QString::number(b, 'f', u == 0 ? 0 : (b < 10 ? 2 : 1)) + " " + units[u];
+}
+
+// ---------------------------------------------------------------- Memory ---
+
+MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
+  auto* layout = new QVBoxLayout(this);
+  auto* top = new QHBoxLayout;
+  top->addWidget(new QLabel(tr("Device"), this));
+  m_rank = new QComboBox(this);
+  top->addWidget(m_rank);
+  top->addStretch();
+  layout->addLayout(top);
+  m_plot = new QCustomPlot(this);
+  m_plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+  m_plot->axisRect()->setRangeZoom(Qt::Horizontal);
+  m_plot->axisRect()->setRangeDrag(Qt::Horizontal);
+  m_plot->xAxis->setLabel(tr("time (ms)"));
+  m_plot->yAxis->setTicker(QSharedPointer<QCPAxisTicker>(new BytesTicker));
+  m_plot->legend->setVisible(true);
+  m_plot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignLeft);
+  layout->addWidget(m_plot, 1);
+  connect(m_rank, &QComboBox::currentIndexChanged, this, [this] {
+    m_seen = ~0ull;
+    refresh();
+  });
+}
+
+void MemoryPage::refresh() {
+  if (m_seen == m_data.revision()) return;
+  m_seen = m_data.revision();
+  if (m_rank->count() != int(m_data.ranks().size())) {
+    const QSignalBlocker block(m_rank);
+    m_rank->clear();
+    for (auto& [r, d] : m_data.ranks()) m_rank->addItem(tr("rank %1").arg(r), r);
+  }
+  m_plot->clearGraphs();
+  m_plot->clearItems();
+  const auto it = m_data.ranks().find(m_rank->currentData().toInt());
+  if (it == m_data.ranks().end() || it->second.mem.empty()) {
+    m_plot->replot();
+    return;
+  }
+  const auto& mem = it->second.mem;
+  // Stacked areas: each category's curve is the running sum, filled down to the previous one.
+  QCPGraph* below = nullptr;
+  std::vector<double> base(mem.size(), 0.0);
+  double peak = 0, peak_t = 0;
+  for (int c = 0; c < 6; ++c) {
+    QVector<double> x, y;
+    bool any = false;
+    for (size_t i = 0; i < mem.size(); ++i) {
+      base[i] += double(mem[i].bytes[size_t(c)]);
+      any |= mem[i].bytes[size_t(c)] != 0;
+      x << mem[i].t * 1e-6;
+      y << base[i];
+      if (c == 5 && base[i] > peak) {
+        peak = base[i];
+        peak_t = mem[i].t * 1e-6;
+      }
+    }
+    if (!any) continue;
+    QCPGraph* g = m_plot->addGraph();
+    g->setName(kCategories[c]);
+    g->setLineStyle(QCPGraph::lsStepLeft);
+    g->setData(x, y, true);
+    g->setPen(QPen(kCategoryColors[c].darker(120)));
+    QColor fill = kCategoryColors[c];
+    fill.setAlpha(170);
+    g->setBrush(fill);
+    if (below) g->setChannelFillGraph(below);
+    below = g;
+  }
+  const double capacity = double(it->second.device.capacity);
+  if (capacity > 0) {
+    auto* line = new QCPItemStraightLine(m_plot);
+    line->point1->setCoords(0, capacity);
+    line->point2->setCoords(1, capacity);
+    line->setPen(QPen(Qt::red, 1.5, Qt::DashLine));
+    auto* label = new QCPItemText(m_plot);
+    label->position->setCoords(mem.front().t * 1e-6, capacity);
+    label->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
+    label->setText(tr("capacity %1").arg(bytesText(capacity)));
+    label->setColor(Qt::red);
+  }
+  auto* mark = new QCPItemTracer(m_plot);
+  mark->position->setCoords(peak_t, peak);
+  mark->setStyle(QCPItemTracer::tsCircle);
+  mark->setSize(8);
+  mark->setPen(QPen(Qt::black));
+  auto* text = new QCPItemText(m_plot);
+  text->position->setCoords(peak_t, peak);
+  text->setPositionAlignment(Qt::AlignHCenter | Qt::AlignBottom);
+  text->setText(tr("peak %1").arg(bytesText(peak)));
+  for (const auto& e : m_data.errors())
+    if (e.code == "oom") text->setText(tr("peak %1 — out of memory here").arg(bytesText(peak)));
+  m_plot->xAxis->setRange(mem.front().t * 1e-6, std::max(mem.back().t * 1e-6, mem.front().t * 1e-6 + 1e-3));
+  m_plot->yAxis->setRange(0, std::max(peak, capacity) * 1.12 + 1);
+  m_plot->replot();
+}
+
+// -------------------------------------------------------------- Timeline ---
+
+TimelineView::TimelineView(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
+  setMouseTracking(true);
+  setMinimumHeight(200);
+}
+
+void TimelineView::resetZoom() {
+  // From the first span to the last: loading weights records no spans.
+  int64_t first = m_data.end_time();
+  for (auto& [r, d] : m_data.ranks())
+    for (auto& s : d.spans) first = std::min(first, s.t0);
+  m_t0 = double(first);
+  m_t1 = std::max<double>(m_t0 + 1, double(m_data.end_time()));
+  update();
+}
+
+double TimelineView::xOf(int64_t t) const {
+  return kLabel + (double(t) - m_t0) / (m_t1 - m_t0) * (width() - kLabel - 8);
+}
+
+void TimelineView::paintEvent(QPaintEvent*) {
+  QPainter p(this);
+  p.fillRect(rect(), Qt::white);
+  if (m_t1 <= m_t0 + 1) resetZoom();
+  int row = 0;
+  for (auto& [rank, d] : m_data.ranks()) {
+    for (int lane = 0; lane < 2; ++lane) {
+      const int y = 24 + row * kLane;
+      p.setPen(QColor(90, 90, 90));
+      p.drawText(QRect(4, y, kLabel - 8, kLane), Qt::AlignVCenter | Qt::AlignLeft,
+                 tr("rank %1 %2").arg(rank).arg(lane == 0 ? tr("compute") : tr("comm")));
+      p.fillRect(QRectF(kLabel, y + kLane - 1, width() - kLabel, 1), QColor(230, 230, 230));
+      for (const auto& s : d.spans) {
+        if ((s.stream == "comm") != (lane == 1)) continue;
+        const double x0 = xOf(s.t0), x1 = std::max(xOf(s.t1), x0 + 1.0);
+        if (x1 < kLabel || x0 > width()) continue;
+        p.fillRect(QRectF(std::max<double>(x0, kLabel), y + 3, x1 - std::max<double>(x0, kLabel), kLane - 6),
+                   opColor(s.op, lane == 1));
+      }
+      ++row;
+    }
+  }
+  // Time axis.
+  p.setPen(Qt::black);
+  const double span_ms = (m_t1 - m_t0) * 1e-6;
+  const double step = std::pow(10.0, std::floor(std::log10(std::max(span_ms, 1e-6) / 5)));
+  for (double t = std::ceil(m_t0 * 1e-6 / step) * step; t <= m_t1 * 1e-6; t += step) {
+    const double x = xOf(int64_t(t * 1e6));
+    p.drawLine(QPointF(x, 16), QPointF(x, 22));
+    p.drawText(QPointF(x + 2, 12), QString::number(t, 'g', 6) + " ms");
+  }
+}
+
+void TimelineView::wheelEvent(QWheelEvent* e) {
+  const double f = e->angleDelta().y() > 0 ? 0.8 : 1.25;
+  const double at = m_t0 + (e->position().x() - kLabel) / std::max(1, width() - kLabel - 8) * (m_t1 - m_t0);
+  m_t0 = at - (at - m_t0) * f;
+  m_t1 = at + (m_t1 - at) * f;
+  update();
+}
+
+void TimelineView::mousePressEvent(QMouseEvent* e) { m_drag = e->pos(); }
+
+void TimelineView::mouseMoveEvent(QMouseEvent* e) {
+  if (e->buttons() & Qt::LeftButton) {
+    const double dt = double(e->pos().x() - m_drag.x()) / std::max(1, width() - kLabel - 8) * (m_t1 - m_t0);
+    m_t0 -= dt;
+    m_t1 -= dt;
+    m_drag = e->pos();
+    update();
+  }
+}
+
+const ss::proto::Span* TimelineView::spanAt(QPoint pos) const {
+  int row = 0;
+  for (auto& [rank, d] : m_data.ranks())
+    for (int lane = 0; lane < 2; ++lane, ++row) {
+      const int y = 24 + row * kLane;
+      if (pos.y() < y || pos.y() >= y + kLane) continue;
+      for (const auto& s : d.spans)
+        if ((s.stream == "comm") == (lane == 1) && pos.x() >= xOf(s.t0) - 1 && pos.x() <= xOf(s.t1) + 1) return &s;
+    }
+  return nullptr;
+}
+
+bool TimelineView::event(QEvent* e) {
+  if (e->type() == QEvent::ToolTip) {
+    auto* h = static_cast<QHelpEvent*>(e);
+    if (const auto* s = spanAt(h->pos())) {
+      const double us = (s->t1 - s->t0) * 1e-3;
+      QString tip = tr("<b>%1</b> %2<br>layer %3, %4<br>%5 µs")
+                        .arg(QString::fromStdString(s->op), QString::fromStdString(s->site))
+                        .arg(s->layer)
+                        .arg(QString::fromStdString(s->phase))
+                        .arg(us, 0, 'f', 1);
+      if (s->bytes > 0)
+        tip += tr("<br>%1, %2 GB/s").arg(bytesText(s->bytes)).arg(s->bytes / std::max(us, 1e-3) * 1e-3, 0, 'f', 2);
+      if (s->flops > 0) tip += tr("<br>%1 GFLOP").arg(s->flops * 1e-9, 0, 'f', 3);
+      QToolTip::showText(h->globalPos(), tip, this);
+    } else {
+      QToolTip::hideText();
+    }
+    return true;
+  }
+  return QWidget::event(e);
+}
+
+// ------------------------------------------------------------- Placement ---
+
+PlacementView::PlacementView(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
+  setMinimumHeight(240);
+}
+void PlacementView::setLayer(int layer) {
+  m_layer = layer;
+  update();
+}
+void PlacementView::setStep(int step) {
+  m_step = step;
+  update();
+}
+
+void PlacementView::paintEvent(QPaintEvent*) {
+  QPainter p(this);
+  p.fillRect(rect(), Qt::white);
+  const auto& ranks = m_data.ranks();
+  if (ranks.empty()) return;
+  // Tensors of the layer, in order of first appearance.
+  std::vector<std::string> tensors;
+  for (auto& [r, d] : ranks)
+    for (auto& pl : d.placements)
+      if (pl.layer == m_layer && std::find(tensors.begin(), tensors.end(), pl.tensor) == tensors.end())
+        tensors.push_back(pl.tensor);
+  const int label = 260, colw = std::max(60, (width() - label - 10) / int(ranks.size())), rowh = 22;
+  int col = 0;
+  for (auto& [r, d] : ranks) p.drawText(QRect(label + col++ * colw, 2, colw, 18), Qt::AlignCenter, tr("rank %1").arg(r));
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const int y = 24 + int(t) * rowh;
+    QString name = QString::fromStdString(tensors[t]);
+    const int at = name.indexOf(QStringLiteral(".layers."));
+    if (at >= 0) name = name.mid(name.indexOf('.', at + 8) + 1);
+    p.setPen(Qt::black);
+    p.drawText(QRect(4, y, label - 8, rowh), Qt::AlignVCenter | Qt::AlignLeft, name);
+    col = 0;
+    for (auto& [r, d] : ranks) {
+      const QRectF cell(label + col * colw + 4, y + 4, colw - 8, rowh - 8);
+      p.fillRect(cell, QColor(238, 238, 238));
+      for (auto& pl : d.placements) {
+        if (pl.tensor != tensors[t] || pl.step != (m_step >= 0 && pl.step >= 0 ? m_step : -1)) continue;
+        if (m_step >= 0 && pl.step < 0) continue;
+        if (pl.mode == "mirrored") {
+          p.fillRect(cell, QColor(150, 150, 150));
+        } else if (pl.mode == "split" && pl.axis >= 0) {
+          const double n = double(pl.shape[size_t(pl.axis)]);
+          p.fillRect(QRectF(cell.left() + cell.width() * pl.start / n, cell.top(),
+                            cell.width() * (pl.end - pl.start) / n, cell.height()),
+                     QColor(66, 133, 244));
+        }
+      }
+      ++col;
+    }
+  }
+  // Token strip: which device owns which tokens.
+  int64_t total = 1;
+  for (auto& [r, d] : ranks)
+    for (auto& [a, b] : d.tokens) total = std::max(total, b);
+  const int y = 24 + int(tensors.size()) * rowh + 16;
+  p.setPen(Qt::black);
+  p.drawText(QRect(4, y, label, rowh), Qt::AlignVCenter, tr("tokens (0 .. %1)").arg(total));
+  const QColor palette[] = {QColor(66, 133, 244), QColor(234, 67, 53), QColor(52, 168, 83), QColor(251, 188, 5),
+                            QColor(121, 85, 200), QColor(0, 150, 136), QColor(233, 30, 99), QColor(96, 125, 139)};
+  const double w = width() - label - 10;
+  for (auto& [r, d] : ranks)
+    for (auto& [a, b] : d.tokens)
+      p.fillRect(QRectF(label + w * a / total, y + 3, std::max(1.0, w * (b - a) / total), rowh - 6),
+                 palette[r % 8]);
+  int lx = label;
+  for (auto& [r, d] : ranks) {
+    p.fillRect(QRect(lx, y + rowh + 4, 10, 10), palette[r % 8]);
+    p.drawText(QPoint(lx + 14, y + rowh + 13), tr("rank %1").arg(r));
+    lx += 70;
+  }
+}
+
+PlacementPage::PlacementPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
+  auto* layout = new QVBoxLayout(this);
+  auto* top = new QHBoxLayout;
+  top->addWidget(new QLabel(tr("Layer"), this));
+  m_layer = new QComboBox(this);
+  top->addWidget(m_layer);
+  top->addWidget(new QLabel(tr("tsp step"), this));
+  m_step = new QSpinBox(this);
+  m_step->setRange(-1, 0);
+  m_step->setSpecialValueText(tr("resident"));
+  top->addWidget(m_step);
+  top->addStretch();
+  layout->addLayout(top);
+  m_view = new PlacementView(data, this);
+  layout->addWidget(m_view, 1);
+  connect(m_layer, &QComboBox::currentIndexChanged, this, [this] { m_view->setLayer(m_layer->currentData().toInt()); });
+  connect(m_step, &QSpinBox::valueChanged, m_view, &PlacementView::setStep);
+}
+
+void PlacementPage::refresh() {
+  if (m_seen == m_data.revision()) return;
+  m_seen = m_data.revision();
+  const auto layers = m_data.layers();
+  if (m_layer->count() != int(layers.size())) {
+    const QSignalBlocker block(m_layer);
+    m_layer->clear();
+    for (int l : layers) m_layer->addItem(l < 0 ? tr("embeddings and head") : tr("layer %1").arg(l), l);
+    m_layer->setCurrentIndex(layers.size() > 1 ? 1 : 0);
+    m_view->setLayer(m_layer->currentData().toInt());
+  }
+  int steps = -1;
+  for (auto& [r, d] : m_data.ranks())
+    for (auto& pl : d.placements) steps = std::max(steps, pl.step);
+  m_step->setMaximum(steps);
+  m_view->update();
+}
+
+// --------------------------------------------------------------- Summary ---
+
+SummaryPage::SummaryPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
+  auto* layout = new QVBoxLayout(this);
+  m_text = new QTextBrowser(this);
+  layout->addWidget(m_text);
+}
+
+QString SummaryPage::text() const { return m_text->toPlainText(); }
+
+void SummaryPage::refresh() {
+  if (m_seen == m_data.revision()) return;
+  m_seen = m_data.revision();
+  const auto& c = m_data.config();
+  const auto model = c.value("model", nlohmann::json::object());
+  QString h = tr("<h3>%1 · %2 · %3 device(s) · %4</h3>")
+                  .arg(QString::fromStdString(model.value("name", "?")),
+                       QString::fromStdString(c.value("strategy", "?")))
+                  .arg(c.value("devices", 1))
+                  .arg(QString::fromStdString(c.value("backend", "?")));
+  auto metric = [&](const char* name, const QString& label, const QString& unit, double scale = 1) {
+    auto it = m_data.metrics().find(name);
+    if (it != m_data.metrics().end())
+      h += QStringLiteral("<tr><td>%1</td><td align=right>%2 %3</td></tr>").arg(label).arg(it->second * scale, 0, 'f', 2).arg(unit);
+  };
+  h += QStringLiteral("<table cellpadding=3>");
+  metric("ttft_ms", tr("time to first token"), tr("ms"));
+  metric("prefill_tokens_per_s", tr("prefill"), tr("tokens/s"));
+  metric("decode_tokens_per_s", tr("decode"), tr("tokens/s"));
+  metric("decode_ms_per_token", tr("per decoded token"), tr("ms"));
+  h += QStringLiteral("</table><h4>%1</h4><table cellpadding=3><tr><th>rank</th>").arg(tr("Peak memory per device"));
+  for (const char* cat : kCategories) h += QStringLiteral("<th>%1</th>").arg(cat);
+  h += QStringLiteral("<th>total</th></tr>");
+  for (auto& [r, d] : m_data.ranks()) {
+    h += QStringLiteral("<tr><td>%1</td>").arg(r);
+    for (const char* cat : kCategories) {
+      auto it = d.metrics.find(std::string("peak_") + cat + "_bytes");
+      h += QStringLiteral("<td align=right>%1</td>").arg(it == d.metrics.end() ? QStringLiteral("–") : bytesText(it->second));
+    }
+    auto it = d.metrics.find("peak_bytes");
+    h += QStringLiteral("<td align=right><b>%1</b></td></tr>").arg(it == d.metrics.end() ? QStringLiteral("–") : bytesText(it->second));
+  }
+  h += QStringLiteral("</table>");
+  // Communication, from the spans.
+  std::vector<ss::proto::Event> spans;
+  for (auto& [r, d] : m_data.ranks())
+    for (auto& s : d.spans) spans.emplace_back(s);
+  const auto st = ss::proto::analyze(spans);
+  h += tr("<h4>Communication</h4><p>%1 on the wire in all; %2% of communication time hidden behind compute.</p>")
+           .arg(bytesText(st.comm_bytes))
+           .arg(100 * st.hidden_fraction(), 0, 'f', 0);
+  for (const auto& e : m_data.errors())
+    h += tr("<p style='color:#b00'><b>%1</b> (rank %2): %3</p>")
+             .arg(QString::fromStdString(e.code))
+             .arg(e.rank)
+             .arg(QString::fromStdString(e.message).toHtmlEscaped());
+  m_text->setHtml(h);
+}

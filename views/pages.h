@@ -1,0 +1,96 @@
+// The explorer's pages. Each draws from a RunData and redraws when its
+// revision changes (the main window polls at a bounded rate).
+#pragma once
+
+#include <QWidget>
+
+#include "rundata.h"
+
+class QComboBox;
+class QCustomPlot;
+class QSpinBox;
+class QTextBrowser;
+
+// Memory of one device over time, stacked by category, with capacity and peak.
+class MemoryPage : public QWidget {
+  Q_OBJECT
+ public:
+  explicit MemoryPage(const RunData& data, QWidget* parent = nullptr);
+  void refresh();
+
+ private:
+  const RunData& m_data;
+  QComboBox* m_rank;
+  QCustomPlot* m_plot;
+  uint64_t m_seen = ~0ull;
+};
+
+// Gantt chart: a compute and a comm lane per device, spans coloured by op;
+// wheel zooms, drag pans, hover shows the span.
+class TimelineView : public QWidget {
+  Q_OBJECT
+ public:
+  explicit TimelineView(const RunData& data, QWidget* parent = nullptr);
+  void resetZoom();
+
+ protected:
+  void paintEvent(QPaintEvent*) override;
+  void wheelEvent(QWheelEvent* e) override;
+  void mousePressEvent(QMouseEvent* e) override;
+  void mouseMoveEvent(QMouseEvent* e) override;
+  bool event(QEvent* e) override;
+
+ private:
+  const ss::proto::Span* spanAt(QPoint p) const;
+  double xOf(int64_t t) const;
+  const RunData& m_data;
+  double m_t0 = 0, m_t1 = 1;  // visible range, ns
+  QPoint m_drag;
+  static constexpr int kLabel = 110, kLane = 22;
+};
+
+// Which slice of each weight every device holds, and which tokens it owns.
+class PlacementView : public QWidget {
+  Q_OBJECT
+ public:
+  explicit PlacementView(const RunData& data, QWidget* parent = nullptr);
+  void setLayer(int layer);
+  void setStep(int step);
+
+ protected:
+  void paintEvent(QPaintEvent*) override;
+
+ private:
+  const RunData& m_data;
+  int m_layer = 0, m_step = -1;
+};
+
+class PlacementPage : public QWidget {
+  Q_OBJECT
+ public:
+  explicit PlacementPage(const RunData& data, QWidget* parent = nullptr);
+  void refresh();
+
+ private:
+  const RunData& m_data;
+  QComboBox* m_layer;
+  QSpinBox* m_step;
+  PlacementView* m_view;
+  uint64_t m_seen = ~0ull;
+};
+
+class SummaryPage : public QWidget {
+  Q_OBJECT
+ public:
+  explicit SummaryPage(const RunData& data, QWidget* parent = nullptr);
+  void refresh();
+  QString text() const;
+
+ private:
+  const RunData& m_data;
+  QTextBrowser* m_text;
+  uint64_t m_seen = ~0ull;
+};
+
+// Human-readable bytes (KiB, MiB, GiB).
+QString bytesText(double bytes);

@@ -1,0 +1,44 @@
+#include "rundata.h"
+
+#include <set>
+
+void RunData::clear() {
+  *this = RunData();
+  ++m_revision;
+}
+
+void RunData::add(const std::vector<ss::proto::Event>& events) {
+  using namespace ss::proto;
+  for (const Event& e : events) {
+    ++m_events;
+    std::visit(
+        [&](auto&& ev) {
+          using T = std::decay_t<decltype(ev)>;
+          if constexpr (std::is_same_v<T, Config>) m_config = ev.config;
+          else if constexpr (std::is_same_v<T, Device>) m_ranks[ev.rank].device = ev;
+          else if constexpr (std::is_same_v<T, Span>) {
+            m_end = std::max(m_end, ev.t1);
+            m_ranks[ev.rank].spans.push_back(ev);
+          } else if constexpr (std::is_same_v<T, Mem>) {
+            m_end = std::max(m_end, ev.t);
+            m_ranks[ev.rank].mem.push_back(ev);
+          } else if constexpr (std::is_same_v<T, Placement>) m_ranks[ev.rank].placements.push_back(ev);
+          else if constexpr (std::is_same_v<T, Tokens>) m_ranks[ev.rank].tokens = ev.ranges;
+          else if constexpr (std::is_same_v<T, Metric>) {
+            if (ev.rank >= 0) m_ranks[ev.rank].metrics[ev.name] = ev.value;
+            else m_metrics[ev.name] = ev.value;
+          } else if constexpr (std::is_same_v<T, Error>) m_errors.push_back(ev);
+          else if constexpr (std::is_same_v<T, Accuracy>) m_accuracy.push_back(ev);
+          else if constexpr (std::is_same_v<T, Done>) m_status = QString::fromStdString(ev.status);
+        },
+        e);
+  }
+  ++m_revision;
+}
+
+std::vector<int> RunData::layers() const {
+  std::set<int> s;
+  for (auto& [r, d] : m_ranks)
+    for (auto& p : d.placements) s.insert(p.layer);
+  return {s.begin(), s.end()};
+}

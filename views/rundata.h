@@ -1,0 +1,52 @@
+// RunData: everything a run's event stream said, indexed for the views.
+// Fed batch by batch (live from EngineClient, or from a recorded file), it
+// keeps per-rank spans, memory samples, placements and tokens, the run's
+// config and metrics, and a revision number the pages poll to redraw at a
+// bounded rate instead of once per event.
+#pragma once
+
+#include <QString>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "protocol/events.h"
+
+struct RankData {
+  ss::proto::Device device;
+  std::vector<ss::proto::Span> spans;  // in arrival order
+  std::vector<ss::proto::Mem> mem;     // in time order
+  std::vector<ss::proto::Placement> placements;
+  std::vector<std::pair<int64_t, int64_t>> tokens;
+  std::map<std::string, double> metrics;  // per-rank metrics (peaks)
+};
+
+class RunData {
+ public:
+  void clear();
+  void add(const std::vector<ss::proto::Event>& events);
+
+  const nlohmann::json& config() const { return m_config; }
+  const std::map<int, RankData>& ranks() const { return m_ranks; }
+  const std::map<std::string, double>& metrics() const { return m_metrics; }
+  const std::vector<ss::proto::Error>& errors() const { return m_errors; }
+  const std::vector<ss::proto::Accuracy>& accuracy() const { return m_accuracy; }
+  QString status() const { return m_status; }
+  int64_t end_time() const { return m_end; }  // the latest timestamp seen (ns)
+  uint64_t revision() const { return m_revision; }
+  int64_t events() const { return m_events; }
+  // Layers that hold weights, in order (-1: embeddings and head).
+  std::vector<int> layers() const;
+
+ private:
+  nlohmann::json m_config = nlohmann::json::object();
+  std::map<int, RankData> m_ranks;
+  std::map<std::string, double> m_metrics;
+  std::vector<ss::proto::Error> m_errors;
+  std::vector<ss::proto::Accuracy> m_accuracy;
+  QString m_status;
+  int64_t m_end = 0;
+  uint64_t m_revision = 0;
+  int64_t m_events = 0;
+};
