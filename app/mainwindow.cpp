@@ -10,6 +10,7 @@
 #include <QLabel>
 #include <QLineEdit>
 #include <QMenuBar>
+#include <QProcess>
 #include <QPushButton>
 #include <QSpinBox>
 #include <QStatusBar>
@@ -70,6 +71,9 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   buttons->addWidget(m_run);
   buttons->addWidget(m_stop);
   form->addRow(buttons);
+  m_verdict = new QLabel(setup);
+  m_verdict->setWordWrap(true);
+  form->addRow(m_verdict);
   setup->setFixedWidth(330);
 
   m_tabs = new QTabWidget(central);
@@ -104,7 +108,50 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   connect(m_client, &EngineClient::eventsReceived, this, &MainWindow::onEvents);
   connect(m_client, &EngineClient::finished, this, &MainWindow::onFinished);
   connect(m_strategy, &QComboBox::currentTextChanged, this, &MainWindow::updateSetupState);
+  // Every edit re-checks the setup, once typing pauses.
+  m_checkDelay = new QTimer(this);
+  m_checkDelay->setSingleShot(true);
+  m_checkDelay->setInterval(250);
+  connect(m_checkDelay, &QTimer::timeout, this, &MainWindow::checkSetup);
+  auto changed = [this] {
+    m_valid = false;
+    m_run->setEnabled(false);
+    m_checkDelay->start();
+  };
+  for (QComboBox* c : {m_model, m_backend, m_strategy}) connect(c, &QComboBox::currentIndexChanged, this, changed);
+  for (QSpinBox* b : {m_devices, m_prompt, m_decode}) connect(b, &QSpinBox::valueChanged, this, changed);
+  connect(m_mesh, &QLineEdit::textChanged, this, changed);
   updateSetupState();
+  changed();
+}
+
+QString MainWindow::verdictText() const { return m_verdict->text(); }
+bool MainWindow::checking() const {
+  return m_checkDelay->isActive() || (m_check && m_check->state() != QProcess::NotRunning);
+}
+
+void MainWindow::checkSetup() {
+  if (m_check) {
+    m_check->disconnect(this);
+    m_check->kill();
+    m_check->deleteLater();
+  }
+  QStringList args = engineArguments();
+  args.removeFirst();  // run, launch or simulate: check takes the same options
+  args.prepend(QStringLiteral("check"));
+  m_check = new QProcess(this);
+  connect(m_check, &QProcess::finished, this, [this, p = m_check](int code, QProcess::ExitStatus status) {
+    if (p != m_check) return;
+    m_valid = status == QProcess::NormalExit && code == 0;
+    QString reason = QString::fromUtf8(p->readAllStandardError()).trimmed();
+    reason.remove(QStringLiteral("shardscope-engine: error: "));
+    m_verdict->setText(m_valid ? tr("<span style='color:#1a7f37'>ready to run</span>")
+                               : QStringLiteral("<span style='color:#b00'>%1</span>")
+                                     .arg((reason.isEmpty() ? tr("the engine could not check this setup") : reason)
+                                              .toHtmlEscaped()));
+    m_run->setEnabled(m_valid && !m_client->isRunning());
+  });
+  m_check->start(EngineClient::enginePath(), args);
 }
 
 void MainWindow::updateSetupState() {
@@ -168,7 +215,7 @@ QString MainWindow::summaryText() const { return m_summary->text(); }
 void MainWindow::onFinished(const RunOutcome& o) {
   m_redraw->stop();
   refreshPages();
-  m_run->setEnabled(true);
+  m_run->setEnabled(m_valid);
   m_stop->setEnabled(false);
   QString text = tr("%1 (status %2)").arg(o.message, o.status);
   if (o.rejected) text += tr("; %1 unreadable lines").arg(o.rejected);

@@ -15,6 +15,7 @@ class QPushButton;
 class QLabel;
 class QTabWidget;
 class QTimer;
+class QProcess;
 class MemoryPage;
 class TimelineView;
 class PlacementPage;
@@ -33,6 +34,10 @@ class MainWindow : public QMainWindow {
   QTabWidget* pages() { return m_tabs; }
   // The engine arguments the setup describes.
   QStringList engineArguments() const;
+  // The last check's verdict: whether Run is allowed, and the reason shown.
+  bool setupValid() const { return m_valid; }
+  QString verdictText() const;
+  bool checking() const;
   // Selects a setup programmatically (screenshots, tests).
   void setSetup(const QString& model, const QString& backend, const QString& strategy, int devices, int prompt,
                 int decode);
@@ -45,6 +50,9 @@ class MainWindow : public QMainWindow {
   void onFinished(const RunOutcome& outcome);
   void refreshPages();
   void updateSetupState();
+  // Checks the setup with the engine's own rules (`shardscope-engine check`),
+  // shows the reason next to the form and enables Run only when it can run.
+  void checkSetup();
 
   EngineClient* m_client;
   RunData m_data;
@@ -64,6 +72,10 @@ class MainWindow : public QMainWindow {
   PlacementPage* m_placement;
   SummaryPage* m_summary;
   QTimer* m_redraw;
+  QTimer* m_checkDelay;
+  QProcess* m_check = nullptr;
+  QLabel* m_verdict;
+  bool m_valid = false;
 };
 
 // $SHARDSCOPE_RESOURCES, ../share/shardscope next to the app, or the source tree.

@@ -130,6 +130,24 @@ class TestExplorer : public QObject {
     QCOMPARE(c.data.metrics().at("ttft_ms"), 1.5);
   }
 
+  void setupIsCheckedAsTyped() {
+    MainWindow w;
+    w.setSetup("tiny-llama", "cpu", "tp", 4, 24, 4);  // 2 kv heads do not split over 4 devices
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY(!w.setupValid());
+    QVERIFY2(w.verdictText().contains(QStringLiteral("num_key_value_heads 2")), qPrintable(w.verdictText()));
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 4);
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
+    w.setSetup("llama2-7b", "sim:mi300x", "tsp", 8, 131072, 4);
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
+    w.setSetup("tiny-mamba2", "cpu", "sp", 4, 20, 4);  // 20 tokens do not split into 8 zigzag chunks
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY(!w.setupValid());
+    QVERIFY2(w.verdictText().contains(QStringLiteral("--prompt-len 20")), qPrintable(w.verdictText()));
+  }
+
   void pagesShowTheRun() {
     MainWindow w;
     w.resize(1400, 820);

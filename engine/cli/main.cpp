@@ -17,6 +17,7 @@
 #include "runtime/run.h"
 #include "runtime/summary.h"
 #include "runtime/sweep.h"
+#include "model/parallel.h"
 #include "sim/hardware.h"
 #include <fstream>
 
@@ -139,6 +140,12 @@ int main(int argc, char** argv) {
   sweep->add_option("--eval-tokens", sweep_opts.eval_tokens, "file of token ids: perplexity over them");
   sweep->add_option("--events", sweep_opts.events, "write the sweep's stream to FILE (the table goes to stdout)");
 
+  ss::RunOptions check_opts;
+  std::string check_tokens, check_capacity, check_hardware;
+  auto* check = app.add_subcommand("check", "validate a setup without running it: prints ok, or the one reason it cannot run");
+  add_model_options(check, check_opts, check_tokens, check_capacity);
+  check->add_option("--hardware", check_hardware, "also check a simulated hardware profile");
+
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
   auto* presets = app.add_subcommand("presets", "list the model presets");
@@ -213,6 +220,23 @@ int main(int argc, char** argv) {
 
   try {
     if (*run) return run_command(run_opts, tokens, capacity, events);
+    if (*check) {
+      // The same checks launch and simulate make before anything starts.
+      if (!check_tokens.empty()) check_opts.tokens = parse_tokens(check_tokens);
+      if (!check_capacity.empty()) check_opts.capacity = ss::parse_bytes(check_capacity);
+      if (!check_hardware.empty()) {
+        ss::load_hardware(check_hardware);
+        check_opts.backend = "sim";
+      }
+      ss::validate(check_opts, check_opts.backend);
+      const ss::ModelConfig cfg = ss::resolve_model(check_opts.model, nullptr, check_opts.overrides);
+      const auto [T, S] = ss::mesh_of(check_opts);
+      const int64_t P = check_opts.tokens.empty() ? check_opts.prompt_len : int64_t(check_opts.tokens.size());
+      ss::validate_parallel(cfg, ss::parse_strategy(check_opts.strategy), check_opts.devices, T, S, P,
+                            check_opts.split == "zigzag", check_opts.batch);
+      std::printf("ok\n");
+      return 0;
+    }
     if (*sweep) {
       if (!sweep_tokens.empty()) sweep_opts.run.tokens = parse_tokens(sweep_tokens);
       if (!sweep_capacity.empty()) sweep_opts.run.capacity = ss::parse_bytes(sweep_capacity);
