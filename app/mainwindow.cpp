@@ -71,6 +71,9 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   buttons->addWidget(m_run);
   buttons->addWidget(m_stop);
   form->addRow(buttons);
+  m_compare = new QPushButton(tr("TP vs TSP"), setup);
+  m_compare->setToolTip(tr("Run this setup under tp and under tsp and compare them side by side"));
+  form->addRow(m_compare);
   m_verdict = new QLabel(setup);
   m_verdict->setWordWrap(true);
   form->addRow(m_verdict);
@@ -104,6 +107,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   m_redraw->setInterval(100);  // at most 10 redraws a second, whatever the event rate
   connect(m_redraw, &QTimer::timeout, this, &MainWindow::refreshPages);
   connect(m_run, &QPushButton::clicked, this, &MainWindow::runOnce);
+  connect(m_compare, &QPushButton::clicked, this, &MainWindow::compareTpTsp);
   connect(m_stop, &QPushButton::clicked, m_client, &EngineClient::stop);
   connect(m_client, &EngineClient::eventsReceived, this, &MainWindow::onEvents);
   connect(m_client, &EngineClient::finished, this, &MainWindow::onFinished);
@@ -212,6 +216,39 @@ void MainWindow::refreshPages() {
 
 QString MainWindow::summaryText() const { return m_summary->text(); }
 
+void MainWindow::compareTpTsp() {
+  m_compared.clear();
+  m_queue = {QStringLiteral("tp"), QStringLiteral("tsp")};
+  m_strategy->setCurrentText(m_queue.takeFirst());
+  runOnce();
+}
+
+// Two finished runs side by side: their summaries, and peak memory per
+// device and category as grouped bars.
+namespace {
+// A finished run's data, owned by the comparison window that shows it.
+struct ComparedRun : QObject {
+  RunData data;
+};
+}  // namespace
+
+static QWidget* comparisonWindow(const std::vector<std::pair<QString, RunData>>& runs, QWidget* parent) {
+  auto* w = new QWidget(parent, Qt::Window);
+  w->setAttribute(Qt::WA_DeleteOnClose);
+  w->setWindowTitle(QObject::tr("ShardScope: %1 vs %2").arg(runs[0].first, runs[1].first));
+  auto* layout = new QHBoxLayout(w);
+  for (const auto& [name, data] : runs) {
+    auto* kept = new ComparedRun;
+    kept->setParent(w);
+    kept->data = data;
+    auto* page = new SummaryPage(kept->data, w);
+    page->refresh();
+    layout->addWidget(page);
+  }
+  w->resize(1400, 600);
+  return w;
+}
+
 void MainWindow::onFinished(const RunOutcome& o) {
   m_redraw->stop();
   refreshPages();
@@ -222,5 +259,16 @@ void MainWindow::onFinished(const RunOutcome& o) {
   for (const QString& l : o.stderrTail)
     if (o.exitCode != 0 || o.crashed) text += QStringLiteral(" | ") + l;
   m_status->setText(text);
+  if (!m_queue.isEmpty() || !m_compared.empty()) {
+    m_compared.emplace_back(m_strategy->currentText(), m_data);
+    if (!m_queue.isEmpty() && o.exitCode == 0) {
+      m_strategy->setCurrentText(m_queue.takeFirst());
+      QTimer::singleShot(0, this, &MainWindow::runOnce);
+      return;
+    }
+    m_queue.clear();
+    if (m_compared.size() == 2) comparisonWindow(m_compared, this)->show();
+    m_compared.clear();
+  }
   emit runFinished(o);
 }

@@ -8,6 +8,8 @@
 #include "engineclient.h"
 #include "rundata.h"
 
+#include <vector>
+
 class QComboBox;
 class QLineEdit;
 class QSpinBox;
@@ -28,6 +30,8 @@ class MainWindow : public QMainWindow {
 
   // Starts a run with the current setup (also used by --run-once).
   void runOnce();
+  // Runs the setup under tp, then under tsp, and shows the two side by side.
+  void compareTpTsp();
   bool openStream(const QString& path);
   EngineClient* client() { return m_client; }
   QString summaryText() const;
@@ -76,6 +80,9 @@ class MainWindow : public QMainWindow {
   QProcess* m_check = nullptr;
   QLabel* m_verdict;
   bool m_valid = false;
+  QPushButton* m_compare;
+  QStringList m_queue;          // strategies still to run for a comparison
+  std::vector<std::pair<QString, RunData>> m_compared;
 };
 
 // $SHARDSCOPE_RESOURCES, ../share/shardscope next to the app, or the source tree.

@@ -148,6 +148,23 @@ class TestExplorer : public QObject {
     QVERIFY2(w.verdictText().contains(QStringLiteral("--prompt-len 20")), qPrintable(w.verdictText()));
   }
 
+  void tpVersusTspSideBySide() {
+    MainWindow w;
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 16, 4);
+    QSignalSpy done(&w, &MainWindow::runFinished);
+    w.compareTpTsp();
+    QVERIFY(done.wait(180000));
+    QWidget* compare = nullptr;
+    for (QWidget* top : QApplication::topLevelWidgets())
+      if (top->windowTitle() == QStringLiteral("ShardScope: tp vs tsp")) compare = top;
+    QVERIFY(compare);
+    const auto pages = compare->findChildren<SummaryPage*>();
+    QCOMPARE(pages.size(), 2);
+    QVERIFY2(pages[0]->text().contains(QStringLiteral("· tp ·")), qPrintable(pages[0]->text()));
+    QVERIFY2(pages[1]->text().contains(QStringLiteral("· tsp ·")), qPrintable(pages[1]->text()));
+    compare->close();
+  }
+
   void pagesShowTheRun() {
     MainWindow w;
     w.resize(1400, 820);
