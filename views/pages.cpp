@@ -13,6 +13,7 @@
 #include <qcustomplot.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 
 #include "protocol/analysis.h"
@@ -414,6 +415,58 @@ void SummaryPage::refresh() {
     h += QStringLiteral("<td align=right><b>%1</b></td></tr>").arg(it == d.metrics.end() ? QStringLiteral("–") : bytesText(it->second));
   }
   h += QStringLiteral("</table>");
+  // For teaching: what the strategy does, and the textbook expectation beside
+  // what rank 0 measured.
+  const QString strategy = QString::fromStdString(c.value("strategy", "single"));
+  static const std::map<QString, QString> kExplain = {
+      {"single", QObject::tr("One device holds every weight and every token: the reference every strategy must equal.")},
+      {"dp", QObject::tr("Every device holds all weights and runs its own sequences; devices never talk during inference.")},
+      {"tp", QObject::tr("Tensor parallelism: each device holds 1/T of every attention head group, MLP column block or "
+                         "Mamba channel block and sees every token; one all-reduce after attention and one after the "
+                         "MLP (Mamba: after out_proj, plus the small x_proj one).")},
+      {"sp", QObject::tr("Sequence parallelism: every device holds all weights and 1/S of the tokens (zigzag chunks "
+                         "balance causal work); attention all-gathers K/V, Mamba layers pass a conv halo and scan "
+                         "states between devices.")},
+      {"tp_sp", QObject::tr("A T x S mesh: tensor parallelism along T, sequence parallelism along S.")},
+      {"tsp", QObject::tr("Folded tensor and sequence parallelism: each device holds 1/D of every projection AND 1/D of "
+                          "the tokens; weight shards are broadcast in turns (attention) or passed around a ring (MLP, "
+                          "Mamba) while each device computes its own tokens, so no all-reduce is needed.")}};
+  if (auto it = kExplain.find(strategy); it != kExplain.end()) h += QStringLiteral("<p><i>%1</i></p>").arg(it->second);
+  const auto mesh = c.value("mesh", nlohmann::json::object());
+  const double D = c.value("devices", 1), T = mesh.value("tp", 1), S = mesh.value("sp", 1);
+  const double shards = strategy == "tsp" ? D : (strategy == "tp" || strategy == "tp_sp") ? T : 1;
+  const double params = c.value("parameters", 0.0);
+  if (params > 0 && !m_data.ranks().empty()) {
+    const auto& r0 = m_data.ranks().begin()->second.metrics;
+    auto measured = [&](const char* k) { auto it = r0.find(k); return it == r0.end() ? 0.0 : it->second; };
+    h += tr("<h4>Expected (textbook) against measured, rank 0</h4><table cellpadding=3>"
+            "<tr><th></th><th>expected</th><th>measured</th><th>note</th></tr>");
+    // Embeddings and the LM head stay whole on every device.
+    const double embed = model.value("vocab_size", 0.0) * model.value("hidden_size", 0.0) *
+                         (model.value("tie_word_embeddings", false) ? 1 : 2);
+    h += tr("<tr><td>weights</td><td align=right>%1</td><td align=right>%2</td><td>(parameters - embeddings and "
+            "head) x 4 bytes / %3 + embeddings and head x 4 bytes (norms, also whole, are left out)</td></tr>")
+             .arg(bytesText((params - embed) * 4 / shards + embed * 4))
+             .arg(bytesText(measured("peak_weights_bytes")))
+             .arg(shards);
+    const auto work = c.value("workload", nlohmann::json::object());
+    const double tokens = work.value("prompt_len", 0.0) + work.value("decode", 0.0);
+    const double layers = model.value("num_hidden_layers", 0.0);
+    const double kv = model.value("num_key_value_heads", 0.0) * model.value("head_dim", 0.0);
+    int attn_layers = 0;
+    for (char l : model.value("layer_pattern", std::string())) attn_layers += l == 'A';
+    if (kv > 0 && layers > 0) {
+      const double seq = strategy == "tsp" ? D : S, heads_split = (strategy == "tsp") ? 1 : shards;
+      h += tr("<tr><td>KV cache</td><td align=right>%1</td><td align=right>%2</td><td>2 x %3 attention layers x "
+              "tokens / %4 x kv width / %5 x 4 bytes</td></tr>")
+               .arg(bytesText(2 * attn_layers * tokens / seq * kv / heads_split * 4))
+               .arg(bytesText(measured("peak_kv_cache_bytes")))
+               .arg(attn_layers)
+               .arg(seq)
+               .arg(heads_split);
+    }
+    h += QStringLiteral("</table>");
+  }
   // Communication, from the spans.
   std::vector<ss::proto::Event> spans;
   for (auto& [r, d] : m_data.ranks())
