@@ -108,8 +108,9 @@ class TestExplorer : public QObject {
     EngineClient client;
     Collected c;
     QVERIFY(drive(client, c, [&] {
-      client.start({"run", "--model", "small-llama", "--prompt-len", "512", "--decode", "200"});
-      QTimer::singleShot(1500, [] { QProcess::execute("pkill", {"-KILL", "-f", "shardscope-engine run --model small-llama"}); });
+      // A seed no other suite uses, so the kill reaches only this worker.
+      client.start({"run", "--model", "small-llama", "--prompt-len", "512", "--decode", "200", "--seed", "914207"});
+      QTimer::singleShot(1500, [] { QProcess::execute("pkill", {"-KILL", "-f", "seed 914207"}); });
     }));
     QVERIFY(c.outcome.crashed);
     QCOMPARE(c.outcome.status, QStringLiteral("failed"));
