@@ -71,7 +71,12 @@ MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), 
   m_plot->yAxis->setTicker(QSharedPointer<QCPAxisTicker>(new BytesTicker));
   m_plot->legend->setVisible(true);
   m_plot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignLeft);
-  layout->addWidget(m_plot, 1);
+  layout->addWidget(m_plot, 3);
+  m_bars = new QCustomPlot(this);
+  m_bars->yAxis->setTicker(QSharedPointer<QCPAxisTicker>(new BytesTicker));
+  m_bars->legend->setVisible(true);
+  m_bars->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+  layout->addWidget(m_bars, 2);
   connect(m_rank, &QComboBox::currentIndexChanged, this, [this] {
     m_seen = ~0ull;
     refresh();
@@ -81,20 +86,50 @@ MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), 
 void MemoryPage::refresh() {
   if (m_seen == m_data.revision()) return;
   m_seen = m_data.revision();
-  if (m_rank->count() != int(m_data.ranks().size())) {
+  if (m_rank->count() != int(m_data.ranks().size()) + 1) {
     const QSignalBlocker block(m_rank);
+    const int keep = m_rank->currentIndex();
     m_rank->clear();
+    m_rank->addItem(tr("all devices (total)"), -1);
     for (auto& [r, d] : m_data.ranks()) m_rank->addItem(tr("rank %1").arg(r), r);
+    m_rank->setCurrentIndex(keep >= 0 && keep < m_rank->count() ? keep : (m_rank->count() > 1 ? 1 : 0));
   }
+  drawOverTime(m_rank->currentData().toInt());
+  drawAllDevices();
+}
+
+// Memory of one device over time (or the total of all devices), stacked by category.
+void MemoryPage::drawOverTime(int rank) {
   m_plot->clearGraphs();
   m_plot->clearItems();
-  const auto it = m_data.ranks().find(m_rank->currentData().toInt());
-  if (it == m_data.ranks().end() || it->second.mem.empty()) {
+  // The samples to draw: one rank's, or every rank's summed on a common time axis.
+  std::vector<ss::proto::Mem> mem;
+  double capacity = 0;
+  if (rank >= 0) {
+    const auto it = m_data.ranks().find(rank);
+    if (it != m_data.ranks().end()) {
+      mem = it->second.mem;
+      capacity = double(it->second.device.capacity);
+    }
+  } else {
+    std::vector<std::pair<int64_t, std::pair<int, const ss::proto::Mem*>>> all;
+    for (auto& [r, d] : m_data.ranks())
+      for (auto& m : d.mem) all.push_back({m.t, {r, &m}});
+    std::sort(all.begin(), all.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    std::map<int, ss::proto::Mem> latest;
+    for (auto& [t, rm] : all) {
+      latest[rm.first] = *rm.second;
+      ss::proto::Mem sum;
+      sum.t = t;
+      for (auto& [r, m] : latest)
+        for (int c = 0; c < 6; ++c) sum.bytes[size_t(c)] += m.bytes[size_t(c)];
+      mem.push_back(sum);
+    }
+  }
+  if (mem.empty()) {
     m_plot->replot();
     return;
   }
-  const auto& mem = it->second.mem;
-  // Stacked areas: each category's curve is the running sum, filled down to the previous one.
   QCPGraph* below = nullptr;
   std::vector<double> base(mem.size(), 0.0);
   double peak = 0, peak_t = 0;
@@ -123,7 +158,6 @@ void MemoryPage::refresh() {
     if (below) g->setChannelFillGraph(below);
     below = g;
   }
-  const double capacity = double(it->second.device.capacity);
   if (capacity > 0) {
     auto* line = new QCPItemStraightLine(m_plot);
     line->point1->setCoords(0, capacity);
@@ -145,10 +179,60 @@ void MemoryPage::refresh() {
   text->setPositionAlignment(Qt::AlignHCenter | Qt::AlignBottom);
   text->setText(tr("peak %1").arg(bytesText(peak)));
   for (const auto& e : m_data.errors())
-    if (e.code == "oom") text->setText(tr("peak %1 — out of memory here").arg(bytesText(peak)));
+    if (e.code == "oom" && (rank < 0 || e.rank == rank))
+      text->setText(tr("peak %1 — out of memory here").arg(bytesText(peak)));
   m_plot->xAxis->setRange(mem.front().t * 1e-6, std::max(mem.back().t * 1e-6, mem.front().t * 1e-6 + 1e-3));
   m_plot->yAxis->setRange(0, std::max(peak, capacity) * 1.12 + 1);
   m_plot->replot();
+}
+
+// Peak bytes per category on every device, as grouped bars (exact peaks from
+// the per-rank metrics when the run has finished, else from the samples).
+void MemoryPage::drawAllDevices() {
+  m_bars->clearPlottables();
+  const auto& ranks = m_data.ranks();
+  if (ranks.empty()) {
+    m_bars->replot();
+    return;
+  }
+  auto* group = new QCPBarsGroup(m_bars);
+  QVector<double> ticks;
+  QVector<QString> labels;
+  int i = 0;
+  for (auto& [r, d] : ranks) {
+    ticks << i++;
+    labels << tr("rank %1").arg(r);
+  }
+  double top = 1;
+  for (int c = 0; c < 6; ++c) {
+    QVector<double> values;
+    bool any = false;
+    for (auto& [r, d] : ranks) {
+      double v = 0;
+      auto it = d.metrics.find(std::string("peak_") + kCategories[c] + "_bytes");
+      if (it != d.metrics.end()) v = it->second;
+      else
+        for (auto& m : d.mem) v = std::max(v, double(m.bytes[size_t(c)]));
+      any |= v > 0;
+      top = std::max(top, v);
+      values << v;
+    }
+    if (!any) continue;
+    auto* bars = new QCPBars(m_bars->xAxis, m_bars->yAxis);
+    bars->setName(kCategories[c]);
+    bars->setBrush(kCategoryColors[c]);
+    bars->setPen(Qt::NoPen);
+    bars->setWidth(0.8 / 6);
+    bars->setBarsGroup(group);
+    bars->setData(ticks, values);
+  }
+  QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
+  ticker->addTicks(ticks, labels);
+  m_bars->xAxis->setTicker(ticker);
+  m_bars->xAxis->setRange(-0.6, ticks.size() - 0.4);
+  m_bars->yAxis->setRange(0, top * 1.15);
+  m_bars->yAxis->setLabel(tr("peak per category"));
+  m_bars->replot();
 }
 
 // -------------------------------------------------------------- Timeline ---

@@ -19,9 +19,12 @@ class MemoryPage : public QWidget {
   void refresh();
 
  private:
+  void drawOverTime(int rank);
+  void drawAllDevices();
   const RunData& m_data;
   QComboBox* m_rank;
   QCustomPlot* m_plot;
+  QCustomPlot* m_bars;  // peak per category per device
   uint64_t m_seen = ~0ull;
 };
 
