@@ -52,19 +52,30 @@ void EngineClient::start(const QStringList& args) {
 }
 
 bool EngineClient::openFile(const QString& path) {
-  QFile f(path);
   m_reader = ss::proto::Reader();
   m_doneStatus.clear();
   m_finished = false;
-  if (!f.open(QIODevice::ReadOnly)) {
+  delete m_file;
+  m_file = new QFile(path, this);
+  if (!m_file->open(QIODevice::ReadOnly)) {
     RunOutcome o;
     o.crashed = true;
     o.status = QStringLiteral("failed");
-    o.message = tr("cannot open %1: %2").arg(path, f.errorString());
+    o.message = tr("cannot open %1: %2").arg(path, m_file->errorString());
     finishWith(o);
     return false;
   }
-  while (!f.atEnd()) consume(f.read(1 << 20));
+  QTimer::singleShot(0, this, &EngineClient::readFileChunk);
+  return true;
+}
+
+void EngineClient::readFileChunk() {
+  if (!m_file) return;
+  consume(m_file->read(256 << 10));
+  if (!m_file->atEnd() && !m_reader.refused()) {
+    QTimer::singleShot(0, this, &EngineClient::readFileChunk);
+    return;
+  }
   auto batch = std::make_shared<std::vector<ss::proto::Event>>();
   m_reader.finish([&](ss::proto::Event&& e) { batch->push_back(std::move(e)); },
                   [&](const std::string& err) { emit lineRejected(QString::fromStdString(err)); });
@@ -72,10 +83,11 @@ bool EngineClient::openFile(const QString& path) {
   RunOutcome o;
   o.status = m_doneStatus.isEmpty() ? QStringLiteral("incomplete") : m_doneStatus;
   o.message = m_reader.refused() ? tr("this recording was written by a newer ShardScope; update to open it")
-                                 : tr("replayed %1").arg(QFileInfo(path).fileName());
+                                 : tr("replayed %1").arg(QFileInfo(m_file->fileName()).fileName());
   o.crashed = m_reader.refused();
+  m_file->deleteLater();
+  m_file = nullptr;
   finishWith(o);
-  return !m_reader.refused();
 }
 
 void EngineClient::stop() {

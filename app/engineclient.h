@@ -5,6 +5,7 @@
 #pragma once
 
 #include <QObject>
+#include <QFile>
 #include <QProcess>
 #include <QStringList>
 
@@ -37,7 +38,8 @@ class EngineClient : public QObject {
 
   // Starts `shardscope-engine <args>`; events arrive on eventsReceived.
   void start(const QStringList& args);
-  // Replays a recorded stream file through the same parser.
+  // Replays a recorded stream file through the same parser, a chunk per turn
+  // of the event loop (the window stays responsive); finished() when done.
   bool openFile(const QString& path);
   // Ends the worker cleanly (SIGTERM, then SIGKILL after a grace period); keeps what arrived.
   void stop();
@@ -55,8 +57,10 @@ class EngineClient : public QObject {
   void onError(QProcess::ProcessError error);
   void consume(const QByteArray& chunk);
   void finishWith(RunOutcome outcome);
+  void readFileChunk();
 
   QProcess* m_proc = nullptr;
+  QFile* m_file = nullptr;
   ss::proto::Reader m_reader;
   QStringList m_stderr;
   QByteArray m_stderrPartial;

@@ -200,9 +200,9 @@ void MainWindow::runOnce() {
 
 bool MainWindow::openStream(const QString& path) {
   m_data.clear();
-  const bool ok = m_client->openFile(path);
-  refreshPages();
-  return ok;
+  m_status->setText(tr("opening %1 ...").arg(path));
+  m_redraw->start();
+  return m_client->openFile(path);
 }
 
 void MainWindow::onEvents(const EventBatch& events) { m_data.add(*events); }

@@ -551,14 +551,16 @@ void SummaryPage::refresh() {
     }
     h += QStringLiteral("</table>");
   }
-  // Communication, from the spans.
-  std::vector<ss::proto::Event> spans;
-  for (auto& [r, d] : m_data.ranks())
-    for (auto& s : d.spans) spans.emplace_back(s);
-  const auto st = ss::proto::analyze(spans);
-  h += tr("<h4>Communication</h4><p>%1 on the wire in all; %2% of communication time hidden behind compute.</p>")
-           .arg(bytesText(st.comm_bytes))
-           .arg(100 * st.hidden_fraction(), 0, 'f', 0);
+  // Communication, from the spans: a pass over all of them, so once the run has ended.
+  if (!m_data.status().isEmpty()) {
+    std::vector<ss::proto::Event> spans;
+    for (auto& [r, d] : m_data.ranks())
+      for (auto& s : d.spans) spans.emplace_back(s);
+    const auto st = ss::proto::analyze(spans);
+    h += tr("<h4>Communication</h4><p>%1 on the wire in all; %2% of communication time hidden behind compute.</p>")
+             .arg(bytesText(st.comm_bytes))
+             .arg(100 * st.hidden_fraction(), 0, 'f', 0);
+  }
   for (const auto& e : m_data.errors())
     h += tr("<p style='color:#b00'><b>%1</b> (rank %2): %3</p>")
              .arg(QString::fromStdString(e.code))
