@@ -74,6 +74,9 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   m_compare = new QPushButton(tr("TP vs TSP"), setup);
   m_compare->setToolTip(tr("Run this setup under tp and under tsp and compare them side by side"));
   form->addRow(m_compare);
+  m_sweep = new QPushButton(tr("Quantization sweep"), setup);
+  m_sweep->setToolTip(tr("Run this setup under tp with bf16, int8, int4 and fp8 all-reduces against fp32"));
+  form->addRow(m_sweep);
   m_verdict = new QLabel(setup);
   m_verdict->setWordWrap(true);
   form->addRow(m_verdict);
@@ -88,6 +91,8 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   m_tabs->addTab(m_memory, tr("Memory"));
   m_tabs->addTab(m_placement, tr("Shard placement"));
   m_tabs->addTab(m_timeline, tr("Timeline"));
+  m_quant = new QuantizationPage(m_data, m_tabs);
+  m_tabs->addTab(m_quant, tr("Quantization"));
   layout->addWidget(setup);
   layout->addWidget(m_tabs, 1);
   setCentralWidget(central);
@@ -108,6 +113,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   connect(m_redraw, &QTimer::timeout, this, &MainWindow::refreshPages);
   connect(m_run, &QPushButton::clicked, this, &MainWindow::runOnce);
   connect(m_compare, &QPushButton::clicked, this, &MainWindow::compareTpTsp);
+  connect(m_sweep, &QPushButton::clicked, this, &MainWindow::runSweep);
   connect(m_stop, &QPushButton::clicked, m_client, &EngineClient::stop);
   connect(m_client, &EngineClient::eventsReceived, this, &MainWindow::onEvents);
   connect(m_client, &EngineClient::finished, this, &MainWindow::onFinished);
@@ -207,7 +213,22 @@ bool MainWindow::openStream(const QString& path) {
 
 void MainWindow::onEvents(const EventBatch& events) { m_data.add(*events); }
 
+void MainWindow::runSweep() {
+  m_data.clear();
+  QStringList args = {"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
+                      QString::number(std::max(2, m_devices->value())), "--prompt-len",
+                      QString::number(m_prompt->value()), "--decode", QString::number(m_decode->value()),
+                      "--precisions", "bf16,int8,int4,fp8", "--blocks", "32,128,1024", "--events", "-"};
+  m_status->setText(tr("sweeping: shardscope-engine %1").arg(args.join(' ')));
+  m_run->setEnabled(false);
+  m_stop->setEnabled(true);
+  m_tabs->setCurrentWidget(m_quant);
+  m_redraw->start();
+  m_client->start(args);
+}
+
 void MainWindow::refreshPages() {
+  m_quant->refresh();
   m_memory->refresh();
   m_placement->refresh();
   m_summary->refresh();

@@ -22,6 +22,7 @@ class MemoryPage;
 class TimelineView;
 class PlacementPage;
 class SummaryPage;
+class QuantizationPage;
 
 class MainWindow : public QMainWindow {
   Q_OBJECT
@@ -32,6 +33,8 @@ class MainWindow : public QMainWindow {
   void runOnce();
   // Runs the setup under tp, then under tsp, and shows the two side by side.
   void compareTpTsp();
+  // Runs a quantization sweep of the setup (tp) and shows the Quantization page.
+  void runSweep();
   bool openStream(const QString& path);
   EngineClient* client() { return m_client; }
   QString summaryText() const;
@@ -75,6 +78,8 @@ class MainWindow : public QMainWindow {
   TimelineView* m_timeline;
   PlacementPage* m_placement;
   SummaryPage* m_summary;
+  QuantizationPage* m_quant;
+  QPushButton* m_sweep;
   QTimer* m_redraw;
   QTimer* m_checkDelay;
   QProcess* m_check = nullptr;

@@ -166,6 +166,30 @@ class TestExplorer : public QObject {
     compare->close();
   }
 
+  void sweepStreamFillsTheQuantizationPage() {
+    QTemporaryDir dir;
+    const QString stream = dir.filePath("sweep.jsonl");
+    QProcess p;
+    p.start(SHARDSCOPE_ENGINE_BIN, {"sweep", "--model", "tiny-hybrid", "--strategy", "tp", "--devices", "2",
+                                    "--prompt-len", "16", "--decode", "4", "--precisions", "bf16,int8,int4",
+                                    "--blocks", "32,128", "--events", stream});
+    QVERIFY(p.waitForFinished(180000));
+    QCOMPARE(p.exitCode(), 0);
+    MainWindow w;
+    w.resize(1400, 820);
+    QSignalSpy done(w.client(), &EngineClient::finished);
+    QVERIFY(w.openStream(stream));
+    QVERIFY(done.wait(60000));
+    auto* page = w.findChild<QuantizationPage*>();
+    QVERIFY(page);
+    w.pages()->setCurrentWidget(page);
+    page->refresh();
+    QApplication::processEvents();
+    // The reference, 5 all-site points and 3 sites x 5 specs.
+    QCOMPARE(page->points(), 1 + 5 + 3 * 5);
+    page->grab().save(QDir::temp().filePath("shardscope-quantization.png"));
+  }
+
   void pagesShowTheRun() {
     MainWindow w;
     w.resize(1400, 820);

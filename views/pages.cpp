@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <cmath>
 
 #include "protocol/analysis.h"
@@ -567,4 +568,130 @@ void SummaryPage::refresh() {
              .arg(e.rank)
              .arg(QString::fromStdString(e.message).toHtmlEscaped());
   m_text->setHtml(h);
+}
+
+// ---------------------------------------------------------- Quantization ---
+
+QuantizationPage::QuantizationPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
+  auto* layout = new QVBoxLayout(this);
+  m_hint = new QLabel(tr("Run a sweep (the Sweep button) or open a sweep stream to see what quantized all-reduces save "
+                         "on the wire and cost in accuracy."),
+                      this);
+  m_hint->setWordWrap(true);
+  layout->addWidget(m_hint);
+  auto* row = new QHBoxLayout;
+  m_tradeoff = new QCustomPlot(this);
+  m_tradeoff->xAxis->setLabel(tr("bytes on the wire per rank"));
+  m_tradeoff->xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new BytesTicker));
+  m_tradeoff->yAxis->setLabel(tr("logits KL against the unquantized run"));
+  m_tradeoff->yAxis->setScaleType(QCPAxis::stLogarithmic);
+  m_tradeoff->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
+  m_sites = new QCustomPlot(this);
+  m_sites->yAxis->setLabel(tr("KL with only this site quantized"));
+  m_sites->yAxis->setScaleType(QCPAxis::stLogarithmic);
+  m_sites->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
+  m_sites->legend->setVisible(true);
+  row->addWidget(m_tradeoff, 3);
+  row->addWidget(m_sites, 2);
+  layout->addLayout(row, 1);
+}
+
+void QuantizationPage::refresh() {
+  if (m_seen == m_data.revision()) return;
+  m_seen = m_data.revision();
+  // Points: config -> metric -> value, from the sweep's accuracy records.
+  std::map<std::string, std::map<std::string, double>> pts;
+  for (const auto& a : m_data.accuracy())
+    if (!a.config.empty()) pts[a.config][a.metric] = a.value;
+  m_points = int(pts.size());
+  m_hint->setVisible(pts.empty());
+  m_tradeoff->clearPlottables();
+  m_tradeoff->clearItems();
+  m_sites->clearPlottables();
+  if (pts.empty()) {
+    m_tradeoff->replot();
+    m_sites->replot();
+    return;
+  }
+  // All-sites points (labels without "site="), the reference excluded (KL 0).
+  struct P {
+    std::string label;
+    double wire, kl;
+  };
+  std::vector<P> all;
+  for (auto& [label, m] : pts)
+    if (label.find('=') == std::string::npos && m.count("kl") && m.at("kl") > 0)
+      all.push_back({label, m.count("wire_bytes") ? m.at("wire_bytes") : 0.0, m.at("kl")});
+  QVector<double> x, y, fx, fy;
+  double xmax = 1, ymin = 1e30, ymax = 1e-30;
+  for (const P& p : all) {
+    bool dominated = false;
+    for (const P& q : all)
+      if (q.wire <= p.wire && q.kl <= p.kl && (q.wire < p.wire || q.kl < p.kl)) dominated = true;
+    (dominated ? x : fx) << p.wire;
+    (dominated ? y : fy) << p.kl;
+    xmax = std::max(xmax, p.wire);
+    ymin = std::min(ymin, p.kl);
+    ymax = std::max(ymax, p.kl);
+    auto* label = new QCPItemText(m_tradeoff);
+    label->position->setCoords(p.wire, p.kl);
+    label->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
+    label->setText(QString::fromStdString(p.label));
+    label->setFont(QFont(font().family(), 8));
+  }
+  auto* g = m_tradeoff->addGraph();
+  g->setLineStyle(QCPGraph::lsNone);
+  g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, QColor(120, 120, 120), 7));
+  g->setData(x, y);
+  auto* front = m_tradeoff->addGraph();
+  front->setLineStyle(QCPGraph::lsNone);
+  front->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, QColor(234, 67, 53), 9));
+  front->setData(fx, fy);
+  front->setName(tr("Pareto front"));
+  m_tradeoff->xAxis->setRange(0, xmax * 1.25);
+  m_tradeoff->yAxis->setRange(std::max(ymin / 3, 1e-12), ymax * 3);
+  m_tradeoff->replot();
+
+  // Sensitivity: one bar group per spec, one bar per site.
+  std::map<std::string, std::map<std::string, double>> by_spec;  // spec -> site -> KL
+  for (auto& [label, m] : pts) {
+    const auto eq = label.find('=');
+    if (eq == std::string::npos || !m.count("kl")) continue;
+    by_spec[label.substr(eq + 1)][label.substr(0, eq)] = std::max(m.at("kl"), 1e-12);
+  }
+  QVector<double> ticks;
+  QVector<QString> names;
+  std::set<std::string> sites;
+  for (auto& [spec, m] : by_spec) {
+    ticks << ticks.size();
+    names << QString::fromStdString(spec);
+    for (auto& [site, v] : m) sites.insert(site);
+  }
+  auto* group = new QCPBarsGroup(m_sites);
+  const QColor colors[] = {QColor(66, 133, 244), QColor(52, 168, 83), QColor(251, 140, 0)};
+  int si = 0;
+  double smin = 1e30, smax = 1e-30;
+  for (const std::string& site : sites) {
+    QVector<double> v;
+    for (auto& [spec, m] : by_spec) {
+      const double kl = m.count(site) ? m.at(site) : 1e-12;
+      v << kl;
+      smin = std::min(smin, kl);
+      smax = std::max(smax, kl);
+    }
+    auto* bars = new QCPBars(m_sites->xAxis, m_sites->yAxis);
+    bars->setName(QString::fromStdString(site));
+    bars->setBrush(colors[si++ % 3]);
+    bars->setPen(Qt::NoPen);
+    bars->setBaseValue(1e-12);
+    bars->setWidth(0.8 / std::max<size_t>(1, sites.size()));
+    bars->setBarsGroup(group);
+    bars->setData(ticks, v);
+  }
+  QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
+  ticker->addTicks(ticks, names);
+  m_sites->xAxis->setTicker(ticker);
+  m_sites->xAxis->setRange(-0.6, std::max(1.0, double(ticks.size())) - 0.4);
+  if (!sites.empty()) m_sites->yAxis->setRange(std::max(smin / 3, 1e-12), smax * 3);
+  m_sites->replot();
 }

@@ -10,6 +10,7 @@ class QComboBox;
 class QCustomPlot;
 class QSpinBox;
 class QTextBrowser;
+class QLabel;
 
 // Memory of one device over time, stacked by category, with capacity and peak.
 class MemoryPage : public QWidget {
@@ -92,6 +93,25 @@ class SummaryPage : public QWidget {
  private:
   const RunData& m_data;
   QTextBrowser* m_text;
+  uint64_t m_seen = ~0ull;
+};
+
+// The quantization trade-off from a sweep stream: wire bytes against logits
+// KL (one point per precision x block size, the Pareto front marked), and the
+// per-site sensitivity (KL when only that site is quantized).
+class QuantizationPage : public QWidget {
+  Q_OBJECT
+ public:
+  explicit QuantizationPage(const RunData& data, QWidget* parent = nullptr);
+  void refresh();
+  int points() const { return m_points; }
+
+ private:
+  const RunData& m_data;
+  QCustomPlot* m_tradeoff;
+  QCustomPlot* m_sites;
+  QLabel* m_hint;
+  int m_points = 0;
   uint64_t m_seen = ~0ull;
 };
 
