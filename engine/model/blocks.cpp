@@ -31,6 +31,14 @@ int index_at_owner(const StepLayout& l, int k) {
 
 }  // namespace
 
+// The RMSNorm every residual block starts with, into a fresh activation.
+Tensor Model::pre_norm(int layer, const Tensor& x, const Tensor& weight, const char* site) {
+  Tensor h = m_be.alloc({x.rows(), m_cfg.d_model}, Category::Activations, site);
+  SiteScope s(m_be.recorder(), layer, site);
+  m_be.rmsnorm(h, x, weight, m_cfg.norm_eps, m_cfg.d_model);
+  return h;
+}
+
 // Llama attention: x += o_proj(attention(rope(q), rope(k), v)) over the cache.
 void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache,
                             const StepLayout& layout) {
@@ -43,11 +51,7 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
   const bool keep_kv = layout.sequence_sharded || S == 1 || layout.kv_owner == m_par.sp_rank;
   const int64_t held = cache.length() - (keep_kv ? T : 0);  // tokens cached before this call
 
-  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "attn.norm");
-  {
-    SiteScope s(rec, layer, "attn.norm");
-    m_be.rmsnorm(h, x, w.in_norm, c.norm_eps, c.d_model);
-  }
+  Tensor h = pre_norm(layer, x, w.in_norm, "attn.norm");
   Tensor q = m_be.alloc({T, hq}, Category::Activations, "attn.q");
   // K and V go straight into the cache, or into temporaries on ranks that do not keep this token.
   Tensor k = keep_kv ? lc.k.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.k");
@@ -182,11 +186,7 @@ void Model::mlp_block(int layer, const Tensor& x) {
   const AttentionWeights& w = m_layers[size_t(layer)].attn;
   Recorder& rec = m_be.recorder();
   const int64_t T = x.rows(), F = m_attn.ffn;
-  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mlp.norm");
-  {
-    SiteScope s(rec, layer, "mlp.norm");
-    m_be.rmsnorm(h, x, w.post_norm, c.norm_eps, c.d_model);
-  }
+  Tensor h = pre_norm(layer, x, w.post_norm, "mlp.norm");
   Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate");
   Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up");
   {
@@ -248,11 +248,7 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLay
   const int H = m_m2.heads, G = m_m2.groups;
   const int64_t T = x.rows(), Di = int64_t(H) * c.ssm_head_dim, GN = int64_t(G) * c.d_state;
 
-  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
-  {
-    SiteScope s(rec, layer, "mixer.norm");
-    m_be.rmsnorm(h, x, w.norm, c.norm_eps, c.d_model);
-  }
+  Tensor h = pre_norm(layer, x, w.norm, "mixer.norm");
   Tensor zxbcdt = m_be.alloc({T, 2 * Di + 2 * GN + H}, Category::Activations, "mixer.in_proj");
   {
     SiteScope s(rec, layer, "mixer.in_proj");
@@ -455,11 +451,7 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayo
   Recorder& rec = m_be.recorder();
   const int64_t T = x.rows(), Di = m_m1.channels, N = c.d_state, R = c.dt_rank;
 
-  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
-  {
-    SiteScope s(rec, layer, "mixer.norm");
-    m_be.rmsnorm(h, x, w.norm, c.norm_eps, c.d_model);
-  }
+  Tensor h = pre_norm(layer, x, w.norm, "mixer.norm");
   Tensor xz = m_be.alloc({T, 2 * Di}, Category::Activations, "mixer.in_proj");
   {
     SiteScope s(rec, layer, "mixer.in_proj");

@@ -80,11 +80,7 @@ void Model::attention_block_folded(int layer, const Tensor& x, std::span<const i
   const bool keep_kv = layout.sequence_sharded || D == 1 || layout.kv_owner == m_par.sp_rank;
   const int64_t held = cache.length() - (keep_kv ? T : 0);
 
-  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "attn.norm");
-  {
-    SiteScope s(rec, layer, "attn.norm");
-    m_be.rmsnorm(h, x, w.in_norm, c.norm_eps, c.d_model);
-  }
+  Tensor h = pre_norm(layer, x, w.in_norm, "attn.norm");
   Tensor q = m_be.alloc({T, hq}, Category::Activations, "attn.q");
   Tensor k = keep_kv ? lc.k.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.k");
   Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v");
@@ -110,15 +106,10 @@ void Model::attention_block_folded(int layer, const Tensor& x, std::span<const i
 }
 
 void Model::mlp_block_folded(int layer, const Tensor& x) {
-  const ModelConfig& c = m_cfg;
   const AttentionWeights& w = m_layers[size_t(layer)].attn;
   Recorder& rec = m_be.recorder();
   const int64_t T = x.rows(), F = m_attn.ffn;
-  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mlp.norm");
-  {
-    SiteScope s(rec, layer, "mlp.norm");
-    m_be.rmsnorm(h, x, w.post_norm, c.norm_eps, c.d_model);
-  }
+  Tensor h = pre_norm(layer, x, w.post_norm, "mlp.norm");
   Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate");
   Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up");
   stream_pack(m_packs[m_layer_packs[size_t(layer)][2]], [&](int, const std::vector<Tensor>& mlp) {
@@ -138,11 +129,7 @@ void Model::mamba2_block_folded(int layer, const Tensor& x, Cache& cache, const 
   const int D = m_par.sp_size, P = c.ssm_head_dim;
   const int64_t T = x.rows(), Di = c.d_inner, N = c.d_state, GN = int64_t(c.n_groups) * N;
 
-  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
-  {
-    SiteScope s(rec, layer, "mixer.norm");
-    m_be.rmsnorm(h, x, w.norm, c.norm_eps, c.d_model);
-  }
+  Tensor h = pre_norm(layer, x, w.norm, "mixer.norm");
   // Each shard's rows are packed [z_j, x_j, B_j, C_j, dt_j]: put its columns back in place.
   Tensor zxbcdt = m_be.alloc({T, c.in_proj_dim()}, Category::Activations, "mixer.in_proj");
   const int64_t width = m_specs[m_packs[packs[0]].members[0]].local_shape()[0];
@@ -177,11 +164,7 @@ void Model::mamba_block_folded(int layer, const Tensor& x, Cache& cache, const S
   const auto& packs = m_layer_packs[size_t(layer)];
   const int64_t T = x.rows(), Di = c.d_inner, N = c.d_state, R = c.dt_rank, Ds = m_m1.channels;
 
-  Tensor h = m_be.alloc({T, c.d_model}, Category::Activations, "mixer.norm");
-  {
-    SiteScope s(rec, layer, "mixer.norm");
-    m_be.rmsnorm(h, x, w.norm, c.norm_eps, c.d_model);
-  }
+  Tensor h = pre_norm(layer, x, w.norm, "mixer.norm");
   Tensor xz = m_be.alloc({T, 2 * Di}, Category::Activations, "mixer.in_proj");
   Tensor part = m_be.alloc({T, 2 * Ds}, Category::Activations, "mixer.in_proj_shard");
   stream_pack(m_packs[packs[0]], [&](int j, const std::vector<Tensor>& in) {

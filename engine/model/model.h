@@ -111,6 +111,7 @@ class Model {
   void attention_block(int layer, const Tensor& x, std::span<const int32_t> positions, Cache& cache,
                        const StepLayout& layout);
   void mlp_block(int layer, const Tensor& x);
+  Tensor pre_norm(int layer, const Tensor& x, const Tensor& weight, const char* site);
   void mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
   void mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
   // tsp (folded): the same blocks with every projection streamed shard by shard.
