@@ -31,6 +31,15 @@ int index_at_owner(const StepLayout& l, int k) {
 
 }  // namespace
 
+// Falcon-Mamba RMS-normalises x_proj's (dt, B, C) without weights; Mamba does not.
+void Model::bcdt_norm(int layer, const Tensor& dt_low, const Tensor& B, const Tensor& C) {
+  if (!m_cfg.bcdt_rms) return;
+  SiteScope s(m_be.recorder(), layer, "mixer.bcdt_norm");
+  m_be.rmsnorm(dt_low, dt_low, Tensor{}, m_cfg.mixer_rms_eps, dt_low.cols());
+  m_be.rmsnorm(B, B, Tensor{}, m_cfg.mixer_rms_eps, B.cols());
+  m_be.rmsnorm(C, C, Tensor{}, m_cfg.mixer_rms_eps, C.cols());
+}
+
 // The RMSNorm every residual block starts with, into a fresh activation.
 Tensor Model::pre_norm(int layer, const Tensor& x, const Tensor& weight, const char* site) {
   Tensor h = m_be.alloc({x.rows(), m_cfg.d_model}, Category::Activations, site);
@@ -470,12 +479,7 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayo
     m_par.tp->all_reduce(dbc);
   }
   const Tensor dt_low = dbc.slice(1, 0, R), B = dbc.slice(1, R, N), C = dbc.slice(1, R + N, N);
-  if (c.bcdt_rms) {
-    SiteScope s(rec, layer, "mixer.bcdt_norm");
-    m_be.rmsnorm(dt_low, dt_low, Tensor{}, c.mixer_rms_eps, R);
-    m_be.rmsnorm(B, B, Tensor{}, c.mixer_rms_eps, N);
-    m_be.rmsnorm(C, C, Tensor{}, c.mixer_rms_eps, N);
-  }
+  bcdt_norm(layer, dt_low, B, C);
   Tensor dt = m_be.alloc({T, Di}, Category::Activations, "mixer.dt");
   {
     SiteScope s(rec, layer, "mixer.dt_proj");

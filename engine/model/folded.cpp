@@ -185,12 +185,7 @@ void Model::mamba_block_folded(int layer, const Tensor& x, Cache& cache, const S
     m_be.matmul(dbc, xc.slice(1, j * Ds, Ds), xp[0], /*accumulate=*/true);
   });
   const Tensor dt_low = dbc.slice(1, 0, R), B = dbc.slice(1, R, N), C = dbc.slice(1, R + N, N);
-  if (c.bcdt_rms) {
-    SiteScope s(rec, layer, "mixer.bcdt_norm");
-    m_be.rmsnorm(dt_low, dt_low, Tensor{}, c.mixer_rms_eps, R);
-    m_be.rmsnorm(B, B, Tensor{}, c.mixer_rms_eps, N);
-    m_be.rmsnorm(C, C, Tensor{}, c.mixer_rms_eps, N);
-  }
+  bcdt_norm(layer, dt_low, B, C);
   Tensor dt = m_be.alloc({T, Di}, Category::Activations, "mixer.dt");
   stream_pack(m_packs[packs[2]], [&](int j, const std::vector<Tensor>& dp) {
     SiteScope s(rec, layer, "mixer.dt_proj");

@@ -112,6 +112,7 @@ class Model {
                        const StepLayout& layout);
   void mlp_block(int layer, const Tensor& x);
   Tensor pre_norm(int layer, const Tensor& x, const Tensor& weight, const char* site);
+  void bcdt_norm(int layer, const Tensor& dt_low, const Tensor& B, const Tensor& C);
   void mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
   void mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayout& layout);
   // tsp (folded): the same blocks with every projection streamed shard by shard.

@@ -14,6 +14,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "model/model.h"
+#include "runtime/process.h"
 #include "runtime/run.h"
 
 namespace ss {
@@ -137,12 +138,6 @@ Row measure(const std::string& preset, int64_t P, int decode, int repeat) {
   return r;
 }
 
-std::string mib(int64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", double(b) / (1 << 20));
-  return buf;
-}
-
 }  // namespace
 
 int run_bench(const BenchOptions& o, std::ostream& out) {
@@ -178,9 +173,9 @@ int run_bench(const BenchOptions& o, std::ostream& out) {
   out << line;
   for (const Row& r : rows) {
     std::snprintf(line, sizeof line, "%-14s %6lld %10s %10s %10s %10s %10s %10s %.3f%s\n", r.model.c_str(),
-                  static_cast<long long>(r.prompt), mib(r.weight_bytes).c_str(), mib(r.param_bytes).c_str(),
-                  mib(r.peak_accounted).c_str(), mib(r.base_rss).c_str(), mib(r.peak_rss).c_str(),
-                  mib(r.peak_rss - r.base_rss).c_str(), double(r.peak_rss - r.base_rss) / double(r.peak_accounted),
+                  static_cast<long long>(r.prompt), mib(double(r.weight_bytes)).c_str(), mib(double(r.param_bytes)).c_str(),
+                  mib(double(r.peak_accounted)).c_str(), mib(double(r.base_rss)).c_str(), mib(double(r.peak_rss)).c_str(),
+                  mib(double(r.peak_rss - r.base_rss)).c_str(), double(r.peak_rss - r.base_rss) / double(r.peak_accounted),
                   r.rss_reset ? "" : " (peak RSS could not be reset: includes earlier rows)");
     out << line;
   }

@@ -16,29 +16,14 @@
 #include "cpu/cpu_backend.h"
 #include "protocol/analysis.h"
 #include "runtime/calibrate.h"
+#include "runtime/process.h"
 #include "runtime/run.h"
 
 #include <chrono>
 #include <sstream>
 
-#ifndef SHARDSCOPE_MPIEXEC
-#define SHARDSCOPE_MPIEXEC "mpirun"
-#endif
-
 namespace ss {
 namespace {
-
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "shardscope-engine" : p.string();
-}
-
-std::string mib(double b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", b / (1 << 20));
-  return buf;
-}
 
 std::vector<proto::Event> read_stream(const std::string& path) {
   std::vector<proto::Event> out;
@@ -332,15 +317,7 @@ int run_comm_bench(std::ostream& out) {
          "run; time is the slowest rank's mean; busbw with the all-reduce factor 2(n-1)/n on the fp32 size\n"
       << std::flush;
   for (int d : {2, 4}) {
-    std::string cmd = std::string(SHARDSCOPE_MPIEXEC) + " -np " + std::to_string(d) +
-                      (unsigned(d) > std::thread::hardware_concurrency() ? " --oversubscribe" : "") + " '" +
-                      self_exe() + "' bench-comm-rank";
-    if (geteuid() == 0) cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + cmd;
-    std::FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return 1;
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, p)) out << buf << std::flush;
-    if (pclose(p) != 0) return 1;
+    if (!stream_command(mpirun_self_command(d, "bench-comm-rank"), out)) return 1;
   }
   out << "Goals: int8 (B=128) wire <= 0.27x fp32; int8 faster than fp32 for messages >= 1 MiB; quantize+dequantize "
          ">= 2 GB/s per core.\n";
@@ -398,16 +375,9 @@ int run_collective_bench(const CollectiveBenchOptions& o, std::ostream& out) {
   std::string sizes;
   for (auto s : o.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
   for (int d : o.devices) {
-    std::string cmd = std::string(SHARDSCOPE_MPIEXEC) + " -np " + std::to_string(d) +
-                      (unsigned(d) > std::thread::hardware_concurrency() ? " --oversubscribe" : "") +
-                      " '" + self_exe() + "' bench-collectives-rank --sizes " + sizes + " --iterations " +
-                      std::to_string(o.iterations);
-    if (geteuid() == 0) cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + cmd;
-    std::FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return 1;
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, p)) out << buf << std::flush;
-    if (pclose(p) != 0) return 1;
+    const std::string args =
+        "bench-collectives-rank --sizes " + sizes + " --iterations " + std::to_string(o.iterations);
+    if (!stream_command(mpirun_self_command(d, args), out)) return 1;
   }
   return 0;
 }

@@ -16,11 +16,8 @@
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
+#include "runtime/process.h"
 #include "runtime/run.h"
-
-#ifndef SHARDSCOPE_MPIEXEC
-#define SHARDSCOPE_MPIEXEC "mpirun"
-#endif
 
 namespace ss {
 namespace {
@@ -36,12 +33,6 @@ double best_seconds(int reps, F&& f) {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return best;
-}
-
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "shardscope-engine" : p.string();
 }
 
 }  // namespace
@@ -140,10 +131,8 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
   // MPI: small and large all-reduce between `ranks` ranks of this host.
   double alpha = 20e-6, beta = bw / 4;
   if (ranks > 1) {
-    std::string cmd = std::string(SHARDSCOPE_MPIEXEC) + " -np " + std::to_string(ranks) +
-                      (ranks > cores ? " --oversubscribe" : "") + " '" + self_exe() +
-                      "' bench-collectives-rank --json --sizes 4096,16777216 --iterations 5";
-    if (geteuid() == 0) cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + cmd;
+    const std::string cmd =
+        mpirun_self_command(ranks, "bench-collectives-rank --json --sizes 4096,16777216 --iterations 5");
     if (std::FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
       std::string outp;

@@ -17,10 +17,7 @@
 #include "core/error.h"
 #include "model/parallel.h"
 #include "protocol/events.h"
-
-#ifndef SHARDSCOPE_MPIEXEC
-#define SHARDSCOPE_MPIEXEC "mpirun"
-#endif
+#include "runtime/process.h"
 
 namespace ss {
 namespace {
@@ -28,12 +25,6 @@ namespace {
 constexpr size_t kStderrLines = 12;
 volatile sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) { g_stop_signal = sig; }
-
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "shardscope-engine" : p.string();
-}
 
 // What the ranks said on stderr, by rank (mpirun --tag-output: "[job,rank]<stderr>:").
 struct StderrLog {
@@ -135,8 +126,8 @@ int launch(const RunOptions& o, const LaunchOptions& l) {
   if (tmpfd < 0) throw std::runtime_error("cannot create a temporary stream file in /tmp");
   const std::string stream_path = tmpl;
 
-  std::vector<std::string> argv = {SHARDSCOPE_MPIEXEC, "-np", std::to_string(o.devices), "--tag-output"};
-  if (unsigned(o.devices) > std::max(1u, std::thread::hardware_concurrency()) || !l.hostfile.empty())
+  std::vector<std::string> argv = {mpirun_program(), "-np", std::to_string(o.devices), "--tag-output"};
+  if (needs_oversubscribe(o.devices) || !l.hostfile.empty())
     argv.push_back("--oversubscribe");
   if (!l.hostfile.empty()) argv.insert(argv.end(), {"--hostfile", l.hostfile});
   argv.insert(argv.end(), {self_exe(), "run"});

@@ -15,15 +15,10 @@
 #include "io/npy.h"
 #include "model/config.h"
 #include "protocol/events.h"
+#include "runtime/process.h"
 
 namespace ss {
 namespace {
-
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "shardscope-engine" : p.string();
-}
 
 std::string quote(const std::string& s) {
   std::string out = "'";

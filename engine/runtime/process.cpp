@@ -1,0 +1,47 @@
+#include "runtime/process.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#ifndef SHARDSCOPE_MPIEXEC
+#define SHARDSCOPE_MPIEXEC "mpirun"
+#endif
+
+namespace ss {
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "shardscope-engine" : p.string();
+}
+
+const char* mpirun_program() { return SHARDSCOPE_MPIEXEC; }
+
+bool needs_oversubscribe(int ranks) { return unsigned(ranks) > std::max(1u, std::thread::hardware_concurrency()); }
+
+std::string mpirun_self_command(int ranks, const std::string& args) {
+  std::string cmd = std::string(mpirun_program()) + " -np " + std::to_string(ranks) +
+                    (needs_oversubscribe(ranks) ? " --oversubscribe" : "") + " '" + self_exe() + "' " + args;
+  if (geteuid() == 0) cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + cmd;
+  return cmd;
+}
+
+bool stream_command(const std::string& cmd, std::ostream& out) {
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return false;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out << buf << std::flush;
+  return pclose(p) == 0;
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", bytes / (1 << 20));
+  return buf;
+}
+
+}  // namespace ss

@@ -1,0 +1,25 @@
+// Starting this engine again: as a child (benchmarks, sweeps) or as MPI ranks
+// under mpirun (launch, calibrate, collective benchmarks). One place for the
+// executable's path and for what OpenMPI needs on this host.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+namespace ss {
+
+// The path of the running shardscope-engine.
+std::string self_exe();
+// mpirun's path (found at configure time).
+const char* mpirun_program();
+// Whether `ranks` ranks need --oversubscribe here (more ranks than cores).
+bool needs_oversubscribe(int ranks);
+// A shell command running `ranks` ranks of this executable with `args`
+// (already quoted), with the run-as-root variables when running as root.
+std::string mpirun_self_command(int ranks, const std::string& args);
+// Runs a shell command, copying its output to `out`; false when it fails.
+bool stream_command(const std::string& cmd, std::ostream& out);
+// Bytes as MiB with one decimal, for tables.
+std::string mib(double bytes);
+
+}  // namespace ss
