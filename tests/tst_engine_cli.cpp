@@ -12,6 +12,7 @@
 #include "cpu/cpu_backend.h"
 #include "io/npy.h"
 #include "model/model.h"
+#include "engine_process.h"
 #include "protocol/events.h"
 
 using namespace ss::proto;
@@ -23,68 +24,8 @@ const QStringList kPresets = {"tiny-llama", "tiny-mamba", "tiny-falcon-mamba", "
 const std::vector<std::string> kCategories = {"weights",   "activations",  "kv_cache",
                                               "ssm_state", "comm_buffers", "workspace"};
 
-struct Ran {
-  int exit_code = -1;
-  bool crashed = false;
-  QByteArray out, err;
-};
-
-Ran engine(const QStringList& args) {
-  QProcess p;
-  p.start(SHARDSCOPE_ENGINE_BIN, args);
-  Ran r;
-  if (!p.waitForFinished(60000)) {
-    p.kill();
-    p.waitForFinished();
-    r.crashed = true;
-    return r;
-  }
-  r.crashed = p.exitStatus() != QProcess::NormalExit;
-  r.exit_code = p.exitCode();
-  r.out = p.readAllStandardOutput();
-  r.err = p.readAllStandardError();
-  return r;
-}
-
-struct Stream {
-  std::vector<Event> events;
-  std::vector<std::string> errors;
-  int64_t rejected = 0;
-  template <class T>
-  std::vector<const T*> all() const {
-    std::vector<const T*> out;
-    for (auto& e : events)
-      if (auto* x = std::get_if<T>(&e)) out.push_back(x);
-    return out;
-  }
-  std::map<std::string, double> metrics() const {
-    std::map<std::string, double> m;
-    for (auto* x : all<Metric>()) m[x->name] = x->value;
-    return m;
-  }
-};
-
-// Reads a stream the way the GUI does: in chunks, as they arrive.
-Stream read_stream(const QByteArray& bytes) {
-  Stream s;
-  Reader reader;
-  auto on_event = [&](Event e) { s.events.push_back(std::move(e)); };
-  auto on_error = [&](const std::string& m) { s.errors.push_back(m); };
-  for (qsizetype at = 0; at < bytes.size(); at += 1000)
-    reader.feed(std::string_view(bytes.constData() + at,
-                                 size_t(std::min<qsizetype>(1000, bytes.size() - at))),
-                on_event, on_error);
-  reader.finish(on_event, on_error);
-  s.rejected = reader.rejected();
-  return s;
-}
-
 int count_lines(const QByteArray& bytes) {
   return int(bytes.split('\n').size()) - (bytes.endsWith('\n') ? 1 : 0);
-}
-
-QString one_line(const QByteArray& err) {
-  return QString::fromUtf8(err).trimmed();
 }
 
 // The weights a preset's model declares, by HF name.

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine_process.h"
 #include "protocol/events.h"
 
 using namespace ss::proto;
@@ -37,60 +38,12 @@ json read_json(const QString& path) {
   return json::parse(f.readAll().toStdString(), nullptr, false);
 }
 
-struct Ran {
-  int exit_code = -1;
-  bool crashed = false;
-  QByteArray out, err;
-};
-
-Ran engine(const QStringList& args, int timeout_ms = 120000) {
-  QProcess p;
-  p.start(SHARDSCOPE_ENGINE_BIN, args);
-  Ran r;
-  if (!p.waitForFinished(timeout_ms)) {
-    p.kill();
-    p.waitForFinished();
-    r.crashed = true;
-  }
-  r.crashed = r.crashed || p.exitStatus() != QProcess::NormalExit;
-  r.exit_code = p.exitCode();
-  r.out = p.readAllStandardOutput();
-  r.err = p.readAllStandardError();
-  return r;
-}
-
-struct Stream {
-  std::vector<Event> events;
-  std::vector<std::string> errors;
-  template <class T>
-  std::vector<const T*> all() const {
-    std::vector<const T*> out;
-    for (auto& e : events)
-      if (auto* x = std::get_if<T>(&e)) out.push_back(x);
-    return out;
-  }
-  const Done* done() const { return events.empty() ? nullptr : std::get_if<Done>(&events.back()); }
-  // Per-rank metrics (those with a rank field), by (rank, name).
-  std::map<std::pair<int, std::string>, double> rank_metrics() const {
-    std::map<std::pair<int, std::string>, double> m;
-    for (auto* x : all<Metric>())
-      if (x->rank >= 0) m[{x->rank, x->name}] = x->value;
-    return m;
-  }
-};
-
-Stream read_stream(const QByteArray& bytes) {
-  Stream s;
-  Reader reader;
-  auto on_event = [&](Event e) { s.events.push_back(std::move(e)); };
-  auto on_error = [&](const std::string& m) { s.errors.push_back(m); };
-  reader.feed(std::string_view(bytes.constData(), size_t(bytes.size())), on_event, on_error);
-  reader.finish(on_event, on_error);
-  return s;
-}
-
-QString one_line(const QByteArray& err) {
-  return QString::fromUtf8(err).trimmed();
+// Per-rank metrics keyed by (rank, name), for comparing two runs entry by entry.
+std::map<std::pair<int, std::string>, double> flat_rank_metrics(const Stream& s) {
+  std::map<std::pair<int, std::string>, double> out;
+  for (auto& [rank, m] : s.rank_metrics())
+    for (auto& [name, v] : m) out[{rank, name}] = v;
+  return out;
 }
 
 // Records of one type per rank, in stream order, as JSON text without the
@@ -280,7 +233,7 @@ class TestSim : public QObject {
     QString why;
     QVERIFY2(finished(p, &why), qPrintable(why));
 
-    const auto real = p.real_stream.rank_metrics(), sim = p.sim_stream.rank_metrics();
+    const auto real = flat_rank_metrics(p.real_stream), sim = flat_rank_metrics(p.sim_stream);
     std::vector<std::string> names;
     for (auto& c : kCategories) names.push_back("peak_" + c + "_bytes");
     names.push_back("peak_bytes");
@@ -515,7 +468,7 @@ class TestSim : public QObject {
     // The engine's parameter count agrees with the one counted here.
     QCOMPARE(int(s.all<Config>().size()), 1);
     QCOMPARE(s.all<Config>().front()->config.value("parameters", int64_t(-1)), params.total());
-    const auto metrics = s.rank_metrics();
+    const auto metrics = flat_rank_metrics(s);
     for (int r = 0; r < devices; ++r) {
       const auto it = metrics.find({r, "peak_weights_bytes"});
       QVERIFY2(it != metrics.end(), qPrintable(QString("rank %1 reports no weights").arg(r)));
@@ -581,7 +534,7 @@ class TestSim : public QObject {
                               "--decode",     QString::number(kDecode)};
     const Ran measured = engine(QStringList{"run"} + args);
     QVERIFY2(measured.exit_code == 0, measured.err.constData());
-    const auto m = read_stream(measured.out).rank_metrics();
+    const auto m = flat_rank_metrics(read_stream(measured.out));
     QVERIFY(m.count({0, "peak_bytes"}));
     const auto peak = int64_t(m.at({0, "peak_bytes"}));
 

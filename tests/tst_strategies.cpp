@@ -14,6 +14,7 @@
 #include <set>
 
 #include "io/npy.h"
+#include "engine_process.h"
 #include "protocol/events.h"
 
 using namespace ss::proto;
@@ -26,64 +27,6 @@ namespace {
 constexpr int kPrompt = 24;
 constexpr int kDecode = 8;
 constexpr double kTolerance = 1e-5;
-
-struct Ran {
-  int exit_code = -1;
-  bool crashed = false;
-  bool timed_out = false;
-  QByteArray out, err;
-};
-
-Ran engine(const QStringList& args, int timeout_ms = 60000) {
-  QProcess p;
-  p.start(SHARDSCOPE_ENGINE_BIN, args);
-  Ran r;
-  if (!p.waitForFinished(timeout_ms)) {
-    p.kill();
-    p.waitForFinished();
-    r.timed_out = r.crashed = true;
-  }
-  r.crashed = r.crashed || p.exitStatus() != QProcess::NormalExit;
-  r.exit_code = p.exitCode();
-  r.out = p.readAllStandardOutput();
-  r.err = p.readAllStandardError();
-  return r;
-}
-
-struct Stream {
-  std::vector<Event> events;
-  std::vector<std::string> errors;
-  int64_t rejected = 0;
-  template <class T>
-  std::vector<const T*> all() const {
-    std::vector<const T*> out;
-    for (auto& e : events)
-      if (auto* x = std::get_if<T>(&e)) out.push_back(x);
-    return out;
-  }
-  // Per-rank metrics (records with a rank field), by rank then name.
-  std::map<int, std::map<std::string, double>> rank_metrics() const {
-    std::map<int, std::map<std::string, double>> m;
-    for (auto* x : all<Metric>())
-      if (x->rank >= 0) m[x->rank][x->name] = x->value;
-    return m;
-  }
-};
-
-// Reads a stream the way the GUI does: in chunks, as they arrive.
-Stream read_stream(const QByteArray& bytes) {
-  Stream s;
-  Reader reader;
-  auto on_event = [&](Event e) { s.events.push_back(std::move(e)); };
-  auto on_error = [&](const std::string& m) { s.errors.push_back(m); };
-  for (qsizetype at = 0; at < bytes.size(); at += 4096)
-    reader.feed(std::string_view(bytes.constData() + at,
-                                 size_t(std::min<qsizetype>(4096, bytes.size() - at))),
-                on_event, on_error);
-  reader.finish(on_event, on_error);
-  s.rejected = reader.rejected();
-  return s;
-}
 
 QStringList with_sets(QStringList args, const QStringList& sets) {
   for (auto& s : sets) args << "--set" << s;
