@@ -37,6 +37,7 @@ QString EngineClient::enginePath() {
 void EngineClient::start(const QStringList& args) {
   if (isRunning()) return;
   m_reader = ss::proto::Reader();
+  m_rawPending.clear();
   m_stderr.clear();
   m_stderrPartial.clear();
   m_doneStatus.clear();
@@ -53,6 +54,7 @@ void EngineClient::start(const QStringList& args) {
 
 bool EngineClient::openFile(const QString& path) {
   m_reader = ss::proto::Reader();
+  m_rawPending.clear();
   m_doneStatus.clear();
   m_finished = false;
   delete m_file;
@@ -80,6 +82,7 @@ void EngineClient::readFileChunk() {
   m_reader.finish([&](ss::proto::Event&& e) { batch->push_back(std::move(e)); },
                   [&](const std::string& err) { emit lineRejected(QString::fromStdString(err)); });
   if (!batch->empty()) emit eventsReceived(batch);
+  flushRawTail(batch);
   RunOutcome o;
   o.status = m_doneStatus.isEmpty() ? QStringLiteral("incomplete") : m_doneStatus;
   o.message = m_reader.refused() ? tr("this recording was written by a newer ShardScope; update to open it")
@@ -102,6 +105,13 @@ void EngineClient::stop() {
 bool EngineClient::isRunning() const { return m_proc && m_proc->state() != QProcess::NotRunning; }
 
 void EngineClient::consume(const QByteArray& chunk) {
+  m_rawPending += chunk;
+  const qsizetype nl = m_rawPending.lastIndexOf('\n');
+  QByteArray whole;
+  if (nl >= 0) {
+    whole = m_rawPending.left(nl + 1);
+    m_rawPending.remove(0, nl + 1);
+  }
   auto batch = std::make_shared<std::vector<ss::proto::Event>>();
   m_reader.feed(
       std::string_view(chunk.constData(), size_t(chunk.size())),
@@ -111,6 +121,14 @@ void EngineClient::consume(const QByteArray& chunk) {
       },
       [&](const std::string& err) { emit lineRejected(QString::fromStdString(err)); });
   if (!batch->empty()) emit eventsReceived(batch);
+  if (!whole.isEmpty() || !batch->empty()) emit streamReceived(whole, batch);
+}
+
+void EngineClient::flushRawTail(const EventBatch& batch) {
+  QByteArray tail = m_rawPending;
+  m_rawPending.clear();
+  if (!tail.isEmpty()) tail += '\n';
+  if (!tail.isEmpty() || !batch->empty()) emit streamReceived(tail, batch);
 }
 
 void EngineClient::onReadyRead() { consume(m_proc->readAllStandardOutput()); }
@@ -127,6 +145,14 @@ void EngineClient::onStderr() {
 
 void EngineClient::onFinished(int exitCode, QProcess::ExitStatus status) {
   consume(m_proc->readAllStandardOutput());
+  {
+    // A last line without its newline (a worker killed mid-write).
+    auto batch = std::make_shared<std::vector<ss::proto::Event>>();
+    m_reader.finish([&](ss::proto::Event&& e) { batch->push_back(std::move(e)); },
+                    [&](const std::string& err) { emit lineRejected(QString::fromStdString(err)); });
+    if (!batch->empty()) emit eventsReceived(batch);
+    flushRawTail(batch);
+  }
   onStderr();
   if (!m_stderrPartial.isEmpty()) m_stderr << QString::fromUtf8(m_stderrPartial);
   RunOutcome o;

@@ -47,6 +47,9 @@ class EngineClient : public QObject {
 
  signals:
   void eventsReceived(EventBatch events);
+  // The same batch with the raw bytes of the whole lines it came from (what
+  // the session store saves); emitted right after eventsReceived.
+  void streamReceived(const QByteArray& rawLines, EventBatch events);
   void lineRejected(const QString& reason);
   void finished(const RunOutcome& outcome);
 
@@ -58,12 +61,14 @@ class EngineClient : public QObject {
   void consume(const QByteArray& chunk);
   void finishWith(RunOutcome outcome);
   void readFileChunk();
+  void flushRawTail(const EventBatch& batch);
 
   QProcess* m_proc = nullptr;
   QFile* m_file = nullptr;
   ss::proto::Reader m_reader;
   QStringList m_stderr;
   QByteArray m_stderrPartial;
+  QByteArray m_rawPending;  // the partial last line of the stream so far
   QString m_doneStatus;
   bool m_stopping = false;
   bool m_finished = false;

@@ -20,6 +20,10 @@ int main(int argc, char** argv) {
                                 QStringLiteral("with --run-once: save a PNG of each page as FILE-<page>.png"),
                                 QStringLiteral("file"));
   QCommandLineOption replay(QStringLiteral("open"), QStringLiteral("open a recorded stream"), QStringLiteral("file"));
+  QCommandLineOption db(QStringLiteral("db"),
+                        QStringLiteral("the session database (default: $SHARDSCOPE_DB, else the app-data folder)"),
+                        QStringLiteral("file"));
+  cli.addOption(db);
   cli.addOption(runOnce);
   cli.addOption(screenshot);
   cli.addOption(replay);
@@ -28,7 +32,7 @@ int main(int argc, char** argv) {
                                            "devices prompt decode), e.g. small-llama cpu tsp 4 256 8"));
   cli.process(app);
 
-  MainWindow w;
+  MainWindow w(nullptr, cli.value(db));
   w.show();
   if (cli.isSet(replay)) w.openStream(cli.value(replay));
   if (cli.isSet(runOnce)) {

@@ -16,9 +16,22 @@
 #include <QStatusBar>
 #include <QTabWidget>
 #include <QTimer>
+#include <QSaveFile>
 #include <QVBoxLayout>
 
+#include <QMetaObject>
+#include <QPainter>
+#include <QPdfWriter>
+#include <QStandardPaths>
+#include <QSvgGenerator>
+
+#include <algorithm>
+
+#include "compare.h"
 #include "pages.h"
+#include "sessionrecorder.h"
+#include "sessionspage.h"
+#include "sessionstore.h"
 
 QString resourcesDir() {
   const QString env = qEnvironmentVariable("SHARDSCOPE_RESOURCES");
@@ -29,7 +42,75 @@ QString resourcesDir() {
   return QStringLiteral(SHARDSCOPE_SOURCE_RESOURCES);
 }
 
-MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new EngineClient(this)) {
+QString MainWindow::defaultDatabasePath() {
+  const QString env = qEnvironmentVariable("SHARDSCOPE_DB");
+  if (!env.isEmpty()) return env;
+  const QString dir = QStandardPaths::writableLocation(QStandardPaths::AppDataLocation);
+  QDir().mkpath(dir);
+  return dir + QStringLiteral("/sessions.db");
+}
+
+MainWindow::~MainWindow() {
+  if (m_recorder) {
+    // Whatever the recorder still holds is committed before the thread ends.
+    if (m_recording) QMetaObject::invokeMethod(m_recorder, "finish", Qt::BlockingQueuedConnection,
+                                               Q_ARG(QString, QStringLiteral("interrupted")));
+    m_recorderThread.quit();
+    m_recorderThread.wait();
+  }
+}
+
+void MainWindow::openDatabase(const QString& path) {
+  m_lock = std::make_unique<DatabaseLock>(path);
+  m_store = std::make_unique<SessionStore>();
+  if (!m_lock->tryLock()) {
+    // Another window writes this database: browse it, do not save into it.
+    m_dbNotice = tr("%1 is in use by another ShardScope (%2): sessions are read-only here and this window's runs "
+                    "are not saved. Start with --db FILE to save elsewhere.")
+                     .arg(path, m_lock->holder());
+    if (!m_store->open(path, SessionStore::Mode::ReadOnly)) {
+      m_dbNotice += QStringLiteral(" ") + m_store->error();
+      m_store.reset();
+    }
+    return;
+  }
+  if (!m_store->open(path)) {
+    m_dbNotice = tr("Sessions are off: %1. Runs still work; start with --db FILE to use another database.")
+                     .arg(m_store->error());
+    m_store.reset();
+    return;
+  }
+  const int interrupted = m_store->markInterrupted();
+  if (interrupted > 0)
+    m_dbNotice = tr("%1 session(s) were still running when ShardScope last stopped; they are kept, marked "
+                    "interrupted, with everything saved up to their last batch.")
+                     .arg(interrupted);
+  m_recorder = new SessionRecorder(path);
+  m_recorder->moveToThread(&m_recorderThread);
+  connect(&m_recorderThread, &QThread::finished, m_recorder, &QObject::deleteLater);
+  connect(m_recorder, &SessionRecorder::failed, this, [this](const QString& message) {
+    m_status->setText(message);
+    if (m_sessions) m_sessions->setNotice(message);
+  });
+  connect(m_recorder, &SessionRecorder::started, this, [this](qint64 id) {
+    m_lastSession = id;
+    if (m_sessions) m_sessions->reload();
+  });
+  connect(m_recorder, &SessionRecorder::finished, this, [this](qint64 id, const QString&) {
+    if (m_sessions) m_sessions->reload();
+    emit sessionSaved(id);
+  });
+  m_recorderThread.setObjectName(QStringLiteral("session recorder"));
+  m_recorderThread.start();
+}
+
+void MainWindow::startRecording(const QString& name) {
+  m_recording = m_recorder != nullptr;
+  if (m_recording) QMetaObject::invokeMethod(m_recorder, "begin", Qt::QueuedConnection, Q_ARG(QString, name));
+}
+
+MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
+    : QMainWindow(parent), m_client(new EngineClient(this)) {
   setWindowTitle(tr("ShardScope"));
   auto* central = new QWidget(this);
   auto* layout = new QHBoxLayout(central);
@@ -93,6 +174,18 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   m_tabs->addTab(m_timeline, tr("Timeline"));
   m_quant = new QuantizationPage(m_data, m_tabs);
   m_tabs->addTab(m_quant, tr("Quantization"));
+  openDatabase(dbPath.isEmpty() ? defaultDatabasePath() : dbPath);
+  m_sessions = new SessionsPage(m_store.get(), m_tabs);
+  m_sessions->setNotice(m_dbNotice);
+  m_sessions->setEnabled(m_store != nullptr);
+  m_tabs->addTab(m_sessions, tr("Sessions"));
+  connect(m_sessions, &SessionsPage::openRequested, this, &MainWindow::openSession);
+  connect(m_sessions, &SessionsPage::replayRequested, this, &MainWindow::replaySession);
+  connect(m_sessions, &SessionsPage::compareRequested, this, &MainWindow::compareSessions);
+  connect(m_sessions, &SessionsPage::message, this, [this](const QString& text) { m_status->setText(text); });
+  m_replayTimer = new QTimer(this);
+  m_replayTimer->setInterval(33);
+  connect(m_replayTimer, &QTimer::timeout, this, &MainWindow::replayTick);
   layout->addWidget(setup);
   layout->addWidget(m_tabs, 1);
   setCentralWidget(central);
@@ -106,6 +199,15 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
                                                       tr("Event streams (*.jsonl);;All files (*)"));
     if (!path.isEmpty()) openStream(path);
   });
+  file->addAction(tr("&Export this page (PNG, SVG, PDF)..."), this, [this] {
+    const QString page = m_tabs->tabText(m_tabs->currentIndex()).toLower().replace(' ', '-');
+    const QString path = QFileDialog::getSaveFileName(this, tr("Export this page"), page + QStringLiteral(".png"),
+                                                      tr("PNG image (*.png);;SVG drawing (*.svg);;PDF (*.pdf)"));
+    if (!path.isEmpty()) {
+      const QString error = exportView(path);
+      m_status->setText(error.isEmpty() ? tr("saved %1").arg(path) : error);
+    }
+  });
   file->addAction(tr("&Quit"), this, &QWidget::close);
 
   m_redraw = new QTimer(this);
@@ -117,6 +219,11 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent), m_client(new Engi
   connect(m_stop, &QPushButton::clicked, m_client, &EngineClient::stop);
   connect(m_client, &EngineClient::eventsReceived, this, &MainWindow::onEvents);
   connect(m_client, &EngineClient::finished, this, &MainWindow::onFinished);
+  connect(m_client, &EngineClient::streamReceived, this, [this](const QByteArray& raw, EventBatch events) {
+    if (m_recording)
+      QMetaObject::invokeMethod(m_recorder, "add", Qt::QueuedConnection, Q_ARG(QByteArray, raw),
+                                Q_ARG(EventBatch, events));
+  });
   connect(m_strategy, &QComboBox::currentTextChanged, this, &MainWindow::updateSetupState);
   // Every edit re-checks the setup, once typing pauses.
   m_checkDelay = new QTimer(this);
@@ -201,6 +308,10 @@ void MainWindow::runOnce() {
   const QStringList args = engineArguments();
   m_status->setText(tr("running: shardscope-engine %1").arg(args.join(' ')));
   m_redraw->start();
+  startRecording(QStringLiteral("%1 · %2 · %3").arg(m_model->currentText(), m_strategy->currentText(),
+                                                      m_strategy->currentText() == QLatin1String("single")
+                                                          ? QStringLiteral("1")
+                                                          : QString::number(m_devices->value())));
   m_client->start(args);
 }
 
@@ -224,6 +335,7 @@ void MainWindow::runSweep() {
   m_stop->setEnabled(true);
   m_tabs->setCurrentWidget(m_quant);
   m_redraw->start();
+  startRecording(tr("sweep · %1").arg(m_model->currentText()));
   m_client->start(args);
 }
 
@@ -244,33 +356,11 @@ void MainWindow::compareTpTsp() {
   runOnce();
 }
 
-// Two finished runs side by side: their summaries, and peak memory per
-// device and category as grouped bars.
-namespace {
-// A finished run's data, owned by the comparison window that shows it.
-struct ComparedRun : QObject {
-  RunData data;
-};
-}  // namespace
-
-static QWidget* comparisonWindow(const std::vector<std::pair<QString, RunData>>& runs, QWidget* parent) {
-  auto* w = new QWidget(parent, Qt::Window);
-  w->setAttribute(Qt::WA_DeleteOnClose);
-  w->setWindowTitle(QObject::tr("ShardScope: %1 vs %2").arg(runs[0].first, runs[1].first));
-  auto* layout = new QHBoxLayout(w);
-  for (const auto& [name, data] : runs) {
-    auto* kept = new ComparedRun;
-    kept->setParent(w);
-    kept->data = data;
-    auto* page = new SummaryPage(kept->data, w);
-    page->refresh();
-    layout->addWidget(page);
-  }
-  w->resize(1400, 600);
-  return w;
-}
-
 void MainWindow::onFinished(const RunOutcome& o) {
+  if (m_recording) {
+    m_recording = false;
+    QMetaObject::invokeMethod(m_recorder, "finish", Qt::QueuedConnection, Q_ARG(QString, o.status));
+  }
   m_redraw->stop();
   refreshPages();
   m_run->setEnabled(m_valid);
@@ -288,8 +378,151 @@ void MainWindow::onFinished(const RunOutcome& o) {
       return;
     }
     m_queue.clear();
-    if (m_compared.size() == 2) comparisonWindow(m_compared, this)->show();
+    if (m_compared.size() == 2) {
+      std::vector<ComparedRun> runs;
+      for (auto& [name, data] : m_compared) runs.push_back({name, std::make_shared<RunData>(data)});
+      showComparison(std::move(runs));
+    }
     m_compared.clear();
   }
   emit runFinished(o);
+}
+
+bool MainWindow::openSession(qint64 id) {
+  if (!m_store) return false;
+  m_replayTimer->stop();
+  const SessionInfo info = m_store->info(id);
+  if (!info.id) return false;
+  m_data.clear();
+  m_data.add(m_store->events(id));
+  refreshPages();
+  m_status->setText(tr("session '%1' (%2, %3 events)").arg(info.name, info.status).arg(info.events));
+  m_tabs->setCurrentWidget(m_summary);
+  return true;
+}
+
+// Replays a session's events at `speed` times their recorded pace (0: as
+// fast as the window can draw), through the same pages as a live run.
+void MainWindow::replaySession(qint64 id, double speed) {
+  if (!m_store) return;
+  m_replay = m_store->events(id);
+  // Setup records first, then every timed record by its time; results last.
+  auto at = [](const ss::proto::Event& e) -> int64_t {
+    using namespace ss::proto;
+    if (auto* s = std::get_if<Span>(&e)) return s->t1;
+    if (auto* m = std::get_if<Mem>(&e)) return m->t;
+    if (auto* p = std::get_if<Phase>(&e)) return p->t;
+    if (std::holds_alternative<Metric>(e) || std::holds_alternative<Accuracy>(e) || std::holds_alternative<Done>(e) ||
+        std::holds_alternative<Error>(e))
+      return std::numeric_limits<int64_t>::max();
+    return std::numeric_limits<int64_t>::min();
+  };
+  std::vector<size_t> order(m_replay.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<int64_t> keys(m_replay.size());
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = at(m_replay[i]);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  std::vector<ss::proto::Event> sorted;
+  sorted.reserve(order.size());
+  int64_t first = std::numeric_limits<int64_t>::max();
+  for (int64_t k : keys)
+    if (k != std::numeric_limits<int64_t>::min() && k != std::numeric_limits<int64_t>::max()) first = std::min(first, k);
+  m_replayAt.clear();
+  for (size_t i : order) {
+    sorted.push_back(std::move(m_replay[i]));
+    const int64_t k = keys[i];
+    m_replayAt.push_back(k == std::numeric_limits<int64_t>::min() ? 0 : k == std::numeric_limits<int64_t>::max() ? -1 : k - first);
+  }
+  m_replay = std::move(sorted);
+  m_replayNext = 0;
+  m_replaySpeed = speed;
+  m_data.clear();
+  m_status->setText(speed > 0 ? tr("replaying at %1×").arg(speed) : tr("replaying as fast as possible"));
+  m_tabs->setCurrentWidget(m_timeline);
+  m_replayClock.start();
+  m_replayTimer->start();
+}
+
+void MainWindow::replayTick() {
+  std::vector<ss::proto::Event> batch;
+  const double now = m_replaySpeed > 0 ? double(m_replayClock.nsecsElapsed()) * m_replaySpeed : 0;
+  const size_t maxBatch = m_replaySpeed > 0 ? m_replay.size() : 200000;  // max: a slice per frame
+  while (m_replayNext < m_replay.size() && batch.size() < maxBatch) {
+    const int64_t at = m_replayAt[m_replayNext];
+    if (m_replaySpeed > 0 && at >= 0 && double(at) > now) break;
+    batch.push_back(std::move(m_replay[m_replayNext++]));
+  }
+  if (!batch.empty()) m_data.add(batch);
+  refreshPages();
+  if (m_replayNext >= m_replay.size()) {
+    m_replayTimer->stop();
+    m_replay.clear();
+    m_replayAt.clear();
+    m_status->setText(tr("replay finished"));
+    emit replayFinished();
+  }
+}
+
+ComparePage* MainWindow::showComparison(std::vector<ComparedRun> runs) {
+  auto* w = new QWidget(this, Qt::Window);
+  w->setAttribute(Qt::WA_DeleteOnClose);
+  QStringList names;
+  for (auto& r : runs) names << r.name;
+  w->setWindowTitle(tr("ShardScope: compare %1").arg(names.join(QStringLiteral(" · "))));
+  auto* layout = new QVBoxLayout(w);
+  auto* page = new ComparePage(std::move(runs), w);
+  layout->addWidget(page);
+  w->resize(1400, 900);
+  w->show();
+  emit compareShown(page);
+  return page;
+}
+
+ComparePage* MainWindow::compareSessions(const QList<qint64>& ids) {
+  if (!m_store || ids.size() < 2 || ids.size() > 4) return nullptr;
+  std::vector<ComparedRun> runs;
+  for (qint64 id : ids) {
+    auto data = std::make_shared<RunData>();
+    data->add(m_store->events(id));
+    const SessionInfo info = m_store->info(id);
+    runs.push_back({info.name.isEmpty() ? tr("session %1").arg(id) : info.name, data});
+  }
+  return showComparison(std::move(runs));
+}
+
+QString MainWindow::exportView(const QString& path) {
+  QWidget* page = m_tabs->currentWidget();
+  const QString ext = QFileInfo(path).suffix().toLower();
+  if (ext == QLatin1String("png")) {
+    QSaveFile f(path);
+    if (!f.open(QIODevice::WriteOnly) || !page->grab().save(&f, "PNG") || !f.commit())
+      return tr("could not write %1: %2").arg(path, f.errorString());
+    return {};
+  }
+  if (ext == QLatin1String("svg")) {
+    QSvgGenerator svg;
+    svg.setFileName(path);
+    svg.setSize(page->size());
+    svg.setViewBox(page->rect());
+    svg.setTitle(m_tabs->tabText(m_tabs->currentIndex()));
+    svg.setDescription(tr("ShardScope"));
+    QPainter p;
+    if (!p.begin(&svg)) return tr("could not write %1").arg(path);
+    page->render(&p);
+    p.end();
+    return {};
+  }
+  if (ext == QLatin1String("pdf")) {
+    QPdfWriter pdf(path);
+    pdf.setPageSize(QPageSize(QSizeF(page->width(), page->height()), QPageSize::Point));
+    pdf.setPageMargins(QMarginsF(0, 0, 0, 0));
+    pdf.setResolution(72);
+    pdf.setTitle(m_tabs->tabText(m_tabs->currentIndex()));
+    QPainter p;
+    if (!p.begin(&pdf)) return tr("could not write %1").arg(path);
+    page->render(&p);
+    p.end();
+    return {};
+  }
+  return tr("export as .png, .svg or .pdf (not '%1')").arg(ext);
 }

@@ -3,11 +3,14 @@
 // a recorded stream, redrawn at a bounded rate.
 #pragma once
 
+#include <QElapsedTimer>
 #include <QMainWindow>
+#include <QThread>
 
 #include "engineclient.h"
 #include "rundata.h"
 
+#include <memory>
 #include <vector>
 
 class QComboBox;
@@ -23,11 +26,20 @@ class TimelineView;
 class PlacementPage;
 class SummaryPage;
 class QuantizationPage;
+class SessionStore;
+class SessionsPage;
+class SessionRecorder;
+class DatabaseLock;
+class ComparePage;
+struct ComparedRun;
 
 class MainWindow : public QMainWindow {
   Q_OBJECT
  public:
-  explicit MainWindow(QWidget* parent = nullptr);
+  // dbPath: the session database (empty: $SHARDSCOPE_DB, else the platform's app-data folder).
+  explicit MainWindow(QWidget* parent = nullptr, const QString& dbPath = {});
+  ~MainWindow() override;
+  static QString defaultDatabasePath();
 
   // Starts a run with the current setup (also used by --run-once).
   void runOnce();
@@ -37,6 +49,18 @@ class MainWindow : public QMainWindow {
   void runSweep();
   bool openStream(const QString& path);
   EngineClient* client() { return m_client; }
+  // Sessions: open one into the pages, replay it (speed 0: as fast as
+  // possible), compare 2-4 side by side, export the current page as PNG,
+  // SVG or PDF (by the file's extension).
+  bool openSession(qint64 id);
+  void replaySession(qint64 id, double speed);
+  ComparePage* compareSessions(const QList<qint64>& ids);
+  QString exportView(const QString& path);
+  SessionsPage* sessionsPage() { return m_sessions; }
+  SessionStore* sessionStore() { return m_store.get(); }
+  QString databaseNotice() const { return m_dbNotice; }
+  qint64 lastSession() const { return m_lastSession; }
+  const RunData& data() const { return m_data; }
   QString summaryText() const;
   QTabWidget* pages() { return m_tabs; }
   // The engine arguments the setup describes.
@@ -51,6 +75,10 @@ class MainWindow : public QMainWindow {
 
  signals:
   void runFinished(const RunOutcome& outcome);
+  // The recorder closed the session of the last run (saved or not).
+  void sessionSaved(qint64 id);
+  void replayFinished();
+  void compareShown(ComparePage* page);
 
  private:
   void onEvents(const EventBatch& events);
@@ -60,6 +88,10 @@ class MainWindow : public QMainWindow {
   // Checks the setup with the engine's own rules (`shardscope-engine check`),
   // shows the reason next to the form and enables Run only when it can run.
   void checkSetup();
+  void openDatabase(const QString& path);
+  void startRecording(const QString& name);
+  void replayTick();
+  ComparePage* showComparison(std::vector<ComparedRun> runs);
 
   EngineClient* m_client;
   RunData m_data;
@@ -88,6 +120,23 @@ class MainWindow : public QMainWindow {
   QPushButton* m_compare;
   QStringList m_queue;          // strategies still to run for a comparison
   std::vector<std::pair<QString, RunData>> m_compared;
+
+  // Sessions: a UI-thread store for browsing, a recorder thread for saving.
+  std::unique_ptr<DatabaseLock> m_lock;
+  std::unique_ptr<SessionStore> m_store;
+  QThread m_recorderThread;
+  SessionRecorder* m_recorder = nullptr;
+  SessionsPage* m_sessions = nullptr;
+  QString m_dbNotice;
+  bool m_recording = false;
+  qint64 m_lastSession = 0;
+  // Replay of a saved session at a chosen speed.
+  QTimer* m_replayTimer;
+  std::vector<ss::proto::Event> m_replay;
+  std::vector<int64_t> m_replayAt;  // ns after the first event, per event
+  size_t m_replayNext = 0;
+  double m_replaySpeed = 1;
+  QElapsedTimer m_replayClock;
 };
 
 // $SHARDSCOPE_RESOURCES, ../share/shardscope next to the app, or the source tree.

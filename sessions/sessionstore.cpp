@@ -245,24 +245,12 @@ bool SessionStore::migrateFrom1() {
     // v1 appended in batches; one chunk per 4096 lines keeps chunks bounded.
     for (int i = 0; i < lines.size(); i += 4096)
       if (!appendLines(id, lines.mid(i, 4096))) return false;
-    QSqlQuery s(m_db);
-    s.prepare(QStringLiteral("SELECT status FROM sessions WHERE id = ?"));
-    s.addBindValue(id);
-    if (s.exec() && s.next() && s.value(0).toString() != QLatin1String("running")) {
-      // Refresh the headline from the migrated metrics, keep status and end.
-      QSqlQuery m(m_db);
-      m.prepare(QStringLiteral("SELECT name, value FROM metrics WHERE session_id = ? AND rank < 0"));
-      m.addBindValue(id);
-      m.exec();
-      std::map<std::string, double> metrics;
-      while (m.next()) metrics[m.value(0).toString().toStdString()] = m.value(1).toDouble();
-      m.finish();
-      QSqlQuery u(m_db);
-      u.prepare(QStringLiteral("UPDATE sessions SET headline = ? WHERE id = ?"));
-      u.addBindValue(headlineJson(metrics));
-      u.addBindValue(id);
-      if (!u.exec()) return fail(u.lastError().text());
-    }
+    QSqlQuery u(m_db);
+    u.prepare(QStringLiteral("UPDATE sessions SET headline = ? WHERE id = ?"));
+    u.addBindValue(computeHeadline(id));
+    u.addBindValue(id);
+    if (!u.exec()) return fail(u.lastError().text());
+    m_writing.erase(id);
   }
   return exec(QStringLiteral("DROP TABLE events"));
 }
@@ -341,6 +329,13 @@ int SessionStore::nameId(qint64 session, const std::string& s) {
 }
 
 bool SessionStore::append(qint64 session, const QByteArray& rawLines, const std::vector<Event>& events) {
+  std::vector<const Event*> pointers;
+  pointers.reserve(events.size());
+  for (const Event& e : events) pointers.push_back(&e);
+  return append(session, rawLines, pointers);
+}
+
+bool SessionStore::append(qint64 session, const QByteArray& rawLines, const std::vector<const Event*>& events) {
   if (rawLines.isEmpty() && events.empty()) return true;
   if (!loadNames(session)) return false;
   Writing& w = m_writing[session];
@@ -355,8 +350,10 @@ bool SessionStore::append(qint64 session, const QByteArray& rawLines, const std:
   std::vector<const Metric*> metrics;
   std::vector<const Accuracy*> accuracy;
   QString config;
+  double commBytes = 0;
   qint64 seq = w.events;
-  for (const Event& e : events) {
+  for (const Event* ep : events) {
+    const Event& e = *ep;
     if (auto* s = std::get_if<Span>(&e)) {
       spans.put<int32_t>(s->rank);
       spans.put<int32_t>(nameId(session, s->stream));
@@ -372,6 +369,7 @@ bool SessionStore::append(qint64 session, const QByteArray& rawLines, const std:
       for (size_t i = 0; i < s->peers.size() && i < 65535; ++i) spans.put<int32_t>(s->peers[i]);
       spans.put<uint16_t>(uint16_t(std::min<size_t>(s->dims.size(), 65535)));
       for (size_t i = 0; i < s->dims.size() && i < 65535; ++i) spans.put<int64_t>(s->dims[i]);
+      if (s->stream == "comm") commBytes += s->bytes;
       ++nSpans;
     } else if (auto* m = std::get_if<Mem>(&e)) {
       mem.put<int32_t>(m->rank);
@@ -477,6 +475,7 @@ bool SessionStore::append(qint64 session, const QByteArray& rawLines, const std:
   w.fresh.clear();
   w.nextChunk = chunk + 1;
   w.events = seq;
+  w.commBytes += commBytes;
   return true;
 }
 
@@ -516,9 +515,7 @@ QString headlineJson(const std::map<std::string, double>& metrics) {
   return QString::fromUtf8(QJsonDocument(o).toJson(QJsonDocument::Compact));
 }
 
-bool SessionStore::finish(qint64 session, const QString& doneStatus) {
-  // The stream says ok; a person reads "done".
-  const QString status = doneStatus == QLatin1String("ok") ? QStringLiteral("done") : doneStatus;
+QString SessionStore::computeHeadline(qint64 session) {
   std::map<std::string, double> metrics;
   QSqlQuery m(m_db);
   m.prepare(QStringLiteral("SELECT name, value, rank FROM metrics WHERE session_id = ?"));
@@ -531,10 +528,19 @@ bool SessionStore::finish(qint64 session, const QString& doneStatus) {
     else if (name == "peak_bytes") peak = std::max(peak, m.value(1).toDouble());
   }
   if (peak > 0 && !metrics.count("peak_bytes")) metrics["peak_bytes"] = peak;  // the fullest device
+  auto w = m_writing.find(session);
+  if (w != m_writing.end() && w->second.commBytes > 0) metrics["comm_bytes"] = w->second.commBytes;
+  return headlineJson(metrics);
+}
+
+bool SessionStore::finish(qint64 session, const QString& doneStatus) {
+  // The stream says ok; a person reads "done".
+  const QString status = doneStatus == QLatin1String("ok") ? QStringLiteral("done") : doneStatus;
+  const QString headline = computeHeadline(session);
   m_writing.erase(session);
   return update(m_db, [this](const QString& e) { return fail(e); },
                 QStringLiteral("UPDATE sessions SET status = ?, ended = ?, headline = ? WHERE id = ?"),
-                {status, QDateTime::currentDateTimeUtc().toString(Qt::ISODate), headlineJson(metrics), session});
+                {status, QDateTime::currentDateTimeUtc().toString(Qt::ISODate), headline, session});
 }
 bool SessionStore::rename(qint64 session, const QString& name) {
   return update(m_db, [this](const QString& e) { return fail(e); },

@@ -72,6 +72,7 @@ class SessionStore {
   bool setConfig(qint64 session, const QString& configJson);
   // Appends one batch in one transaction: the raw bytes of whole lines as
   // they arrived, and the events parsed from them (for the derived tables).
+  bool append(qint64 session, const QByteArray& rawLines, const std::vector<const ss::proto::Event*>& events);
   bool append(qint64 session, const QByteArray& rawLines, const std::vector<ss::proto::Event>& events);
   // Convenience for tests and import: raw lines, parsed here.
   bool appendLines(qint64 session, const QStringList& lines);
@@ -105,6 +106,7 @@ class SessionStore {
   bool fail(const QString& what);
   int nameId(qint64 session, const std::string& s);
   bool loadNames(qint64 session);
+  QString computeHeadline(qint64 session);
 
   QString m_connection, m_path;
   QSqlDatabase m_db;
@@ -116,6 +118,7 @@ class SessionStore {
     std::map<std::string, int> names;
     std::vector<std::pair<int, std::string>> fresh;  // names to insert with the batch
     qint64 nextChunk = 0, events = 0;
+    double commBytes = 0;  // wire bytes of this writer's comm spans, for the headline
   };
   std::map<qint64, Writing> m_writing;
 };

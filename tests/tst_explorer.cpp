@@ -7,6 +7,7 @@
 #include <QtTest>
 
 #include "engineclient.h"
+#include "compare.h"
 #include "mainwindow.h"
 #include "pages.h"
 #include "rundata.h"
@@ -34,8 +35,12 @@ bool drive(EngineClient& client, Collected& c, const std::function<void()>& star
 
 class TestExplorer : public QObject {
   Q_OBJECT
+  QTemporaryDir m_db;
  private slots:
-  void initTestCase() { qputenv("SHARDSCOPE_ENGINE", SHARDSCOPE_ENGINE_BIN); }
+  void initTestCase() {
+    qputenv("SHARDSCOPE_ENGINE", SHARDSCOPE_ENGINE_BIN);
+    qputenv("SHARDSCOPE_DB", m_db.filePath("sessions.db").toUtf8());  // never the user's own sessions
+  }
 
   void liveRunThenReplayGiveTheSameData() {
     QTemporaryDir dir;
@@ -155,15 +160,15 @@ class TestExplorer : public QObject {
     QSignalSpy done(&w, &MainWindow::runFinished);
     w.compareTpTsp();
     QVERIFY(done.wait(180000));
-    QWidget* compare = nullptr;
+    ComparePage* compare = nullptr;
     for (QWidget* top : QApplication::topLevelWidgets())
-      if (top->windowTitle() == QStringLiteral("ShardScope: tp vs tsp")) compare = top;
+      if (auto* page = top->findChild<ComparePage*>()) compare = page;
     QVERIFY(compare);
-    const auto pages = compare->findChildren<SummaryPage*>();
-    QCOMPARE(pages.size(), 2);
-    QVERIFY2(pages[0]->text().contains(QStringLiteral("· tp ·")), qPrintable(pages[0]->text()));
-    QVERIFY2(pages[1]->text().contains(QStringLiteral("· tsp ·")), qPrintable(pages[1]->text()));
-    compare->close();
+    QCOMPARE(compare->runs(), 2);
+    const QString table = compare->tableText();
+    QVERIFY2(table.contains(QStringLiteral("A · tp")) && table.contains(QStringLiteral("B · tsp")), qPrintable(table));
+    QVERIFY2(table.contains(QStringLiteral("(×")), qPrintable(table));  // ratios against tp
+    compare->window()->close();
   }
 
   void sweepStreamFillsTheQuantizationPage() {

@@ -17,13 +17,11 @@
 #include <set>
 #include <cmath>
 
+#include "palette.h"
 #include "protocol/analysis.h"
 
 namespace {
 
-const char* const kCategories[] = {"weights", "activations", "kv_cache", "ssm_state", "comm_buffers", "workspace"};
-const QColor kCategoryColors[] = {QColor(70, 110, 180), QColor(230, 150, 60), QColor(90, 170, 90),
-                                  QColor(150, 100, 190), QColor(200, 80, 80), QColor(140, 140, 140)};
 
 // A stable colour per op kind; communication in warm tones.
 QColor opColor(const std::string& op, bool comm) {
@@ -43,6 +41,8 @@ class BytesTicker : public QCPAxisTicker {
 };
 
 }  // namespace
+
+QSharedPointer<QCPAxisTicker> bytesTicker() { return QSharedPointer<QCPAxisTicker>(new BytesTicker); }
 
 QString bytesText(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -243,18 +243,36 @@ TimelineView::TimelineView(const RunData& data, QWidget* parent) : QWidget(paren
   setMinimumHeight(200);
 }
 
-void TimelineView::resetZoom() {
-  // From the first span to the last: loading weights records no spans.
+int64_t TimelineView::firstSpan() const {
   int64_t first = m_data.end_time();
   for (auto& [r, d] : m_data.ranks())
     for (auto& s : d.spans) first = std::min(first, s.t0);
-  m_t0 = double(first);
-  m_t1 = std::max<double>(m_t0 + 1, double(m_data.end_time()));
+  return first;
+}
+
+void TimelineView::resetZoom() {
+  // From the first span to the last: loading weights records no spans.
+  m_t0 = double(firstSpan() - m_origin);
+  m_t1 = std::max<double>(m_t0 + 1, double(m_data.end_time() - m_origin));
   update();
 }
 
+void TimelineView::alignAtStart() {
+  m_origin = firstSpan();
+  resetZoom();
+}
+
+void TimelineView::setRange(double t0, double t1) {
+  if (t0 == m_t0 && t1 == m_t1) return;
+  m_t0 = t0;
+  m_t1 = std::max(t1, t0 + 1);
+  update();
+}
+
+int TimelineView::lanesHeight() const { return 24 + int(m_data.ranks().size()) * 2 * kLane + 4; }
+
 double TimelineView::xOf(int64_t t) const {
-  return kLabel + (double(t) - m_t0) / (m_t1 - m_t0) * (width() - kLabel - 8);
+  return kLabel + (double(t - m_origin) - m_t0) / (m_t1 - m_t0) * (width() - kLabel - 8);
 }
 
 void TimelineView::paintEvent(QPaintEvent*) {
@@ -284,7 +302,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   const double span_ms = (m_t1 - m_t0) * 1e-6;
   const double step = std::pow(10.0, std::floor(std::log10(std::max(span_ms, 1e-6) / 5)));
   for (double t = std::ceil(m_t0 * 1e-6 / step) * step; t <= m_t1 * 1e-6; t += step) {
-    const double x = xOf(int64_t(t * 1e6));
+    const double x = xOf(int64_t(t * 1e6) + m_origin);
     p.drawLine(QPointF(x, 16), QPointF(x, 22));
     p.drawText(QPointF(x + 2, 12), QString::number(t, 'g', 6) + " ms");
   }
@@ -296,6 +314,7 @@ void TimelineView::wheelEvent(QWheelEvent* e) {
   m_t0 = at - (at - m_t0) * f;
   m_t1 = at + (m_t1 - at) * f;
   update();
+  emit rangeChanged(m_t0, m_t1);
 }
 
 void TimelineView::mousePressEvent(QMouseEvent* e) { m_drag = e->pos(); }
@@ -307,6 +326,7 @@ void TimelineView::mouseMoveEvent(QMouseEvent* e) {
     m_t1 -= dt;
     m_drag = e->pos();
     update();
+    emit rangeChanged(m_t0, m_t1);
   }
 }
 

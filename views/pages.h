@@ -36,6 +36,15 @@ class TimelineView : public QWidget {
  public:
   explicit TimelineView(const RunData& data, QWidget* parent = nullptr);
   void resetZoom();
+  // Times relative to the first span (comparisons align runs at their start).
+  void alignAtStart();
+  // The visible range in ns (relative to the origin); rangeChanged follows the mouse.
+  void setRange(double t0, double t1);
+  double rangeEnd() const { return m_t1; }
+  int lanesHeight() const;
+
+ signals:
+  void rangeChanged(double t0, double t1);
 
  protected:
   void paintEvent(QPaintEvent*) override;
@@ -48,7 +57,9 @@ class TimelineView : public QWidget {
   const ss::proto::Span* spanAt(QPoint p) const;
   double xOf(int64_t t) const;
   const RunData& m_data;
-  double m_t0 = 0, m_t1 = 1;  // visible range, ns
+  int64_t firstSpan() const;
+  double m_t0 = 0, m_t1 = 1;  // visible range, ns after m_origin
+  int64_t m_origin = 0;
   QPoint m_drag;
   static constexpr int kLabel = 110, kLane = 22;
 };
@@ -117,3 +128,6 @@ class QuantizationPage : public QWidget {
 
 // Human-readable bytes (KiB, MiB, GiB).
 QString bytesText(double bytes);
+// A plot axis ticker that labels ticks with bytesText.
+class QCPAxisTicker;
+QSharedPointer<QCPAxisTicker> bytesTicker();

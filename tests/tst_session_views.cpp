@@ -1,0 +1,215 @@
+// Sessions in the window: a live run is saved while it streams and reopens,
+// replays and compares equal to what arrived live, event for event; the
+// browser filters, renames and deletes with undo; pages export as PNG, SVG
+// and PDF; a second window on the same database is read-only and says so;
+// an explorer killed mid-run leaves a readable session marked interrupted.
+#include <QFile>
+#include <QProcess>
+#include <QSignalSpy>
+#include <QTabWidget>
+#include <QTableWidget>
+#include <QTemporaryDir>
+#include <QtTest>
+
+#include "compare.h"
+#include "mainwindow.h"
+#include "pages.h"
+#include "sessionspage.h"
+#include "sessionstore.h"
+
+using namespace ss::proto;
+
+namespace {
+// Everything a view can see of a run, as canonical lines per kind.
+std::map<std::string, std::vector<std::string>> contents(const RunData& d) {
+  std::map<std::string, std::vector<std::string>> out;
+  for (auto& [rank, r] : d.ranks()) {
+    const std::string k = std::to_string(rank);
+    out["device" + k].push_back(to_line(r.device));
+    for (auto& s : r.spans) out["span" + k].push_back(to_line(s));
+    for (auto& m : r.mem) out["mem" + k].push_back(to_line(m));
+    for (auto& p : r.placements) out["placement" + k].push_back(to_line(p));
+    out["tokens" + k].push_back(to_line(Tokens{rank, r.tokens}));
+    for (auto& [n, v] : r.metrics) out["metric" + k].push_back(n + "=" + std::to_string(v));
+  }
+  for (auto& [n, v] : d.metrics()) out["metric"].push_back(n + "=" + std::to_string(v));
+  for (auto& a : d.accuracy()) out["accuracy"].push_back(to_line(a));
+  for (auto& e : d.errors()) out["error"].push_back(to_line(e));
+  out["config"].push_back(d.config().dump());
+  out["status"].push_back(d.status().toStdString());
+  return out;
+}
+
+bool runAndSave(MainWindow& w, const QString& model, const QString& strategy, int devices, QByteArray* raw = nullptr) {
+  w.setSetup(model, "cpu", strategy, devices, 16, 4);
+  QSignalSpy saved(&w, &MainWindow::sessionSaved);
+  QMetaObject::Connection c;
+  if (raw)
+    c = QObject::connect(w.client(), &EngineClient::streamReceived,
+                         [raw](const QByteArray& bytes, EventBatch) { *raw += bytes; });
+  w.runOnce();
+  const bool ok = saved.wait(180000);
+  QObject::disconnect(c);
+  return ok;
+}
+}  // namespace
+
+class TestSessionViews : public QObject {
+  Q_OBJECT
+  QTemporaryDir m_dir;
+  QString m_db;
+
+ private slots:
+  void initTestCase() {
+    qputenv("SHARDSCOPE_ENGINE", SHARDSCOPE_ENGINE_BIN);
+    m_db = m_dir.filePath("sessions.db");
+  }
+
+  void liveRunIsSavedAndReopensEqual() {
+    MainWindow w(nullptr, m_db);
+    QVERIFY2(w.databaseNotice().isEmpty(), qPrintable(w.databaseNotice()));
+    QByteArray raw;
+    QVERIFY(runAndSave(w, "tiny-llama", "tp", 2, &raw));
+    const auto live = contents(w.data());
+    QVERIFY(live.at("span0").size() > 10);
+    const qint64 id = w.lastSession();
+    SessionStore store;
+    QVERIFY(store.open(m_db, SessionStore::Mode::ReadOnly));
+    const SessionInfo info = store.info(id);
+    QCOMPARE(info.status, QStringLiteral("done"));
+    QCOMPARE(info.strategy, QStringLiteral("tp"));
+    QCOMPARE(store.rawStream(id), raw);  // byte for byte what the window received
+    // Reopened in the window: the same data, event for event.
+    QVERIFY(w.openSession(id));
+    QVERIFY(contents(w.data()) == live);
+    // Replayed as fast as possible: the same again.
+    QSignalSpy replayed(&w, &MainWindow::replayFinished);
+    w.replaySession(id, 0);
+    QVERIFY(replayed.wait(60000));
+    QVERIFY(contents(w.data()) == live);
+  }
+
+  void browserFiltersRenamesAndUndoesDelete() {
+    MainWindow w(nullptr, m_db);
+    QVERIFY(runAndSave(w, "tiny-mamba2", "tsp", 2));
+    SessionsPage* page = w.sessionsPage();
+    page->reload();
+    QCOMPARE(page->visibleRows(), 2);
+    page->setFilter("tsp");
+    QCOMPARE(page->visibleRows(), 1);
+    page->setFilter("");
+    // Rename in place, with characters that must survive SQL.
+    QTableWidget* t = page->table();
+    const qint64 id = w.lastSession();
+    for (int r = 0; r < t->rowCount(); ++r)
+      if (t->item(r, 0)->data(Qt::UserRole).toLongLong() == id) t->item(r, 0)->setText("mamba's \"tsp\"; --");
+    QCOMPARE(w.sessionStore()->info(id).name, QStringLiteral("mamba's \"tsp\"; --"));
+    page->selectSessions({id});
+    page->deleteSelected();
+    QCOMPARE(page->visibleRows(), 1);
+    page->undoDelete();
+    QCOMPARE(page->visibleRows(), 2);
+    QCOMPARE(w.sessionStore()->lines(id).isEmpty(), false);
+  }
+
+  void compareTwoSessionsOnOneAxis() {
+    MainWindow w(nullptr, m_db);
+    const auto sessions = w.sessionStore()->list();
+    QVERIFY(sessions.size() >= 2);
+    ComparePage* page = w.compareSessions({sessions[0].id, sessions[1].id});
+    QVERIFY(page);
+    QCOMPARE(page->runs(), 2);
+    const QString table = page->tableText();
+    QVERIFY2(table.contains("peak memory") && table.contains("(×"), qPrintable(table));
+    page->window()->resize(1400, 900);
+    QApplication::processEvents();
+    const QImage shot = page->window()->grab().toImage();
+    QVERIFY(shot.save(QDir::temp().filePath("shardscope-compare.png")));
+    page->window()->close();
+    QVERIFY(!w.compareSessions({sessions[0].id}));  // one is not a comparison
+  }
+
+  void pagesExportAsPngSvgPdf() {
+    MainWindow w(nullptr, m_db);
+    w.resize(1400, 820);
+    QVERIFY(w.openSession(w.sessionStore()->list().first().id));
+    w.pages()->setCurrentIndex(w.pages()->indexOf(w.findChild<TimelineView*>()));
+    QApplication::processEvents();
+    QTemporaryDir out;
+    const struct {
+      const char* file;
+      QByteArray magic;
+    } kinds[] = {{"timeline.png", "\x89PNG"}, {"timeline.svg", "<?xml"}, {"timeline.pdf", "%PDF"}};
+    for (auto& k : kinds) {
+      const QString path = out.filePath(k.file);
+      QCOMPARE(w.exportView(path), QString());
+      QFile f(path);
+      QVERIFY(f.open(QIODevice::ReadOnly));
+      const QByteArray bytes = f.readAll();
+      QVERIFY2(bytes.startsWith(k.magic), k.file);
+      QVERIFY(bytes.size() > 2000);
+      if (QByteArray(k.file).endsWith(".svg")) QVERIFY(bytes.contains("rank 0"));  // the lanes' labels as text
+    }
+    QVERIFY(w.exportView(out.filePath("x.bmp")).contains(".png, .svg or .pdf"));
+  }
+
+  void secondWindowIsReadOnly() {
+    MainWindow first(nullptr, m_db);
+    MainWindow second(nullptr, m_db);
+    QVERIFY2(second.databaseNotice().contains("in use by another ShardScope"), qPrintable(second.databaseNotice()));
+    QVERIFY(second.sessionStore() && second.sessionStore()->readOnly());
+    QVERIFY(second.sessionStore()->list().size() >= 2);  // still browsable
+    const int before = int(first.sessionStore()->list().size());
+    second.setSetup("tiny-llama", "cpu", "single", 1, 8, 1);
+    QSignalSpy done(&second, &MainWindow::runFinished);
+    second.runOnce();
+    QVERIFY(done.wait(120000));
+    QCOMPARE(int(first.sessionStore()->list().size()), before);  // not saved by the reader
+  }
+
+  void killedExplorerLeavesAnInterruptedSession() {
+    const QString db = m_dir.filePath("killed.db");
+    QProcess app;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("QT_QPA_PLATFORM", "offscreen");
+    app.setProcessEnvironment(env);
+    app.start(SHARDSCOPE_APP_BIN,
+              {"--db", db, "--run-once", "small-llama", "cpu", "single", "1", "64", "400"});
+    QVERIFY(app.waitForStarted());
+    // Wait until batches are committed, then kill the window without warning.
+    qint64 saved = 0;
+    QElapsedTimer clock;
+    clock.start();
+    while (clock.elapsed() < 120000 && app.state() == QProcess::Running) {
+      QTest::qWait(200);
+      if (!QFile::exists(db)) continue;
+      SessionStore peek;
+      if (!peek.open(db, SessionStore::Mode::ReadOnly) || peek.list().isEmpty()) continue;
+      saved = peek.list().first().events;
+      if (saved > 200) break;
+    }
+    QVERIFY2(app.state() == QProcess::Running, "the run ended before it could be killed");
+    QVERIFY(saved > 200);
+    app.kill();
+    app.waitForFinished();
+    // The next window takes the stale lock, marks the session, and opens it.
+    MainWindow w(nullptr, db);
+    QVERIFY2(w.databaseNotice().contains("interrupted"), qPrintable(w.databaseNotice()));
+    const auto list = w.sessionStore()->list();
+    QCOMPARE(list.size(), 1);
+    QCOMPARE(list[0].status, QStringLiteral("interrupted"));
+    QVERIFY(list[0].events >= saved);
+    QVERIFY(w.openSession(list[0].id));
+    QVERIFY(!w.data().ranks().empty());
+    QVERIFY(!w.data().ranks().begin()->second.spans.empty());
+    // Every saved line is a whole record.
+    Reader reader;
+    int bad = 0;
+    for (const QString& l : w.sessionStore()->lines(list[0].id))
+      bad += !reader.parse_line(l.toStdString()).error.empty();
+    QCOMPARE(bad, 0);
+  }
+};
+
+QTEST_MAIN(TestSessionViews)
+#include "tst_session_views.moc"

@@ -1,0 +1,234 @@
+#include "compare.h"
+
+#include <QHeaderView>
+#include <QLabel>
+#include <QScrollArea>
+#include <QSplitter>
+#include <QTableWidget>
+#include <QVBoxLayout>
+#include <qcustomplot.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "pages.h"
+#include "palette.h"
+#include "protocol/analysis.h"
+
+Headline headlineOf(const RunData& data) {
+  Headline h;
+  auto metric = [&](const char* name) {
+    auto it = data.metrics().find(name);
+    return it == data.metrics().end() ? 0.0 : it->second;
+  };
+  h.prefillTokensPerS = metric("prefill_tokens_per_s");
+  h.decodeTokensPerS = metric("decode_tokens_per_s");
+  h.ttftMs = metric("ttft_ms");
+  h.msPerToken = metric("decode_ms_per_token");
+  h.devices = int(data.ranks().size());
+  double commNs = 0, hiddenNs = 0;
+  for (auto& [rank, d] : data.ranks()) {
+    auto peak = d.metrics.find("peak_bytes");
+    double p = peak != d.metrics.end() ? peak->second : 0;
+    if (peak == d.metrics.end())
+      for (auto& m : d.mem) p = std::max(p, double(m.peak));
+    h.peakBytes = std::max(h.peakBytes, p);
+    auto w = d.metrics.find("peak_weights_bytes");
+    if (w != d.metrics.end()) h.weightBytes = std::max(h.weightBytes, w->second);
+    std::vector<std::pair<int64_t, int64_t>> compute, comm;
+    for (auto& s : d.spans) {
+      if (s.stream == "comm") {
+        h.commBytes += s.bytes;
+        comm.emplace_back(s.t0, s.t1);
+      } else {
+        compute.emplace_back(s.t0, s.t1);
+      }
+    }
+    commNs += ss::proto::union_ns(comm);
+    hiddenNs += ss::proto::overlap_ns(compute, comm);
+  }
+  h.hiddenFraction = commNs > 0 ? hiddenNs / commNs : 0;
+  return h;
+}
+
+ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidget(parent), m_runs(std::move(runs)) {
+  auto* layout = new QVBoxLayout(this);
+  auto* split = new QSplitter(Qt::Vertical, this);
+  layout->addWidget(split);
+
+  // Headline figures, each with its ratio to the first run.
+  m_table = new QTableWidget(split);
+  struct Row {
+    QString label;
+    double Headline::*field;
+    bool bytes;
+    bool lowerIsBetter;
+  };
+  const Row rows[] = {
+      {tr("prefill tokens/s"), &Headline::prefillTokensPerS, false, false},
+      {tr("decode tokens/s"), &Headline::decodeTokensPerS, false, false},
+      {tr("time to first token (ms)"), &Headline::ttftMs, false, true},
+      {tr("decode ms per token"), &Headline::msPerToken, false, true},
+      {tr("peak memory, fullest device"), &Headline::peakBytes, true, true},
+      {tr("weights per device"), &Headline::weightBytes, true, true},
+      {tr("bytes communicated"), &Headline::commBytes, true, true},
+      {tr("communication hidden behind compute"), &Headline::hiddenFraction, false, false},
+  };
+  std::vector<Headline> heads;
+  for (auto& r : m_runs) heads.push_back(headlineOf(*r.data));
+  m_table->setRowCount(int(std::size(rows)) + 1);
+  m_table->setColumnCount(int(m_runs.size()));
+  QStringList headers;
+  for (size_t i = 0; i < m_runs.size(); ++i) headers << QStringLiteral("%1 · %2").arg(QChar('A' + int(i))).arg(m_runs[i].name);
+  m_table->setHorizontalHeaderLabels(headers);
+  QStringList labels;
+  for (auto& row : rows) labels << row.label;
+  labels << tr("devices");
+  m_table->setVerticalHeaderLabels(labels);
+  for (int r = 0; r < int(std::size(rows)); ++r) {
+    const double base = heads[0].*rows[r].field;
+    for (size_t c = 0; c < heads.size(); ++c) {
+      const double v = heads[c].*rows[r].field;
+      QString text = rows[r].field == &Headline::hiddenFraction ? QStringLiteral("%1%").arg(v * 100, 0, 'f', 1)
+                     : rows[r].bytes                            ? bytesText(v)
+                                                                : QString::number(v, 'f', v < 10 ? 2 : 1);
+      if (v == 0 && rows[r].field != &Headline::hiddenFraction) text = QStringLiteral("–");
+      else if (c > 0 && base > 0) text += QStringLiteral("  (×%1)").arg(v / base, 0, 'f', 2);
+      auto* item = new QTableWidgetItem(text);
+      item->setFlags(Qt::ItemIsEnabled | Qt::ItemIsSelectable);
+      if (c > 0 && base > 0 && v > 0 && std::fabs(v / base - 1) > 0.02) {
+        const bool better = rows[r].lowerIsBetter ? v < base : v > base;
+        item->setForeground(better ? QColor(26, 127, 55) : QColor(176, 0, 0));
+      }
+      m_table->setItem(r, int(c), item);
+    }
+  }
+  for (size_t c = 0; c < heads.size(); ++c)
+    m_table->setItem(int(std::size(rows)), int(c), new QTableWidgetItem(QString::number(heads[c].devices)));
+  m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
+
+  // Accuracy figures of the runs that have them (quantized runs, sweeps).
+  m_accuracy = new QTableWidget(split);
+  std::map<QString, std::vector<QString>> acc;
+  for (size_t c = 0; c < m_runs.size(); ++c)
+    for (auto& a : m_runs[c].data->accuracy()) {
+      QString key = QString::fromStdString(a.metric);
+      if (!a.site.empty()) key += QStringLiteral(" · ") + QString::fromStdString(a.site);
+      if (!a.config.empty()) key += QStringLiteral(" [%1]").arg(QString::fromStdString(a.config));
+      auto& row = acc[key];
+      row.resize(m_runs.size());
+      row[c] = QString::number(a.value, 'g', 5);
+    }
+  m_accuracy->setColumnCount(int(m_runs.size()));
+  m_accuracy->setHorizontalHeaderLabels(headers);
+  m_accuracy->setRowCount(int(acc.size()));
+  int r = 0;
+  QStringList accLabels;
+  for (auto& [key, values] : acc) {
+    accLabels << key;
+    for (size_t c = 0; c < values.size(); ++c) m_accuracy->setItem(r, int(c), new QTableWidgetItem(values[c]));
+    ++r;
+  }
+  m_accuracy->setVerticalHeaderLabels(accLabels);
+  m_accuracy->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
+  m_accuracy->setVisible(!acc.empty());
+
+  m_memory = new QCustomPlot(split);
+  m_memory->setMinimumHeight(220);
+  drawMemory();
+
+  // Timelines on one axis: each aligned at its own start, zoomed together.
+  auto* scroll = new QScrollArea(split);
+  auto* lanes = new QWidget(scroll);
+  auto* lanesLayout = new QVBoxLayout(lanes);
+  double end = 1;
+  for (size_t i = 0; i < m_runs.size(); ++i) {
+    lanesLayout->addWidget(new QLabel(QStringLiteral("<b>%1</b> · %2").arg(QChar('A' + int(i))).arg(m_runs[i].name.toHtmlEscaped()), lanes));
+    auto* t = new TimelineView(*m_runs[i].data, lanes);
+    t->alignAtStart();
+    t->setMinimumHeight(t->lanesHeight());
+    end = std::max(end, t->rangeEnd());
+    lanesLayout->addWidget(t);
+    m_timelines.push_back(t);
+  }
+  for (TimelineView* t : m_timelines) {
+    t->setRange(0, end);
+    connect(t, &TimelineView::rangeChanged, this, [this, t](double a, double b) {
+      for (TimelineView* other : m_timelines)
+        if (other != t) other->setRange(a, b);
+    });
+  }
+  scroll->setWidget(lanes);
+  scroll->setWidgetResizable(true);
+  split->setStretchFactor(3, 2);
+}
+
+// Per device, one stacked bar per run (A, B, ...), categories stacked.
+void ComparePage::drawMemory() {
+  int devices = 0;
+  for (auto& r : m_runs) devices = std::max(devices, int(r.data->ranks().size()));
+  const int n = int(m_runs.size());
+  const double width = 0.8 / n;
+  QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
+  double top = 1;
+  for (int run = 0; run < n; ++run) {
+    std::vector<double> keys;
+    for (int d = 0; d < devices; ++d) {
+      keys.push_back(d + (run - (n - 1) / 2.0) * width);
+      ticker->addTick(keys.back(), QStringLiteral("%1\nrank %2").arg(QChar('A' + run)).arg(d));
+    }
+    QCPBars* below = nullptr;
+    std::vector<double> stacked(size_t(devices), 0.0);
+    for (int c = 0; c < 6; ++c) {
+      QVector<double> k, v;
+      bool any = false;
+      int d = 0;
+      for (auto& [rank, data] : m_runs[size_t(run)].data->ranks()) {
+        double peak = 0;
+        auto it = data.metrics.find(std::string("peak_") + kCategories[c] + "_bytes");
+        if (it != data.metrics.end()) peak = it->second;
+        else
+          for (auto& m : data.mem) peak = std::max(peak, double(m.bytes[size_t(c)]));
+        any |= peak > 0;
+        stacked[size_t(d)] += peak;
+        top = std::max(top, stacked[size_t(d)]);
+        k << keys[size_t(d)];
+        v << peak;
+        ++d;
+      }
+      if (!any) continue;
+      auto* bars = new QCPBars(m_memory->xAxis, m_memory->yAxis);
+      bars->setWidth(width * 0.9);
+      bars->setBrush(kCategoryColors[c]);
+      bars->setPen(Qt::NoPen);
+      bars->setData(k, v);
+      if (run == 0) bars->setName(kCategories[c]);
+      else bars->removeFromLegend();
+      if (below) bars->moveAbove(below);
+      below = bars;
+    }
+  }
+  m_memory->xAxis->setTicker(ticker);
+  m_memory->xAxis->setRange(-0.6, devices - 0.4);
+  m_memory->yAxis->setRange(0, top * 1.15);
+  m_memory->yAxis->setLabel(tr("peak memory per category"));
+  m_memory->yAxis->setTicker(bytesTicker());
+  m_memory->legend->setVisible(true);
+  m_memory->legend->setFont(font());
+  m_memory->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+  m_memory->replot();
+}
+
+QString ComparePage::tableText() const {
+  QString out;
+  for (int c = 0; c < m_table->columnCount(); ++c) out += QStringLiteral("\t") + m_table->horizontalHeaderItem(c)->text();
+  out += '\n';
+  for (int r = 0; r < m_table->rowCount(); ++r) {
+    out += m_table->verticalHeaderItem(r)->text();
+    for (int c = 0; c < m_table->columnCount(); ++c)
+      out += QStringLiteral("\t") + (m_table->item(r, c) ? m_table->item(r, c)->text() : QString());
+    out += '\n';
+  }
+  return out;
+}

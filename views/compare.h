@@ -1,0 +1,47 @@
+// Two to four runs side by side: a table of headline figures with ratios
+// against the first run, peak memory per category per device as grouped
+// stacked bars, the timelines stacked on one time axis (aligned at each run's
+// start, zoomed and panned together), and accuracy figures when present.
+#pragma once
+
+#include <QString>
+#include <QWidget>
+
+#include <memory>
+#include <vector>
+
+#include "rundata.h"
+
+class QCustomPlot;
+class QTableWidget;
+class TimelineView;
+
+struct ComparedRun {
+  QString name;
+  std::shared_ptr<const RunData> data;
+};
+
+// Headline figures of one run, shared by the compare table and the session list.
+struct Headline {
+  double prefillTokensPerS = 0, decodeTokensPerS = 0, ttftMs = 0, msPerToken = 0;
+  double peakBytes = 0, weightBytes = 0, commBytes = 0, hiddenFraction = 0;
+  int devices = 0;
+};
+Headline headlineOf(const RunData& data);
+
+class ComparePage : public QWidget {
+  Q_OBJECT
+ public:
+  explicit ComparePage(std::vector<ComparedRun> runs, QWidget* parent = nullptr);
+  int runs() const { return int(m_runs.size()); }
+  // The table as plain text (tests, the headless demo).
+  QString tableText() const;
+
+ private:
+  void drawMemory();
+  std::vector<ComparedRun> m_runs;
+  QTableWidget* m_table;
+  QTableWidget* m_accuracy;
+  QCustomPlot* m_memory;
+  std::vector<TimelineView*> m_timelines;
+};
