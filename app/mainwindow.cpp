@@ -26,6 +26,7 @@
 #include <QSvgGenerator>
 
 #include <algorithm>
+#include <thread>
 
 #include "compare.h"
 #include "pages.h"
@@ -480,13 +481,22 @@ ComparePage* MainWindow::showComparison(std::vector<ComparedRun> runs) {
 
 ComparePage* MainWindow::compareSessions(const QList<qint64>& ids) {
   if (!m_store || ids.size() < 2 || ids.size() > 4) return nullptr;
-  std::vector<ComparedRun> runs;
-  for (qint64 id : ids) {
-    auto data = std::make_shared<RunData>();
-    data->add(m_store->events(id));
-    const SessionInfo info = m_store->info(id);
-    runs.push_back({info.name.isEmpty() ? tr("session %1").arg(id) : info.name, data});
+  // Each session loads on its own thread, through its own read-only
+  // connection (a connection belongs to one thread).
+  std::vector<ComparedRun> runs(size_t(ids.size()));
+  std::vector<std::thread> loaders;
+  const QString path = m_store->path();
+  for (int i = 0; i < ids.size(); ++i) {
+    const SessionInfo info = m_store->info(ids[i]);
+    runs[size_t(i)].name = info.name.isEmpty() ? tr("session %1").arg(ids[i]) : info.name;
+    loaders.emplace_back([&runs, i, id = ids[i], path] {
+      auto data = std::make_shared<RunData>();
+      SessionStore reader;
+      if (reader.open(path, SessionStore::Mode::ReadOnly, SessionStore::Check::Skip)) data->add(reader.events(id));
+      runs[size_t(i)].data = std::move(data);
+    });
   }
+  for (std::thread& t : loaders) t.join();
   return showComparison(std::move(runs));
 }
 

@@ -77,7 +77,7 @@ bool SessionStore::fail(const QString& what) {
   return false;
 }
 
-bool SessionStore::open(const QString& path, Mode mode) {
+bool SessionStore::open(const QString& path, Mode mode, Check verify) {
   m_path = path;
   m_mode = mode;
   m_writing.clear();
@@ -117,7 +117,7 @@ bool SessionStore::open(const QString& path, Mode mode) {
     m_error = QStringLiteral("%1 is damaged or unreadable (%2); it was left untouched").arg(path, m_error);
     return false;
   }
-  if (info.exists() && info.size() > 0) {
+  if (info.exists() && info.size() > 0 && verify == Check::Verify) {
     // A truncated or damaged file is reported, not repaired over.
     QSqlQuery check(m_db);
     if (!check.exec(QStringLiteral("PRAGMA quick_check")) || !check.next() ||
@@ -627,6 +627,9 @@ std::vector<Event> SessionStore::events(qint64 session) const {
   std::vector<Event> out;
   QSqlQuery q(m_db);
   q.setForwardOnly(true);
+  q.prepare(QStringLiteral("SELECT events FROM sessions WHERE id = ?"));
+  q.addBindValue(session);
+  if (q.exec() && q.next()) out.reserve(size_t(std::max<qint64>(0, q.value(0).toLongLong())));
   q.prepare(QStringLiteral("SELECT line FROM records WHERE session_id = ? ORDER BY seq"));
   q.addBindValue(session);
   q.exec();
@@ -653,7 +656,6 @@ std::vector<Event> SessionStore::events(qint64 session) const {
     const QByteArray data = qUncompress(q.value(1).toByteArray());
     Unpacker u{data.constData(), data.constData() + data.size()};
     const int n = q.value(0).toInt();
-    out.reserve(out.size() + size_t(n));
     for (int i = 0; i < n && u.ok; ++i) {
       Span s;
       s.rank = u.get<int32_t>();

@@ -46,6 +46,9 @@ class SessionStore {
  public:
   static constexpr int kSchemaVersion = 2;
   enum class Mode { ReadWrite, ReadOnly };
+  // Whether open() verifies the file (SQLite quick_check); a second
+  // connection to a database already verified by this process may skip it.
+  enum class Check { Verify, Skip };
 
   SessionStore();
   ~SessionStore();
@@ -55,7 +58,7 @@ class SessionStore {
   // Opens (creating if absent, in ReadWrite) the database at `path`. On
   // failure returns false and error() says why in one line; the file is left
   // as it was. Sessions deleted earlier (and not undone) are purged here.
-  bool open(const QString& path, Mode mode = Mode::ReadWrite);
+  bool open(const QString& path, Mode mode = Mode::ReadWrite, Check check = Check::Verify);
   QString error() const { return m_error; }
   QString path() const { return m_path; }
   bool readOnly() const { return m_mode == Mode::ReadOnly; }

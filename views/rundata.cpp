@@ -7,21 +7,29 @@ void RunData::clear() {
   ++m_revision;
 }
 
-void RunData::add(const std::vector<ss::proto::Event>& events) {
+void RunData::add(const std::vector<ss::proto::Event>& events) { addAll(events); }
+void RunData::add(std::vector<ss::proto::Event>&& events) { addAll(std::move(events)); }
+
+template <class Events>
+void RunData::addAll(Events&& events) {
   using namespace ss::proto;
-  for (const Event& e : events) {
+  // A const vector is copied from, an rvalue one moved from.
+  constexpr bool kMove = !std::is_const_v<std::remove_reference_t<Events>> && std::is_rvalue_reference_v<Events&&>;
+  for (auto& e : events) {
     ++m_events;
     std::visit(
-        [&](auto&& ev) {
+        [&](auto& ev) {
           using T = std::decay_t<decltype(ev)>;
           if constexpr (std::is_same_v<T, Config>) m_config = ev.config;
           else if constexpr (std::is_same_v<T, Device>) m_ranks[ev.rank].device = ev;
           else if constexpr (std::is_same_v<T, Span>) {
             m_end = std::max(m_end, ev.t1);
-            m_ranks[ev.rank].spans.push_back(ev);
+            if constexpr (kMove) m_ranks[ev.rank].spans.push_back(std::move(ev));
+            else m_ranks[ev.rank].spans.push_back(ev);
           } else if constexpr (std::is_same_v<T, Mem>) {
             m_end = std::max(m_end, ev.t);
-            m_ranks[ev.rank].mem.push_back(ev);
+            if constexpr (kMove) m_ranks[ev.rank].mem.push_back(std::move(ev));
+            else m_ranks[ev.rank].mem.push_back(ev);
           } else if constexpr (std::is_same_v<T, Placement>) m_ranks[ev.rank].placements.push_back(ev);
           else if constexpr (std::is_same_v<T, Tokens>) m_ranks[ev.rank].tokens = ev.ranges;
           else if constexpr (std::is_same_v<T, Metric>) {

@@ -26,6 +26,8 @@ class RunData {
  public:
   void clear();
   void add(const std::vector<ss::proto::Event>& events);
+  // The same, taking the events over (no copy of spans and samples).
+  void add(std::vector<ss::proto::Event>&& events);
 
   const nlohmann::json& config() const { return m_config; }
   const std::map<int, RankData>& ranks() const { return m_ranks; }
@@ -40,6 +42,8 @@ class RunData {
   std::vector<int> layers() const;
 
  private:
+  template <class Events>
+  void addAll(Events&& events);
   nlohmann::json m_config = nlohmann::json::object();
   std::map<int, RankData> m_ranks;
   std::map<std::string, double> m_metrics;
