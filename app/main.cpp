@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "compare.h"
 #include "mainwindow.h"
 
 int main(int argc, char** argv) {
@@ -24,6 +25,14 @@ int main(int argc, char** argv) {
                         QStringLiteral("the session database (default: $SHARDSCOPE_DB, else the app-data folder)"),
                         QStringLiteral("file"));
   cli.addOption(db);
+  QCommandLineOption session(QStringLiteral("session"), QStringLiteral("open a saved session by its id"),
+                             QStringLiteral("id"));
+  QCommandLineOption compare(QStringLiteral("compare"),
+                             QStringLiteral("compare 2-4 saved sessions, e.g. --compare 1,2 (with --screenshot: save "
+                                            "FILE-compare.png and quit)"),
+                             QStringLiteral("ids"));
+  cli.addOption(session);
+  cli.addOption(compare);
   cli.addOption(runOnce);
   cli.addOption(screenshot);
   cli.addOption(replay);
@@ -35,6 +44,26 @@ int main(int argc, char** argv) {
   MainWindow w(nullptr, cli.value(db));
   w.show();
   if (cli.isSet(replay)) w.openStream(cli.value(replay));
+  if (cli.isSet(session) && !w.openSession(cli.value(session).toLongLong())) {
+    std::fprintf(stderr, "shardscope: no session %s in the database\n", qPrintable(cli.value(session)));
+    return 2;
+  }
+  if (cli.isSet(compare)) {
+    QList<qint64> ids;
+    for (const QString& id : cli.value(compare).split(',', Qt::SkipEmptyParts)) ids << id.toLongLong();
+    ComparePage* page = w.compareSessions(ids);
+    if (!page) {
+      std::fprintf(stderr, "shardscope: --compare takes 2 to 4 saved session ids, e.g. --compare 1,2\n");
+      return 2;
+    }
+    std::printf("%s", qPrintable(page->tableText()));
+    if (cli.isSet(screenshot)) {
+      page->window()->resize(1500, 950);
+      QApplication::processEvents();
+      page->window()->grab().save(cli.value(screenshot) + "-compare.png");
+      return 0;
+    }
+  }
   if (cli.isSet(runOnce)) {
     const QStringList p = cli.positionalArguments();
     if (p.size() == 6) w.setSetup(p[0], p[1], p[2], p[3].toInt(), p[4].toInt(), p[5].toInt());

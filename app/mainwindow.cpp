@@ -54,8 +54,11 @@ QString MainWindow::defaultDatabasePath() {
 MainWindow::~MainWindow() {
   if (m_recorder) {
     // Whatever the recorder still holds is committed before the thread ends.
-    if (m_recording) QMetaObject::invokeMethod(m_recorder, "finish", Qt::BlockingQueuedConnection,
-                                               Q_ARG(QString, QStringLiteral("interrupted")));
+    if (m_recording)
+      QMetaObject::invokeMethod(m_recorder, "finish", Qt::BlockingQueuedConnection,
+                                Q_ARG(QString, QStringLiteral("interrupted")));
+    else
+      QMetaObject::invokeMethod(m_recorder, [] {}, Qt::BlockingQueuedConnection);  // drain queued batches
     m_recorderThread.quit();
     m_recorderThread.wait();
   }

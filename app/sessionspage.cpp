@@ -49,6 +49,8 @@ SessionsPage::SessionsPage(SessionStore* store, QWidget* parent) : QWidget(paren
   m_table->setEditTriggers(QAbstractItemView::DoubleClicked | QAbstractItemView::EditKeyPressed);
   m_table->setSortingEnabled(true);
   m_table->verticalHeader()->hide();
+  m_table->setWordWrap(false);
+  m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
   m_table->horizontalHeader()->setSectionResizeMode(Name, QHeaderView::Stretch);
   layout->addWidget(m_table, 1);
 
@@ -59,8 +61,8 @@ SessionsPage::SessionsPage(SessionStore* store, QWidget* parent) : QWidget(paren
   m_note->setPlaceholderText(tr("a note on the selected session"));
   m_note->setMaximumHeight(60);
   auto* save = new QPushButton(tr("Save tags and note"), this);
-  edit->addWidget(m_tags);
-  edit->addWidget(m_note, 1);
+  edit->addWidget(m_tags, 1);
+  edit->addWidget(m_note, 2);
   edit->addWidget(save);
   layout->addLayout(edit);
 

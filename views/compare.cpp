@@ -107,6 +107,9 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
   for (size_t c = 0; c < heads.size(); ++c)
     m_table->setItem(int(std::size(rows)), int(c), new QTableWidgetItem(QString::number(heads[c].devices)));
   m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
+  m_table->verticalHeader()->setSectionResizeMode(QHeaderView::Fixed);
+  m_table->verticalHeader()->setDefaultSectionSize(fontMetrics().height() + 10);
+  m_table->setMinimumHeight(m_table->horizontalHeader()->height() + m_table->verticalHeader()->length() + 4);
 
   // Accuracy figures of the runs that have them (quantized runs, sweeps).
   m_accuracy = new QTableWidget(split);
@@ -216,7 +219,9 @@ void ComparePage::drawMemory() {
   m_memory->yAxis->setTicker(bytesTicker());
   m_memory->legend->setVisible(true);
   m_memory->legend->setFont(font());
-  m_memory->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+  // The legend beside the plot, never over a bar.
+  m_memory->plotLayout()->addElement(0, 1, m_memory->legend);
+  m_memory->plotLayout()->setColumnStretchFactor(1, 0.001);
   m_memory->replot();
 }
 

@@ -300,7 +300,15 @@ void TimelineView::paintEvent(QPaintEvent*) {
   // Time axis.
   p.setPen(Qt::black);
   const double span_ms = (m_t1 - m_t0) * 1e-6;
-  const double step = std::pow(10.0, std::floor(std::log10(std::max(span_ms, 1e-6) / 5)));
+  // A 1-2-5 step that leaves room for each label (about 90 px).
+  const double raw = std::max(span_ms, 1e-6) / std::max(2.0, (width() - kLabel) / 90.0);
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * mag;
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
   for (double t = std::ceil(m_t0 * 1e-6 / step) * step; t <= m_t1 * 1e-6; t += step) {
     const double x = xOf(int64_t(t * 1e6) + m_origin);
     p.drawLine(QPointF(x, 16), QPointF(x, 22));
