@@ -154,6 +154,34 @@ class TestExplorer : public QObject {
     QVERIFY2(w.verdictText().contains(QStringLiteral("--prompt-len 20")), qPrintable(w.verdictText()));
   }
 
+  // The summary's textbook expectation of bytes sent per attention layer
+  // equals what the engine measured, for every strategy that communicates.
+  void summaryExpectationMatchesMeasuredBytes_data() {
+    QTest::addColumn<QStringList>("setup");
+    QTest::newRow("tp") << QStringList{"--strategy", "tp", "--devices", "2"};
+    QTest::newRow("sp") << QStringList{"--strategy", "sp", "--devices", "4"};
+    QTest::newRow("tp_sp") << QStringList{"--strategy", "tp_sp", "--devices", "4", "--mesh", "2x2"};
+    QTest::newRow("tsp") << QStringList{"--strategy", "tsp", "--devices", "2"};
+    QTest::newRow("hybrid tp") << QStringList{"--strategy", "tp", "--devices", "2", "--model", "tiny-hybrid"};
+  }
+  void summaryExpectationMatchesMeasuredBytes() {
+    QFETCH(QStringList, setup);
+    EngineClient client;
+    Collected c;
+    QStringList args = {"launch", "--prompt-len", "24", "--decode", "2", "--events", "-"};
+    if (!setup.contains("--model")) args << "--model" << "tiny-llama";
+    QVERIFY(drive(client, c, [&] { client.start(args + setup); }));
+    QCOMPARE(c.outcome.exitCode, 0);
+    SummaryPage page(c.data);
+    page.refresh();
+    const QString text = page.text();
+    const QRegularExpression row(QStringLiteral("bytes sent, attention layer \\d+, prefill\\s+(\\S+ \\S+)\\s+(\\S+ \\S+)"));
+    const auto m = row.match(text);
+    QVERIFY2(m.hasMatch(), qPrintable(text));
+    QVERIFY2(m.captured(1) != "0 B", qPrintable(text));
+    QCOMPARE(m.captured(2), m.captured(1));  // measured == expected
+  }
+
   void tpVersusTspSideBySide() {
     MainWindow w;
     w.setSetup("tiny-llama", "cpu", "tp", 2, 16, 4);

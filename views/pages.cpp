@@ -578,6 +578,53 @@ void SummaryPage::refresh() {
                .arg(seq)
                .arg(heads_split);
     }
+    // Bytes one device puts on the wire for one attention layer's prefill,
+    // counted as the engine counts them: an all-reduce of N bytes moves
+    // 2(n-1)/n N (ring), an all-gather (n-1)/n N, a ring step or broadcast
+    // turn the shard itself.
+    const double d = model.value("hidden_size", 0.0), inter = model.value("intermediate_size", 0.0);
+    const double batch = strategy == "dp" ? 1 : work.value("batch", 1.0);
+    const double P = work.value("prompt_len", 0.0) * batch;
+    const std::string precision = c.value("comm_precision", std::string("fp32"));
+    int first_attn = -1;
+    {
+      const std::string pattern = model.value("layer_pattern", std::string());
+      for (size_t i = 0; i < pattern.size(); ++i)
+        if (pattern[i] == 'A') {
+          first_attn = int(i);
+          break;
+        }
+    }
+    if (first_attn >= 0 && kv > 0 && d > 0 && P > 0 && precision == "fp32") {
+      double expected = 0;
+      QString how;
+      if (strategy == "tp") {
+        expected = 2 * 2 * (T - 1) / T * P * d * 4;
+        how = tr("2 all-reduces (attention, MLP) x 2(T-1)/T x tokens x d x 4 bytes");
+      } else if (strategy == "sp") {
+        expected = 2 * (S - 1) / S * P * kv * 4;
+        how = tr("K and V all-gathered: 2 x (S-1)/S x tokens x kv width x 4 bytes");
+      } else if (strategy == "tp_sp") {
+        expected = 2 * 2 * (T - 1) / T * (P / S) * d * 4 + 2 * (S - 1) / S * P * (kv / T) * 4;
+        how = tr("2 all-reduces of tokens/S rows along T, plus K and V (kv width/T) all-gathered along S");
+      } else if (strategy == "tsp") {
+        const double qkv = d * (d + 2 * kv), o = d * d, mlp = 3 * d * inter;
+        expected = (qkv + o) * 4 + 2 * (D - 1) / D * P * kv * 4 + (D - 1) / D * mlp * 4;
+        how = tr("attention weights broadcast in D turns of 1/D each, K and V all-gathered, MLP weights passed "
+                 "D-1 steps around the ring");
+      } else {
+        how = tr("nothing: every device works alone");
+      }
+      double measuredBytes = 0;
+      for (const auto& sp : m_data.ranks().begin()->second.spans)
+        if (sp.stream == "comm" && sp.layer == first_attn && sp.phase == "prefill") measuredBytes += sp.bytes;
+      h += tr("<tr><td>bytes sent, attention layer %1, prefill</td><td align=right>%2</td><td "
+              "align=right>%3</td><td>%4</td></tr>")
+               .arg(first_attn)
+               .arg(bytesText(expected))
+               .arg(bytesText(measuredBytes))
+               .arg(how);
+    }
     h += QStringLiteral("</table>");
   }
   // Communication, from the spans: a pass over all of them, so once the run has ended.
