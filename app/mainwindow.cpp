@@ -125,6 +125,8 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   for (const QFileInfo& f : QDir(resourcesDir() + "/models").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
     m_model->addItem(f.completeBaseName());
   m_model->setCurrentText(QStringLiteral("small-llama"));
+  m_model->setEditable(true);  // a preset, or a Hugging Face model folder
+  m_model->setToolTip(tr("A preset, or the path of a Hugging Face model folder (config.json + safetensors)"));
   m_backend = new QComboBox(setup);
   m_backend->addItem(tr("CPU devices (MPI ranks)"), QStringLiteral("cpu"));
   for (const QFileInfo& f : QDir(resourcesDir() + "/hardware").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
@@ -142,19 +144,50 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_decode = new QSpinBox(setup);
   m_decode->setRange(0, 4096);
   m_decode->setValue(8);
-  form->addRow(tr("Model"), m_model);
+  m_batch = new QSpinBox(setup);
+  m_batch->setRange(1, 256);
+  m_batch->setToolTip(tr("Sequences per run (dp: per device)"));
+  m_overrides = new QLineEdit(setup);
+  m_overrides->setPlaceholderText(tr("e.g. hidden_size=512, num_hidden_layers=4"));
+  m_overrides->setToolTip(tr("Edit a preset's dimensions: config.json fields, comma separated"));
+  m_precision = new QComboBox(setup);
+  m_precision->setEditable(true);
+  m_precision->addItems({"fp32", "bf16", "int8:128", "int4:128", "fp8:128", "attn=fp32,mlp=int8:128"});
+  m_precision->setToolTip(tr("All-reduce precision: one SPEC for every site, or site[@layers]=SPEC,... "
+                             "(sites attn, mlp, mixer; SPEC fp32, bf16, fp16, int8[:B][:sr], int4[:B][:sr], fp8[:B][:sr])"));
+  m_capacity = new QLineEdit(setup);
+  m_capacity->setPlaceholderText(tr("unlimited, or e.g. 512MiB"));
+  m_capacity->setToolTip(tr("Memory per device: going over it ends the run with an out-of-memory result"));
+  auto* folder = new QPushButton(tr("Folder..."), setup);
+  folder->setToolTip(tr("Use a Hugging Face model folder"));
+  auto* modelRow = new QHBoxLayout;
+  modelRow->addWidget(m_model, 1);
+  modelRow->addWidget(folder);
+  connect(folder, &QPushButton::clicked, this, [this] {
+    const QString dir = QFileDialog::getExistingDirectory(this, tr("A Hugging Face model folder"));
+    if (!dir.isEmpty()) m_model->setCurrentText(dir);
+  });
+  form->addRow(tr("Model"), modelRow);
+  form->addRow(tr("Dimensions"), m_overrides);
   form->addRow(tr("Backend"), m_backend);
   form->addRow(tr("Strategy"), m_strategy);
   form->addRow(tr("Devices"), m_devices);
   form->addRow(tr("Mesh (tp_sp)"), m_mesh);
   form->addRow(tr("Prompt tokens"), m_prompt);
   form->addRow(tr("Decode tokens"), m_decode);
+  form->addRow(tr("Batch"), m_batch);
+  form->addRow(tr("All-reduce precision"), m_precision);
+  form->addRow(tr("Capacity per device"), m_capacity);
   m_run = new QPushButton(tr("Run"), setup);
   m_stop = new QPushButton(tr("Stop"), setup);
   m_stop->setEnabled(false);
   auto* buttons = new QHBoxLayout;
+  m_again = new QPushButton(tr("Run again"), setup);
+  m_again->setEnabled(false);
+  m_again->setToolTip(tr("Repeat the last run exactly"));
   buttons->addWidget(m_run);
   buttons->addWidget(m_stop);
+  buttons->addWidget(m_again);
   form->addRow(buttons);
   m_compare = new QPushButton(tr("TP vs TSP"), setup);
   m_compare->setToolTip(tr("Run this setup under tp and under tsp and compare them side by side"));
@@ -218,6 +251,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_redraw->setInterval(100);  // at most 10 redraws a second, whatever the event rate
   connect(m_redraw, &QTimer::timeout, this, &MainWindow::refreshPages);
   connect(m_run, &QPushButton::clicked, this, &MainWindow::runOnce);
+  connect(m_again, &QPushButton::clicked, this, &MainWindow::runAgain);
   connect(m_compare, &QPushButton::clicked, this, &MainWindow::compareTpTsp);
   connect(m_sweep, &QPushButton::clicked, this, &MainWindow::runSweep);
   connect(m_stop, &QPushButton::clicked, m_client, &EngineClient::stop);
@@ -239,9 +273,10 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
     m_run->setEnabled(false);
     m_checkDelay->start();
   };
-  for (QComboBox* c : {m_model, m_backend, m_strategy}) connect(c, &QComboBox::currentIndexChanged, this, changed);
-  for (QSpinBox* b : {m_devices, m_prompt, m_decode}) connect(b, &QSpinBox::valueChanged, this, changed);
-  connect(m_mesh, &QLineEdit::textChanged, this, changed);
+  for (QComboBox* c : {m_model, m_backend, m_strategy, m_precision})
+    connect(c, &QComboBox::currentTextChanged, this, changed);
+  for (QSpinBox* b : {m_devices, m_prompt, m_decode, m_batch}) connect(b, &QSpinBox::valueChanged, this, changed);
+  for (QLineEdit* e : {m_mesh, m_overrides, m_capacity}) connect(e, &QLineEdit::textChanged, this, changed);
   updateSetupState();
   changed();
 }
@@ -301,21 +336,50 @@ QStringList MainWindow::engineArguments() const {
        << QString::number(m_prompt->value()) << "--decode" << QString::number(m_decode->value());
   if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
   if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
-  if (strategy == QLatin1String("dp")) args << "--batch" << QString::number(m_devices->value());
+  if (strategy == QLatin1String("dp")) args << "--batch" << QString::number(m_devices->value() * m_batch->value());
+  else if (m_batch->value() > 1) args << "--batch" << QString::number(m_batch->value());
+  for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
+  const QString precision = m_precision->currentText().trimmed();
+  if (!precision.isEmpty() && precision != QLatin1String("fp32")) args << "--comm-precision" << precision;
+  if (!m_capacity->text().trimmed().isEmpty()) args << "--capacity" << m_capacity->text().trimmed();
   return args;
+}
+
+void MainWindow::setOptions(int batch, const QString& overrides, const QString& precision, const QString& capacity) {
+  m_batch->setValue(batch);
+  m_overrides->setText(overrides);
+  m_precision->setCurrentText(precision);
+  m_capacity->setText(capacity);
+}
+
+void MainWindow::runAgain() {
+  if (m_lastArgs.isEmpty() || m_client->isRunning()) return;
+  m_data.clear();
+  m_run->setEnabled(false);
+  m_again->setEnabled(false);
+  m_stop->setEnabled(true);
+  m_status->setText(tr("running again: shardscope-engine %1").arg(m_lastArgs.join(' ')));
+  m_redraw->start();
+  startRecording(m_lastName + tr(" (again)"));
+  m_client->start(m_lastArgs);
 }
 
 void MainWindow::runOnce() {
   m_data.clear();
   m_run->setEnabled(false);
+  m_again->setEnabled(false);
   m_stop->setEnabled(true);
   const QStringList args = engineArguments();
+  m_lastArgs = args;
   m_status->setText(tr("running: shardscope-engine %1").arg(args.join(' ')));
   m_redraw->start();
-  startRecording(QStringLiteral("%1 · %2 · %3").arg(m_model->currentText(), m_strategy->currentText(),
-                                                      m_strategy->currentText() == QLatin1String("single")
-                                                          ? QStringLiteral("1")
-                                                          : QString::number(m_devices->value())));
+  m_lastName = QStringLiteral("%1 · %2 · %3")
+                   .arg(QFileInfo(m_model->currentText()).fileName(), m_strategy->currentText(),
+                        m_strategy->currentText() == QLatin1String("single") ? QStringLiteral("1")
+                                                                             : QString::number(m_devices->value()));
+  if (m_precision->currentText().trimmed() != QLatin1String("fp32") && !m_precision->currentText().trimmed().isEmpty())
+    m_lastName += QStringLiteral(" · ") + m_precision->currentText().trimmed();
+  startRecording(m_lastName);
   m_client->start(args);
 }
 
@@ -334,12 +398,15 @@ void MainWindow::runSweep() {
                       QString::number(std::max(2, m_devices->value())), "--prompt-len",
                       QString::number(m_prompt->value()), "--decode", QString::number(m_decode->value()),
                       "--precisions", "bf16,int8,int4,fp8", "--blocks", "32,128,1024", "--events", "-"};
+  m_lastArgs = args;
+  m_lastName = tr("sweep · %1").arg(QFileInfo(m_model->currentText()).fileName());
+  m_again->setEnabled(false);
   m_status->setText(tr("sweeping: shardscope-engine %1").arg(args.join(' ')));
   m_run->setEnabled(false);
   m_stop->setEnabled(true);
   m_tabs->setCurrentWidget(m_quant);
   m_redraw->start();
-  startRecording(tr("sweep · %1").arg(m_model->currentText()));
+  startRecording(m_lastName);
   m_client->start(args);
 }
 
@@ -368,6 +435,7 @@ void MainWindow::onFinished(const RunOutcome& o) {
   m_redraw->stop();
   refreshPages();
   m_run->setEnabled(m_valid);
+  m_again->setEnabled(!m_lastArgs.isEmpty());
   m_stop->setEnabled(false);
   QString text = tr("%1 (status %2)").arg(o.message, o.status);
   if (o.rejected) text += tr("; %1 unreadable lines").arg(o.rejected);

@@ -72,6 +72,10 @@ class MainWindow : public QMainWindow {
   // Selects a setup programmatically (screenshots, tests).
   void setSetup(const QString& model, const QString& backend, const QString& strategy, int devices, int prompt,
                 int decode);
+  // The optional setup fields: batch, --set overrides, comm precision, capacity.
+  void setOptions(int batch, const QString& overrides, const QString& precision, const QString& capacity);
+  // Runs the last run's arguments again, whatever the form says now.
+  void runAgain();
 
  signals:
   void runFinished(const RunOutcome& outcome);
@@ -102,7 +106,14 @@ class MainWindow : public QMainWindow {
   QLineEdit* m_mesh;
   QSpinBox* m_prompt;
   QSpinBox* m_decode;
+  QSpinBox* m_batch;
+  QLineEdit* m_overrides;   // --set key=value, ...
+  QComboBox* m_precision;   // --comm-precision
+  QLineEdit* m_capacity;    // --capacity
   QPushButton* m_run;
+  QPushButton* m_again;
+  QStringList m_lastArgs;   // what Run again repeats
+  QString m_lastName;
   QPushButton* m_stop;
   QLabel* m_status;
   QTabWidget* m_tabs;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <filesystem>
 #include <thread>
 
 #include "core/allocator.h"
@@ -198,11 +199,16 @@ int print_info(std::ostream& out) {
   out << "  cpu   available: " << cpu.device_name() << ", " << std::thread::hardware_concurrency()
       << " hardware threads\n";
 #ifdef SHARDSCOPE_HAVE_CUDA
-  out << "  cuda  built with CUDA; device count is checked at run time\n";
+  out << "  cuda  not available: CUDA and NCCL were found at configure time, but no cuda backend is implemented "
+         "yet (runs use cpu; other hardware is simulated)\n";
 #else
-  out << "  cuda  not built (no nvcc/NCCL found at configure time)\n";
+  out << "  cuda  not available: no cuda backend is implemented, and no nvcc/NCCL was found at configure time\n";
 #endif
-  out << "  sim   not yet available\n";
+  int profiles = 0;
+  std::error_code ec;
+  for (auto& f : std::filesystem::directory_iterator(resources_dir() / "hardware", ec))
+    profiles += f.path().extension() == ".json";
+  out << "  sim   available: `shardscope-engine simulate`, " << profiles << " hardware profiles\n";
   out << "libraries:\n  OpenBLAS " << openblas_get_config() << "\n  MPI " << mpi << "\n";
   out << "resources: " << resources_dir().string() << " (" << preset_names().size() << " model presets)\n";
   return 0;
