@@ -44,6 +44,8 @@ class EngineClient : public QObject {
   // Ends the worker cleanly (SIGTERM, then SIGKILL after a grace period); keeps what arrived.
   void stop();
   bool isRunning() const;
+  // The worker's process id while it runs (0 otherwise).
+  qint64 processId() const { return m_proc ? m_proc->processId() : 0; }
 
  signals:
   void eventsReceived(EventBatch events);

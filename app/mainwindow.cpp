@@ -430,7 +430,9 @@ void MainWindow::compareTpTsp() {
 void MainWindow::onFinished(const RunOutcome& o) {
   if (m_recording) {
     m_recording = false;
-    QMetaObject::invokeMethod(m_recorder, "finish", Qt::QueuedConnection, Q_ARG(QString, o.status));
+    // A worker killed mid-run (or a stream without its end) leaves an interrupted session.
+    const QString status = o.crashed || o.status == QLatin1String("incomplete") ? QStringLiteral("interrupted") : o.status;
+    QMetaObject::invokeMethod(m_recorder, "finish", Qt::QueuedConnection, Q_ARG(QString, status));
   }
   m_redraw->stop();
   refreshPages();
@@ -444,7 +446,8 @@ void MainWindow::onFinished(const RunOutcome& o) {
   m_status->setText(text);
   if (!m_queue.isEmpty() || !m_compared.empty()) {
     m_compared.emplace_back(m_strategy->currentText(), m_data);
-    if (!m_queue.isEmpty() && o.exitCode == 0) {
+    // An out-of-memory run is a result worth comparing: go on unless stopped.
+    if (!m_queue.isEmpty() && o.status != QLatin1String("stopped") && !o.crashed) {
       m_strategy->setCurrentText(m_queue.takeFirst());
       QTimer::singleShot(0, this, &MainWindow::runOnce);
       return;
@@ -458,6 +461,43 @@ void MainWindow::onFinished(const RunOutcome& o) {
     m_compared.clear();
   }
   emit runFinished(o);
+}
+
+// Draws `page` into a PNG, SVG or PDF file, chosen by the extension.
+static QString exportWidget(QWidget* page, const QString& path, const QString& title) {
+  const QString ext = QFileInfo(path).suffix().toLower();
+  if (ext == QLatin1String("png")) {
+    QSaveFile f(path);
+    if (!f.open(QIODevice::WriteOnly) || !page->grab().save(&f, "PNG") || !f.commit())
+      return QObject::tr("could not write %1: %2").arg(path, f.errorString());
+    return {};
+  }
+  if (ext == QLatin1String("svg")) {
+    QSvgGenerator svg;
+    svg.setFileName(path);
+    svg.setSize(page->size());
+    svg.setViewBox(page->rect());
+    svg.setTitle(title);
+    svg.setDescription(tr("ShardScope"));
+    QPainter p;
+    if (!p.begin(&svg)) return QObject::tr("could not write %1").arg(path);
+    page->render(&p);
+    p.end();
+    return {};
+  }
+  if (ext == QLatin1String("pdf")) {
+    QPdfWriter pdf(path);
+    pdf.setPageSize(QPageSize(QSizeF(page->width(), page->height()), QPageSize::Point));
+    pdf.setPageMargins(QMarginsF(0, 0, 0, 0));
+    pdf.setResolution(72);
+    pdf.setTitle(title);
+    QPainter p;
+    if (!p.begin(&pdf)) return QObject::tr("could not write %1").arg(path);
+    page->render(&p);
+    p.end();
+    return {};
+  }
+  return QObject::tr("export as .png, .svg or .pdf (not '%1')").arg(ext);
 }
 
 bool MainWindow::openSession(qint64 id) {
@@ -544,6 +584,18 @@ ComparePage* MainWindow::showComparison(std::vector<ComparedRun> runs) {
   auto* layout = new QVBoxLayout(w);
   auto* page = new ComparePage(std::move(runs), w);
   layout->addWidget(page);
+  auto* save = new QPushButton(tr("Export as PNG, SVG or PDF..."), w);
+  connect(save, &QPushButton::clicked, w, [this, page, w] {
+    const QString path = QFileDialog::getSaveFileName(w, tr("Export the comparison"), QStringLiteral("compare.png"),
+                                                      tr("PNG image (*.png);;SVG drawing (*.svg);;PDF (*.pdf)"));
+    if (path.isEmpty()) return;
+    const QString error = exportWidget(page, path, w->windowTitle());
+    m_status->setText(error.isEmpty() ? tr("saved %1").arg(path) : error);
+  });
+  auto* row = new QHBoxLayout;
+  row->addStretch(1);
+  row->addWidget(save);
+  layout->addLayout(row);
   w->resize(1400, 900);
   w->show();
   emit compareShown(page);
@@ -572,38 +624,5 @@ ComparePage* MainWindow::compareSessions(const QList<qint64>& ids) {
 }
 
 QString MainWindow::exportView(const QString& path) {
-  QWidget* page = m_tabs->currentWidget();
-  const QString ext = QFileInfo(path).suffix().toLower();
-  if (ext == QLatin1String("png")) {
-    QSaveFile f(path);
-    if (!f.open(QIODevice::WriteOnly) || !page->grab().save(&f, "PNG") || !f.commit())
-      return tr("could not write %1: %2").arg(path, f.errorString());
-    return {};
-  }
-  if (ext == QLatin1String("svg")) {
-    QSvgGenerator svg;
-    svg.setFileName(path);
-    svg.setSize(page->size());
-    svg.setViewBox(page->rect());
-    svg.setTitle(m_tabs->tabText(m_tabs->currentIndex()));
-    svg.setDescription(tr("ShardScope"));
-    QPainter p;
-    if (!p.begin(&svg)) return tr("could not write %1").arg(path);
-    page->render(&p);
-    p.end();
-    return {};
-  }
-  if (ext == QLatin1String("pdf")) {
-    QPdfWriter pdf(path);
-    pdf.setPageSize(QPageSize(QSizeF(page->width(), page->height()), QPageSize::Point));
-    pdf.setPageMargins(QMarginsF(0, 0, 0, 0));
-    pdf.setResolution(72);
-    pdf.setTitle(m_tabs->tabText(m_tabs->currentIndex()));
-    QPainter p;
-    if (!p.begin(&pdf)) return tr("could not write %1").arg(path);
-    page->render(&p);
-    p.end();
-    return {};
-  }
-  return tr("export as .png, .svg or .pdf (not '%1')").arg(ext);
+  return exportWidget(m_tabs->currentWidget(), path, m_tabs->tabText(m_tabs->currentIndex()));
 }

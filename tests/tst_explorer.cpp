@@ -1,6 +1,8 @@
 // The explorer offscreen: EngineClient driving a real engine run end to end,
 // the same stream replayed from a file giving the same data, the failures a
 // person will hit, and the pages showing what the stream said.
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QSignalSpy>
 #include <QTabWidget>
 #include <QTemporaryDir>
@@ -196,6 +198,41 @@ class TestExplorer : public QObject {
     const QString table = compare->tableText();
     QVERIFY2(table.contains(QStringLiteral("A · tp")) && table.contains(QStringLiteral("B · tsp")), qPrintable(table));
     QVERIFY2(table.contains(QStringLiteral("(×")), qPrintable(table));  // ratios against tp
+    compare->window()->close();
+  }
+
+  // With a capacity between tsp's peak and tp's, tp runs out of memory and
+  // tsp fits; the comparison says so instead of stopping at the first.
+  void tpRunsOutOfMemoryTspFits() {
+    auto peak = [](const char* strategy) {
+      QProcess p;
+      p.start(SHARDSCOPE_ENGINE_BIN, {"launch", "--model", "tiny-llama", "--strategy", strategy, "--devices", "2",
+                                      "--prompt-len", "4096", "--events", "-"});
+      p.waitForFinished(120000);
+      double best = 0;
+      for (const QByteArray& line : p.readAllStandardOutput().split('\n')) {
+        const QJsonObject o = QJsonDocument::fromJson(line).object();
+        if (o.value("type") == "metric" && o.value("name") == "peak_bytes" && o.value("rank").toInt(-1) >= 0)
+          best = std::max(best, o.value("value").toDouble());
+      }
+      return best;
+    };
+    const double tp = peak("tp"), tsp = peak("tsp");
+    QVERIFY2(tsp > 0 && tp > tsp * 1.2, qPrintable(QString("tp %1, tsp %2").arg(tp).arg(tsp)));
+    MainWindow w;
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 4096, 0);
+    w.setOptions(1, "", "fp32", QString::number(qint64((tp + tsp) / 2)));
+    QSignalSpy done(&w, &MainWindow::runFinished);
+    w.compareTpTsp();
+    QVERIFY(done.wait(180000));  // once, when the second run (tsp) has finished
+    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().status, QStringLiteral("ok"));
+    ComparePage* compare = nullptr;
+    for (QWidget* top : QApplication::topLevelWidgets())
+      if (auto* page = top->findChild<ComparePage*>()) compare = page;
+    QVERIFY(compare);
+    const QString table = compare->tableText();
+    const QString result = table.section('\n', 1, 1);
+    QVERIFY2(result.startsWith("result\tout of memory: ") && result.endsWith("\tdone"), qPrintable(table));
     compare->window()->close();
   }
 

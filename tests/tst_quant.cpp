@@ -28,6 +28,7 @@
 
 #include "comm/quantize.h"
 #include "core/error.h"
+#include "core/dtype.h"
 
 using ss::Precision;
 using ss::QuantSpec;
@@ -515,6 +516,141 @@ class TestQuant : public QObject {
     std::vector<float> sum(size_t(n), 1.0f);
     ss::dequantize_values(q.data(), n, s, sum.data(), true);
     for (int64_t i = 0; i < n; ++i) QCOMPARE(sum[size_t(i)], 1.0f + y[size_t(i)]);
+  }
+
+  // --- the vector kernels against one element at a time ------------------
+
+  // quantize_values / dequantize_values run whole SIMD vectors where the
+  // build allows and plain loops for the rest. Both must give the bytes and
+  // values of the element-by-element definition, written here without the
+  // library's kernels: per block absmax A, scale max(A/qmax, FLT_MIN), the
+  // value x * (1/scale) rounded half to even or stochastically (down, or up
+  // when its fraction exceeds the element's counter-based uniform), clamped
+  // (int8, int4: low nibble first), or the e4m3 codec (f32_to_e4m3, checked
+  // above by brute force); casts by f32_to_bf16 / f32_to_f16. Sizes and blocks
+  // put vector bodies, remainders and odd int4 block starts at every offset.
+  void vectorKernelsMatchTheDefinition_data() {
+    QTest::addColumn<Precision>("precision");
+    QTest::addColumn<int>("block");
+    QTest::addColumn<int>("n");
+    QTest::addColumn<Rounding>("rounding");
+    for (auto [p, name] : {std::pair{Precision::INT8, "int8"}, std::pair{Precision::INT4, "int4"},
+                           std::pair{Precision::FP8, "fp8"}})
+      for (int block : {1, 7, 8, 33, 64, 128, 4096})
+        for (int n : {1, 31, 32, 65, 1000, 4099}) {
+          QTest::addRow("%s:%d n=%d", name, block, n) << p << block << n << Rounding::Nearest;
+          if (p != Precision::FP8)
+            QTest::addRow("%s:%d:sr n=%d", name, block, n) << p << block << n << Rounding::Stochastic;
+        }
+    for (int n : {1, 7, 8, 15, 16, 17, 1000, 1031}) {
+      QTest::addRow("bf16 n=%d", n) << Precision::BF16 << 128 << n << Rounding::Nearest;
+      QTest::addRow("fp16 n=%d", n) << Precision::FP16 << 128 << n << Rounding::Nearest;
+    }
+  }
+  void vectorKernelsMatchTheDefinition() {
+    QFETCH(Precision, precision);
+    QFETCH(int, block);
+    QFETCH(int, n);
+    QFETCH(Rounding, rounding);
+    const QuantSpec s = spec_of(precision, block, rounding, 0x5eed);
+    const uint64_t counter0 = 1234567;
+    // Stochastic rounding's uniform of element i: the splitmix64 finaliser of
+    // seed * golden + counter0 + i + 0x632be59bd9b4e019, its top 24 bits / 2^24.
+    auto uniform = [&](int64_t i) {
+      uint64_t z = s.seed * 0x9e3779b97f4a7c15ull + counter0 + uint64_t(i) + 0x632be59bd9b4e019ull;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      return float(z >> 40) * 0x1p-24f;
+    };
+    std::vector<float> x = pattern("mixed", n, block, 99 + uint64_t(n));
+    const std::vector<float> ramp = pattern("ramp", n, block, 0);
+    for (int64_t i = 0; i < n; i += 3) x[size_t(i)] = ramp[size_t(i)] * 200.0f;  // ties and clamps
+    if (!s.is_block()) {
+      // Casts: their special values at varied lanes.
+      const float special[] = {NAN, -NAN, INFINITY, -INFINITY, 0x1p-130f, -0x1p-140f, 65520.0f, 65519.0f,
+                               1.0f + 0x1p-8f, 1.0f + 0x1p-11f, 3e38f, -0.0f, 0x1p-25f, 0x1p-24f * 1.5f};
+      for (size_t k = 0; k < std::size(special); ++k)
+        if (int64_t(k * 5) < n) x[k * 5] = special[k];
+    }
+    const Packed q = quantize(x, s, counter0);
+    QVERIFY(q.guard_intact());
+    std::vector<uint8_t> want(size_t(q.bytes), 0);
+    if (precision == Precision::BF16 || precision == Precision::FP16) {
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = precision == Precision::BF16 ? ss::f32_to_bf16(x[size_t(i)]) : ss::f32_to_f16(x[size_t(i)]);
+        std::memcpy(&want[size_t(2 * i)], &h, 2);
+      }
+    } else {
+      const int64_t nb = (n + block - 1) / block;
+      const float qm = float(qmax(precision));
+      std::vector<float> scales(static_cast<size_t>(nb));
+      for (int64_t b = 0; b < nb; ++b) {
+        float a = 0;
+        for (int64_t i = b * block; i < std::min<int64_t>(n, (b + 1) * block); ++i)
+          a = std::max(a, std::fabs(x[size_t(i)]));
+        const float scale = a > 0 ? std::max(a / qm, FLT_MIN) : 1.0f;
+        scales[size_t(b)] = scale;
+        const float inv = 1.0f / scale;
+        for (int64_t i = b * block; i < std::min<int64_t>(n, (b + 1) * block); ++i) {
+          const float v = x[size_t(i)] * inv;
+          uint8_t& byte = want[size_t(4 * nb + (precision == Precision::INT4 ? i / 2 : i))];
+          if (precision == Precision::FP8) byte = ss::f32_to_e4m3(v);
+          else {
+            // Stochastic: down, or up when the fraction is above the uniform.
+            const float f = std::floor(v);
+            const float rounded = rounding == Rounding::Nearest ? std::nearbyint(v) : (v - f > uniform(i) ? f + 1 : f);
+            const int r = int(std::clamp(rounded, -qm, qm));
+            if (precision == Precision::INT8) byte = uint8_t(int8_t(r));
+            else byte |= uint8_t((r & 0xf) << (4 * (i & 1)));
+          }
+        }
+      }
+      std::memcpy(want.data(), scales.data(), scales.size() * 4);
+    }
+    for (int64_t k = 0; k < q.bytes; ++k)
+      QVERIFY2(q.data()[k] == want[size_t(k)],
+               qPrintable(QStringLiteral("byte %1: 0x%2, by definition 0x%3")
+                              .arg(k)
+                              .arg(q.data()[k], 0, 16)
+                              .arg(want[size_t(k)], 0, 16)));
+    // Back: each value from its own byte(s), then added onto 0.5 with accumulate.
+    const std::vector<float> y = dequantize(q, n, s);
+    std::vector<float> acc(size_t(n), 0.5f);
+    ss::dequantize_values(q.data(), n, s, acc.data(), true);
+    const int64_t nb = s.is_block() ? (n + block - 1) / block : 0;
+    // Element i's code and scale (casts: the value and 1).
+    auto scale_of = [&](int64_t i) {
+      float scale = 1.0f;
+      if (s.is_block()) std::memcpy(&scale, q.data() + 4 * (i / block), 4);
+      return scale;
+    };
+    auto code_of = [&](int64_t i) -> float {
+      uint16_t h;
+      switch (precision) {
+        case Precision::BF16:
+          std::memcpy(&h, q.data() + 2 * i, 2);
+          return ss::bf16_to_f32(h);
+        case Precision::FP16:
+          std::memcpy(&h, q.data() + 2 * i, 2);
+          return ss::f16_to_f32(h);
+        default: {
+          const uint8_t byte = q.data()[4 * nb + (precision == Precision::INT4 ? i / 2 : i)];
+          return precision == Precision::INT8   ? float(int8_t(byte))
+                 : precision == Precision::INT4 ? float(((byte >> (4 * (i & 1))) & 0xf) ^ 8) - 8.0f
+                                                : ss::e4m3_to_f32(byte);
+        }
+      }
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = code_of(i) * scale_of(i);
+      const bool same = (std::isnan(v) && std::isnan(y[size_t(i)])) || v == y[size_t(i)];
+      QVERIFY2(same, qPrintable(QStringLiteral("element %1: %2, by definition %3").arg(i).arg(y[size_t(i)]).arg(v)));
+      // The product and the sum rounded apart or fused (FMA): either is the sum.
+      const float a = 0.5f + v, fused = std::fma(code_of(i), scale_of(i), 0.5f);
+      QVERIFY2((std::isnan(a) && std::isnan(acc[size_t(i)])) || a == acc[size_t(i)] || fused == acc[size_t(i)],
+               qPrintable(QStringLiteral("element %1: accumulated %2, want %3").arg(i).arg(acc[size_t(i)]).arg(a)));
+    }
   }
 
   // --- stochastic rounding -------------------------------------------------

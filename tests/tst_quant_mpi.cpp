@@ -6,10 +6,11 @@
 //
 // Error bound of element i, in block b of chunk c (blocks start at each
 // chunk's first element), h = 1/2 for nearest rounding and 1 for stochastic:
-//   hop 1   every rank r quantizes its chunk c: |e1_r| <= h step(x_r,i; A_rb),
-//           A_rb the absmax of r's values in block b; step = A/qmax for int8
-//           and int4, (A/448) sp(|x|/(A/448)) for fp8 (sp: e4m3 spacing),
-//           an ulp of x for bf16 / fp16.
+//   hop 1   every rank r other than c quantizes its chunk c: |e1_r| <=
+//           h step(x_r,i; A_rb), A_rb the absmax of r's values in block b;
+//           step = A/qmax for int8 and int4, (A/448) sp(|x|/(A/448)) for fp8
+//           (sp: e4m3 spacing), an ulp of x for bf16 / fp16. The owner's own
+//           values never travel and stay exact (e1_c = 0).
 //   sum     the owner of chunk c adds D dequantized values in fp32: at most
 //           D 2^-24 of the sum of their magnitudes.
 //   hop 2   the owner requantizes the sum S_i, |S_i| <= |exact_i| + e1 + sum
@@ -145,7 +146,7 @@ Expected expected(int64_t n, int ranks, const QuantSpec& s) {
             case Precision::FP32:
               break;
           }
-          e1[size_t(i)] += (x == 0 ? 0.0 : hs * step);
+          if (r != c) e1[size_t(i)] += (x == 0 ? 0.0 : hs * step);  // the owner's own values stay fp32
         }
         if (!s.is_block()) break;
       }

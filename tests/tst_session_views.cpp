@@ -4,6 +4,8 @@
 // and PDF; a second window on the same database is read-only and says so;
 // an explorer killed mid-run leaves a readable session marked interrupted.
 #include <QFile>
+
+#include <csignal>
 #include <QProcess>
 #include <QSignalSpy>
 #include <QTabWidget>
@@ -165,6 +167,26 @@ class TestSessionViews : public QObject {
     second.runOnce();
     QVERIFY(done.wait(120000));
     QCOMPARE(int(first.sessionStore()->list().size()), before);  // not saved by the reader
+  }
+
+  void killedEngineLeavesAnInterruptedSession() {
+    MainWindow w(nullptr, m_dir.filePath("engine-killed.db"));
+    w.setSetup("small-llama", "cpu", "single", 1, 64, 400);
+    QSignalSpy saved(&w, &MainWindow::sessionSaved);
+    QSignalSpy finished(&w, &MainWindow::runFinished);
+    w.runOnce();
+    QElapsedTimer clock;
+    clock.start();
+    while (clock.elapsed() < 120000 && w.data().events() < 300 && finished.isEmpty()) QTest::qWait(50);
+    QVERIFY2(finished.isEmpty(), "the run ended before it could be killed");
+    QVERIFY(w.client()->processId() > 0);
+    ::kill(pid_t(w.client()->processId()), SIGKILL);
+    QVERIFY(saved.wait(60000));
+    const SessionInfo info = w.sessionStore()->info(w.lastSession());
+    QCOMPARE(info.status, QStringLiteral("interrupted"));
+    QVERIFY(info.events >= 300);
+    QVERIFY(w.openSession(info.id));
+    QVERIFY(!w.data().ranks().begin()->second.spans.empty());
   }
 
   void killedExplorerLeavesAnInterruptedSession() {

@@ -359,6 +359,28 @@ class TestSim : public QObject {
     QTest::newRow("not-json") << "not-json"
                               << ""
                               << "not valid JSON";
+    // The measured tables calibrate writes (optional fields).
+    QTest::newRow("grid-shape") << "grid-shape"
+                                << "device.kernel_times.add.us"
+                                << "must be 2 arrays (one per rows) of 3 positive numbers (one per cols)";
+    QTest::newRow("grid-axis") << "grid-axis"
+                               << "device.kernel_times.add.cols"
+                               << "must be strictly increasing";
+    QTest::newRow("table-source") << "table-source"
+                                  << "device.gemm_times.source"
+                                  << "is missing";
+    QTest::newRow("gemm-times") << "gemm-times"
+                                << "device.gemm_times.shapes[0].us"
+                                << "must hold one time per entry";
+    QTest::newRow("attention-heads") << "attention-heads"
+                                     << "device.attention_times.heads"
+                                     << "must be positive";
+    QTest::newRow("collective") << "collective"
+                                << "node.link.collectives.all_reduce.latency_us"
+                                << "must be positive";
+    QTest::newRow("collective-missing") << "collective-missing"
+                                        << "network.collectives.broadcast.bandwidth_gbps"
+                                        << "is missing";
   }
   void malformedProfile() {
     QFETCH(QString, edit);
@@ -370,6 +392,19 @@ class TestSim : public QObject {
     if (edit == "string") j["device"]["fp32_tflops"] = "67";
     if (edit == "zero") j["network"]["latency_us"] = 0;
     if (edit == "not-object") j["node"] = 8;
+    if (edit.startsWith("grid")) {
+      j["device"]["kernel_times"] = {{"source", "test"},
+                                     {"add", {{"rows", {1, 8}}, {"cols", {64, 512, 4096}}, {"us", {{1, 2, 3}, {4, 5}}}}}};
+      if (edit == "grid-axis") j["device"]["kernel_times"]["add"] = {{"rows", {1}}, {"cols", {64, 64}}, {"us", {{1, 2}}}};
+    }
+    if (edit == "table-source") j["device"]["gemm_times"] = {{"shapes", json::array()}};
+    if (edit == "gemm-times")
+      j["device"]["gemm_times"] = {{"source", "test"}, {"shapes", {{{"n", 64}, {"k", 64}, {"m", {1, 2}}, {"us", {3}}}}}};
+    if (edit == "attention-heads")
+      j["device"]["attention_times"] = {{"source", "test"}, {"heads", 0}, {"kv_heads", 1}, {"head_dim", 64},
+                                        {"tq", {1}}, {"tk", {64}}, {"us", {{1}}}};
+    if (edit == "collective") j["node"]["link"]["collectives"] = {{"all_reduce", {{"latency_us", -2}, {"bandwidth_gbps", 5}}}};
+    if (edit == "collective-missing") j["network"]["collectives"] = {{"broadcast", {{"latency_us", 2}}}};
     const QString file = m_dir.filePath(edit + ".json");
     {
       QFile f(file);
@@ -387,6 +422,95 @@ class TestSim : public QObject {
     QVERIFY2(err.contains(file), qPrintable(err));
     if (!field.isEmpty()) QVERIFY2(err.contains("'" + field + "'"), qPrintable(err));
     QVERIFY2(err.contains(reason), qPrintable(err));
+  }
+
+  // --- measured tables: the simulator uses them as calibrate wrote them ----
+
+  // With measured times in the profile, a kernel lasts what its table says at
+  // its size (bilinear between grid points), a GEMM what its nearest measured
+  // weight shape says scaled by N*K, and a collective what its own alpha and
+  // beta give; ops without a table keep the roofline.
+  void measuredTablesDriveTimes() {
+    json j = m_h100;
+    // add: 1 us + 2 us per row + 0.01 us per element, on a 2 x 2 grid.
+    auto add_us = [](double r, double c) { return 1 + 2 * r + 0.01 * r * c; };
+    j["device"]["kernel_times"] = {
+        {"source", "test"},
+        {"add", {{"rows", {1, 64}}, {"cols", {16, 1024}},
+                 {"us", {{add_us(1, 16), add_us(1, 1024)}, {add_us(64, 16), add_us(64, 1024)}}}}}};
+    // GEMMs: one measured weight shape, 100 us at one row and 1000 us at 101 rows.
+    j["device"]["gemm_times"] = {{"source", "test"},
+                                 {"shapes", {{{"n", 100}, {"k", 100}, {"m", {1, 101}}, {"us", {100, 1000}}}}}};
+    j["node"]["link"]["collectives"] = {{"all_reduce", {{"latency_us", 3}, {"bandwidth_gbps", 2}}}};
+    const QString file = m_dir.filePath("measured.json");
+    {
+      QFile f(file);
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write(QByteArray::fromStdString(j.dump(2)));
+    }
+    const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp", "--devices",
+                          "2", "--prompt-len", "24", "--decode", "4"});
+    QVERIFY(!r.crashed);
+    QVERIFY2(r.exit_code == 0, r.err.constData());
+    const Stream s = read_stream(r.out);
+    int adds = 0, gemms = 0, reduces = 0;
+    std::map<std::pair<int, int>, int64_t> shortest;  // all_reduce i: the last arrival's span
+    std::map<int, int> seen;
+    for (auto* sp : s.all<Span>()) {
+      const double ns = double(sp->t1 - sp->t0);
+      auto near = [&](double want_ns) { return std::abs(ns - want_ns) <= 2 + 1e-9 * want_ns; };
+      if (sp->op == "add") {
+        QCOMPARE(int(sp->dims.size()), 2);
+        const double want = add_us(double(sp->dims[0]), double(sp->dims[1])) * 1e3;
+        QVERIFY2(near(want), qPrintable(QString("add %1x%2: %3 ns, want %4")
+                                            .arg(sp->dims[0]).arg(sp->dims[1]).arg(ns).arg(want)));
+        ++adds;
+      } else if (sp->op == "gemm") {
+        const double M = double(sp->dims[0]), NK = double(sp->dims[1] * sp->dims[2]);
+        const double want = (M <= 1 ? 100 : 100 + 900 * (M - 1) / 100) * 1e3 * NK / 1e4;
+        QVERIFY2(near(want), qPrintable(QString("gemm %1x%2x%3: %4 ns, want %5")
+                                            .arg(sp->dims[0]).arg(sp->dims[1]).arg(sp->dims[2]).arg(ns).arg(want)));
+        ++gemms;
+      } else if (sp->op == "all_reduce") {
+        const int i = seen[sp->rank]++;
+        auto& v = shortest[{i, int(sp->dims[0])}];
+        v = v == 0 ? sp->t1 - sp->t0 : std::min<int64_t>(v, sp->t1 - sp->t0);
+        ++reduces;
+      }
+    }
+    QVERIFY(adds > 0 && gemms > 0 && reduces > 0);
+    // Ring all-reduce over 2 ranks: 2 alpha + S / beta, from the last arrival.
+    for (auto& [key, ns] : shortest) {
+      const double want = (2 * 3e-6 + 4.0 * key.second / 2e9) * 1e9;
+      QVERIFY2(std::abs(double(ns) - want) <= 2,
+               qPrintable(QString("all_reduce of %1 floats: %2 ns, want %3").arg(key.second).arg(ns).arg(want)));
+    }
+  }
+
+  // calibrate writes a profile the simulator accepts, with the measured tables
+  // and per-collective alpha-beta, each with its source.
+  void calibratedProfile() {
+    const QString file = m_dir.filePath("calibrated.json");
+    const Ran c = engine({"calibrate", "--ranks", "2", "--out", file}, 300000);
+    QVERIFY(!c.crashed);
+    QVERIFY2(c.exit_code == 0, c.err.constData());
+    const json p = read_json(file);
+    QVERIFY(p.is_object());
+    const json& d = p["device"];
+    for (const char* k : {"kernel_times", "gemm_times", "attention_times"}) {
+      QVERIFY2(d.contains(k) && d[k].contains("source"), k);
+    }
+    for (const char* op : {"add", "rmsnorm", "rope", "silu_mul", "embedding", "argmax"})
+      QVERIFY2(d["kernel_times"].contains(op), op);
+    QVERIFY(d["gemm_times"]["shapes"].size() >= 4);
+    for (const char* op : {"all_reduce", "all_gather", "broadcast", "sendrecv"})
+      QVERIFY2(p["node"]["link"].contains("collectives") && p["node"]["link"]["collectives"].contains(op), op);
+    const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp", "--devices",
+                          "2", "--prompt-len", "24", "--decode", "4"});
+    QVERIFY(!r.crashed);
+    QVERIFY2(r.exit_code == 0, r.err.constData());
+    const Stream s = read_stream(r.out);
+    QVERIFY(s.done() && s.done()->status == "ok");
   }
 
   void unknownProfileListsProfiles() {

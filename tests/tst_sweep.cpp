@@ -1,6 +1,16 @@
 // The quantization sweep, end to end: a grid of real tensor-parallel runs
 // against the unquantized run. More bits and smaller blocks must cost less
 // accuracy; bf16 must keep the greedy tokens; bad input is refused up front.
+//
+// Top-1 agreement is measured over 1040 positions (1024 prompt + 16 decoded),
+// so that 99.9% means at most one changed token. It is reported over all
+// positions and over the positions the reference decides at bf16 resolution:
+// where its two highest logits are within one bf16 step of each other (at
+// their magnitude), bf16 logits could not order them at all, and any bf16
+// rounding upstream may swap them. Synthetic weights give near-flat
+// next-token distributions (mean entropy ~5.1 of ln 256 = 5.5 nats, where a
+// trained LM has ~2-3 nats), so a few percent of positions are such ties; the
+// test bounds that share, so the exclusion cannot carry the result.
 #include <QProcess>
 #include <QTemporaryDir>
 #include <QtTest>
@@ -74,18 +84,35 @@ class TestSweep : public QObject {
   }
   void moreBitsAndSmallerBlocksCostLess() {
     QFETCH(QStringList, model);
-    const SweepRun r = sweep(model + QStringList{"--strategy", "tp", "--devices", "4", "--prompt-len", "48", "--decode",
-                                                 "8", "--precisions", "bf16,int8,int4", "--blocks", "16,1024",
-                                                 "--sites", "all"});
+    const SweepRun r = sweep(model + QStringList{"--strategy", "tp", "--devices", "4", "--prompt-len", "1024",
+                                                 "--decode", "16", "--precisions", "bf16,int8,int4", "--blocks",
+                                                 "16,1024", "--sites", "all"});
     QCOMPARE(r.exit_code, 0);
     QCOMPARE(r.status, std::string("ok"));
     QCOMPARE(r.rejected, int64_t(0));
     for (const char* c : {"fp32", "bf16", "int8:16", "int8:1024", "int4:16", "int4:1024"})
       QVERIFY2(r.points.count(c), c);
     auto at = [&](const char* c, const char* m) { return r.points.at(c).at(m); };
-    // The reference agrees with itself; bf16 keeps every greedy token.
+    // Enough positions, few of them ties.
+    const double positions = at("fp32", "positions"), ties = at("fp32", "tied_positions");
+    QCOMPARE(positions, 1040.0);
+    QVERIFY2(ties >= 0 && ties <= 0.1 * positions, qPrintable(QString::number(ties)));
+    QVERIFY(positions - ties >= 900);
+    // The reference agrees with itself; bf16 keeps every greedy token it decides.
     QCOMPARE(at("fp32", "top1"), 1.0);
-    QVERIFY2(at("bf16", "top1") >= 0.999, qPrintable(QString::number(at("bf16", "top1"))));
+    QCOMPARE(at("fp32", "top1_decided"), 1.0);
+    const QString bf16 = QStringLiteral("bf16 top-1 %1 of all positions, %2 of %3 decided (%4 tied)")
+                             .arg(at("bf16", "top1"))
+                             .arg(at("bf16", "top1_decided"))
+                             .arg(positions - ties)
+                             .arg(ties);
+    QVERIFY2(at("bf16", "top1_decided") >= 0.999, qPrintable(bf16));
+    QVERIFY2(at("bf16", "top1") >= 0.99, qPrintable(bf16));
+    // The same measure sees what fewer bits do to decided tokens.
+    QVERIFY2(at("int4:1024", "top1_decided") < 0.9, qPrintable(QString::number(at("int4:1024", "top1_decided"))));
+    QVERIFY(at("int4:16", "top1_decided") > at("int4:1024", "top1_decided"));
+    QVERIFY(at("int8:1024", "top1_decided") > at("int4:16", "top1_decided"));
+    QVERIFY(at("bf16", "top1_decided") >= at("int8:1024", "top1_decided"));
     // More bits, less error: at each site and in the logits.
     QVERIFY(site_error(r.points.at("bf16")) < site_error(r.points.at("int8:16")));
     QVERIFY(site_error(r.points.at("int8:16")) < site_error(r.points.at("int4:16")));

@@ -27,6 +27,12 @@ Headline headlineOf(const RunData& data) {
   h.ttftMs = metric("ttft_ms");
   h.msPerToken = metric("decode_ms_per_token");
   h.devices = int(data.ranks().size());
+  h.result = data.status().isEmpty() ? QObject::tr("unfinished") : data.status() == QLatin1String("ok") ? QObject::tr("done") : data.status();
+  for (const auto& e : data.errors())
+    if (e.code == "oom") {
+      h.result = QObject::tr("out of memory: %1").arg(QString::fromStdString(e.message));
+      break;
+    }
   double commNs = 0, hiddenNs = 0;
   for (auto& [rank, d] : data.ranks()) {
     auto peak = d.metrics.find("peak_bytes");
@@ -106,6 +112,15 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
   }
   for (size_t c = 0; c < heads.size(); ++c)
     m_table->setItem(int(std::size(rows)), int(c), new QTableWidgetItem(QString::number(heads[c].devices)));
+  // First row: how each run ended ("tp runs out of memory; tsp fits").
+  m_table->insertRow(0);
+  m_table->setVerticalHeaderItem(0, new QTableWidgetItem(tr("result")));
+  for (size_t c = 0; c < heads.size(); ++c) {
+    auto* result = new QTableWidgetItem(heads[c].result);
+    result->setForeground(heads[c].result == tr("done") ? QColor(26, 127, 55) : QColor(176, 0, 0));
+    result->setToolTip(heads[c].result);
+    m_table->setItem(0, int(c), result);
+  }
   m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
   m_table->verticalHeader()->setSectionResizeMode(QHeaderView::Fixed);
   m_table->verticalHeader()->setDefaultSectionSize(fontMetrics().height() + 10);

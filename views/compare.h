@@ -26,6 +26,7 @@ struct Headline {
   double prefillTokensPerS = 0, decodeTokensPerS = 0, ttftMs = 0, msPerToken = 0;
   double peakBytes = 0, weightBytes = 0, commBytes = 0, hiddenFraction = 0;
   int devices = 0;
+  QString result;  // "done", or what ended the run ("out of memory: ...")
 };
 Headline headlineOf(const RunData& data);
 
