@@ -478,7 +478,7 @@ static QString exportWidget(QWidget* page, const QString& path, const QString& t
     svg.setSize(page->size());
     svg.setViewBox(page->rect());
     svg.setTitle(title);
-    svg.setDescription(tr("ShardScope"));
+    svg.setDescription(QStringLiteral("ShardScope"));
     QPainter p;
     if (!p.begin(&svg)) return QObject::tr("could not write %1").arg(path);
     page->render(&p);
