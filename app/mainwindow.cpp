@@ -525,7 +525,7 @@ void MainWindow::replaySession(qint64 id, double speed) {
     if (auto* m = std::get_if<Mem>(&e)) return m->t;
     if (auto* p = std::get_if<Phase>(&e)) return p->t;
     if (std::holds_alternative<Metric>(e) || std::holds_alternative<Accuracy>(e) || std::holds_alternative<Done>(e) ||
-        std::holds_alternative<Error>(e))
+        std::holds_alternative<Error>(e) || std::holds_alternative<Generation>(e))
       return std::numeric_limits<int64_t>::max();
     return std::numeric_limits<int64_t>::min();
   };

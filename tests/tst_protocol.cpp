@@ -48,6 +48,7 @@ auto fields(const Accuracy& e) {
 auto fields(const Error& e) {
   return std::tie(e.code, e.rank, e.message, e.detail);
 }
+auto fields(const Generation& e) { return std::tie(e.config, e.tokens); }
 auto fields(const Done& e) {
   return std::tie(e.status, e.t, e.exit_code);
 }
@@ -145,6 +146,8 @@ std::vector<std::pair<const char*, Event>> samples() {
       {"metric per rank", Metric{"peak_bytes", 123456789.0, "bytes", 6}},
       {"phase", Phase{"prefill", 42}},
       {"accuracy", Accuracy{"rel_l2", "mlp.down", 3, 1.5e-4, "mlp=int8:128"}},
+      {"generation", Generation{"mlp=int8:128", {17, 4, 255, 0}}},
+      {"generation empty", Generation{"", {}}},
       {"error with detail", oom},
       {"error without detail", plain},
       {"done ok", Done{"ok", 99999, 0}},

@@ -36,6 +36,7 @@ std::map<std::string, std::vector<std::string>> contents(const RunData& d) {
   }
   for (auto& [n, v] : d.metrics()) out["metric"].push_back(n + "=" + std::to_string(v));
   for (auto& a : d.accuracy()) out["accuracy"].push_back(to_line(a));
+  for (auto& g : d.generations()) out["generation"].push_back(to_line(g));
   for (auto& e : d.errors()) out["error"].push_back(to_line(e));
   out["config"].push_back(d.config().dump());
   out["status"].push_back(d.status().toStdString());

@@ -7,6 +7,8 @@
 #include <QMouseEvent>
 #include <QPainter>
 #include <QSpinBox>
+#include <QHeaderView>
+#include <QTableWidget>
 #include <QTextBrowser>
 #include <QToolTip>
 #include <QVBoxLayout>
@@ -668,7 +670,68 @@ QuantizationPage::QuantizationPage(const RunData& data, QWidget* parent) : QWidg
   m_sites->legend->setVisible(true);
   row->addWidget(m_tradeoff, 3);
   row->addWidget(m_sites, 2);
-  layout->addLayout(row, 1);
+  layout->addLayout(row, 3);
+  m_tokens = new QTableWidget(this);
+  m_tokens->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  m_tokens->horizontalHeader()->setDefaultSectionSize(44);
+  m_tokens->setToolTip(tr("The greedy token each configuration would choose at every decode step (all decoded with "
+                          "the reference's tokens); red: it differs from the reference; boxed: the first divergence"));
+  layout->addWidget(new QLabel(tr("<b>Greedy tokens</b> against the unquantized reference (red: differs; ▶ first "
+                                  "divergence)"),
+                               this));
+  layout->addWidget(m_tokens, 1);
+}
+
+int QuantizationPage::tokenRows() const { return m_tokens->rowCount(); }
+
+int QuantizationPage::firstDivergence(int row) const {
+  for (int c = 0; c < m_tokens->columnCount(); ++c)
+    if (auto* item = m_tokens->item(row, c); item && item->data(Qt::UserRole).toBool()) return c;
+  return -1;
+}
+
+// One row per configuration that wrote its greedy tokens, the reference
+// first; cells that differ from the reference in red, the first one marked.
+void QuantizationPage::fillTokens() {
+  const auto& gens = m_data.generations();
+  m_tokens->clear();
+  m_tokens->setRowCount(0);
+  if (gens.empty()) return;
+  std::string refLabel;
+  for (const auto& a : m_data.accuracy())
+    if (a.metric == "positions") refLabel = a.config;
+  const ss::proto::Generation* ref = &gens.front();
+  for (const auto& g : gens)
+    if (g.config == refLabel) ref = &g;
+  std::vector<const ss::proto::Generation*> rows = {ref};
+  for (const auto& g : gens)
+    if (&g != ref) rows.push_back(&g);
+  size_t steps = 0;
+  for (auto* g : rows) steps = std::max(steps, g->tokens.size());
+  m_tokens->setRowCount(int(rows.size()));
+  m_tokens->setColumnCount(int(steps));
+  QStringList header, labels;
+  for (size_t k = 0; k < steps; ++k) header << QString::number(k);
+  m_tokens->setHorizontalHeaderLabels(header);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    labels << QString::fromStdString(rows[r]->config) + (r == 0 ? tr(" (reference)") : QString());
+    bool diverged = false;
+    for (size_t k = 0; k < rows[r]->tokens.size(); ++k) {
+      const bool differs = k >= ref->tokens.size() || rows[r]->tokens[k] != ref->tokens[k];
+      const bool first = differs && !diverged;
+      diverged = diverged || differs;
+      auto* item = new QTableWidgetItem((first ? QStringLiteral("▶") : QString()) + QString::number(rows[r]->tokens[k]));
+      item->setTextAlignment(Qt::AlignCenter);
+      if (differs) item->setForeground(QColor(176, 0, 0));
+      if (first) {
+        item->setBackground(QColor(255, 228, 225));
+        item->setData(Qt::UserRole, true);
+        item->setToolTip(tr("first divergence from the reference: decode step %1").arg(k));
+      }
+      m_tokens->setItem(int(r), int(k), item);
+    }
+  }
+  m_tokens->setVerticalHeaderLabels(labels);
 }
 
 void QuantizationPage::refresh() {
@@ -680,6 +743,7 @@ void QuantizationPage::refresh() {
     if (!a.config.empty()) pts[a.config][a.metric] = a.value;
   m_points = int(pts.size());
   m_hint->setVisible(pts.empty());
+  fillTokens();
   m_tradeoff->clearPlottables();
   m_tradeoff->clearItems();
   m_sites->clearPlottables();

@@ -11,6 +11,7 @@ class QCustomPlot;
 class QSpinBox;
 class QTextBrowser;
 class QLabel;
+class QTableWidget;
 
 // Memory of one device over time, stacked by category, with capacity and peak.
 class MemoryPage : public QWidget {
@@ -116,11 +117,17 @@ class QuantizationPage : public QWidget {
   explicit QuantizationPage(const RunData& data, QWidget* parent = nullptr);
   void refresh();
   int points() const { return m_points; }
+  // Rows of the greedy-token table, and the columns (decode steps) marked as
+  // a row's first divergence from the reference (-1: none).
+  int tokenRows() const;
+  int firstDivergence(int row) const;
 
  private:
   const RunData& m_data;
+  void fillTokens();
   QCustomPlot* m_tradeoff;
   QCustomPlot* m_sites;
+  QTableWidget* m_tokens;  // greedy tokens per configuration, reference first
   QLabel* m_hint;
   int m_points = 0;
   uint64_t m_seen = ~0ull;

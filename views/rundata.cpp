@@ -37,6 +37,7 @@ void RunData::addAll(Events&& events) {
             else m_metrics[ev.name] = ev.value;
           } else if constexpr (std::is_same_v<T, Error>) m_errors.push_back(ev);
           else if constexpr (std::is_same_v<T, Accuracy>) m_accuracy.push_back(ev);
+          else if constexpr (std::is_same_v<T, Generation>) m_generations.push_back(ev);
           else if constexpr (std::is_same_v<T, Done>) m_status = QString::fromStdString(ev.status);
         },
         e);

@@ -34,6 +34,7 @@ class RunData {
   const std::map<std::string, double>& metrics() const { return m_metrics; }
   const std::vector<ss::proto::Error>& errors() const { return m_errors; }
   const std::vector<ss::proto::Accuracy>& accuracy() const { return m_accuracy; }
+  const std::vector<ss::proto::Generation>& generations() const { return m_generations; }
   QString status() const { return m_status; }
   int64_t end_time() const { return m_end; }  // the latest timestamp seen (ns)
   uint64_t revision() const { return m_revision; }
@@ -49,6 +50,7 @@ class RunData {
   std::map<std::string, double> m_metrics;
   std::vector<ss::proto::Error> m_errors;
   std::vector<ss::proto::Accuracy> m_accuracy;
+  std::vector<ss::proto::Generation> m_generations;
   QString m_status;
   int64_t m_end = 0;
   uint64_t m_revision = 0;

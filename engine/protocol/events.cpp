@@ -120,6 +120,11 @@ struct ToJson {
     if (!e.config.empty()) j["config"] = e.config;
     return j;
   }
+  json operator()(const Generation& e) const {
+    json j = {{"type", "generation"}, {"tokens", e.tokens}};
+    if (!e.config.empty()) j["config"] = e.config;
+    return j;
+  }
   json operator()(const Error& e) const {
     json j = {{"type", "error"}, {"code", e.code}, {"rank", e.rank}, {"message", e.message}};
     if (!e.detail.is_null()) j["detail"] = e.detail;
@@ -141,6 +146,7 @@ struct TypeName {
   std::string_view operator()(const Metric&) const { return "metric"; }
   std::string_view operator()(const Phase&) const { return "phase"; }
   std::string_view operator()(const Accuracy&) const { return "accuracy"; }
+  std::string_view operator()(const Generation&) const { return "generation"; }
   std::string_view operator()(const Error&) const { return "error"; }
   std::string_view operator()(const Done&) const { return "done"; }
 };
@@ -278,6 +284,14 @@ Event from_json(const json& j) {
     e.layer = get_int(j, "layer", false, -1);
     e.value = get_num(j, "value");
     e.config = get_str(j, "config", false);
+    return e;
+  }
+  if (type == "generation") {
+    Generation e;
+    e.config = get_str(j, "config", false);
+    const json* t = find(j, "tokens", true);
+    if (!t->is_array()) bad("tokens", "must be an array of token ids");
+    for (auto& v : *t) e.tokens.push_back(as_i64(v, "tokens"));
     return e;
   }
   if (type == "error") {

@@ -102,6 +102,14 @@ struct Accuracy {
   std::string config;  // the run it describes, e.g. "mlp=int8:128" in a sweep; empty: this run
 };
 
+// The greedy token ids a run chose at each decode step, in order. A sweep
+// writes one per configuration (`config`: the reference's label, or the
+// quantized point's), so a view can set them side by side.
+struct Generation {
+  std::string config;
+  std::vector<int64_t> tokens;
+};
+
 struct Error {
   std::string code;  // usage, format, oom, rank_died, internal
   int rank = -1;
@@ -115,8 +123,8 @@ struct Done {
   int exit_code = 0;
 };
 
-using Event =
-    std::variant<Hello, Config, Device, Placement, Tokens, Span, Mem, Metric, Phase, Accuracy, Error, Done>;
+using Event = std::variant<Hello, Config, Device, Placement, Tokens, Span, Mem, Metric, Phase, Accuracy, Generation,
+                           Error, Done>;
 
 std::string_view type_name(const Event& e);
 nlohmann::json to_json(const Event& e);
