@@ -85,6 +85,12 @@ class TestSessionViews : public QObject {
     // Reopened in the window: the same data, event for event.
     QVERIFY(w.openSession(id));
     QVERIFY(contents(w.data()) == live);
+    // Compared (against itself): the compare view holds the same data.
+    ComparePage* page = w.compareSessions({id, id});
+    QVERIFY(page);
+    QVERIFY(contents(page->run(0)) == live);
+    QVERIFY(contents(page->run(1)) == live);
+    page->window()->close();
     // Replayed as fast as possible: the same again.
     QSignalSpy replayed(&w, &MainWindow::replayFinished);
     w.replaySession(id, 0);

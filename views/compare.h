@@ -35,6 +35,7 @@ class ComparePage : public QWidget {
  public:
   explicit ComparePage(std::vector<ComparedRun> runs, QWidget* parent = nullptr);
   int runs() const { return int(m_runs.size()); }
+  const RunData& run(int i) const { return *m_runs[size_t(i)].data; }
   // The table as plain text (tests, the headless demo).
   QString tableText() const;
 
