@@ -184,23 +184,55 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
 
   // Simulated against measured, on this machine.
   out << "\nSimulated vs measured per-op time: " << o.check_model << ", tp on " << o.check_devices
-      << " cpu ranks, prompt " << o.check_prompt << "; profile calibrated in this run\n" << std::flush;
+      << " cpu ranks, prompt " << o.check_prompt << ", decode 8; profile calibrated in this run\n" << std::flush;
   const std::string base = "/tmp/shardscope-simcheck-" + std::to_string(getpid());
-  std::ostringstream calib_log;
-  {
-    const nlohmann::json prof = calibrate_machine(calib_log, o.check_devices);
-    std::ofstream(base + ".profile.json") << prof.dump(2);
-  }
-  out << calib_log.str();
   const std::string common = " --model " + o.check_model + " --strategy tp --devices " +
                              std::to_string(o.check_devices) + " --prompt-len " + std::to_string(o.check_prompt) +
                              " --decode 8";
+  auto simulate = [&](const std::string& hw, const std::string& events) {
+    return std::system(("'" + self_exe() + "' simulate --hardware '" + hw + "'" + common + " --events '" + events +
+                        "' 2>/dev/null").c_str());
+  };
+  // The GEMM shapes this model and strategy use, from a simulation (any
+  // profile gives the same shapes): calibrate measures them besides its grid.
+  CalibrateOptions copt;
+  {
+    simulate(o.hardware, base + ".shapes");
+    std::set<std::array<int64_t, 3>> shapes;
+    for (auto& e : read_stream(base + ".shapes"))
+      if (auto* s = std::get_if<proto::Span>(&e); s && s->op == "gemm" && s->dims.size() == 3)
+        shapes.insert({s->dims[0], s->dims[1], s->dims[2]});
+    std::filesystem::remove(base + ".shapes");
+    copt.gemm_shapes.assign(shapes.begin(), shapes.end());
+  }
+  std::ostringstream calib_log;
+  const nlohmann::json prof = calibrate_machine(calib_log, o.check_devices, copt);
+  out << calib_log.str();
+  std::ofstream(base + ".profile.json") << prof.dump(2);
+  // The same profile with the GEMM grid only (what `calibrate` writes).
+  std::ofstream(base + ".grid.json") << grid_only(prof).dump(2);
+  // The host's load around the measured run: other processes on these cores
+  // stretch its spans (and its ranks' waits) beyond what calibrate measured.
+  auto loadavg = [] {
+    std::ifstream f("/proc/loadavg");
+    double one = -1;
+    f >> one;
+    return one;
+  };
+  const double load0 = loadavg();
   const int rc1 = std::system(("'" + self_exe() + "' launch" + common + " --events " + base + ".cpu 2>/dev/null").c_str());
-  const int rc2 = std::system(("'" + self_exe() + "' simulate --hardware " + base + ".profile.json" + common +
-                               " --events " + base + ".sim 2>/dev/null").c_str());
-  const auto real = read_stream(base + ".cpu"), sim = read_stream(base + ".sim");
-  for (auto ext : {".cpu", ".sim", ".profile.json"}) std::filesystem::remove(base + ext);
-  if (rc1 || rc2) {
+  const double load1 = loadavg();
+  {
+    char l[200];
+    std::snprintf(l, sizeof l, "host load (1-min average) before / after the measured run: %.2f / %.2f on %ld cores\n",
+                  load0, load1, sysconf(_SC_NPROCESSORS_ONLN));
+    out << l;
+  }
+  const int rc2 = simulate(base + ".profile.json", base + ".sim");
+  const int rc3 = simulate(base + ".grid.json", base + ".simgrid");
+  const auto real = read_stream(base + ".cpu"), sim = read_stream(base + ".sim"), simgrid = read_stream(base + ".simgrid");
+  for (auto ext : {".cpu", ".sim", ".simgrid", ".profile.json", ".grid.json"}) std::filesystem::remove(base + ext);
+  if (rc1 || rc2 || rc3) {
     out << "the measured or simulated run failed\n";
     return 1;
   }
@@ -211,50 +243,118 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
       if (auto* s = std::get_if<proto::Span>(&e)) m[{s->rank, s->stream}].push_back(*s);
     return m;
   };
-  const auto R = by_rank(real), S = by_rank(sim);
-  std::map<std::string, std::vector<double>> err;  // op -> relative errors
+  auto kind = [](const std::string& stream, const proto::Span& a) {
+    return stream + ":" + a.op + (a.phase == "decode" ? " (decode)" : "");
+  };
+  const auto R = by_rank(real);
   std::map<std::string, double> meas_total;
   int64_t mismatched = 0;
-  for (auto& [key, rs] : R) {
-    auto it = S.find(key);
-    if (it == S.end() || it->second.size() != rs.size()) {
-      ++mismatched;
-      continue;
-    }
-    for (size_t i = 0; i < rs.size(); ++i) {
-      const auto& a = rs[i];
-      const auto& b = it->second[i];
-      if (a.op != b.op) {
-        ++mismatched;
+  // op kind -> relative errors of each span (simulated against measured).
+  auto errors = [&](const std::vector<proto::Event>& simulated, bool count) {
+    const auto S = by_rank(simulated);
+    std::map<std::string, std::vector<double>> err;
+    for (auto& [key, rs] : R) {
+      auto it = S.find(key);
+      if (it == S.end() || it->second.size() != rs.size()) {
+        if (count) ++mismatched;
         continue;
       }
-      const double m = double(a.t1 - a.t0), p = double(b.t1 - b.t0);
-      const std::string k = key.second + ":" + a.op + (a.phase == "decode" ? " (decode)" : "");
-      meas_total[k] += m;
-      if (m > 0) err[k].push_back((p - m) / m);
+      for (size_t i = 0; i < rs.size(); ++i) {
+        const auto& a = rs[i];
+        const auto& b = it->second[i];
+        if (a.op != b.op) {
+          if (count) ++mismatched;
+          continue;
+        }
+        const double m = double(a.t1 - a.t0), p = double(b.t1 - b.t0);
+        const std::string k = kind(key.second, a);
+        if (count) meas_total[k] += m;
+        if (m > 0) err[k].push_back((p - m) / m);
+      }
     }
-  }
-  std::snprintf(line, sizeof line, "%-32s %7s %12s %10s %10s %9s\n", "op (stream)", "spans", "measured ms", "median",
-                "p90 |err|", "bias");
+    // Collectives once more, as the alpha-beta model defines their time: from
+    // the last participant's arrival to the last one's end. A rank's own span
+    // also holds its wait for the others, which is the other ranks' compute.
+    auto instances = [&](const std::vector<proto::Event>& ev) {
+      // The i-th collective of a kind over the same members, on each member.
+      std::map<std::tuple<std::string, int, std::vector<int>>, int> seen;
+      std::map<std::tuple<std::string, std::vector<int>, int>, std::vector<const proto::Span*>> inst;
+      for (auto& e : ev)
+        if (auto* s = std::get_if<proto::Span>(&e); s && s->stream == "comm") {
+          std::vector<int> members = s->peers;
+          members.push_back(s->rank);
+          std::sort(members.begin(), members.end());
+          const std::string k = kind("comm", *s) + " (after last arrival)";
+          const int n = seen[{k, s->rank, members}]++;
+          inst[{k, members, n}].push_back(s);
+        }
+      // Each rank process starts its clock on its own: align the ranks on the
+      // ends of their all-reduces, which all members reach within microseconds.
+      std::map<int, std::vector<double>> skew;
+      for (auto& [key, spans] : inst)
+        if (std::get<0>(key).rfind("comm:all_reduce", 0) == 0 && spans.size() == std::get<1>(key).size())
+          for (auto* s : spans) {
+            auto ref = std::min_element(spans.begin(), spans.end(), [](auto* a, auto* b) { return a->rank < b->rank; });
+            skew[s->rank].push_back(double(s->t1 - (*ref)->t1));
+          }
+      std::map<int, double> offset;
+      for (auto& [rank, v] : skew) {
+        std::sort(v.begin(), v.end());
+        offset[rank] = v[v.size() / 2];
+      }
+      std::map<std::tuple<std::string, std::vector<int>, int>, double> out;
+      for (auto& [key, spans] : inst) {
+        if (spans.size() != std::get<1>(key).size()) continue;
+        double start = -1e300, end = -1e300;
+        for (auto* s : spans) {
+          const double off = offset.count(s->rank) ? offset[s->rank] : 0.0;
+          start = std::max(start, double(s->t0) - off);
+          end = std::max(end, double(s->t1) - off);
+        }
+        out[key] = std::max(0.0, end - start);
+      }
+      return out;
+    };
+    const auto ri = instances(real), si = instances(simulated);
+    for (auto& [key, m] : ri) {
+      auto it = si.find(key);
+      if (it == si.end()) continue;
+      if (count) meas_total[std::get<0>(key)] += m;
+      if (m > 0) err[std::get<0>(key)].push_back((it->second - m) / m);
+    }
+    return err;
+  };
+  const auto err = errors(sim, true), err_grid = errors(simgrid, false);
+  auto stats = [](std::vector<double> e) {
+    std::vector<double> ab(e.size());
+    std::transform(e.begin(), e.end(), ab.begin(), [](double v) { return std::fabs(v); });
+    std::sort(ab.begin(), ab.end());
+    std::sort(e.begin(), e.end());
+    return std::array<double, 3>{ab[ab.size() / 2], ab[std::min(ab.size() - 1, ab.size() * 9 / 10)], e[e.size() / 2]};
+  };
+  std::snprintf(line, sizeof line, "%-46s %6s %11s %7s %9s %7s %12s\n", "op (stream)", "spans", "measured ms",
+                "median", "p90 |err|", "bias", "median, grid");
   out << line;
   std::vector<std::pair<double, std::string>> order;
   for (auto& [k, t] : meas_total) order.emplace_back(-t, k);
   std::sort(order.begin(), order.end());
   for (auto& [neg, k] : order) {
-    auto e = err[k];
-    if (e.empty()) continue;
-    std::vector<double> ab(e.size());
-    std::transform(e.begin(), e.end(), ab.begin(), [](double v) { return std::fabs(v); });
-    std::sort(ab.begin(), ab.end());
-    std::sort(e.begin(), e.end());
-    const double median = ab[ab.size() / 2], p90 = ab[std::min(ab.size() - 1, ab.size() * 9 / 10)];
-    std::snprintf(line, sizeof line, "%-32s %7zu %12.2f %9.0f%% %9.0f%% %8.0f%%\n", k.c_str(), e.size(), -neg * 1e-6,
-                  100 * median, 100 * p90, 100 * e[e.size() / 2]);
+    auto it = err.find(k);
+    if (it == err.end() || it->second.empty()) continue;
+    const auto st = stats(it->second);
+    auto g = err_grid.find(k);
+    char grid[16] = "-";
+    if (g != err_grid.end() && !g->second.empty()) std::snprintf(grid, sizeof grid, "%.0f%%", 100 * stats(g->second)[0]);
+    std::snprintf(line, sizeof line, "%-46s %6zu %11.2f %6.0f%% %8.0f%% %6.0f%% %12s\n", k.c_str(), it->second.size(),
+                  -neg * 1e-6, 100 * st[0], 100 * st[1], 100 * st[2], grid);
     out << line;
   }
   if (mismatched) out << mismatched << " span sequences did not pair up (different op order)\n";
-  out << "median: of |simulated - measured| / measured per span; bias: the median signed error. Goal: median within "
-         "25% per op kind.\n";
+  out << "median: of |simulated - measured| / measured per span; bias: the median signed error; median, grid: the same "
+         "with the profile `calibrate` writes (GEMM times on its grid of weight shapes only; above: also this model's "
+         "shapes). Comm spans per rank include waiting for the other ranks (their compute, and this host's load); "
+         "'after last arrival' is one value per collective, the time the alpha-beta model predicts. Goal: median "
+         "within 25% per op kind.\n";
   return 0;
 }
 
@@ -383,6 +483,8 @@ int run_collective_bench(const CollectiveBenchOptions& o, std::ostream& out) {
 }
 
 int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations, bool json) {
+  // --json: the per-collective timings calibrate fits alpha and beta to.
+  if (json) return collective_timing_rank(sizes, iterations);
   MpiWorld mpi;
   Recorder rec(mpi.rank());
   {
@@ -391,14 +493,7 @@ int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations, boo
     Allocator alloc;
     CpuBackend be(alloc, rec);
     const auto rows = bench_collectives(world, be, sizes, iterations);
-    if (mpi.rank() == 0 && json) {
-      for (const auto& r : rows)
-        std::printf("%s\n", nlohmann::json{{"op", r.op}, {"path", r.path}, {"ranks", r.ranks}, {"bytes", r.bytes},
-                                            {"time_s", r.time_s}, {"algbw", r.algbw}, {"busbw", r.busbw},
-                                            {"wrong", r.wrong}}
-                                 .dump()
-                                 .c_str());
-    } else if (mpi.rank() == 0) {
+    if (mpi.rank() == 0) {
       std::printf("\n%d ranks\n%-11s %10s %11s %10s %10s %11s %10s %10s %8s %6s\n", mpi.size(), "op", "bytes",
                   "bare us", "algbw GB/s", "busbw GB/s", "engine us", "algbw GB/s", "busbw GB/s", "eng/bare", "wrong");
       for (size_t i = 0; i + 1 < rows.size(); i += 2) {

@@ -1,17 +1,23 @@
 #include "runtime/calibrate.h"
 
 #include <cblas.h>
+#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
+#include <set>
 #include <thread>
 
+#include "comm/mpi_communicator.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
@@ -23,6 +29,7 @@ namespace ss {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
 
 template <class F>
 double best_seconds(int reps, F&& f) {
@@ -35,15 +42,370 @@ double best_seconds(int reps, F&& f) {
   return best;
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The last-level cache of this host, for sizing buffers that must not fit in it.
+int64_t l3_bytes() {
+  long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (v > 0) return v;
+  std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  std::string s;
+  if (f >> s && !s.empty()) {
+    const int64_t n = std::atoll(s.c_str());
+    return s.back() == 'M' ? n << 20 : s.back() == 'K' ? n << 10 : n;
+  }
+  return int64_t(32) << 20;
+}
+
+// The median duration of the last span each call of `f` records: what a run
+// on the cpu backend records for that kernel. Each call after `before`
+// (untimed); at least `min_reps` calls, more while under `budget_s` seconds in
+// all (at most 200).
+template <class F, class B>
+double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& before) {
+  std::vector<double> d;
+  rec.clear();
+  const auto start = Clock::now();
+  for (int i = 0; i < 200; ++i) {
+    if (i >= min_reps && std::chrono::duration<double>(Clock::now() - start).count() > budget_s) break;
+    before();
+    f();
+    const auto spans = rec.take_spans();
+    if (!spans.empty()) d.push_back(double(spans.back().t1 - spans.back().t0) * 1e-9);
+  }
+  return median(d);
+}
+template <class F>
+double median_span(Recorder& rec, int min_reps, double budget_s, F&& f) {
+  return median_span(rec, min_reps, budget_s, std::forward<F>(f), [] {});
+}
+
+// In a model a small kernel (or a collective) follows a GEMM that has streamed
+// its weights through the core's private caches. Before each timed call of the
+// kernel grids and of the collectives, reading a buffer of twice the core's L2
+// (untimed) does the same.
+class CacheSweep {
+ public:
+  CacheSweep() {
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 <= 0) l2 = 1 << 20;
+    m_buf.assign(size_t(2 * l2 / 4), 1.0f);
+  }
+  void operator()() {
+    float acc[8] = {};
+    const size_t n = m_buf.size() / 8 * 8;
+    for (size_t i = 0; i < n; i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += m_buf[i + size_t(j)];
+    float sum = 0;
+    for (float v : acc) sum += v;
+    m_sink = sum;
+  }
+
+ private:
+  std::vector<float> m_buf;
+  volatile float m_sink = 0;
+};
+
+double round_us(double seconds) { return std::round(seconds * 1e8) / 100; }  // microseconds, 2 decimals
+
+constexpr int kHeadDim = 64;  // of rope and attention_merge in the kernel grids
+
+// The grid of GEMM weight shapes [N, K] and row counts M every profile gets.
+constexpr std::array<int64_t, 4> kGridN = {256, 1024, 4096, 16384};
+constexpr std::array<int64_t, 3> kGridK = {256, 1024, 4096};
+constexpr std::array<int64_t, 3> kGridM = {1, 2, 256};
+bool in_grid(int64_t N, int64_t K) {
+  return std::count(kGridN.begin(), kGridN.end(), N) && std::count(kGridK.begin(), kGridK.end(), K) &&
+         N * K <= (int64_t(16) << 20);
+}
+
+// Elementwise kernels: the median span per (rows, cols) of the grid.
+json kernel_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostream& log) {
+  const std::vector<int64_t> rows = {1, 8, 64, 512}, cols = {64, 256, 1024, 4096};
+  std::mt19937 rng(1);
+  json out;
+  Tensor table_pool = be.alloc({std::max<int64_t>(int64_t(64) << 20, 2 * l3_bytes()) / 4}, Category::Workspace, "table");
+  be.fill(table_pool, 0.5f);
+  using Op = std::function<void()>;
+  // Sets up the tensors of one op at rows x cols and returns the call to time.
+  auto make = [&](const std::string& op, int64_t r, int64_t c) -> Op {
+    auto t = [&](int64_t rr, int64_t cc, const char* label) {
+      Tensor x = be.alloc({rr, cc}, Category::Workspace, label);
+      be.fill(x, 0.5f);
+      return x;
+    };
+    if (op == "add") {
+      Tensor y = t(r, c, "y"), a = t(r, c, "a"), b = t(r, c, "b");
+      return [&be, y, a, b] { be.add(y, a, b); };
+    }
+    if (op == "silu_mul") {
+      Tensor y = t(r, c, "y"), g = t(r, c, "g"), u = t(r, c, "u");
+      return [&be, y, g, u] { be.silu_mul(y, g, u); };
+    }
+    if (op == "copy") {
+      Tensor y = t(r, c, "y"), x = t(r, c, "x");
+      return [&be, y, x] { be.copy(y, x); };
+    }
+    if (op == "rmsnorm") {
+      Tensor y = t(r, c, "y"), x = t(r, c, "x"), w = t(1, c, "w").reshape({c});
+      return [&be, y, x, w, c] { be.rmsnorm(y, x, w, 1e-5f, c); };
+    }
+    if (op == "gated_rmsnorm") {
+      Tensor y = t(r, c, "y"), x = t(r, c, "x"), z = t(r, c, "z"), w = t(1, c, "w").reshape({c});
+      return [&be, y, x, z, w, c] { be.gated_rmsnorm(y, x, z, w, 1e-5f, c); };
+    }
+    if (op == "rope") {
+      Tensor x = t(r, c, "x");
+      auto pos = std::make_shared<std::vector<int32_t>>(size_t(r));
+      for (int64_t i = 0; i < r; ++i) (*pos)[size_t(i)] = int32_t(1000 + i);
+      return [&be, x, pos, c] { be.rope(x, int(c / kHeadDim), kHeadDim, *pos, 10000.0f); };
+    }
+    if (op == "attention_merge") {
+      const int heads = int(c / kHeadDim);
+      Tensor o = t(r, c, "o"), o2 = t(r, c, "o2"), l = t(r, heads, "lse"), l2 = t(r, heads, "lse2");
+      return [&be, o, o2, l, l2, heads] { be.attention_merge(o, l, o2, l2, heads, kHeadDim); };
+    }
+    if (op == "embedding") {
+      // A table larger than the cache, rows picked at random (as tokens are).
+      const int64_t vocab = table_pool.numel() / c;
+      Tensor y = t(r, c, "y"), table = table_pool.slice(0, 0, vocab * c).reshape({vocab, c});
+      auto tok = std::make_shared<std::vector<int32_t>>(size_t(r));
+      return [&be, y, table, tok, vocab, &rng] {
+        for (auto& v : *tok) v = int32_t(rng() % uint32_t(vocab));
+        be.embedding(y, table, *tok);
+      };
+    }
+    throw std::logic_error("calibrate: no setup for " + op);
+  };
+  const std::vector<std::string> ops = {"add", "silu_mul", "copy", "rmsnorm", "gated_rmsnorm",
+                                        "rope", "attention_merge", "embedding"};
+  for (const auto& op : ops) {
+    json us = json::array();
+    for (int64_t r : rows) {
+      json row = json::array();
+      for (int64_t c : cols) {
+        Op f = make(op, r, c);
+        row.push_back(round_us(std::max(median_span(rec, 5, 0.02, f, sweep), 1e-8)));
+      }
+      us.push_back(row);
+    }
+    out[op] = {{"rows", rows}, {"cols", cols}, {"us", us}};
+    log << "  " << op << ": " << us[0][0].get<double>() << " us at 1x" << cols[0] << ", "
+        << us.back().back().get<double>() << " us at " << rows.back() << "x" << cols.back() << "\n";
+  }
+  // argmax: one row.
+  {
+    const std::vector<int64_t> acols = {1024, 8192, 65536};
+    json row = json::array();
+    for (int64_t c : acols) {
+      Tensor x = be.alloc({1, c}, Category::Workspace, "logits");
+      be.fill(x, 0.5f);
+      row.push_back(round_us(std::max(median_span(rec, 5, 0.02, [&] { be.argmax_row(x, 0); }, sweep), 1e-8)));
+    }
+    out["argmax"] = {{"rows", {1}}, {"cols", acols}, {"us", json::array({row})}};
+  }
+  return out;
+}
+
+// One-row and few-row GEMMs by weight shape. Each call reads its weights from
+// a different place of a pool twice the last-level cache, so they come from
+// memory as a decode step's do (a model's weights exceed the caches).
+json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t, int64_t>, std::set<int64_t>>& shapes,
+                std::ostream& log) {
+  int64_t largest = 0;
+  for (auto& [nk, ms] : shapes) largest = std::max(largest, nk.first * nk.second);
+  const int64_t pool_elems =
+      std::max(std::clamp<int64_t>(2 * l3_bytes(), int64_t(64) << 20, int64_t(512) << 20) / 4, largest);
+  Tensor pool = be.alloc({pool_elems}, Category::Workspace, "weight pool");
+  be.fill(pool, 0.01f);
+  int64_t next = 0;
+  json out = json::array();
+  for (auto& [nk, ms] : shapes) {
+    const auto [N, K] = nk;
+    const int64_t per = N * K;
+    const int64_t slots = pool_elems / per;
+    Tensor w_all = pool.slice(0, 0, slots * per).reshape({slots * N, K});
+    json m_list = json::array(), us = json::array();
+    for (int64_t M : ms) {
+      Tensor x = be.alloc({M, K}, Category::Workspace, "x"), y = be.alloc({M, N}, Category::Workspace, "y");
+      be.fill(x, 0.1f);
+      const int reps = M <= 2 ? 7 : 3;
+      const double t = median_span(rec, reps, 0.0, [&] {
+        const Tensor w = w_all.slice(0, (next++ % slots) * N, N);
+        be.matmul(y, x, w);
+      });
+      m_list.push_back(M);
+      us.push_back(round_us(std::max(t, 1e-8)));
+    }
+    out.push_back({{"n", N}, {"k", K}, {"m", m_list}, {"us", us}});
+  }
+  log << "  gemm times: " << out.size() << " weight shapes, e.g.";
+  for (auto& s : out)
+    if (s["n"] == 1024 && s["k"] == 1024)
+      log << " 1x1024x1024 " << s["us"][0].get<double>() << " us, 256x1024x1024 " << s["us"].back().get<double>()
+          << " us";
+  log << "\n";
+  return out;
+}
+
+// Attention spans on a grid of (queries, keys): queries at the last Tq of Tk
+// key positions (every key visible to every query when Tq > Tk).
+json attention_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostream& log) {
+  const int H = 8, KV = 2, hd = 64;
+  const std::vector<int64_t> tq = {1, 16, 128, 512}, tk = {128, 512, 2048};
+  json us = json::array();
+  const int64_t pool_elems = std::max<int64_t>(int64_t(64) << 20, 2 * l3_bytes()) / 4;
+  Tensor pool = be.alloc({pool_elems}, Category::Workspace, "kv pool");
+  be.fill(pool, 0.01f);
+  for (int64_t q_n : tq) {
+    json row = json::array();
+    for (int64_t k_n : tk) {
+      // Keys and values come from memory, as a decode step's KV cache does:
+      // each call reads another copy of them from a pool twice the last-level cache.
+      Tensor q = be.alloc({q_n, H * hd}, Category::Workspace, "q"), o = be.alloc({q_n, H * hd}, Category::Workspace, "o");
+      const int64_t copies = pool_elems / (2 * k_n * KV * hd);
+      const Tensor kv = pool.slice(0, 0, copies * 2 * k_n * KV * hd).reshape({copies * 2 * k_n, KV * hd});
+      be.fill(q, 0.01f);
+      int64_t next = 0;
+      std::vector<int32_t> qp(static_cast<size_t>(q_n)), kp(static_cast<size_t>(k_n));
+      for (int64_t i = 0; i < k_n; ++i) kp[size_t(i)] = int32_t(i);
+      for (int64_t i = 0; i < q_n; ++i) qp[size_t(i)] = int32_t(q_n <= k_n ? k_n - q_n + i : k_n - 1 + i);
+      AttentionArgs a;
+      a.n_heads = H;
+      a.n_kv_heads = KV;
+      a.head_dim = hd;
+      a.scale = 0.125f;
+      a.q_pos = qp;
+      a.k_pos = kp;
+      const double t = median_span(
+          rec, 3, 0.05,
+          [&] {
+            const int64_t c = next++ % copies;
+            be.attention(o, q, kv.slice(0, 2 * c * k_n, k_n), kv.slice(0, (2 * c + 1) * k_n, k_n), a);
+          },
+          sweep);
+      row.push_back(round_us(std::max(t, 1e-8)));
+    }
+    us.push_back(row);
+  }
+  log << "  attention: " << us[0][1].get<double>() << " us at 1 query x 512 keys, " << us.back()[1].get<double>()
+      << " us at 512 x 512 (causal)\n";
+  return {{"heads", H}, {"kv_heads", KV}, {"head_dim", hd}, {"tq", tq}, {"tk", tk}, {"us", us}};
+}
+
+// Alpha and beta of one collective from its times over sizes, for the cost
+// model's formula at `n` ranks (t = ca * alpha + cb * S / beta): least squares
+// on the relative error, alpha and 1/beta kept positive.
+std::pair<double, double> fit_alpha_beta(const std::string& op, int n,
+                                         const std::vector<std::pair<double, double>>& pts) {
+  const double steps = n - 1, lg = std::ceil(std::log2(double(n)));
+  double ca = 1, cb = 1;
+  if (op == "all_reduce") ca = 2 * steps, cb = 2 * steps / n;
+  else if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") ca = steps, cb = steps / n;
+  else if (op == "broadcast") ca = lg, cb = lg;
+  // Minimise sum ((ca a + cb S x - t) / t)^2 over a, x >= 0.
+  double s_aa = 0, s_ax = 0, s_xx = 0, s_at = 0, s_xt = 0;
+  for (auto [S, t] : pts) {
+    const double u = ca / t, v = cb * S / t;
+    s_aa += u * u, s_ax += u * v, s_xx += v * v, s_at += u, s_xt += v;
+  }
+  const double det = s_aa * s_xx - s_ax * s_ax;
+  double a = det > 0 ? (s_at * s_xx - s_xt * s_ax) / det : 0, x = det > 0 ? (s_xt * s_aa - s_at * s_ax) / det : 0;
+  if (!(a > 0)) a = 0, x = s_xt / s_xx;
+  if (!(x > 0)) x = 0, a = s_at / s_aa;
+  // A profile's figures are positive: a fit at zero becomes 1 ns, or 1 PB/s.
+  a = std::max(a, 1e-9);
+  x = std::max(x, 1e-15);
+  return {a, 1.0 / x};
+}
+
 }  // namespace
 
-nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
-  // Per-rank figures: each rank of a run gets cores / ranks threads.
+int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
+  MpiWorld mpi;
+  const int n = mpi.size(), me = mpi.rank();
+  cpu::set_threads(1);
+  // The host's steady clock itself on every rank (one host), so the ranks'
+  // span times compare directly.
+  Recorder rec(me);
+  rec.set_origin(std::chrono::steady_clock::time_point{});
+  rec.set_mem_sampling(false);
+  auto stream = std::make_shared<CommStream>();
+  {
+    MpiCommunicator world(stream, MPI_COMM_WORLD, rec, "calibrate");
+    Allocator alloc;
+    CpuBackend be(alloc, rec);
+    CacheSweep sweep;
+    for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv"}) {
+      const std::string o = op;
+      for (int64_t bytes : sizes) {
+        // Whole f32 elements per rank; `bytes` is the whole buffer as in wire_bytes().
+        const bool split = o == "all_gather" || o == "reduce_scatter" || o == "all_to_all";
+        const int64_t per = std::max<int64_t>(1, bytes / 4 / (split ? n : 1));
+        const int64_t total = split ? per * n : per;
+        Tensor a = be.alloc({split && o != "all_gather" ? total : per}, Category::CommBuffers, "a");
+        Tensor b = be.alloc({split && o != "reduce_scatter" ? total : per}, Category::CommBuffers, "b");
+        be.fill(a, 1.0f);
+        auto call = [&] {
+          if (o == "all_reduce") world.all_reduce(a);
+          else if (o == "all_gather") world.all_gather(b, a);
+          else if (o == "reduce_scatter") world.reduce_scatter(b, a);
+          else if (o == "broadcast") world.broadcast(a, 0);
+          else if (o == "all_to_all") world.all_to_all(b, a);
+          else world.sendrecv(a, (me + 1) % n, b, (me + n - 1) % n);
+        };
+        const int iters =
+            int(std::clamp<int64_t>(int64_t(iterations) * 65536 / std::max<int64_t>(bytes, 1), 5, iterations));
+        call();  // warm-up
+        std::vector<double> t0(static_cast<size_t>(iters)), t1(static_cast<size_t>(iters));
+        for (int i = 0; i < iters; ++i) {
+          world.barrier();
+          sweep();
+          rec.clear();
+          call();
+          const auto spans = rec.take_spans();
+          t0[size_t(i)] = spans.empty() ? 0 : double(spans.back().t0);
+          t1[size_t(i)] = spans.empty() ? 0 : double(spans.back().t1);
+        }
+        // Per iteration: from the last rank's start to the last rank's end.
+        stream->enqueue([&] {
+          check_mpi(MPI_Allreduce(MPI_IN_PLACE, t0.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+                    "MPI_Allreduce", "calibrate");
+          check_mpi(MPI_Allreduce(MPI_IN_PLACE, t1.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+                    "MPI_Allreduce", "calibrate");
+        })->wait();
+        std::vector<double> d(static_cast<size_t>(iters));
+        for (int i = 0; i < iters; ++i) d[size_t(i)] = std::max(0.0, t1[size_t(i)] - t0[size_t(i)]) * 1e-9;
+        if (me == 0)
+          std::printf("%s\n", json{{"op", o}, {"ranks", n}, {"bytes", total * 4}, {"iterations", iters},
+                                   {"time_s", median(d)}}.dump().c_str());
+      }
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options) {
+  // Per-rank figures, with the threads a run gives each rank: all cores for
+  // one rank, one thread per rank when several share the host (run.cpp).
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = std::max(1, cores / std::max(1, ranks));
+  const int threads = ranks > 1 ? 1 : cores;
   cpu::set_threads(threads);
+  const auto started = Clock::now();
+  auto elapsed = [&] {
+    char b[32];
+    std::snprintf(b, sizeof b, " [%.1f s]\n", std::chrono::duration<double>(Clock::now() - started).count());
+    return std::string(b);
+  };
   Allocator alloc;
   Recorder rec;
+  rec.set_mem_sampling(false);
   CpuBackend be(alloc, rec);
 
   // GEMM rate: the best of a few shapes the models use.
@@ -59,10 +421,13 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
   }
   // Memory bandwidth: a large copy (read + write).
   const size_t n = size_t(64) << 20;  // 256 MiB of floats
-  std::vector<float> src(n, 1.0f), dst(n, 0.0f);
-  const double copy_s = best_seconds(3, [&] { std::copy(src.begin(), src.end(), dst.begin()); });
-  const double bw = 2.0 * double(n) * 4 / copy_s;
-  log << "  memory copy: " << bw * 1e-9 << " GB/s\n";
+  double bw = 0;
+  {
+    std::vector<float> src(n, 1.0f), dst(n, 0.0f);
+    const double copy_s = best_seconds(3, [&] { std::copy(src.begin(), src.end(), dst.begin()); });
+    bw = 2.0 * double(n) * 4 / copy_s;
+  }
+  log << "  memory copy: " << bw * 1e-9 << " GB/s" << elapsed();
   // Vector rate, from the selective scan (the cost model charges it a quarter of it).
   const int64_t T = 256, C = 512, S = 16;
   Tensor x = be.alloc({T, C}, Category::Workspace, "x"), y = be.alloc({T, C}, Category::Workspace, "y");
@@ -82,7 +447,8 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
   const double scan_s = best_seconds(3, [&] { be.selective_scan(sa); });
   const double vector = 7.0 * T * C * S / scan_s / 0.25;
   log << "  vector (from the selective scan): " << vector * 1e-9 << " GFLOP/s\n";
-  // Attention and elementwise kernels, as fractions of the GEMM rate and of the copy bandwidth.
+  // Attention and elementwise kernels, as fractions of the GEMM rate and of the
+  // copy bandwidth: the roofline's figures, used where no measured time applies.
   double attention_eff = 0.5, scan_eff = 0.5, elementwise_eff = 1.0, gemv_eff = 1.0;
   {
     const int64_t Tq = 512, H = 8, hd = 64;
@@ -125,14 +491,38 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
   // Per-kernel overhead: a tiny op through the backend, span recording included.
   Tensor t1 = be.alloc({1, 8}, Category::Workspace, "tiny");
   const double launch = best_seconds(200, [&] { be.add(t1, t1, t1); });
-  log << "  per-kernel overhead: " << launch * 1e6 << " us\n";
+  log << "  per-kernel overhead: " << launch * 1e6 << " us" << elapsed();
   rec.clear();
 
-  // MPI: small and large all-reduce between `ranks` ranks of this host.
+  // Measured kernel times: the spans the cpu backend records, by size.
+  json kernels, attention;
+  {
+    CacheSweep sweep;
+    kernels = kernel_times(be, rec, sweep, log);
+    attention = attention_times(be, rec, sweep, log);
+  }
+  log << "  (kernel and attention grids)" << elapsed();
+  std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> shapes;
+  for (int64_t N : kGridN)
+    for (int64_t K : kGridK)
+      if (in_grid(N, K)) shapes[{N, K}] = {kGridM.begin(), kGridM.end()};
+  for (auto& [M, N, K] : options.gemm_shapes) {
+    if (M <= 0 || N <= 0 || K <= 0) continue;
+    auto& ms = shapes[{N, K}];
+    ms.insert({1, 2, M});
+  }
+  const json gemms = gemm_times(be, rec, shapes, log);
+  rec.clear();
+  log << "  (gemm times)" << elapsed();
+
+  // MPI: every collective over message sizes between `ranks` ranks of this
+  // host; alpha-beta per collective. The link's own figures are all_reduce's.
   double alpha = 20e-6, beta = bw / 4;
+  json colls = json::object();
   if (ranks > 1) {
     const std::string cmd =
-        mpirun_self_command(ranks, "bench-collectives-rank --json --sizes 4096,16777216 --iterations 5");
+        mpirun_self_command(ranks, "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304 --iterations 100");
+    std::map<std::string, std::vector<std::pair<double, double>>> pts;
     if (std::FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
       std::string outp;
@@ -140,17 +530,24 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
       pclose(p);
       for (size_t at = 0; (at = outp.find('{', at)) != std::string::npos;) {
         const size_t end = outp.find('\n', at);
-        nlohmann::json row = nlohmann::json::parse(outp.substr(at, end - at), nullptr, false);
+        json row = json::parse(outp.substr(at, end - at), nullptr, false);
         at = end;
-        if (row.is_discarded() || row.value("path", "") != "mpi" || row.value("op", "") != "all_reduce") continue;
-        const double secs = row.value("time_s", 0.0), bytes = row.value("bytes", 0.0);
-        const double steps = 2.0 * (ranks - 1);
-        if (bytes <= 4096) alpha = secs / steps;  // latency-bound
-        else beta = row.value("busbw", beta);      // bandwidth-bound
+        if (row.is_discarded() || !row.contains("op") || !row.contains("time_s")) continue;
+        if (row.value("time_s", 0.0) > 0) pts[row.value("op", "")].emplace_back(row.value("bytes", 0.0), row.value("time_s", 0.0));
       }
     }
-    log << "  mpi all_reduce over " << ranks << " ranks: latency " << alpha * 1e6 << " us per step, bus bandwidth "
-        << beta * 1e-9 << " GB/s\n";
+    for (auto& [op, v] : pts) {
+      std::sort(v.begin(), v.end());
+      const auto [a, b] = fit_alpha_beta(op, ranks, v);
+      colls[op] = {{"latency_us", a * 1e6}, {"bandwidth_gbps", b * 1e-9}};
+      log << "  mpi " << op << " over " << ranks << " ranks: alpha " << a * 1e6 << " us, beta " << b * 1e-9
+          << " GB/s (";
+      for (size_t i = 0; i < v.size(); ++i) log << (i ? ", " : "") << v[i].first << " B " << v[i].second * 1e6 << " us";
+      log << ")\n";
+      if (op == "all_reduce") alpha = a, beta = b;
+    }
+    if (!colls.contains("all_reduce")) log << "  mpi: no measurement came back; the link keeps assumed figures\n";
+    log << "  (collectives)" << elapsed();
   }
 
   std::ifstream mi("/proc/meminfo");
@@ -163,6 +560,18 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   const std::string src_note = "measured by shardscope-engine calibrate on " + host_name() + ", " + date + ", " +
                                std::to_string(threads) + " thread(s) per rank";
+  json link = {{"name", "MPI shared memory"}, {"bandwidth_gbps", beta * 1e-9}, {"latency_us", alpha * 1e6},
+               {"source", src_note + "; latency and bandwidth: all_reduce's"}};
+  if (!colls.empty()) {
+    colls["note"] = "alpha (latency_us, per step) and beta (bandwidth_gbps) fitted (least squares on the relative "
+                    "error) to each collective's median time through the engine's communicator, from the last "
+                    "rank's start to the last rank's end, each call after a sweep of the private caches, over "
+                    "message sizes 64 B - 4 MiB, for the cost model's formula of that collective at " +
+                    std::to_string(ranks) + " ranks";
+    link["collectives"] = colls;
+  }
+  json network = link;
+  network["name"] = "MPI shared memory (one host)";
   return {
       {"name", "this machine (" + host_name() + "), calibrated, " + std::to_string(ranks) + " ranks"},
       {"device",
@@ -176,14 +585,51 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks) {
         {"scan_efficiency", scan_eff},
         {"elementwise_efficiency", elementwise_eff},
         {"gemv_efficiency", gemv_eff},
+        {"kernel_times",
+         [&] {
+           json k = kernels;
+           k["source"] = src_note;
+           k["note"] = "median span of each kernel through the cpu backend at rows x cols (rope and attention_merge: "
+                       "heads of 64); rows and cols are the span's dims (argmax: one row of cols)";
+           return k;
+         }()},
+        {"gemm_times",
+         {{"source", src_note},
+          {"note", "median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level cache "
+                   "(weights not in any cache, as in decode)"},
+          {"shapes", gemms}}},
+        {"attention_times",
+         [&] {
+           json a = attention;
+           a["source"] = src_note;
+           a["note"] = "median attention span, tq queries at the last tq of tk key positions (all keys visible when "
+                       "tq > tk); other head counts and masks scale by FLOPs";
+           return a;
+         }()},
         {"sources", {{"all", src_note}}}}},
-      {"node",
-       {{"max_devices", std::max(cores, ranks)},
-        {"link", {{"name", "MPI shared memory"}, {"bandwidth_gbps", beta * 1e-9}, {"latency_us", alpha * 1e6},
-                  {"source", src_note}}}}},
-      {"network", {{"name", "MPI shared memory (one host)"}, {"bandwidth_gbps", beta * 1e-9}, {"latency_us", alpha * 1e6},
-                   {"source", src_note}}},
+      {"node", {{"max_devices", std::max(cores, ranks)}, {"link", link}}},
+      {"network", network},
   };
+}
+
+nlohmann::json grid_only(const nlohmann::json& profile) {
+  json out = profile;
+  if (!out.contains("device") || !out["device"].contains("gemm_times")) return out;
+  json kept = json::array();
+  for (const auto& sh : out["device"]["gemm_times"]["shapes"]) {
+    if (!in_grid(sh.value("n", int64_t(0)), sh.value("k", int64_t(0)))) continue;
+    json g = sh, m = json::array(), us = json::array();
+    for (size_t i = 0; i < sh["m"].size(); ++i)
+      if (std::count(kGridM.begin(), kGridM.end(), sh["m"][i].get<int64_t>())) {
+        m.push_back(sh["m"][i]);
+        us.push_back(sh["us"][i]);
+      }
+    g["m"] = m;
+    g["us"] = us;
+    kept.push_back(g);
+  }
+  out["device"]["gemm_times"]["shapes"] = kept;
+  return out;
 }
 
 int run_calibrate(const std::string& out_file, int ranks, std::ostream& log) {

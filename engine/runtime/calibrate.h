@@ -1,18 +1,45 @@
 // `shardscope-engine calibrate`: measures this machine (GEMM rate by shape,
 // vector rate, memory bandwidth, per-kernel overhead, MPI latency and
-// bandwidth) and writes a hardware profile the simulator reads, so simulated
-// runs can be checked against cpu runs on the same machine.
+// bandwidth per collective) and writes a hardware profile the simulator reads,
+// so simulated runs can be checked against cpu runs on the same machine.
+//
+// Besides the peak figures every profile has, it writes measured kernel times
+// (see sim/hardware.h): the spans of the cpu backend's own kernels on grids of
+// sizes (elementwise kernels, attention), one-row and few-row GEMMs by weight
+// shape with the weights out of the caches (decode), and alpha-beta per
+// collective fitted over message sizes.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace ss {
 
+struct CalibrateOptions {
+  // GEMM shapes (M, N, K) to measure besides the grid of weight shapes, e.g.
+  // the ones a model uses: each (N, K) at 1, 2 and every M given for it.
+  std::vector<std::array<int64_t, 3>> gemm_shapes;
+};
+
 // Measures and returns the profile (and prints what it measured to `log`).
-nlohmann::json calibrate_machine(std::ostream& log, int ranks);
+nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options = {});
 int run_calibrate(const std::string& out_file, int ranks, std::ostream& log);
+// The profile as calibrate writes it without options: the GEMM shapes and
+// row counts measured only because CalibrateOptions asked for them removed.
+nlohmann::json grid_only(const nlohmann::json& profile);
+
+// One rank of the collective measurement (bench-collectives-rank --json):
+// each of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all and
+// sendrecv at each size, through the engine's MpiCommunicator as a run calls
+// them (comm stream, spans), each call after a barrier and a sweep of the
+// core's private caches; timed from the last rank's start to the last rank's
+// end on the host's clock. Rank 0 prints one JSON line per (op, size) with
+// the median over iterations.
+int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations);
 
 }  // namespace ss

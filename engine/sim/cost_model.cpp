@@ -16,10 +16,54 @@ double gemm_efficiency(const std::vector<int64_t>& d) {
   return std::max(m / (m + 8.0) * n / (n + 32.0) * k / (k + 32.0), 1e-3);
 }
 
+// A measured GEMM: the shape's own times when it was measured; otherwise the
+// nearest measured shapes (up to four, by distance in log2 N and log2 K,
+// weighted by the inverse square distance), each scaled by N*K over its own.
+double gemm_measured(const std::vector<GemmShapeTimes>& shapes, double M, double N, double K) {
+  std::vector<std::pair<double, const GemmShapeTimes*>> near;
+  for (const auto& s : shapes) {
+    if (s.n == N && s.k == K) return s.at(M);
+    const double dn = std::log2(N / s.n), dk = std::log2(K / s.k);
+    near.emplace_back(dn * dn + dk * dk, &s);
+  }
+  std::sort(near.begin(), near.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  near.resize(std::min<size_t>(near.size(), 4));
+  double sum = 0, wsum = 0;
+  for (auto& [d2, s] : near) {
+    const double w = 1.0 / d2;
+    sum += w * s->at(M) * (N * K) / (s->n * s->k);
+    wsum += w;
+  }
+  return sum / wsum;
+}
+
+// Visible (query, key) pairs of the measured attention: Tq queries at the
+// last Tq of Tk key positions (all keys visible to each when Tq > Tk).
+double attention_pairs(double tq, double tk) { return tq <= tk ? tq * tk - tq * (tq - 1) / 2 : tq * tk; }
+
 }  // namespace
 
 double kernel_seconds(const HardwareProfile& hw, const std::string& op, double flops, double bytes,
                       const std::vector<int64_t>& dims) {
+  // Measured times (a calibrated profile): the kernel's own spans at these
+  // sizes, which hold its per-call overhead and its achieved rates.
+  if (op == "gemm" && !hw.gemm_times.empty() && dims.size() == 3) {
+    if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) return hw.launch;
+    return gemm_measured(hw.gemm_times, double(dims[0]), double(dims[1]), double(dims[2]));
+  }
+  if (op == "attention" && !hw.attention_times.empty() && dims.size() == 4 && flops > 0) {
+    // Scaled by FLOPs from the measured heads and mask to this call's.
+    const AttentionTimes& a = hw.attention_times;
+    const double tq = double(dims[0]), tk = double(dims[1]);
+    const double measured_flops = attention_pairs(tq, tk) * a.heads * 4.0 * a.head_dim;
+    return a.grid.at(tq, tk) * flops / measured_flops;
+  }
+  if (auto it = hw.kernel_times.find(op); it != hw.kernel_times.end() && !dims.empty() && dims.size() <= 2) {
+    // Rows and columns as the span's dims give them (a 1-D op is one row).
+    const double rows = dims.size() == 2 ? double(dims[0]) : 1.0, cols = double(dims.back());
+    return it->second.at(rows, cols);
+  }
+
   double rate = hw.fp32_flops, bandwidth = hw.memory_bandwidth * hw.elementwise_efficiency;
   if (op == "gemm") {
     rate = hw.matmul_flops * gemm_efficiency(dims);
@@ -40,7 +84,13 @@ double kernel_seconds(const HardwareProfile& hw, const std::string& op, double f
 
 CollectiveCost collective_seconds(const LinkProfile& l, const std::string& op, double S, int n) {
   if (n <= 1) return {0.0, "local"};
-  const double a = l.latency, b = l.bandwidth, steps = double(n - 1), lg = std::ceil(std::log2(double(n)));
+  // Alpha and beta measured for this collective when the profile has them.
+  double a = l.latency, b = l.bandwidth;
+  if (auto it = l.collectives.find(op); it != l.collectives.end()) {
+    a = it->second.latency;
+    b = it->second.bandwidth;
+  }
+  const double steps = double(n - 1), lg = std::ceil(std::log2(double(n)));
   auto best = [](CollectiveCost x, CollectiveCost y) { return x.seconds <= y.seconds ? x : y; };
   if (op == "all_reduce")
     return best({2 * steps * a + 2 * steps / n * S / b, "ring"}, {2 * lg * (a + S / b), "tree"});

@@ -1,7 +1,11 @@
 // The simulator's cost model. Kernels: a roofline over the profile's peak
 // rates and memory bandwidth, with an efficiency curve for small GEMM shapes
-// and a per-launch latency. Collectives: alpha-beta over the link class they
-// cross, for the algorithm that is fastest at that size (ring or tree).
+// and a per-launch latency; where the profile holds measured kernel times (a
+// calibrated profile: GEMMs by weight shape and rows, attention by queries and
+// keys, elementwise kernels by rows and columns) the measured time at the
+// kernel's size instead. Collectives: alpha-beta over the link class they
+// cross (the collective's own alpha and beta when the profile measured them),
+// for the algorithm that is fastest at that size (ring or tree).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,7 @@
 #include "sim/hardware.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -26,16 +28,139 @@ const json& object(const json& j, const std::string& key, const std::string& ori
   return *it;
 }
 
+// A non-empty array of positive numbers; `increasing`: strictly (a grid axis).
+std::vector<double> numbers(const json& j, const std::string& path, const char* key, const std::string& origin,
+                            bool increasing) {
+  const std::string field = path + key;
+  auto it = j.find(key);
+  if (it == j.end()) throw UsageError(origin + ": field '" + field + "' is missing");
+  if (!it->is_array() || it->empty()) throw UsageError(origin + ": field '" + field + "' must be a non-empty array");
+  std::vector<double> out;
+  for (auto& v : *it) {
+    if (!v.is_number()) throw UsageError(origin + ": field '" + field + "' must hold numbers only");
+    const double d = v.get<double>();
+    if (!(d > 0) || !std::isfinite(d)) throw UsageError(origin + ": field '" + field + "' must hold positive numbers");
+    if (increasing && !out.empty() && !(d > out.back()))
+      throw UsageError(origin + ": field '" + field + "' must be strictly increasing");
+    out.push_back(d);
+  }
+  return out;
+}
+
+void require_source(const json& j, const std::string& path, const std::string& origin) {
+  if (!j.contains("source"))
+    throw UsageError(origin + ": field '" + path + "source' is missing: say where the figures come from");
+}
+
+// Times in microseconds on the grid x by y: `key` holds one array per x value
+// of one number per y value.
+TimeGrid grid(const json& j, const std::string& path, const char* xkey, const char* ykey, const std::string& origin) {
+  TimeGrid g;
+  g.x = numbers(j, path, xkey, origin, true);
+  g.y = numbers(j, path, ykey, origin, true);
+  const std::string field = path + "us";
+  auto it = j.find("us");
+  if (it == j.end()) throw UsageError(origin + ": field '" + field + "' is missing");
+  const std::string shape = std::to_string(g.x.size()) + " arrays (one per " + xkey + ") of " +
+                            std::to_string(g.y.size()) + " positive numbers (one per " + ykey + ")";
+  if (!it->is_array() || it->size() != g.x.size()) throw UsageError(origin + ": field '" + field + "' must be " + shape);
+  for (auto& row : *it) {
+    if (!row.is_array() || row.size() != g.y.size()) throw UsageError(origin + ": field '" + field + "' must be " + shape);
+    std::vector<double> r;
+    for (auto& v : row) {
+      if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+        throw UsageError(origin + ": field '" + field + "' must be " + shape);
+      r.push_back(v.get<double>() * 1e-6);
+    }
+    g.seconds.push_back(std::move(r));
+  }
+  return g;
+}
+
+std::vector<GemmShapeTimes> gemm_times(const json& j, const std::string& path, const std::string& origin) {
+  if (!j.is_object()) throw UsageError(origin + ": field '" + path.substr(0, path.size() - 1) + "' must be an object");
+  require_source(j, path, origin);
+  auto it = j.find("shapes");
+  if (it == j.end() || !it->is_array() || it->empty())
+    throw UsageError(origin + ": field '" + path + "shapes' must be a non-empty array");
+  std::vector<GemmShapeTimes> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& s = (*it)[i];
+    const std::string p = path + "shapes[" + std::to_string(i) + "].";
+    if (!s.is_object()) throw UsageError(origin + ": field '" + p.substr(0, p.size() - 1) + "' must be an object");
+    GemmShapeTimes g;
+    g.n = positive(s, p, "n", origin);
+    g.k = positive(s, p, "k", origin);
+    g.m = numbers(s, p, "m", origin, true);
+    g.seconds = numbers(s, p, "us", origin, false);
+    if (g.seconds.size() != g.m.size())
+      throw UsageError(origin + ": field '" + p + "us' must hold one time per entry of '" + p + "m'");
+    for (double& v : g.seconds) v *= 1e-6;
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+std::map<std::string, CollectiveFit> collectives(const json& link_json, const std::string& path, const std::string& origin) {
+  std::map<std::string, CollectiveFit> out;
+  auto it = link_json.find("collectives");
+  if (it == link_json.end()) return out;
+  const std::string p = path + "collectives";
+  if (!it->is_object()) throw UsageError(origin + ": field '" + p + "' must be an object");
+  for (auto& [op, v] : it->items()) {
+    if (op == "source" || op == "note") continue;
+    const std::string q = p + "." + op + ".";
+    if (!v.is_object()) throw UsageError(origin + ": field '" + p + "." + op + "' must be an object");
+    out[op] = {positive(v, q, "latency_us", origin) * 1e-6, positive(v, q, "bandwidth_gbps", origin) * 1e9};
+  }
+  return out;
+}
+
 LinkProfile link(const json& j, const std::string& path, const std::string& origin) {
   LinkProfile l;
   l.name = j.value("name", path);
   l.bandwidth = positive(j, path, "bandwidth_gbps", origin) * 1e9;
   l.latency = positive(j, path, "latency_us", origin) * 1e-6;
   if (!j.contains("source")) throw UsageError(origin + ": field '" + path + "source' is missing: say where the figures come from");
+  l.collectives = collectives(j, path, origin);
   return l;
 }
 
 }  // namespace
+
+double TimeGrid::at(double xv, double yv) const {
+  // One axis: the edge below, the last segment (slope >= 0) beyond, linear between.
+  auto locate = [](const std::vector<double>& a, double v, size_t& i, double& f) {
+    if (a.size() == 1 || v <= a.front()) {
+      i = 0;
+      f = 0;
+      return;
+    }
+    i = 0;
+    while (i + 2 < a.size() && v > a[i + 1]) ++i;
+    f = (v - a[i]) / (a[i + 1] - a[i]);
+  };
+  auto lerp = [](double a, double b, double f) { return f <= 1 ? a + (b - a) * f : b + std::max(0.0, b - a) * (f - 1); };
+  size_t i, j;
+  double fx, fy;
+  locate(x, xv, i, fx);
+  locate(y, yv, j, fy);
+  auto along_y = [&](size_t xi) {
+    const auto& r = seconds[xi];
+    return y.size() == 1 ? r[0] : lerp(r[j], r[j + 1], fy);
+  };
+  const double t = x.size() == 1 ? along_y(0) : lerp(along_y(i), along_y(i + 1), fx);
+  return std::max(t, 0.0);
+}
+
+double GemmShapeTimes::at(double rows) const {
+  if (m.size() == 1 || rows <= m.front()) return m.size() == 1 ? seconds[0] * std::max(rows, 1.0) / m[0] : seconds[0];
+  size_t i = 0;
+  while (i + 2 < m.size() && rows > m[i + 1]) ++i;
+  const double f = (rows - m[i]) / (m[i + 1] - m[i]);
+  const double slope = seconds[i + 1] - seconds[i];
+  return f <= 1 ? seconds[i] + slope * f : seconds[i + 1] + std::max(0.0, slope) * (f - 1);
+}
 
 HardwareProfile parse_hardware(const json& j, const std::string& origin) {
   if (!j.is_object()) throw UsageError(origin + ": a hardware profile must be a JSON object");
@@ -61,6 +186,26 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
   h.scan_efficiency = fraction("scan_efficiency", h.scan_efficiency);
   h.elementwise_efficiency = fraction("elementwise_efficiency", h.elementwise_efficiency);
   h.gemv_efficiency = fraction("gemv_efficiency", h.gemv_efficiency);
+  if (auto it = d.find("kernel_times"); it != d.end()) {
+    if (!it->is_object()) throw UsageError(origin + ": field 'device.kernel_times' must be an object");
+    require_source(*it, "device.kernel_times.", origin);
+    for (auto& [op, g] : it->items()) {
+      if (op == "source" || op == "note") continue;
+      const std::string p = "device.kernel_times." + op + ".";
+      if (!g.is_object()) throw UsageError(origin + ": field 'device.kernel_times." + op + "' must be an object");
+      h.kernel_times[op] = grid(g, p, "rows", "cols", origin);
+    }
+  }
+  if (auto it = d.find("gemm_times"); it != d.end()) h.gemm_times = gemm_times(*it, "device.gemm_times.", origin);
+  if (auto it = d.find("attention_times"); it != d.end()) {
+    const std::string p = "device.attention_times.";
+    if (!it->is_object()) throw UsageError(origin + ": field 'device.attention_times' must be an object");
+    require_source(*it, p, origin);
+    h.attention_times.heads = int(positive(*it, p, "heads", origin));
+    h.attention_times.kv_heads = int(positive(*it, p, "kv_heads", origin));
+    h.attention_times.head_dim = int(positive(*it, p, "head_dim", origin));
+    h.attention_times.grid = grid(*it, p, "tq", "tk", origin);
+  }
   const json& n = object(j, "node", origin);
   h.max_devices_per_node = int(positive(n, "node.", "max_devices", origin));
   h.intra = link(object(n, "link", origin), "node.link.", origin);

@@ -1,19 +1,64 @@
 // Hardware profiles for the simulator (resources/hardware/*.json): a device's
 // peak rates and memory, and the links a collective can cross (inside a node,
 // between nodes). Every figure carries its source in the file.
+//
+// A profile written by `shardscope-engine calibrate` also carries measured
+// kernel times (optional fields; datasheet profiles omit them and the cost
+// model falls back to the roofline):
+//   device.kernel_times.<op>  {"rows": [..], "cols": [..], "us": [[..] per row]}
+//       the median span of <op> through the cpu backend at rows x cols;
+//   device.gemm_times.shapes  [{"n": N, "k": K, "m": [..], "us": [..]}, ..]
+//       the median span of y[M,N] = x[M,K] w[N,K]^T, w not in any cache;
+//   device.attention_times    {"heads", "kv_heads", "head_dim", "tq": [..], "tk": [..], "us": [[..] per tq]}
+//       the median attention span, Tq queries at the last Tq of Tk key positions;
+//   node.link.collectives.<op> / network.collectives.<op>  {"latency_us", "bandwidth_gbps"}
+//       alpha and beta of <op> fitted to its measured times over message sizes.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace ss {
 
+struct CollectiveFit {
+  double latency = 0;    // seconds per step (alpha)
+  double bandwidth = 0;  // bytes/s (beta)
+};
+
 struct LinkProfile {
   std::string name;
   double bandwidth = 0;  // bytes/s a rank achieves per direction in a ring
   double latency = 0;    // seconds per message (alpha)
+  std::map<std::string, CollectiveFit> collectives;  // measured per collective (optional)
+};
+
+// Measured seconds on a grid of (x, y): bilinear between grid points (exact
+// for t = a + b x + c y + d x y), the last segment's slope (never negative)
+// beyond the largest x or y, the edge value below the smallest.
+struct TimeGrid {
+  std::vector<double> x, y;
+  std::vector<std::vector<double>> seconds;  // [x index][y index]
+  bool empty() const { return x.empty(); }
+  double at(double xv, double yv) const;
+};
+
+// Measured seconds of one GEMM weight shape [n, k] for several row counts m:
+// linear in m between the measured counts, the last segment's slope beyond,
+// the first count's time below it (one measured count: proportional to m).
+struct GemmShapeTimes {
+  double n = 0, k = 0;
+  std::vector<double> m, seconds;
+  double at(double rows) const;
+};
+
+struct AttentionTimes {
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  TimeGrid grid;  // x: queries, y: keys
+  bool empty() const { return grid.empty(); }
 };
 
 struct HardwareProfile {
@@ -27,6 +72,10 @@ struct HardwareProfile {
   // of the matmul rate, elementwise kernels of the memory bandwidth.
   double attention_efficiency = 0.5, scan_efficiency = 0.5, elementwise_efficiency = 0.8;
   double gemv_efficiency = 0.8;  // of the memory bandwidth, for GEMMs with a few rows (decode)
+  // Measured kernel times (optional, see above).
+  std::map<std::string, TimeGrid> kernel_times;  // op -> grid over (rows, cols)
+  std::vector<GemmShapeTimes> gemm_times;
+  AttentionTimes attention_times;
   int max_devices_per_node = 8;
   LinkProfile intra, inter;
   nlohmann::json source;  // the file, for the config event
