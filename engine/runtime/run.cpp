@@ -599,6 +599,11 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out) {
       throw UsageError("this process is one of " + std::to_string(g.size) + " MPI ranks but --devices is " +
                        std::to_string(o.devices) + "; start runs with `shardscope-engine launch --devices N ...`");
     g.hosts = g.mpi->hostnames();
+    // One clock per run: every rank starts counting when all have arrived,
+    // so spans of different ranks line up on the timeline (to the barrier's
+    // exit skew, microseconds on one host).
+    MPI_Barrier(MPI_COMM_WORLD);
+    rec.set_origin(std::chrono::steady_clock::now());
     g.stream = std::make_shared<CommStream>();
     g.mpi_world = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
     g.world = g.mpi_world.get();
