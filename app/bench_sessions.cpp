@@ -25,6 +25,7 @@
 #include "mainwindow.h"
 #include "sessionrecorder.h"
 #include "sessionstore.h"
+#include "stallmeter.h"
 
 namespace {
 struct Parsed {
@@ -87,23 +88,15 @@ int main(int argc, char** argv) {
   auto* recorder = new SessionRecorder(db);
   recorder->moveToThread(&thread);
   thread.start();
-  QElapsedTimer clock, since;
-  qint64 last = 0, longest = 0;
-  QTimer tick;
-  tick.setInterval(2);
-  QObject::connect(&tick, &QTimer::timeout, [&] {
-    const qint64 now = since.nsecsElapsed();
-    longest = std::max(longest, now - last);
-    last = now;
-  });
+  QElapsedTimer clock;
+  StallMeter stalls(2);
   bool done = false;
   QObject::connect(recorder, &SessionRecorder::finished, &app, [&] { done = true; });
   QObject::connect(recorder, &SessionRecorder::failed, &app,
                    [&](const QString& m) { std::fprintf(stderr, "bench-sessions: %s\n", qPrintable(m)); });
   QMetaObject::invokeMethod(recorder, "begin", Qt::QueuedConnection, Q_ARG(QString, QStringLiteral("bench")));
   clock.start();
-  since.start();
-  tick.start();
+  stalls.start();
   // The batches go out a few per turn of the event loop, as readyRead would.
   size_t next = 0;
   QTimer feed;
@@ -120,11 +113,11 @@ int main(int argc, char** argv) {
   feed.start();
   while (!done) app.processEvents(QEventLoop::WaitForMoreEvents, 50);
   const double saveS = clock.nsecsElapsed() * 1e-9;
-  tick.stop();
+  stalls.stop();
   thread.quit();
   thread.wait();
   std::printf("save:    %.2f s for %lld events = %.0f events/s (goal >= 200000); longest window stall %.1f ms\n", saveS,
-              (long long)parsed.events, parsed.events / saveS, longest * 1e-6);
+              (long long)parsed.events, parsed.events / saveS, stalls.longestMs());
   // Three more copies for the comparison (saved directly, not timed).
   {
     SessionStore store;

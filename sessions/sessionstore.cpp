@@ -42,6 +42,23 @@ struct Unpacker {
   }
 };
 
+// Calls read(u) once per record packed in `table`'s chunks of `session`, in
+// order, until the data runs out.
+template <class Read>
+void readPacked(const QSqlDatabase& db, const char* table, qint64 session, Read&& read) {
+  QSqlQuery q(db);
+  q.setForwardOnly(true);
+  q.prepare(QStringLiteral("SELECT count, data FROM %1 WHERE session_id = ? ORDER BY seq").arg(QLatin1String(table)));
+  q.addBindValue(session);
+  q.exec();
+  while (q.next()) {
+    const QByteArray data = qUncompress(q.value(1).toByteArray());
+    Unpacker u{data.constData(), data.constData() + data.size()};
+    const int n = q.value(0).toInt();
+    for (int i = 0; i < n && u.ok; ++i) read(u);
+  }
+}
+
 constexpr int kCompression = 1;  // zlib level: fast enough to keep up with the stream
 
 QByteArray pack(const QByteArray& raw) { return qCompress(raw, kCompression); }
@@ -649,48 +666,32 @@ std::vector<Event> SessionStore::events(qint64 session) const {
     names[id] = q.value(1).toString().toStdString();
   }
   auto name = [&](int32_t id) { return id >= 0 && size_t(id) < names.size() ? names[size_t(id)] : std::string(); };
-  q.prepare(QStringLiteral("SELECT count, data FROM spans WHERE session_id = ? ORDER BY seq"));
-  q.addBindValue(session);
-  q.exec();
-  while (q.next()) {
-    const QByteArray data = qUncompress(q.value(1).toByteArray());
-    Unpacker u{data.constData(), data.constData() + data.size()};
-    const int n = q.value(0).toInt();
-    for (int i = 0; i < n && u.ok; ++i) {
-      Span s;
-      s.rank = u.get<int32_t>();
-      s.stream = name(u.get<int32_t>());
-      s.op = name(u.get<int32_t>());
-      s.site = name(u.get<int32_t>());
-      s.phase = name(u.get<int32_t>());
-      s.layer = u.get<int32_t>();
-      s.t0 = u.get<int64_t>();
-      s.t1 = u.get<int64_t>();
-      s.flops = u.get<double>();
-      s.bytes = u.get<double>();
-      s.peers.resize(u.get<uint16_t>());
-      for (int& p : s.peers) p = u.get<int32_t>();
-      s.dims.resize(u.get<uint16_t>());
-      for (int64_t& d : s.dims) d = u.get<int64_t>();
-      if (u.ok) out.push_back(std::move(s));
-    }
-  }
-  q.prepare(QStringLiteral("SELECT count, data FROM mem_samples WHERE session_id = ? ORDER BY seq"));
-  q.addBindValue(session);
-  q.exec();
-  while (q.next()) {
-    const QByteArray data = qUncompress(q.value(1).toByteArray());
-    Unpacker u{data.constData(), data.constData() + data.size()};
-    const int n = q.value(0).toInt();
-    for (int i = 0; i < n && u.ok; ++i) {
-      Mem m;
-      m.rank = u.get<int32_t>();
-      m.t = u.get<int64_t>();
-      for (int64_t& b : m.bytes) b = u.get<int64_t>();
-      m.peak = u.get<int64_t>();
-      if (u.ok) out.push_back(m);
-    }
-  }
+  readPacked(m_db, "spans", session, [&](Unpacker& u) {
+    Span s;
+    s.rank = u.get<int32_t>();
+    s.stream = name(u.get<int32_t>());
+    s.op = name(u.get<int32_t>());
+    s.site = name(u.get<int32_t>());
+    s.phase = name(u.get<int32_t>());
+    s.layer = u.get<int32_t>();
+    s.t0 = u.get<int64_t>();
+    s.t1 = u.get<int64_t>();
+    s.flops = u.get<double>();
+    s.bytes = u.get<double>();
+    s.peers.resize(u.get<uint16_t>());
+    for (int& p : s.peers) p = u.get<int32_t>();
+    s.dims.resize(u.get<uint16_t>());
+    for (int64_t& d : s.dims) d = u.get<int64_t>();
+    if (u.ok) out.push_back(std::move(s));
+  });
+  readPacked(m_db, "mem_samples", session, [&](Unpacker& u) {
+    Mem m;
+    m.rank = u.get<int32_t>();
+    m.t = u.get<int64_t>();
+    for (int64_t& b : m.bytes) b = u.get<int64_t>();
+    m.peak = u.get<int64_t>();
+    if (u.ok) out.push_back(m);
+  });
   return out;
 }
 

@@ -203,11 +203,7 @@ void ComparePage::drawMemory() {
       bool any = false;
       int d = 0;
       for (auto& [rank, data] : m_runs[size_t(run)].data->ranks()) {
-        double peak = 0;
-        auto it = data.metrics.find(std::string("peak_") + kCategories[c] + "_bytes");
-        if (it != data.metrics.end()) peak = it->second;
-        else
-          for (auto& m : data.mem) peak = std::max(peak, double(m.bytes[size_t(c)]));
+        const double peak = peakBytes(data, c);
         any |= peak > 0;
         stacked[size_t(d)] += peak;
         top = std::max(top, stacked[size_t(d)]);

@@ -211,11 +211,7 @@ void MemoryPage::drawAllDevices() {
     QVector<double> values;
     bool any = false;
     for (auto& [r, d] : ranks) {
-      double v = 0;
-      auto it = d.metrics.find(std::string("peak_") + kCategories[c] + "_bytes");
-      if (it != d.metrics.end()) v = it->second;
-      else
-        for (auto& m : d.mem) v = std::max(v, double(m.bytes[size_t(c)]));
+      const double v = peakBytes(d, c);
       any |= v > 0;
       top = std::max(top, v);
       values << v;

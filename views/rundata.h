@@ -22,6 +22,10 @@ struct RankData {
   std::map<std::string, double> metrics;  // per-rank metrics (peaks)
 };
 
+// Peak bytes of memory category `category` on one device: the engine's exact
+// per-rank metric once the run has ended, else the highest sample so far.
+double peakBytes(const RankData& d, int category);
+
 class RunData {
  public:
   void clear();
