@@ -28,6 +28,7 @@ struct SweepRun {
   std::map<std::string, std::map<std::string, double>> points;
   int64_t rejected = 0;
   std::string status;
+  QString errors;  // the stream's error records, one a line
 };
 
 SweepRun sweep(const QStringList& args) {
@@ -54,6 +55,8 @@ SweepRun sweep(const QStringList& args) {
       r.points[a->config][key] = a->value;
     } else if (auto* d = std::get_if<ss::proto::Done>(&*res.event)) {
       r.status = d->status;
+    } else if (auto* e = std::get_if<ss::proto::Error>(&*res.event)) {
+      r.errors += QString::fromStdString(e->message) + "\n";
     }
   }
   r.rejected = reader.rejected();
@@ -91,7 +94,7 @@ class TestSweep : public QObject {
     QCOMPARE(r.status, std::string("ok"));
     QCOMPARE(r.rejected, int64_t(0));
     for (const char* c : {"fp32", "bf16", "int8:16", "int8:1024", "int4:16", "int4:1024"})
-      QVERIFY2(r.points.count(c), c);
+      QVERIFY2(r.points.count(c), qPrintable(QString(c) + " is missing; errors:\n" + r.errors));
     auto at = [&](const char* c, const char* m) { return r.points.at(c).at(m); };
     // Enough positions, few of them ties.
     const double positions = at("fp32", "positions"), ties = at("fp32", "tied_positions");

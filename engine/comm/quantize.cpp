@@ -6,6 +6,10 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -237,25 +241,272 @@ const E4m3Table& e4m3_table() {
   return t;
 }
 
+// The round-to-nearest kernels below come in two forms that give the same
+// bytes: AVX2 (the engine's x86-64-v3 build) over whole vectors, and the
+// plain loops, which do the remainders and every other build. Each vector
+// step is the scalar one lane by lane: |x| and max (NaN ignored, as
+// std::max(amax, |x|) does), x * inv, round half to even (nearbyint in the
+// default rounding mode), clamp, convert; casts and e4m3 by the same bit
+// arithmetic as f32_to_bf16 / e4m3_nearest.
+
+#if defined(__AVX2__)
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// 32 int32 lanes (a, b, c, d in order, each 8) saturated to 32 int8 in order.
+inline __m256i pack_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+// The same for values in 0..255 (fp8 codes).
+inline __m256i pack_u8(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+// 8 int32 lanes (0..255) to 8 bytes.
+inline void store8_u8(uint8_t* out, __m256i a) {
+  __m128i p = _mm_packus_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(p, p));
+}
+
+// round(x * inv) as int32: the conversion rounds in the current rounding
+// mode, as nearbyint does (half to even by default).
+inline __m256i int_nearest8(const float* x, __m256 inv) {
+  return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inv));
+}
+// 32 values rounded and clamped to [-qm, qm], as int8 in order. Packing
+// saturates to [-128, 127] and the byte clamp finishes the job, which is the
+// float clamp of the definition for every |x * inv| < 2^31 (a block's values
+// are at most qmax times (1 + 1e-7) in steps of its scale).
+inline __m256i int_nearest32(const float* x, __m256 inv, __m256i lo, __m256i hi) {
+  const __m256i b = pack_i8(int_nearest8(x, inv), int_nearest8(x + 8, inv), int_nearest8(x + 16, inv),
+                            int_nearest8(x + 24, inv));
+  return _mm256_min_epi8(_mm256_max_epi8(b, lo), hi);
+}
+
+// e4m3_nearest of x * inv, lane by lane, as int32 codes.
+inline __m256i e4m3_nearest8(const float* x, __m256 inv) {
+  const __m256i u0 = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(x), inv));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u0, 24), _mm256_set1_epi32(0x80));
+  const __m256i u = _mm256_and_si256(u0, _mm256_set1_epi32(0x7fffffff));
+  // Subnormal grid: m = nearbyint(|v| * 512), 0..8 (8 is the smallest normal's code).
+  const __m256i sub = _mm256_min_epi32(
+      _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(u), _mm256_set1_ps(512.0f))), _mm256_set1_epi32(8));
+  // Normals: round the mantissa to 3 bits, re-bias the exponent, clamp to 448 (code 0x7e).
+  const __m256i r = _mm256_add_epi32(
+      u, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1))));
+  const __m256i exp = _mm256_sub_epi32(_mm256_srli_epi32(r, 23), _mm256_set1_epi32(127 - 7));
+  const __m256i code = _mm256_min_epi32(
+      _mm256_or_si256(_mm256_slli_epi32(exp, 3), _mm256_and_si256(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(7))),
+      _mm256_set1_epi32(0x7e));
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), u);
+  return _mm256_or_si256(_mm256_blendv_epi8(code, sub, is_sub), sign);
+}
+
+// f32_to_bf16 lane by lane, as int32 holding the 16-bit pattern.
+inline __m256i bf16_nearest8(const float* x) {
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i is_nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                           _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)))),
+      16);
+  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(r, nan, is_nan);
+}
+
+// out = v (+ out when accumulating): plain multiply then add, never fused.
+inline void put8(float* out, __m256 v, bool accumulate) {
+  if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out), v);
+  _mm256_storeu_ps(out, v);
+}
+
+// e4m3 code (low byte of each int32 lane) to float: the code's exponent and
+// mantissa bits placed in an f32 and scaled by 2^(127-7) give normals and
+// subnormals alike; 0x7f / 0xff are NaN.
+inline __m256 e4m3_decode8(__m256i b) {
+  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+  __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)), _mm256_set1_ps(0x1p120f));
+  v = _mm256_blendv_ps(v, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+}
+#endif
+
+float block_absmax(const float* x, int64_t n) {
+  float amax = 0;
+  int64_t i = 0;
+#if defined(__AVX2__)
+  if (n >= 8) {
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 32 <= n; i += 32) {
+      a0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), abs), a0);
+      a1 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i + 8), abs), a1);
+      a2 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i + 16), abs), a2);
+      a3 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i + 24), abs), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), abs), a0);
+    amax = hmax8(_mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3)));
+  }
+#endif
+  for (; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return amax;
+}
+
+#if defined(__AVX2__)
+// x * m for 4 uint64 lanes and a constant m, mod 2^64 (AVX2 has no 64-bit
+// multiply): the low product plus the two cross products shifted up.
+inline __m256i mul64(__m256i x, uint64_t m) {
+  const __m256i ml = _mm256_set1_epi64x(int64_t(m & 0xffffffffu)), mh = _mm256_set1_epi64x(int64_t(m >> 32));
+  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), ml), _mm256_mul_epu32(x, mh));
+  return _mm256_add_epi64(_mm256_mul_epu32(x, ml), _mm256_slli_epi64(cross, 32));
+}
+// uniform(seed, counter) of 4 counters: splitmix64's finaliser, top 24 bits,
+// as int32 in the low half of each 64-bit lane.
+inline __m256i uniform_bits4(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 30));
+  x = mul64(x, 0xbf58476d1ce4e5b9ull);
+  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 27));
+  x = mul64(x, 0x94d049bb133111ebull);
+  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 31));
+  return _mm256_srli_epi64(x, 40);
+}
+// The uniforms of counters c0 + 0..7, in order, as floats in [0, 1).
+inline __m256 uniform8(uint64_t c0) {
+  const __m256i base = _mm256_set1_epi64x(int64_t(c0));
+  const __m256i a = uniform_bits4(_mm256_add_epi64(base, _mm256_setr_epi64x(0, 1, 2, 3)));
+  const __m256i b = uniform_bits4(_mm256_add_epi64(base, _mm256_setr_epi64x(4, 5, 6, 7)));
+  // dwords a0 b0 a1 b1 | a2 b2 a3 b3, then into order.
+  const __m256i ab = _mm256_blend_epi32(a, _mm256_slli_epi64(b, 32), 0xaa);
+  const __m256i r = _mm256_permutevar8x32_epi32(ab, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(r), _mm256_set1_ps(0x1p-24f));
+}
+// round_int(x * inv, u, Stochastic) clamped to [-qm, qm], as int32: down,
+// or up when the fraction exceeds u.
+inline __m256i int_stochastic8(const float* x, __m256 inv, __m256 lo, __m256 hi, uint64_t c0) {
+  const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x), inv);
+  const __m256 f = _mm256_floor_ps(v);
+  const __m256 up = _mm256_cmp_ps(_mm256_sub_ps(v, f), uniform8(c0), _CMP_GT_OQ);
+  const __m256 q = _mm256_add_ps(f, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
+  return _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(q, lo), hi));
+}
+#endif
+
+// Integer block formats, values x[i0, i1) of the buffer at scale 1 / inv,
+// rounded to nearest or stochastically with uniform(seed, counter0 + i).
+// int8: byte i. int4: element i is the low (even i) or high nibble of byte
+// i / 2; the bytes start zeroed, and a byte shared with a neighbouring block
+// is or-ed in.
+void int_block(const float* x, int64_t i0, int64_t i1, float inv, const QuantSpec& s, uint64_t counter0,
+               uint8_t* values) {
+  const bool int4 = s.precision == Precision::INT4, sr = s.rounding == Rounding::Stochastic;
+  const float qm = int4 ? 7.0f : 127.0f;
+  auto one = [&](int64_t i) {
+    const float v = x[i] * inv;
+    const float q =
+        std::clamp(sr ? round_int(v, uniform(s.seed, counter0 + uint64_t(i)), s.rounding) : std::nearbyint(v), -qm, qm);
+    if (int4) values[i >> 1] |= uint8_t((int(q) & 0xf) << ((i & 1) << 2));
+    else values[i] = uint8_t(int8_t(q));
+  };
+  int64_t i = i0;
+#if defined(__AVX2__)
+  if (i1 - i0 >= 33) {
+    if (int4 && (i & 1)) one(i++);
+    const __m256 vinv = _mm256_set1_ps(inv), flo = _mm256_set1_ps(-qm), fhi = _mm256_set1_ps(qm);
+    const __m256i lo = _mm256_set1_epi8(int8_t(-qm)), hi = _mm256_set1_epi8(int8_t(qm));
+    const uint64_t c = s.seed * 0x9e3779b97f4a7c15ull + counter0 + 0x632be59bd9b4e019ull;  // as in uniform()
+    for (; i + 32 <= i1; i += 32) {
+      // 32 values, rounded and clamped, as int8 in order.
+      __m256i b;
+      if (sr)
+        b = pack_i8(int_stochastic8(x + i, vinv, flo, fhi, c + uint64_t(i)),
+                    int_stochastic8(x + i + 8, vinv, flo, fhi, c + uint64_t(i) + 8),
+                    int_stochastic8(x + i + 16, vinv, flo, fhi, c + uint64_t(i) + 16),
+                    int_stochastic8(x + i + 24, vinv, flo, fhi, c + uint64_t(i) + 24));
+      else
+        b = int_nearest32(x + i, vinv, lo, hi);
+      if (!int4) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(values + i), b);
+        continue;
+      }
+      // Each pair (e0, e1) of bytes, read as one int16 e0 | e1 << 8, becomes
+      // (e0 & 15) | (e1 & 15) << 4.
+      const __m256i w = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi16(0x0f)),
+                                        _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi16(0xf0)));
+      const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08);  // qwords 0 and 2
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(values + (i >> 1)), _mm256_castsi256_si128(p));
+    }
+  }
+#endif
+  for (; i < i1; ++i) one(i);
+}
+
+void fp8_nearest(const float* x, int64_t n, float inv, uint8_t* q) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  const __m256 vinv = _mm256_set1_ps(inv);
+  for (; i + 32 <= n; i += 32)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i),
+                        pack_u8(e4m3_nearest8(x + i, vinv), e4m3_nearest8(x + i + 8, vinv),
+                                e4m3_nearest8(x + i + 16, vinv), e4m3_nearest8(x + i + 24, vinv)));
+  for (; i + 8 <= n; i += 8) store8_u8(q + i, e4m3_nearest8(x + i, vinv));
+#endif
+  for (; i < n; ++i) q[i] = e4m3_nearest(x[i] * inv);
+}
+
+void bf16_cast(const float* x, int64_t n, uint8_t* out) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i p = _mm256_packus_epi32(bf16_nearest8(x + i), bf16_nearest8(x + i + 8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), _mm256_permute4x64_epi64(p, 0xd8));
+  }
+#endif
+  for (; i < n; ++i) {
+    const uint16_t h = f32_to_bf16(x[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+void fp16_cast(const float* x, int64_t n, uint8_t* out) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+  // F16C rounds to nearest even like f32_to_f16 (subnormals and overflow to
+  // infinity included); only NaN payloads differ, so NaN becomes 0x7e00.
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    if (_mm256_movemask_ps(nan)) {
+      const __m128i n16 = _mm_packs_epi32(_mm256_castsi256_si128(_mm256_castps_si256(nan)),
+                                          _mm256_extracti128_si256(_mm256_castps_si256(nan), 1));
+      const __m128i sign = _mm_and_si128(h, _mm_set1_epi16(int16_t(0x8000)));
+      h = _mm_blendv_epi8(h, _mm_or_si128(sign, _mm_set1_epi16(0x7e00)), n16);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
+  }
+#endif
+  for (; i < n; ++i) {
+    const uint16_t h = f32_to_f16(x[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
 }  // namespace
 
 // Block formats store the blocks' fp32 scales first (4-byte aligned), then
-// the values. The loops are written per format so the compiler vectorises them.
+// the values.
 void quantize_values(const float* x, int64_t n, const QuantSpec& s, uint64_t counter0, uint8_t* out) {
   switch (s.precision) {
     case Precision::FP32: std::memcpy(out, x, size_t(n) * 4); return;
-    case Precision::BF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = f32_to_bf16(x[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return;
-    case Precision::FP16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = f32_to_f16(x[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return;
+    case Precision::BF16: bf16_cast(x, n, out); return;
+    case Precision::FP16: fp16_cast(x, n, out); return;
     default: break;
   }
   const bool sr = s.rounding == Rounding::Stochastic;
@@ -266,61 +517,56 @@ void quantize_values(const float* x, int64_t n, const QuantSpec& s, uint64_t cou
   if (s.precision == Precision::INT4) std::memset(values, 0, size_t((n + 1) / 2));
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t i0 = b * s.block, i1 = std::min(n, i0 + s.block);
-    float amax = 0;
-    for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float amax = block_absmax(x + i0, i1 - i0);
     // At least FLT_MIN: a subnormal scale (blocks below qmax * FLT_MIN) has an
     // infinite reciprocal, which would turn the block's zeros into NaN.
     const float scale = amax > 0 ? std::max(amax / qm, std::numeric_limits<float>::min()) : 1.0f;
     scales[b] = scale;
     const float inv = 1.0f / scale;
-    if (s.precision == Precision::INT8 && !sr) {
-      int8_t* q = reinterpret_cast<int8_t*>(values);
-      for (int64_t i = i0; i < i1; ++i) q[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -qm, qm));
-    } else if (s.precision == Precision::INT4 && !sr) {
-      // Two values per byte, low nibble first; blocks start on any element.
-      for (int64_t i = i0; i < i1; ++i) {
-        const int q = int(std::clamp(std::nearbyint(x[i] * inv), -qm, qm));
-        values[i >> 1] |= uint8_t((q & 0xf) << ((i & 1) << 2));
-      }
-    } else if (s.precision == Precision::FP8 && !sr) {
-      for (int64_t i = i0; i < i1; ++i) values[i] = e4m3_nearest(x[i] * inv);
+    if (s.precision != Precision::FP8) {
+      int_block(x, i0, i1, inv, s, counter0, values);
+    } else if (!sr) {
+      fp8_nearest(x + i0, i1 - i0, inv, values + i0);
     } else {
-      for (int64_t i = i0; i < i1; ++i) {
-        const float u = sr ? uniform(s.seed, counter0 + uint64_t(i)) : 0.5f;
-        const float v = x[i] * inv;
-        if (s.precision == Precision::FP8) {
-          values[i] = f32_to_e4m3(v, u);
-        } else {
-          const float q = std::clamp(round_int(v, u, s.rounding), -qm, qm);
-          if (s.precision == Precision::INT8) values[i] = uint8_t(int8_t(q));
-          else values[i / 2] |= uint8_t((int(q) & 0xf) << (4 * (i & 1)));
-        }
-      }
+      for (int64_t i = i0; i < i1; ++i) values[i] = f32_to_e4m3(x[i] * inv, uniform(s.seed, counter0 + uint64_t(i)));
     }
   }
 }
 
 void dequantize_values(const uint8_t* in, int64_t n, const QuantSpec& s, float* out, bool accumulate) {
+  // Not out * 0 + v when overwriting: the buffer may hold NaN.
+  auto put = [accumulate](float& o, float v) { o = accumulate ? o + v : v; };
+  int64_t i = 0;
   switch (s.precision) {
     case Precision::FP32:
-      for (int64_t i = 0; i < n; ++i) {
+      for (; i < n; ++i) {
         float v;
         std::memcpy(&v, in + 4 * i, 4);
-        out[i] = (accumulate ? out[i] : 0.0f) + v;  // not out * 0: the buffer may hold NaN
+        put(out[i], v);
       }
       return;
     case Precision::BF16:
-      for (int64_t i = 0; i < n; ++i) {
+#if defined(__AVX2__)
+      for (; i + 8 <= n; i += 8) {
+        const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+        put8(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)), accumulate);
+      }
+#endif
+      for (; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, in + 2 * i, 2);
-        out[i] = (accumulate ? out[i] : 0.0f) + bf16_to_f32(h);
+        put(out[i], bf16_to_f32(h));
       }
       return;
     case Precision::FP16:
-      for (int64_t i = 0; i < n; ++i) {
+#if defined(__AVX2__) && defined(__F16C__)
+      for (; i + 8 <= n; i += 8)
+        put8(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i))), accumulate);
+#endif
+      for (; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, in + 2 * i, 2);
-        out[i] = (accumulate ? out[i] : 0.0f) + f16_to_f32(h);
+        put(out[i], f16_to_f32(h));
       }
       return;
     default: break;
@@ -332,18 +578,53 @@ void dequantize_values(const uint8_t* in, int64_t n, const QuantSpec& s, float* 
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t i0 = b * s.block, i1 = std::min(n, i0 + s.block);
     const float scale = scales[b];
-    if (!accumulate) std::fill(out + i0, out + i1, 0.0f);
+    i = i0;
     if (s.precision == Precision::INT8) {
       const int8_t* q = reinterpret_cast<const int8_t*>(values);
-      for (int64_t i = i0; i < i1; ++i) out[i] += float(q[i]) * scale;
-    } else if (s.precision == Precision::INT4) {
-      for (int64_t i = i0; i < i1; ++i) {
-        // Sign-extend the nibble: shift it to the top of an int8, then back.
-        const int8_t q = int8_t(uint8_t(values[i >> 1] << (4 - ((i & 1) << 2)))) >> 4;
-        out[i] += float(q) * scale;
+#if defined(__AVX2__)
+      const __m256 vs = _mm256_set1_ps(scale);
+      for (; i + 8 <= i1; i += 8) {
+        const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i)));
+        put8(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(v), vs), accumulate);
       }
+#endif
+      for (; i < i1; ++i) put(out[i], float(q[i]) * scale);
+    } else if (s.precision == Precision::INT4) {
+      auto nibble = [&](int64_t k) {
+        // Sign-extend the nibble: shift it to the top of an int8, then back.
+        return int8_t(int8_t(uint8_t(values[k >> 1] << (4 - ((k & 1) << 2)))) >> 4);
+      };
+#if defined(__AVX2__)
+      if (i1 - i >= 17) {
+        if (i & 1) {
+          put(out[i], float(nibble(i)) * scale);
+          ++i;
+        }
+        const __m256 vs = _mm256_set1_ps(scale);
+        for (; i + 16 <= i1; i += 16) {
+          // 8 bytes: low nibbles are the even elements, high nibbles the odd.
+          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(values + (i >> 1)));
+          const __m128i lo = _mm_srai_epi16(_mm_slli_epi16(_mm_unpacklo_epi8(bytes, bytes), 12), 12);
+          // unpacklo(bytes, bytes) as int16 holds b | b << 8: << 12 keeps the
+          // low nibble on top, >> 12 sign-extends it; the high nibble:
+          const __m128i hi = _mm_srai_epi16(_mm_slli_epi16(_mm_unpacklo_epi8(bytes, bytes), 8), 12);
+          // interleave even/odd elements: e0 = lo[0], e1 = hi[0], ...
+          const __m128i e01 = _mm_unpacklo_epi16(lo, hi), e23 = _mm_unpackhi_epi16(lo, hi);
+          put8(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(e01)), vs), accumulate);
+          put8(out + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(e23)), vs), accumulate);
+        }
+      }
+#endif
+      for (; i < i1; ++i) put(out[i], float(nibble(i)) * scale);
     } else {
-      for (int64_t i = i0; i < i1; ++i) out[i] += table[values[i]] * scale;
+#if defined(__AVX2__)
+      const __m256 vs = _mm256_set1_ps(scale);
+      for (; i + 8 <= i1; i += 8) {
+        const __m256i b8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(values + i)));
+        put8(out + i, _mm256_mul_ps(e4m3_decode8(b8), vs), accumulate);
+      }
+#endif
+      for (; i < i1; ++i) put(out[i], table[values[i]] * scale);
     }
   }
 }

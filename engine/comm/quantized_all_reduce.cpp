@@ -32,25 +32,29 @@ WireBytes quantized_all_reduce(Communicator& comm, Backend& be, const Tensor& bu
   const Tensor flat = buf.reshape({n});
   auto begin = [&](int c) { return n * c / D; };
   auto length = [&](int c) { return begin(c + 1) - begin(c); };
+  auto chunk = [&](int c) { return flat.slice(0, begin(c), length(c)); };
   const int64_t words = carrier_words(n, D, s);
   Tensor send = be.alloc({int64_t(D), words}, Category::CommBuffers, "quant.send");
   Tensor recv = be.alloc({int64_t(D), words}, Category::CommBuffers, "quant.recv");
-  // Hop 1 (reduce-scatter): chunk j, quantized, goes to rank j. Each rank
+  auto row = [&](const Tensor& t, int c) { return t.slice(0, c, 1).reshape({words}); };
+  // Hop 1 (reduce-scatter): chunk c, quantized, goes to rank c. Each rank
   // draws its own rounding noise, so the contributors' errors cancel (~sqrt D).
+  // A rank's own chunk never travels: it stays exact in `buf` and its row of
+  // the all-to-all is not read.
   const uint64_t rank_counter = counter + (uint64_t(me + 1) << 40);
   for (int c = 0; c < D; ++c)
-    be.quantize(send.slice(0, c, 1).reshape({words}), flat.slice(0, begin(c), length(c)), s,
-                rank_counter + uint64_t(begin(c)));
+    if (c != me) be.quantize(row(send, c), chunk(c), s, rank_counter + uint64_t(begin(c)));
   comm.all_to_all(recv, send);
-  Tensor mine = flat.slice(0, begin(me), length(me));
-  be.dequantize(mine, recv.slice(0, 0, 1).reshape({words}), s, false);
-  for (int r = 1; r < D; ++r) be.dequantize(mine, recv.slice(0, r, 1).reshape({words}), s, true);
-  // Hop 2 (all-gather): the summed chunk, requantized.
-  Tensor q = be.alloc({words}, Category::CommBuffers, "quant.chunk");
-  be.quantize(q, mine, s, counter + uint64_t(n) + uint64_t(begin(me)));
-  comm.all_gather(recv.reshape({int64_t(D) * words}), q);
-  for (int c = 0; c < D; ++c)
-    be.dequantize(flat.slice(0, begin(c), length(c)), recv.slice(0, c, 1).reshape({words}), s, false);
+  // The fp32 sum of the chunk: own values plus every other rank's dequantized.
+  const Tensor mine = chunk(me);
+  for (int r = 0; r < D; ++r)
+    if (r != me) be.dequantize(mine, row(recv, r), s, true);
+  // Hop 2 (all-gather, in place in `recv`): the summed chunk, requantized;
+  // every rank, this one included, takes every chunk from the same bytes, so
+  // all ranks end with the same values.
+  be.quantize(row(recv, me), mine, s, counter + uint64_t(n) + uint64_t(begin(me)));
+  comm.all_gather(recv.reshape({int64_t(D) * words}), row(recv, me));
+  for (int c = 0; c < D; ++c) be.dequantize(chunk(c), row(recv, c), s, false);
   w.sent = quantized_all_reduce_wire(n, D, s);
   return w;
 }

@@ -1,10 +1,12 @@
 // All-reduce with quantized hops (DESIGN.md, "Quantized collectives"): a
 // reduce-scatter and an all-gather, each carrying block-quantized data. Each
-// rank splits the buffer into D chunks and quantizes chunk j for rank j; an
-// all-to-all delivers them; each rank dequantizes and sums its chunk in fp32,
-// requantizes the sum, and an all-gather returns every summed chunk, which
-// every rank dequantizes. Built only on Communicator primitives, so it runs
-// wherever they do (MPI, the simulated network).
+// rank splits the buffer into D chunks and quantizes chunk j for rank j (its
+// own chunk, which never leaves it, stays fp32); an all-to-all delivers them;
+// each rank adds the others' dequantized contributions to its own chunk in
+// fp32, requantizes the sum, and an all-gather (in place) returns every summed
+// chunk, which every rank dequantizes, its own included. Built only on
+// Communicator primitives, so it runs wherever they do (MPI, the simulated
+// network).
 #pragma once
 
 #include "comm/communicator.h"

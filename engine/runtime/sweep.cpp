@@ -49,7 +49,7 @@ struct Point {
   int block = 0;
   bool ok = false;
   std::string error;
-  double wire = 0, wire_fp32 = 0, kl = 0, top1 = 0, ppl = NAN;
+  double wire = 0, wire_fp32 = 0, kl = 0, top1 = 0, top1_decided = 0, ppl = NAN;
   int first_divergence = -1;  // decode step, -1: none
   std::map<std::string, double> site_rel_l2;
 };
@@ -110,6 +110,15 @@ std::vector<double> log_softmax(const float* row, int64_t n) {
   const double lse = mx + std::log(sum);
   for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(row[i]) - lse;
   return out;
+}
+
+// The spacing of bf16 values at magnitude |x| (2^-133 below the normal range).
+double bf16_step(double x) {
+  x = std::fabs(x);
+  if (x < 0x1p-126) return 0x1p-133;
+  int e;
+  std::frexp(x, &e);  // x = m 2^e, m in [0.5, 1): bf16 keeps 8 significant bits
+  return std::ldexp(1.0, e - 8);
 }
 
 }  // namespace
@@ -198,6 +207,34 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   };
   ref.ppl = perplexity(R);
   ref.top1 = 1;
+  ref.top1_decided = 1;
+  // Positions the reference itself does not decide at bf16 resolution: its two
+  // highest logits lie within one bf16 step of each other (at their
+  // magnitude), so bf16 logits could not even order them and any bf16
+  // rounding upstream may swap them. Top-1 agreement is reported over all
+  // positions and over the decided ones; how many are tied is reported too.
+  // The same positions are excluded for every configuration.
+  std::vector<char> tied(static_cast<size_t>(rows), 0);
+  int64_t ties = 0;
+  double entropy = 0;
+  std::vector<double> margin_steps;  // top-2 gap in bf16 steps, per position
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = &R.data[size_t(r * V)];
+    const int64_t a = argmax(z, V);
+    double second = -INFINITY;
+    for (int64_t v = 0; v < V; ++v)
+      if (v != a) second = std::max(second, double(z[v]));
+    const double top = std::fabs(double(z[a]));
+    const double step = bf16_step(std::isfinite(second) ? std::max(top, std::fabs(second)) : top);
+    margin_steps.push_back((double(z[a]) - second) / step);
+    tied[size_t(r)] = double(z[a]) - second < step;
+    ties += tied[size_t(r)];
+    const auto lp = log_softmax(z, V);
+    for (int64_t v = 0; v < V; ++v) entropy -= std::exp(lp[size_t(v)]) * lp[size_t(v)];
+  }
+  entropy /= double(std::max<int64_t>(rows, 1));
+  std::sort(margin_steps.begin(), margin_steps.end());
+  const double median_margin = margin_steps.empty() ? 0 : margin_steps[margin_steps.size() / 2];
   auto emit = [&](const Point& p) {
     auto acc = [&](const char* metric, double v, const std::string& site = "") {
       out.write(proto::Accuracy{metric, site, -1, v, p.label});
@@ -206,12 +243,17 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     acc("wire_bytes_fp32", p.wire_fp32);
     acc("kl", p.kl);
     acc("top1", p.top1);
+    acc("top1_decided", p.top1_decided);
     acc("first_divergence", p.first_divergence);
     if (!std::isnan(p.ppl)) acc("perplexity", p.ppl);
     for (auto& [site, v] : p.site_rel_l2) acc("rel_l2", v, site);
     out.flush();
   };
   emit(ref);
+  out.write(proto::Accuracy{"positions", "", -1, double(rows), ref.label});
+  out.write(proto::Accuracy{"tied_positions", "", -1, double(ties), ref.label});
+  out.write(proto::Accuracy{"entropy", "", -1, entropy, ref.label});
+  out.flush();
 
   std::vector<Point> points;
   int index = 0;
@@ -227,14 +269,17 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
       const NpyArray Q = run_point(o, p.label, base, p, forced);
       if (p.ok && Q.data.size() == R.data.size()) {
         double kl = 0;
-        int64_t agree = 0;
+        int64_t agree = 0, agree_decided = 0;
         for (int64_t r = 0; r < rows; ++r) {
           const auto lp = log_softmax(&R.data[size_t(r * V)], V), lq = log_softmax(&Q.data[size_t(r * V)], V);
           for (int64_t v = 0; v < V; ++v) kl += std::exp(lp[size_t(v)]) * (lp[size_t(v)] - lq[size_t(v)]);
-          agree += argmax(&R.data[size_t(r * V)], V) == argmax(&Q.data[size_t(r * V)], V);
+          const bool same = argmax(&R.data[size_t(r * V)], V) == argmax(&Q.data[size_t(r * V)], V);
+          agree += same;
+          agree_decided += same && !tied[size_t(r)];
         }
         p.kl = kl / double(rows);
         p.top1 = double(agree) / double(rows);
+        p.top1_decided = rows > ties ? double(agree_decided) / double(rows - ties) : 1.0;
         for (int64_t k = 0; k <= o.decode && P - 1 + k < rows; ++k)
           if (argmax(&R.data[size_t((P - 1 + k) * V)], V) != argmax(&Q.data[size_t((P - 1 + k) * V)], V)) {
             p.first_divergence = int(k);
@@ -256,8 +301,13 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   table << "\nsweep: " << cfg.name << ", " << o.strategy << " on " << o.devices << " ranks, " << rows
         << " positions (prompt " << P << " + decode " << o.decode << ", decoded with the reference's greedy tokens), "
         << "rounding " << so.rounding << "\n";
-  std::snprintf(line, sizeof line, "%-22s %12s %9s %12s %10s %10s %10s %s\n", "config", "wire B/rank", "vs fp32",
-                "logits KL", "top-1", "diverges", "perplexity", "site rel L2");
+  std::snprintf(line, sizeof line,
+                "reference: mean next-token entropy %.2f nats (uniform: %.2f); median top-2 logit gap %.1f bf16 steps; "
+                "%lld of %lld positions tied (top-2 gap under one bf16 step), excluded from 'decided'\n",
+                entropy, std::log(double(V)), median_margin, static_cast<long long>(ties), static_cast<long long>(rows));
+  table << line;
+  std::snprintf(line, sizeof line, "%-22s %12s %9s %12s %10s %10s %10s %10s %s\n", "config", "wire B/rank", "vs fp32",
+                "logits KL", "top-1", "decided", "diverges", "perplexity", "site rel L2");
   table << line;
   auto row = [&](const Point& p, bool pareto) {
     std::string sites_err;
@@ -271,9 +321,9 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     else std::snprintf(div, sizeof div, "step %d", p.first_divergence);
     if (std::isnan(p.ppl)) std::snprintf(ppl, sizeof ppl, "-");
     else std::snprintf(ppl, sizeof ppl, "%.4f", p.ppl);
-    std::snprintf(line, sizeof line, "%-22s %12.0f %8.3fx %12.3e %9.2f%% %10s %10s %s%s\n", p.label.c_str(), p.wire,
-                  p.wire_fp32 > 0 ? p.wire / p.wire_fp32 : 1.0, p.kl, 100 * p.top1, div, ppl, sites_err.c_str(),
-                  pareto ? " *" : "");
+    std::snprintf(line, sizeof line, "%-22s %12.0f %8.3fx %12.3e %9.2f%% %9.2f%% %10s %10s %s%s\n", p.label.c_str(),
+                  p.wire, p.wire_fp32 > 0 ? p.wire / p.wire_fp32 : 1.0, p.kl, 100 * p.top1, 100 * p.top1_decided, div,
+                  ppl, sites_err.c_str(), pareto ? " *" : "");
     table << line;
   };
   row(ref, false);

@@ -2,7 +2,9 @@
 // all-reduces. Runs the same configuration unquantized and at every point of
 // a grid (precision x block size x site), each as a real multi-rank run, and
 // writes one stream of `accuracy` records (per point: wire bytes, logits KL,
-// top-1 agreement, first greedy divergence, perplexity, each site's error)
+// top-1 agreement over all positions and over the positions the reference
+// decides at bf16 resolution, first greedy divergence, perplexity, each
+// site's error; for the reference: positions, tied positions, mean entropy)
 // with a printed summary: the trade-off table, the Pareto front, and the
 // per-site sensitivity ranking.
 #pragma once
