@@ -436,6 +436,7 @@ void MainWindow::onFinished(const RunOutcome& o) {
   }
   m_redraw->stop();
   refreshPages();
+  showBestPage();
   m_run->setEnabled(m_valid);
   m_again->setEnabled(!m_lastArgs.isEmpty());
   m_stop->setEnabled(false);
@@ -500,6 +501,14 @@ static QString exportWidget(QWidget* page, const QString& path, const QString& t
   return QObject::tr("export as .png, .svg or .pdf (not '%1')").arg(ext);
 }
 
+// A sweep has no devices to draw but a trade-off to show: open on the
+// Quantization page; anything else opens on the Summary.
+void MainWindow::showBestPage() {
+  const bool sweep = m_data.ranks().empty() && m_quant->points() > 0;
+  if (sweep) m_tabs->setCurrentWidget(m_quant);
+  else if (m_tabs->currentWidget() == m_sessions || m_tabs->currentWidget() == m_quant) m_tabs->setCurrentWidget(m_summary);
+}
+
 bool MainWindow::openSession(qint64 id) {
   if (!m_store) return false;
   m_replayTimer->stop();
@@ -509,7 +518,7 @@ bool MainWindow::openSession(qint64 id) {
   m_data.add(m_store->events(id));
   refreshPages();
   m_status->setText(tr("session '%1' (%2, %3 events)").arg(info.name, info.status).arg(info.events));
-  m_tabs->setCurrentWidget(m_summary);
+  showBestPage();
   return true;
 }
 

@@ -88,6 +88,7 @@ class MainWindow : public QMainWindow {
   void onEvents(const EventBatch& events);
   void onFinished(const RunOutcome& outcome);
   void refreshPages();
+  void showBestPage();
   void updateSetupState();
   // Checks the setup with the engine's own rules (`shardscope-engine check`),
   // shows the reason next to the form and enables Run only when it can run.

@@ -5,6 +5,7 @@
 #include <QJsonObject>
 #include <QSignalSpy>
 #include <QTabWidget>
+#include <QTableWidget>
 #include <QTemporaryDir>
 #include <QtTest>
 
@@ -257,6 +258,25 @@ class TestExplorer : public QObject {
     QApplication::processEvents();
     // The reference, 5 all-site points and 3 sites x 5 specs.
     QCOMPARE(page->points(), 1 + 5 + 3 * 5);
+    // Greedy tokens: a row per configuration, the reference first, and each
+    // row's marked divergence is the step the sweep reported.
+    QCOMPARE(page->tokenRows(), 1 + 5 + 3 * 5);
+    auto* table = page->findChild<QTableWidget*>();
+    QVERIFY(table);
+    std::map<QString, int> reported;
+    const RunData& data = w.data();
+    for (const auto& a : data.accuracy())
+      if (a.metric == "first_divergence") reported[QString::fromStdString(a.config)] = int(a.value);
+    QVERIFY(table->verticalHeaderItem(0)->text().endsWith("(reference)"));
+    QCOMPARE(page->firstDivergence(0), -1);
+    int diverging = 0;
+    for (int r = 1; r < table->rowCount(); ++r) {
+      const QString config = table->verticalHeaderItem(r)->text();
+      QVERIFY2(reported.count(config), qPrintable(config));
+      QCOMPARE(page->firstDivergence(r), reported[config]);
+      diverging += page->firstDivergence(r) >= 0;
+    }
+    QVERIFY(diverging > 0);  // int4 changes some greedy choice on this tiny model
     page->grab().save(QDir::temp().filePath("shardscope-quantization.png"));
   }
 

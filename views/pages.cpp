@@ -15,6 +15,7 @@
 #include <qcustomplot.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <cmath>
@@ -664,12 +665,14 @@ QuantizationPage::QuantizationPage(const RunData& data, QWidget* parent) : QWidg
   m_sites->yAxis->setScaleType(QCPAxis::stLogarithmic);
   m_sites->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
   m_sites->legend->setVisible(true);
+  m_sites->xAxis->setTickLabelRotation(60);
   row->addWidget(m_tradeoff, 3);
   row->addWidget(m_sites, 2);
   layout->addLayout(row, 3);
   m_tokens = new QTableWidget(this);
   m_tokens->setEditTriggers(QAbstractItemView::NoEditTriggers);
   m_tokens->horizontalHeader()->setDefaultSectionSize(44);
+  m_tokens->verticalHeader()->setDefaultSectionSize(fontMetrics().height() + 6);
   m_tokens->setToolTip(tr("The greedy token each configuration would choose at every decode step (all decoded with "
                           "the reference's tokens); red: it differs from the reference; boxed: the first divergence"));
   layout->addWidget(new QLabel(tr("<b>Greedy tokens</b> against the unquantized reference (red: differs; ▶ first "
@@ -699,9 +702,18 @@ void QuantizationPage::fillTokens() {
   const ss::proto::Generation* ref = &gens.front();
   for (const auto& g : gens)
     if (g.config == refLabel) ref = &g;
-  std::vector<const ss::proto::Generation*> rows = {ref};
+  // The reference first, then the configurations that diverge, earliest
+  // first, then the ones that never do.
+  auto divergence = [&](const ss::proto::Generation* g) {
+    for (size_t k = 0; k < g->tokens.size(); ++k)
+      if (k >= ref->tokens.size() || g->tokens[k] != ref->tokens[k]) return int(k);
+    return std::numeric_limits<int>::max();
+  };
+  std::vector<const ss::proto::Generation*> rows;
   for (const auto& g : gens)
     if (&g != ref) rows.push_back(&g);
+  std::stable_sort(rows.begin(), rows.end(), [&](auto* a, auto* b) { return divergence(a) < divergence(b); });
+  rows.insert(rows.begin(), ref);
   size_t steps = 0;
   for (auto* g : rows) steps = std::max(steps, g->tokens.size());
   m_tokens->setRowCount(int(rows.size()));

@@ -249,7 +249,17 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     for (auto& [site, v] : p.site_rel_l2) acc("rel_l2", v, site);
     out.flush();
   };
+  // The greedy token a configuration would choose at each decode step (its
+  // logits' argmax, in the reference's context), for the explorer to set side
+  // by side; the first difference is the first divergence.
+  auto greedy = [&](const NpyArray& L, const std::string& label) {
+    proto::Generation g{label, {}};
+    for (int64_t k = 0; k <= o.decode && P - 1 + k < rows; ++k)
+      g.tokens.push_back(argmax(&L.data[size_t((P - 1 + k) * V)], V));
+    out.write(g);
+  };
   emit(ref);
+  greedy(R, ref.label);
   out.write(proto::Accuracy{"positions", "", -1, double(rows), ref.label});
   out.write(proto::Accuracy{"tied_positions", "", -1, double(ties), ref.label});
   out.write(proto::Accuracy{"entropy", "", -1, entropy, ref.label});
@@ -287,6 +297,7 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
           }
         p.ppl = perplexity(Q);
         emit(p);
+        greedy(Q, p.label);
       } else {
         out.write(proto::Error{"failed", -1, p.label + ": " + p.error, {}});
       }
