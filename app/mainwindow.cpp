@@ -144,6 +144,10 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_decode = new QSpinBox(setup);
   m_decode->setRange(0, 4096);
   m_decode->setValue(8);
+  m_nodes = new QSpinBox(setup);
+  m_nodes->setRange(1, 4096);
+  m_nodes->setToolTip(tr("Simulated runs: the devices are spread over this many nodes, joined by the profile's "
+                         "network"));
   m_batch = new QSpinBox(setup);
   m_batch->setRange(1, 256);
   m_batch->setToolTip(tr("Sequences per run (dp: per device)"));
@@ -172,6 +176,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   form->addRow(tr("Backend"), m_backend);
   form->addRow(tr("Strategy"), m_strategy);
   form->addRow(tr("Devices"), m_devices);
+  form->addRow(tr("Nodes (simulated)"), m_nodes);
   form->addRow(tr("Mesh (tp_sp)"), m_mesh);
   form->addRow(tr("Prompt tokens"), m_prompt);
   form->addRow(tr("Decode tokens"), m_decode);
@@ -275,7 +280,9 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   };
   for (QComboBox* c : {m_model, m_backend, m_strategy, m_precision})
     connect(c, &QComboBox::currentTextChanged, this, changed);
-  for (QSpinBox* b : {m_devices, m_prompt, m_decode, m_batch}) connect(b, &QSpinBox::valueChanged, this, changed);
+  for (QSpinBox* b : {m_devices, m_prompt, m_decode, m_batch, m_nodes})
+    connect(b, &QSpinBox::valueChanged, this, changed);
+  connect(m_backend, &QComboBox::currentIndexChanged, this, &MainWindow::updateSetupState);
   for (QLineEdit* e : {m_mesh, m_overrides, m_capacity}) connect(e, &QLineEdit::textChanged, this, changed);
   updateSetupState();
   changed();
@@ -314,6 +321,7 @@ void MainWindow::updateSetupState() {
   const bool single = m_strategy->currentText() == QLatin1String("single");
   m_devices->setEnabled(!single);
   m_mesh->setEnabled(m_strategy->currentText() == QLatin1String("tp_sp"));
+  m_nodes->setEnabled(m_backend->currentData().toString().startsWith(QLatin1String("sim:")));
 }
 
 void MainWindow::setSetup(const QString& model, const QString& backend, const QString& strategy, int devices,
@@ -336,6 +344,7 @@ QStringList MainWindow::engineArguments() const {
        << QString::number(m_prompt->value()) << "--decode" << QString::number(m_decode->value());
   if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
   if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
+  if (backend.startsWith(QLatin1String("sim:")) && m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());
   if (strategy == QLatin1String("dp")) args << "--batch" << QString::number(m_devices->value() * m_batch->value());
   else if (m_batch->value() > 1) args << "--batch" << QString::number(m_batch->value());
   for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();

@@ -108,6 +108,7 @@ class MainWindow : public QMainWindow {
   QSpinBox* m_prompt;
   QSpinBox* m_decode;
   QSpinBox* m_batch;
+  QSpinBox* m_nodes;        // simulated runs: devices spread over this many nodes
   QLineEdit* m_overrides;   // --set key=value, ...
   QComboBox* m_precision;   // --comm-precision
   QLineEdit* m_capacity;    // --capacity

@@ -26,8 +26,26 @@
 namespace {
 
 
-// A stable colour per op kind; communication in warm tones.
+// A colour per op kind: the engine's kernels in cool tones, collectives in
+// warm ones, each distinct; an op not listed gets a stable hashed colour.
 QColor opColor(const std::string& op, bool comm) {
+  static const std::map<std::string, QColor> known = {
+      {"gemm", QColor(66, 133, 244)},          {"attention", QColor(0, 150, 136)},
+      {"attention_merge", QColor(0, 105, 92)}, {"rmsnorm", QColor(121, 134, 203)},
+      {"gated_rmsnorm", QColor(92, 107, 192)}, {"gated_norm_sumsq", QColor(57, 73, 171)},
+      {"rope", QColor(149, 117, 205)},         {"silu_mul", QColor(124, 179, 66)},
+      {"add", QColor(174, 213, 129)},          {"copy", QColor(144, 164, 174)},
+      {"embedding", QColor(96, 125, 139)},     {"argmax", QColor(38, 50, 56)},
+      {"conv1d", QColor(41, 182, 246)},        {"ssd_scan", QColor(2, 119, 189)},
+      {"selective_scan", QColor(1, 87, 155)},  {"ssd_state_correction", QColor(77, 182, 172)},
+      {"selective_state_correction", QColor(38, 166, 154)}, {"state_advance", QColor(128, 203, 196)},
+      {"quantize", QColor(186, 104, 200)},     {"dequantize", QColor(171, 71, 188)},
+      {"all_reduce", QColor(229, 57, 53)},     {"all_gather", QColor(251, 140, 0)},
+      {"reduce_scatter", QColor(244, 81, 30)}, {"broadcast", QColor(255, 193, 7)},
+      {"sendrecv", QColor(216, 27, 96)},       {"send", QColor(240, 98, 146)},
+      {"recv", QColor(194, 24, 91)},           {"all_to_all", QColor(141, 110, 99)},
+      {"barrier", QColor(120, 120, 120)},      {"gather_blobs", QColor(161, 136, 127)}};
+  if (auto it = known.find(op); it != known.end()) return it->second;
   static const QColor compute[] = {QColor(66, 133, 244), QColor(52, 168, 83), QColor(0, 150, 136),
                                    QColor(121, 85, 200), QColor(96, 125, 139), QColor(3, 169, 244),
                                    QColor(139, 195, 74), QColor(63, 81, 181)};
@@ -268,6 +286,23 @@ void TimelineView::setRange(double t0, double t1) {
   update();
 }
 
+const std::map<int, double>& TimelineView::hiddenShare() const {
+  if (m_hiddenRevision == m_data.revision()) return m_hidden;
+  m_hiddenRevision = m_data.revision();
+  m_hidden.clear();
+  m_ops.clear();
+  for (auto& [rank, d] : m_data.ranks()) {
+    std::vector<std::pair<int64_t, int64_t>> compute, comm;
+    for (const auto& s : d.spans) {
+      (s.stream == "comm" ? comm : compute).emplace_back(s.t0, s.t1);
+      m_ops.emplace(s.op, s.stream == "comm");
+    }
+    const double commNs = ss::proto::union_ns(comm);
+    if (commNs > 0) m_hidden[rank] = ss::proto::overlap_ns(compute, std::move(comm)) / commNs;
+  }
+  return m_hidden;
+}
+
 int TimelineView::lanesHeight() const { return 24 + int(m_data.ranks().size()) * 2 * kLane + 4; }
 
 double TimelineView::xOf(int64_t t) const {
@@ -278,13 +313,17 @@ void TimelineView::paintEvent(QPaintEvent*) {
   QPainter p(this);
   p.fillRect(rect(), Qt::white);
   if (m_t1 <= m_t0 + 1) resetZoom();
+  const auto& hidden = hiddenShare();
   int row = 0;
   for (auto& [rank, d] : m_data.ranks()) {
     for (int lane = 0; lane < 2; ++lane) {
       const int y = 24 + row * kLane;
       p.setPen(QColor(90, 90, 90));
-      p.drawText(QRect(4, y, kLabel - 8, kLane), Qt::AlignVCenter | Qt::AlignLeft,
-                 tr("rank %1 %2").arg(rank).arg(lane == 0 ? tr("compute") : tr("comm")));
+      QString label = tr("rank %1 %2").arg(rank).arg(lane == 0 ? tr("compute") : tr("comm"));
+      if (lane == 1)
+        if (auto it = hidden.find(rank); it != hidden.end())
+          label += tr(" · %1% hidden").arg(100 * it->second, 0, 'f', 0);
+      p.drawText(QRect(4, y, kLabel - 8, kLane), Qt::AlignVCenter | Qt::AlignLeft, label);
       p.fillRect(QRectF(kLabel, y + kLane - 1, width() - kLabel, 1), QColor(230, 230, 230));
       for (const auto& s : d.spans) {
         if ((s.stream == "comm") != (lane == 1)) continue;
@@ -294,6 +333,23 @@ void TimelineView::paintEvent(QPaintEvent*) {
                    opColor(s.op, lane == 1));
       }
       ++row;
+    }
+  }
+  // The colour of every op kind, below the lanes.
+  {
+    int x = kLabel, y = 24 + row * kLane + 10;
+    const QFontMetrics fm = p.fontMetrics();
+    for (const auto& [op, comm] : m_ops) {
+      const QString name = QString::fromStdString(op);
+      const int w = 16 + fm.horizontalAdvance(name) + 14;
+      if (x + w > width()) {
+        x = kLabel;
+        y += kLane;
+      }
+      p.fillRect(QRect(x, y + 5, 12, 12), opColor(op, comm));
+      p.setPen(QColor(60, 60, 60));
+      p.drawText(QRect(x + 16, y, w, kLane), Qt::AlignVCenter | Qt::AlignLeft, name);
+      x += w;
     }
   }
   // Time axis.

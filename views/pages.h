@@ -4,6 +4,8 @@
 
 #include <QWidget>
 
+#include <map>
+
 #include "rundata.h"
 
 class QComboBox;
@@ -59,10 +61,16 @@ class TimelineView : public QWidget {
   double xOf(int64_t t) const;
   const RunData& m_data;
   int64_t firstSpan() const;
+  // Per rank: the share of its communication time overlapped by its compute,
+  // recomputed when the data changes.
+  const std::map<int, double>& hiddenShare() const;
+  mutable std::map<int, double> m_hidden;
+  mutable std::map<std::string, bool> m_ops;  // op kinds seen -> on the comm stream
+  mutable uint64_t m_hiddenRevision = ~0ull;
   double m_t0 = 0, m_t1 = 1;  // visible range, ns after m_origin
   int64_t m_origin = 0;
   QPoint m_drag;
-  static constexpr int kLabel = 110, kLane = 22;
+  static constexpr int kLabel = 170, kLane = 22;
 };
 
 // Which slice of each weight every device holds, and which tokens it owns.
