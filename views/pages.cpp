@@ -633,6 +633,21 @@ void SummaryPage::refresh() {
                .arg(seq)
                .arg(heads_split);
     }
+    // Activations: the residual stream of the tokens this device works on is
+    // the least any layer keeps live; the measured peak adds the layer's own
+    // intermediates (projections, the MLP's hidden width, attention tiles).
+    {
+      const double tokensHere = strategy == "tsp" ? work.value("prompt_len", 0.0) / D
+                                : (strategy == "sp" || strategy == "tp_sp") ? work.value("prompt_len", 0.0) / S
+                                                                             : work.value("prompt_len", 0.0);
+      const double dm = model.value("hidden_size", 0.0);
+      if (tokensHere > 0 && dm > 0)
+        h += tr("<tr><td>activations</td><td align=right>&ge; %1</td><td align=right>%2</td><td>the residual "
+                "stream: tokens on this device (%3) x d x 4 bytes; the peak adds one layer's intermediates</td></tr>")
+                 .arg(bytesText(tokensHere * dm * 4))
+                 .arg(bytesText(measured("peak_activations_bytes")))
+                 .arg(tokensHere);
+    }
     // Bytes one device puts on the wire for one attention layer's prefill,
     // counted as the engine counts them: an all-reduce of N bytes moves
     // 2(n-1)/n N (ring), an all-gather (n-1)/n N, a ring step or broadcast
