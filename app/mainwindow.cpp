@@ -524,7 +524,7 @@ bool MainWindow::openSession(qint64 id) {
   const SessionInfo info = m_store->info(id);
   if (!info.id) return false;
   m_data.clear();
-  m_data.add(m_store->events(id));
+  m_store->readEvents(id, [this](std::vector<ss::proto::Event>&& batch) { m_data.add(std::move(batch)); });
   refreshPages();
   m_status->setText(tr("session '%1' (%2, %3 events)").arg(info.name, info.status).arg(info.events));
   showBestPage();
@@ -633,7 +633,8 @@ ComparePage* MainWindow::compareSessions(const QList<qint64>& ids) {
     loaders.emplace_back([&runs, i, id = ids[i], path] {
       auto data = std::make_shared<RunData>();
       SessionStore reader;
-      if (reader.open(path, SessionStore::Mode::ReadOnly, SessionStore::Check::Skip)) data->add(reader.events(id));
+      if (reader.open(path, SessionStore::Mode::ReadOnly, SessionStore::Check::Skip))
+        reader.readEvents(id, [&](std::vector<ss::proto::Event>&& batch) { data->add(std::move(batch)); });
       runs[size_t(i)].data = std::move(data);
     });
   }

@@ -640,13 +640,18 @@ QStringList SessionStore::lines(qint64 session) const {
   return QString::fromUtf8(rawStream(session)).split('\n', Qt::SkipEmptyParts);
 }
 
-std::vector<Event> SessionStore::events(qint64 session) const {
+void SessionStore::readEvents(qint64 session, const std::function<void(std::vector<Event>&&)>& sink) const {
+  constexpr size_t kBatch = 1 << 16;
   std::vector<Event> out;
+  out.reserve(kBatch);
+  auto flush = [&](bool force) {
+    if (out.empty() || (!force && out.size() < kBatch)) return;
+    sink(std::move(out));
+    out = {};
+    out.reserve(kBatch);
+  };
   QSqlQuery q(m_db);
   q.setForwardOnly(true);
-  q.prepare(QStringLiteral("SELECT events FROM sessions WHERE id = ?"));
-  q.addBindValue(session);
-  if (q.exec() && q.next()) out.reserve(size_t(std::max<qint64>(0, q.value(0).toLongLong())));
   q.prepare(QStringLiteral("SELECT line FROM records WHERE session_id = ? ORDER BY seq"));
   q.addBindValue(session);
   q.exec();
@@ -655,6 +660,7 @@ std::vector<Event> SessionStore::events(qint64 session) const {
     const QByteArray line = q.value(0).toString().toUtf8();
     auto r = reader.parse_line(std::string_view(line.constData(), size_t(line.size())));
     if (r.event) out.push_back(std::move(*r.event));
+    flush(false);
   }
   std::vector<std::string> names;
   q.prepare(QStringLiteral("SELECT id, text FROM names WHERE session_id = ?"));
@@ -683,6 +689,7 @@ std::vector<Event> SessionStore::events(qint64 session) const {
     s.dims.resize(u.get<uint16_t>());
     for (int64_t& d : s.dims) d = u.get<int64_t>();
     if (u.ok) out.push_back(std::move(s));
+    flush(false);
   });
   readPacked(m_db, "mem_samples", session, [&](Unpacker& u) {
     Mem m;
@@ -691,8 +698,18 @@ std::vector<Event> SessionStore::events(qint64 session) const {
     for (int64_t& b : m.bytes) b = u.get<int64_t>();
     m.peak = u.get<int64_t>();
     if (u.ok) out.push_back(m);
+    flush(false);
   });
-  return out;
+  flush(true);
+}
+
+std::vector<Event> SessionStore::events(qint64 session) const {
+  std::vector<Event> all;
+  readEvents(session, [&](std::vector<Event>&& batch) {
+    if (all.empty()) all = std::move(batch);
+    else all.insert(all.end(), std::make_move_iterator(batch.begin()), std::make_move_iterator(batch.end()));
+  });
+  return all;
 }
 
 qint64 SessionStore::importStream(const QString& file, const QString& name) {

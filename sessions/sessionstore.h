@@ -28,6 +28,7 @@
 #include <QStringList>
 #include <QVector>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -98,6 +99,9 @@ class SessionStore {
   // stream: spans and memory samples unpacked, the other records parsed.
   // Good enough to rebuild every view (order kept per rank and per type).
   std::vector<ss::proto::Event> events(qint64 session) const;
+  // The same, handed over in batches of at most 65536 events (nothing of the
+  // whole session is held twice).
+  void readEvents(qint64 session, const std::function<void(std::vector<ss::proto::Event>&&)>& sink) const;
 
   // Imports a recorded stream file as a new session; returns its id or 0.
   qint64 importStream(const QString& file, const QString& name = {});
