@@ -317,7 +317,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   int row = 0;
   for (auto& [rank, d] : m_data.ranks()) {
     for (int lane = 0; lane < 2; ++lane) {
-      const int y = 24 + row * kLane;
+      const int y = 24 + (row + lane) * kLane;
       p.setPen(QColor(90, 90, 90));
       QString label = tr("rank %1 %2").arg(rank).arg(lane == 0 ? tr("compute") : tr("comm"));
       if (lane == 1)
@@ -325,15 +325,25 @@ void TimelineView::paintEvent(QPaintEvent*) {
           label += tr(" · %1% hidden").arg(100 * it->second, 0, 'f', 0);
       p.drawText(QRect(4, y, kLabel - 8, kLane), Qt::AlignVCenter | Qt::AlignLeft, label);
       p.fillRect(QRectF(kLabel, y + kLane - 1, width() - kLabel, 1), QColor(230, 230, 230));
-      for (const auto& s : d.spans) {
-        if ((s.stream == "comm") != (lane == 1)) continue;
-        const double x0 = xOf(s.t0), x1 = std::max(xOf(s.t1), x0 + 1.0);
-        if (x1 < kLabel || x0 > width()) continue;
-        p.fillRect(QRectF(std::max<double>(x0, kLabel), y + 3, x1 - std::max<double>(x0, kLabel), kLane - 6),
-                   opColor(s.op, lane == 1));
-      }
-      ++row;
     }
+    // One pass over the rank's spans. Zoomed out, thousands of spans share a
+    // pixel column: a span that falls inside the columns its lane has just
+    // filled is not drawn again, so a redraw costs at most a few rectangles
+    // per pixel column whatever the number of spans.
+    double filledFrom[2] = {-1, -1}, filledTo[2] = {-1, -1};
+    for (const auto& s : d.spans) {
+      const int lane = s.stream == "comm" ? 1 : 0;
+      const double x0 = std::max<double>(xOf(s.t0), kLabel), x1 = std::max(xOf(s.t1), x0 + 1.0);
+      if (x1 < kLabel || x0 > width()) continue;
+      if (x0 >= filledFrom[lane] && x1 <= filledTo[lane] + 0.5) continue;
+      p.fillRect(QRectF(x0, 24 + (row + lane) * kLane + 3, x1 - x0, kLane - 6), opColor(s.op, lane == 1));
+      if (x0 <= filledTo[lane] + 1 && x0 >= filledFrom[lane]) filledTo[lane] = std::max(filledTo[lane], x1);
+      else {
+        filledFrom[lane] = x0;
+        filledTo[lane] = x1;
+      }
+    }
+    row += 2;
   }
   // The colour of every op kind, below the lanes.
   {
