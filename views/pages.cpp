@@ -569,7 +569,7 @@ void SummaryPage::refresh() {
                   .arg(QString::fromStdString(model.value("name", "?")),
                        QString::fromStdString(c.value("strategy", "?")))
                   .arg(c.value("devices", 1))
-                  .arg(QString::fromStdString(c.value("backend", "?")));
+                  .arg(QString::fromStdString(c.value("backend", c.contains("sweep") ? "cpu, quantization sweep" : "?")));
   auto metric = [&](const char* name, const QString& label, const QString& unit, double scale = 1) {
     auto it = m_data.metrics().find(name);
     if (it != m_data.metrics().end())
