@@ -1,12 +1,8 @@
 // The MPI communicator of the cpu backend, run under mpiexec with 2, 3 and 4
 // ranks (and alone, as a singleton world of one). Every rank can compute what
 // every other rank contributed (value(rank, i)), so each result is checked
-// against an expectation built independently of MPI.
-//
-// Under MPI a rank that leaves a test function early while the others enter a
-// collective hangs the run. So each check only records a local verdict; the
-// verdicts are combined across ranks (everyone()) after the last collective,
-// and only then does the test pass or fail, on every rank alike.
+// against an expectation built independently of MPI. Checks are local
+// verdicts combined across ranks (mpi_harness.h).
 #include <mpi.h>
 
 #include <QtTest>
@@ -21,8 +17,10 @@
 #include "comm/mpi_bench.h"
 #include "comm/mpi_communicator.h"
 #include "cpu/cpu_backend.h"
+#include "mpi_harness.h"
 #include "sim/meta_backend.h"
 
+using mpi_harness::Verdict;
 using ss::Category;
 using ss::Tensor;
 
@@ -33,41 +31,6 @@ namespace {
 float value(int rank, int64_t i) {
   return float((rank * 37 + i * 11) % 101 - 50);
 }
-
-// A local verdict with the first reason it went wrong.
-struct Verdict {
-  bool ok = true;
-  QString why;
-
-  void expect(bool cond, const QString& what) {
-    if (cond || !ok) {
-      ok = ok && cond;
-      return;
-    }
-    ok = false;
-    why = what;
-  }
-  void expect_equal(const std::vector<float>& got, const std::vector<float>& want,
-                    const QString& what) {
-    if (got.size() != want.size()) {
-      expect(false, QStringLiteral("%1: %2 elements, expected %3")
-                        .arg(what)
-                        .arg(got.size())
-                        .arg(want.size()));
-      return;
-    }
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (got[i] != want[i]) {
-        expect(false, QStringLiteral("%1: element %2 is %3, expected %4")
-                          .arg(what)
-                          .arg(i)
-                          .arg(got[i])
-                          .arg(want[i]));
-        return;
-      }
-    }
-  }
-};
 
 std::vector<ss::proto::Span> comm_spans(std::vector<ss::proto::Span> spans) {
   std::erase_if(spans, [](const ss::proto::Span& s) { return s.stream != "comm"; });
@@ -82,53 +45,11 @@ QString ints(const std::vector<int>& v) {
 
 }  // namespace
 
-// Passes on every rank or fails on every rank: combines the ranks' verdicts.
-#define VERIFY_EVERYWHERE(verdict)                                                       \
-  do {                                                                                   \
-    const bool all_ok_ = everyone((verdict).ok);                                         \
-    QVERIFY2(all_ok_, qPrintable((verdict).ok ? QStringLiteral("failed on another rank") \
-                                              : QStringLiteral("rank %1 of %2: %3")      \
-                                                    .arg(m_rank)                         \
-                                                    .arg(m_size)                         \
-                                                    .arg((verdict).why)));               \
-  } while (0)
-
-class TestComm : public QObject {
+class TestComm : public QObject, private mpi_harness::World {
   Q_OBJECT
 
  private:
-  std::unique_ptr<ss::MpiWorld> m_world;
-  std::shared_ptr<ss::CommStream> m_stream;
-  ss::Allocator m_alloc;
-  std::unique_ptr<ss::Recorder> m_rec;
-  std::unique_ptr<ss::CpuBackend> m_be;
-  std::unique_ptr<ss::MpiCommunicator> m_comm;
-  int m_rank = 0;
-  int m_size = 1;
-
-  // True on every rank iff `ok` on every rank (on the stream, like all MPI).
-  bool everyone(bool ok) {
-    int all = ok ? 1 : 0;
-    m_stream
-        ->enqueue([&] {
-          ss::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
-                        "MPI_Allreduce", "world");
-        })
-        ->wait();
-    return all == 1;
-  }
-
-  Tensor tensor(const std::vector<float>& values) {
-    Tensor t = m_be->alloc({int64_t(values.size())}, Category::CommBuffers, "test");
-    if (!values.empty()) m_be->upload(t, values.data(), ss::DType::F32);
-    return t;
-  }
   Tensor filled(int64_t n, float v) { return tensor(std::vector<float>(size_t(n), v)); }
-  std::vector<float> host(const Tensor& t) {
-    std::vector<float> v(static_cast<size_t>(t.numel()));
-    if (!v.empty()) m_be->download(t, v.data());
-    return v;
-  }
   // value(rank, offset + i) for i < n
   static std::vector<float> values_of(int rank, int64_t n, int64_t offset = 0) {
     std::vector<float> v(static_cast<size_t>(n));
@@ -149,24 +70,8 @@ class TestComm : public QObject {
   }
 
  private slots:
-  void initTestCase() {
-    m_world = std::make_unique<ss::MpiWorld>();
-    m_rank = m_world->rank();
-    m_size = m_world->size();
-    m_stream = std::make_shared<ss::CommStream>();
-    m_rec = std::make_unique<ss::Recorder>(m_rank);
-    m_be = std::make_unique<ss::CpuBackend>(m_alloc, *m_rec);
-    m_comm = std::make_unique<ss::MpiCommunicator>(m_stream, MPI_COMM_WORLD, *m_rec, "world");
-  }
-
-  void cleanupTestCase() {
-    // Communicators free on the stream, the stream joins, then MPI finalizes.
-    m_comm.reset();
-    m_stream.reset();
-    m_be.reset();
-    m_rec.reset();
-    m_world.reset();
-  }
+  void initTestCase() { set_up(); }
+  void cleanupTestCase() { tear_down(); }
 
   void init() { m_rec->clear(); }
 

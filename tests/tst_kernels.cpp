@@ -6,9 +6,11 @@
 #include <QtTest>
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -31,6 +33,28 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
                                           .arg(err_)                                  \
                                           .arg(kTol)));                               \
   } while (0)
+
+// A result in the view of a Mat: close to its reference, and the padding
+// around the view untouched.
+#define VERIFY_MAT(mat, want, what)             \
+  do {                                          \
+    VERIFY_CLOSE(read((mat).view), want, what); \
+    QVERIFY(padding_intact(mat));               \
+  } while (0)
+
+// The rows of a data-driven test: one Case (a struct of the test's
+// parameters) a row, in the column "c", which the test reads with fetch().
+template <class Case>
+void add_rows(std::initializer_list<std::pair<const char*, Case>> rows) {
+  QTest::addColumn<Case>("c");
+  for (const auto& [name, c] : rows) QTest::newRow(name) << c;
+}
+
+template <class Case>
+Case fetch() {
+  QFETCH(Case, c);
+  return c;
+}
 
 std::vector<float> randn(std::mt19937& g, size_t n, double mean = 0.0, double sd = 1.0) {
   std::normal_distribution<double> d(mean, sd);
@@ -58,6 +82,12 @@ struct Rig {
     be.upload(t, values.data(), ss::DType::F32);
     return t;
   }
+  // A tensor with every element `fill`.
+  Tensor filled(const ss::Shape& shape, float fill) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return tensor(shape, std::vector<float>(size_t(n), fill));
+  }
 
   Mat mat(int64_t rows, int64_t cols, int64_t pad, const std::vector<float>& values) {
     const int64_t w = cols + 2 * pad;
@@ -69,6 +99,10 @@ struct Rig {
     m.view = m.full.slice(1, pad, cols);
     m.pad = pad;
     return m;
+  }
+  // A Mat whose view holds `fill` everywhere (an output).
+  Mat filled_mat(int64_t rows, int64_t cols, int64_t pad, float fill) {
+    return mat(rows, cols, pad, std::vector<float>(size_t(rows * cols), fill));
   }
 };
 
@@ -98,10 +132,43 @@ std::vector<int32_t> iota_pos(int64_t n, int32_t first = 0) {
   return p;
 }
 
+// One of the row-major matrices that side_by_side() joins: `width` columns.
+template <class T>
+struct Part {
+  const std::vector<T>& values;
+  int64_t width;
+};
+
+// Row t of every part in turn, for each of `rows` rows: the matrices side by
+// side, as one fused projection writes them (q | k | v, x | B | C | dt).
+template <class T>
+std::vector<float> side_by_side(int64_t rows, std::initializer_list<Part<T>> parts) {
+  std::vector<float> all;
+  for (int64_t t = 0; t < rows; ++t)
+    for (const Part<T>& p : parts)
+      all.insert(all.end(), p.values.begin() + t * p.width, p.values.begin() + (t + 1) * p.width);
+  return all;
+}
+
 }  // namespace
 
 class TestKernels : public QObject {
   Q_OBJECT
+
+  // The parameters of the data-driven tests, one struct a row (add_rows).
+  struct MatmulCase;
+  struct RmsnormCase;
+  struct GatedRmsnormCase;
+  struct RopeCase;
+  struct AttentionCase;
+  struct AttentionMergeCase;
+  struct Conv1dCase;
+  struct Conv1dCarriesCase;
+  struct SsdScanCase;
+  struct SelectiveScanCase;
+  struct SelectivePassingCase;
+  struct SsdPassingCase;
+  struct GatedNormRanksCase;
 
  private slots:
   void matmul_data();
@@ -138,26 +205,24 @@ class TestKernels : public QObject {
   void gated_norm_across_ranks();
 };
 
+struct TestKernels::MatmulCase {
+  int M, N, K, pad;
+  bool accumulate;
+};
+
 void TestKernels::matmul_data() {
-  QTest::addColumn<int>("M");
-  QTest::addColumn<int>("N");
-  QTest::addColumn<int>("K");
-  QTest::addColumn<int>("pad");
-  QTest::addColumn<bool>("accumulate");
-  QTest::newRow("contiguous") << 17 << 23 << 31 << 0 << false;
-  QTest::newRow("contiguous accumulate") << 17 << 23 << 31 << 0 << true;
-  QTest::newRow("strided rows") << 33 << 20 << 48 << 3 << false;
-  QTest::newRow("strided rows accumulate") << 33 << 20 << 48 << 5 << true;
-  QTest::newRow("one row accumulate") << 1 << 64 << 64 << 2 << true;
-  QTest::newRow("larger") << 130 << 96 << 200 << 1 << false;
+  add_rows<MatmulCase>({
+      {"contiguous", {17, 23, 31, 0, false}},
+      {"contiguous accumulate", {17, 23, 31, 0, true}},
+      {"strided rows", {33, 20, 48, 3, false}},
+      {"strided rows accumulate", {33, 20, 48, 5, true}},
+      {"one row accumulate", {1, 64, 64, 2, true}},
+      {"larger", {130, 96, 200, 1, false}},
+  });
 }
 
 void TestKernels::matmul() {
-  QFETCH(int, M);
-  QFETCH(int, N);
-  QFETCH(int, K);
-  QFETCH(int, pad);
-  QFETCH(bool, accumulate);
+  const auto [M, N, K, pad, accumulate] = fetch<MatmulCase>();
   std::mt19937 g(uint32_t(M * 1000 + N * 10 + K));
   const auto xv = randn(g, size_t(M) * K), wv = randn(g, size_t(N) * K),
              yv = randn(g, size_t(M) * N);
@@ -167,8 +232,7 @@ void TestKernels::matmul() {
   const ref::Vec y0 = ref::to_double(yv);
   const ref::Vec want =
       ref::matmul(ref::to_double(xv), ref::to_double(wv), M, N, K, accumulate ? &y0 : nullptr);
-  VERIFY_CLOSE(read(y.view), want, "y");
-  QVERIFY(padding_intact(y));
+  VERIFY_MAT(y, want, "y");
 }
 
 void TestKernels::embedding() {
@@ -182,7 +246,7 @@ void TestKernels::embedding() {
   tokens[1] = V - 1;
   tokens[2] = tokens[3];  // a repeated token
   Rig r;
-  Mat tab = r.mat(V, d, 2, table), y = r.mat(T, d, 3, std::vector<float>(size_t(T) * d, 0.0f));
+  Mat tab = r.mat(V, d, 2, table), y = r.filled_mat(T, d, 3, 0.0f);
   r.be.embedding(y.view, tab.view, tokens);
   const auto got = read(y.view);
   for (int t = 0; t < T; ++t)
@@ -203,99 +267,90 @@ void TestKernels::argmax_row() {
   }
 }
 
+struct TestKernels::RmsnormCase {
+  int T, n, group;
+  bool weight;
+  int pad;
+  bool in_place;
+  double scale;  // of x; at 1e-3 the mean square is near eps
+};
+
 void TestKernels::rmsnorm_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("n");
-  QTest::addColumn<int>("group");
-  QTest::addColumn<bool>("weight");
-  QTest::addColumn<int>("pad");
-  QTest::addColumn<bool>("in_place");
-  QTest::addColumn<double>("scale");  // of x; at 1e-3 the mean square is near eps
-  QTest::newRow("plain") << 7 << 64 << 64 << true << 0 << false << 1.0;
-  QTest::newRow("no weight") << 7 << 64 << 64 << false << 0 << false << 1.0;
-  QTest::newRow("grouped") << 9 << 96 << 24 << true << 0 << false << 1.0;
-  QTest::newRow("grouped no weight") << 9 << 96 << 32 << false << 0 << false << 1.0;
-  QTest::newRow("strided") << 13 << 40 << 40 << true << 3 << false << 1.0;
-  QTest::newRow("strided in place no weight") << 13 << 48 << 16 << false << 2 << true << 1.0;
-  QTest::newRow("small values, grouped") << 5 << 64 << 16 << true << 0 << false << 1e-3;
+  add_rows<RmsnormCase>({
+      {"plain", {7, 64, 64, true, 0, false, 1.0}},
+      {"no weight", {7, 64, 64, false, 0, false, 1.0}},
+      {"grouped", {9, 96, 24, true, 0, false, 1.0}},
+      {"grouped no weight", {9, 96, 32, false, 0, false, 1.0}},
+      {"strided", {13, 40, 40, true, 3, false, 1.0}},
+      {"strided in place no weight", {13, 48, 16, false, 2, true, 1.0}},
+      {"small values, grouped", {5, 64, 16, true, 0, false, 1e-3}},
+  });
 }
 
 void TestKernels::rmsnorm() {
-  QFETCH(int, T);
-  QFETCH(int, n);
-  QFETCH(int, group);
-  QFETCH(bool, weight);
-  QFETCH(int, pad);
-  QFETCH(bool, in_place);
-  QFETCH(double, scale);
+  const auto [T, n, group, weight, pad, in_place, scale] = fetch<RmsnormCase>();
   std::mt19937 g(uint32_t(T * 131 + n + group));
   const auto xv = randn(g, size_t(T) * n, 0.3 * scale, 2.0 * scale),
              wv = randn(g, size_t(n), 1.0, 0.2);
   Rig r;
   Mat x = r.mat(T, n, pad, xv);
-  Mat y = in_place ? x : r.mat(T, n, pad, std::vector<float>(size_t(T) * n, 0.0f));
+  Mat y = in_place ? x : r.filled_mat(T, n, pad, 0.0f);
   const Tensor w = weight ? r.tensor({n}, wv) : Tensor{};
   const float eps = 1e-5f;
   r.be.rmsnorm(y.view, x.view, w, eps, group);
   const ref::Vec wd = ref::to_double(wv);
   const ref::Vec want =
       ref::rmsnorm(ref::to_double(xv), nullptr, weight ? &wd : nullptr, T, n, group, eps);
-  VERIFY_CLOSE(read(y.view), want, "y");
-  QVERIFY(padding_intact(y));
+  VERIFY_MAT(y, want, "y");
 }
 
+struct TestKernels::GatedRmsnormCase {
+  int T, n, group, pad;
+  bool in_place;
+};
+
 void TestKernels::gated_rmsnorm_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("n");
-  QTest::addColumn<int>("group");
-  QTest::addColumn<int>("pad");
-  QTest::addColumn<bool>("in_place");
-  QTest::newRow("one group") << 6 << 64 << 64 << 0 << false;
-  QTest::newRow("four groups") << 11 << 128 << 32 << 0 << false;
-  QTest::newRow("strided z, in place") << 10 << 96 << 48 << 4 << true;
+  add_rows<GatedRmsnormCase>({
+      {"one group", {6, 64, 64, 0, false}},
+      {"four groups", {11, 128, 32, 0, false}},
+      {"strided z, in place", {10, 96, 48, 4, true}},
+  });
 }
 
 void TestKernels::gated_rmsnorm() {
-  QFETCH(int, T);
-  QFETCH(int, n);
-  QFETCH(int, group);
-  QFETCH(int, pad);
-  QFETCH(bool, in_place);
+  const auto [T, n, group, pad, in_place] = fetch<GatedRmsnormCase>();
   std::mt19937 g(uint32_t(T * 17 + n + group));
   const auto xv = randn(g, size_t(T) * n), zv = randn(g, size_t(T) * n, 0.0, 2.0),
              wv = randn(g, size_t(n), 1.0, 0.2);
   Rig r;
   Mat x = r.mat(T, n, pad, xv), z = r.mat(T, n, pad, zv);
-  Mat y = in_place ? x : r.mat(T, n, pad, std::vector<float>(size_t(T) * n, 0.0f));
+  Mat y = in_place ? x : r.filled_mat(T, n, pad, 0.0f);
   const Tensor w = r.tensor({n}, wv);
   const float eps = 1e-5f;
   r.be.gated_rmsnorm(y.view, x.view, z.view, w, eps, group);
   const ref::Vec zd = ref::to_double(zv), wd = ref::to_double(wv);
   const ref::Vec want = ref::rmsnorm(ref::to_double(xv), &zd, &wd, T, n, group, eps);
-  VERIFY_CLOSE(read(y.view), want, "y");
-  QVERIFY(padding_intact(y));
+  VERIFY_MAT(y, want, "y");
 }
 
+struct TestKernels::RopeCase {
+  int T, n_heads, head_dim;
+  double theta;
+  QString positions;
+  int pad;
+};
+
 void TestKernels::rope_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("n_heads");
-  QTest::addColumn<int>("head_dim");
-  QTest::addColumn<double>("theta");
-  QTest::addColumn<QString>("positions");
-  QTest::addColumn<int>("pad");
-  QTest::newRow("from zero") << 20 << 4 << 16 << 10000.0 << "from zero" << 0;
-  QTest::newRow("decode at 4097") << 1 << 8 << 64 << 10000.0 << "offset" << 0;
-  QTest::newRow("scattered, theta 5e5") << 33 << 2 << 128 << 500000.0 << "scattered" << 0;
-  QTest::newRow("strided k heads") << 17 << 2 << 32 << 10000.0 << "scattered" << 5;
+  add_rows<RopeCase>({
+      {"from zero", {20, 4, 16, 10000.0, "from zero", 0}},
+      {"decode at 4097", {1, 8, 64, 10000.0, "offset", 0}},
+      {"scattered, theta 5e5", {33, 2, 128, 500000.0, "scattered", 0}},
+      {"strided k heads", {17, 2, 32, 10000.0, "scattered", 5}},
+  });
 }
 
 void TestKernels::rope() {
-  QFETCH(int, T);
-  QFETCH(int, n_heads);
-  QFETCH(int, head_dim);
-  QFETCH(double, theta);
-  QFETCH(QString, positions);
-  QFETCH(int, pad);
+  const auto [T, n_heads, head_dim, theta, positions, pad] = fetch<RopeCase>();
   std::mt19937 g(uint32_t(T * 7 + n_heads + head_dim));
   std::vector<int32_t> pos;
   if (positions == "from zero") {
@@ -315,8 +370,7 @@ void TestKernels::rope() {
   // comparison measures the kernel's arithmetic, not the rounding of theta.
   const ref::Vec want =
       ref::rope(ref::to_double(xv), T, n_heads, head_dim, pos, double(float(theta)));
-  VERIFY_CLOSE(read(x.view), want, "x");
-  QVERIFY(padding_intact(x));
+  VERIFY_MAT(x, want, "x");
 }
 
 namespace {
@@ -362,6 +416,21 @@ void make_positions(const QString& mode, int Tq, int Tk, std::mt19937& g,
   }
 }
 
+// Attention with the scale 1/sqrt(head_dim); the arguments view q_pos and
+// k_pos, which must outlive them.
+ss::AttentionArgs attention_args(int n_heads, int n_kv_heads, int head_dim,
+                                 const std::vector<int32_t>& q_pos,
+                                 const std::vector<int32_t>& k_pos) {
+  ss::AttentionArgs a;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.head_dim = head_dim;
+  a.scale = 1.0f / std::sqrt(float(head_dim));
+  a.q_pos = q_pos;
+  a.k_pos = k_pos;
+  return a;
+}
+
 // lse values compared where finite; where the reference is -inf the kernel must be too.
 void verify_lse(const std::vector<float>& got, const ref::Vec& want) {
   QCOMPARE(got.size(), want.size());
@@ -380,32 +449,27 @@ void verify_lse(const std::vector<float>& got, const ref::Vec& want) {
 
 }  // namespace
 
+struct TestKernels::AttentionCase {
+  int Tq, Tk, n_heads, n_kv_heads, head_dim;
+  QString positions;
+  bool packed;  // q, k, v column windows of one [T, q|k|v] buffer
+};
+
 void TestKernels::attention_data() {
-  QTest::addColumn<int>("Tq");
-  QTest::addColumn<int>("Tk");
-  QTest::addColumn<int>("n_heads");
-  QTest::addColumn<int>("n_kv_heads");
-  QTest::addColumn<int>("head_dim");
-  QTest::addColumn<QString>("positions");
-  QTest::addColumn<bool>("packed");  // q, k, v column windows of one [T, q|k|v] buffer
-  QTest::newRow("prefill 200, GQA") << 200 << 200 << 4 << 2 << 32 << "prefill" << false;
-  QTest::newRow("prefill 600, MHA") << 600 << 600 << 2 << 2 << 16 << "prefill" << false;
-  QTest::newRow("prefill 150, packed qkv") << 150 << 150 << 4 << 1 << 16 << "prefill" << true;
-  QTest::newRow("decode Tq=1 Tk=777, MQA") << 1 << 777 << 8 << 1 << 64 << "suffix" << false;
-  QTest::newRow("chunk Tq=37 Tk=1100") << 37 << 1100 << 4 << 2 << 32 << "suffix" << false;
-  QTest::newRow("zigzag rank 1 of 3, L=1200") << 400 << 1200 << 4 << 2 << 32 << "zigzag" << false;
-  QTest::newRow("shuffled keys 300/700") << 300 << 700 << 2 << 1 << 16 << "shuffled" << false;
-  QTest::newRow("gaps, queries before all keys") << 50 << 530 << 3 << 3 << 8 << "gaps" << false;
+  add_rows<AttentionCase>({
+      {"prefill 200, GQA", {200, 200, 4, 2, 32, "prefill", false}},
+      {"prefill 600, MHA", {600, 600, 2, 2, 16, "prefill", false}},
+      {"prefill 150, packed qkv", {150, 150, 4, 1, 16, "prefill", true}},
+      {"decode Tq=1 Tk=777, MQA", {1, 777, 8, 1, 64, "suffix", false}},
+      {"chunk Tq=37 Tk=1100", {37, 1100, 4, 2, 32, "suffix", false}},
+      {"zigzag rank 1 of 3, L=1200", {400, 1200, 4, 2, 32, "zigzag", false}},
+      {"shuffled keys 300/700", {300, 700, 2, 1, 16, "shuffled", false}},
+      {"gaps, queries before all keys", {50, 530, 3, 3, 8, "gaps", false}},
+  });
 }
 
 void TestKernels::attention() {
-  QFETCH(int, Tq);
-  QFETCH(int, Tk);
-  QFETCH(int, n_heads);
-  QFETCH(int, n_kv_heads);
-  QFETCH(int, head_dim);
-  QFETCH(QString, positions);
-  QFETCH(bool, packed);
+  const auto [Tq, Tk, n_heads, n_kv_heads, head_dim, positions, packed] = fetch<AttentionCase>();
   std::mt19937 g(uint32_t(Tq * 31 + Tk + n_heads * 7 + head_dim));
   std::vector<int32_t> q_pos, k_pos;
   make_positions(positions, Tq, Tk, g, q_pos, k_pos);
@@ -419,13 +483,7 @@ void TestKernels::attention() {
   Tensor q, k, v;
   Mat qkv;
   if (packed) {  // one fused projection output [T, q | k | v], as a QKV GEMM writes it
-    std::vector<float> all;
-    for (int t = 0; t < Tq; ++t) {
-      all.insert(all.end(), qv.begin() + t * hq, qv.begin() + (t + 1) * hq);
-      all.insert(all.end(), kv.begin() + t * hkv, kv.begin() + (t + 1) * hkv);
-      all.insert(all.end(), vv.begin() + t * hkv, vv.begin() + (t + 1) * hkv);
-    }
-    qkv = r.mat(Tq, hq + 2 * hkv, 1, all);
+    qkv = r.mat(Tq, hq + 2 * hkv, 1, side_by_side<float>(Tq, {{qv, hq}, {kv, hkv}, {vv, hkv}}));
     q = qkv.view.slice(1, 0, hq);
     k = qkv.view.slice(1, hq, hkv);
     v = qkv.view.slice(1, hq + hkv, hkv);
@@ -434,15 +492,9 @@ void TestKernels::attention() {
     k = r.mat(Tk, hkv, 0, kv).view;
     v = r.mat(Tk, hkv, 0, vv).view;
   }
-  Mat o = r.mat(Tq, hq, packed ? 2 : 0, std::vector<float>(size_t(Tq) * hq, kNaN));
-  const Tensor lse = r.tensor({Tq, n_heads}, std::vector<float>(size_t(Tq) * n_heads, kNaN));
-  ss::AttentionArgs a;
-  a.n_heads = n_heads;
-  a.n_kv_heads = n_kv_heads;
-  a.head_dim = head_dim;
-  a.scale = 1.0f / std::sqrt(float(head_dim));
-  a.q_pos = q_pos;
-  a.k_pos = k_pos;
+  Mat o = r.filled_mat(Tq, hq, packed ? 2 : 0, kNaN);
+  const Tensor lse = r.filled({Tq, n_heads}, kNaN);
+  const ss::AttentionArgs a = attention_args(n_heads, n_kv_heads, head_dim, q_pos, k_pos);
   r.be.attention(o.view, q, k, v, a, lse);
 
   ref::Vec want_lse;
@@ -454,24 +506,28 @@ void TestKernels::attention() {
   if (packed) QVERIFY(padding_intact(o));
 
   // Without lse the output is the same.
-  Mat o2 = r.mat(Tq, hq, 0, std::vector<float>(size_t(Tq) * hq, kNaN));
+  Mat o2 = r.filled_mat(Tq, hq, 0, kNaN);
   r.be.attention(o2.view, q, k, v, a);
   VERIFY_CLOSE(read(o2.view), want, "o without lse");
 }
 
+struct TestKernels::AttentionMergeCase {
+  int T;
+  QString split;
+};
+
 void TestKernels::attention_merge_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<QString>("split");
-  QTest::newRow("random split of 300") << 300 << "random";
-  QTest::newRow("halves of 700 (late queries see both)") << 700 << "halves";
-  QTest::newRow("zigzag ranks 0 and 1 of 2") << 256 << "zigzag";
+  add_rows<AttentionMergeCase>({
+      {"random split of 300", {300, "random"}},
+      {"halves of 700 (late queries see both)", {700, "halves"}},
+      {"zigzag ranks 0 and 1 of 2", {256, "zigzag"}},
+  });
 }
 
 // Attention over keys split into two disjoint sets, each attended with its
 // lse and merged, equals attention over all keys.
 void TestKernels::attention_merge() {
-  QFETCH(int, T);
-  QFETCH(QString, split);
+  const auto [T, split] = fetch<AttentionMergeCase>();
   const int n_heads = 4, n_kv_heads = 2, head_dim = 16, hq = n_heads * head_dim,
             hkv = n_kv_heads * head_dim;
   std::mt19937 g(uint32_t(T) + uint32_t(split.size()));
@@ -506,13 +562,7 @@ void TestKernels::attention_merge() {
     const Tensor k = r.tensor({Tk, hkv}, k_set[s]), v = r.tensor({Tk, hkv}, v_set[s]);
     o[s] = r.be.alloc({T, hq}, Category::Workspace, "o");
     lse[s] = r.be.alloc({T, n_heads}, Category::Workspace, "lse");
-    ss::AttentionArgs a;
-    a.n_heads = n_heads;
-    a.n_kv_heads = n_kv_heads;
-    a.head_dim = head_dim;
-    a.scale = 1.0f / std::sqrt(float(head_dim));
-    a.q_pos = pos;
-    a.k_pos = pos_set[s];
+    const ss::AttentionArgs a = attention_args(n_heads, n_kv_heads, head_dim, pos, pos_set[s]);
     r.be.attention(o[s], q, k, v, a, lse[s]);
   }
   r.be.attention_merge(o[0], lse[0], o[1], lse[1], n_heads, head_dim);
@@ -533,11 +583,9 @@ void TestKernels::silu_mul() {
   for (size_t i = 0; i < gv.size(); ++i) want[i] = ref::silu(gv[i]) * double(uv[i]);
   {
     Rig r;
-    Mat gate = r.mat(T, n, 2, gv), up = r.mat(T, n, 1, uv),
-        y = r.mat(T, n, 3, std::vector<float>(gv.size(), 0));
+    Mat gate = r.mat(T, n, 2, gv), up = r.mat(T, n, 1, uv), y = r.filled_mat(T, n, 3, 0.0f);
     r.be.silu_mul(y.view, gate.view, up.view);
-    VERIFY_CLOSE(read(y.view), want, "y");
-    QVERIFY(padding_intact(y));
+    VERIFY_MAT(y, want, "y");
   }
   {  // in place into the gate, as the MLP does
     Rig r;
@@ -555,18 +603,15 @@ void TestKernels::add() {
   for (size_t i = 0; i < av.size(); ++i) want[i] = double(av[i]) + double(bv[i]);
   {
     Rig r;
-    Mat a = r.mat(T, n, 1, av), b = r.mat(T, n, 4, bv),
-        y = r.mat(T, n, 2, std::vector<float>(av.size(), 0));
+    Mat a = r.mat(T, n, 1, av), b = r.mat(T, n, 4, bv), y = r.filled_mat(T, n, 2, 0.0f);
     r.be.add(y.view, a.view, b.view);
-    VERIFY_CLOSE(read(y.view), want, "y");
-    QVERIFY(padding_intact(y));
+    VERIFY_MAT(y, want, "y");
   }
   {  // y aliasing a (a residual update)
     Rig r;
     Mat a = r.mat(T, n, 3, av), b = r.mat(T, n, 0, bv);
     r.be.add(a.view, a.view, b.view);
-    VERIFY_CLOSE(read(a.view), want, "y aliasing a");
-    QVERIFY(padding_intact(a));
+    VERIFY_MAT(a, want, "y aliasing a");
   }
 }
 
@@ -583,7 +628,7 @@ void TestKernels::copy() {
     QCOMPARE(ref::rel_l2(read(dst), want), 0.0);
   }
   {  // strided views on both sides
-    Mat src = r.mat(T, n, 2, sv), dst = r.mat(T, n, 5, std::vector<float>(sv.size(), 0));
+    Mat src = r.mat(T, n, 2, sv), dst = r.filled_mat(T, n, 5, 0.0f);
     r.be.copy(dst.view, src.view);
     QCOMPARE(ref::rel_l2(read(dst.view), want), 0.0);
     QVERIFY(padding_intact(dst));
@@ -596,37 +641,32 @@ void TestKernels::copy() {
   }
 }
 
+struct TestKernels::Conv1dCase {
+  int T, C, K;
+  bool bias, state, silu;
+  int pad;
+};
+
 void TestKernels::conv1d_causal_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("C");
-  QTest::addColumn<int>("K");
-  QTest::addColumn<bool>("bias");
-  QTest::addColumn<bool>("state");
-  QTest::addColumn<bool>("silu");
-  QTest::addColumn<int>("pad");
-  QTest::newRow("no bias, no state") << 30 << 24 << 4 << false << false << false << 0;
-  QTest::newRow("bias") << 30 << 24 << 4 << true << false << false << 0;
-  QTest::newRow("bias, state, silu") << 29 << 40 << 4 << true << true << true << 0;
-  QTest::newRow("no bias, state, silu") << 29 << 40 << 4 << false << true << true << 0;
-  QTest::newRow("T < K-1, state") << 2 << 16 << 4 << true << true << true << 0;
-  QTest::newRow("decode T=1, state") << 1 << 48 << 4 << true << true << true << 0;
-  QTest::newRow("K=2, state") << 11 << 8 << 2 << true << true << false << 0;
-  QTest::newRow("strided x, K=3, state") << 21 << 36 << 3 << true << true << true << 3;
+  add_rows<Conv1dCase>({
+      {"no bias, no state", {30, 24, 4, false, false, false, 0}},
+      {"bias", {30, 24, 4, true, false, false, 0}},
+      {"bias, state, silu", {29, 40, 4, true, true, true, 0}},
+      {"no bias, state, silu", {29, 40, 4, false, true, true, 0}},
+      {"T < K-1, state", {2, 16, 4, true, true, true, 0}},
+      {"decode T=1, state", {1, 48, 4, true, true, true, 0}},
+      {"K=2, state", {11, 8, 2, true, true, false, 0}},
+      {"strided x, K=3, state", {21, 36, 3, true, true, true, 3}},
+  });
 }
 
 void TestKernels::conv1d_causal() {
-  QFETCH(int, T);
-  QFETCH(int, C);
-  QFETCH(int, K);
-  QFETCH(bool, bias);
-  QFETCH(bool, state);
-  QFETCH(bool, silu);
-  QFETCH(int, pad);
+  const auto [T, C, K, bias, state, silu, pad] = fetch<Conv1dCase>();
   std::mt19937 g(uint32_t(T * 13 + C + K));
   const auto xv = randn(g, size_t(T) * C), wv = randn(g, size_t(C) * K, 0.0, 0.5),
              bv = randn(g, size_t(C), 0.0, 0.1), sv = randn(g, size_t(K - 1) * C);
   Rig r;
-  Mat x = r.mat(T, C, pad, xv), y = r.mat(T, C, pad, std::vector<float>(size_t(T) * C, kNaN));
+  Mat x = r.mat(T, C, pad, xv), y = r.filled_mat(T, C, pad, kNaN);
   const Tensor w = r.tensor({C, K}, wv);
   const Tensor b = bias ? r.tensor({C}, bv) : Tensor{};
   const Tensor st = state ? r.tensor({K - 1, C}, sv) : Tensor{};
@@ -636,26 +676,27 @@ void TestKernels::conv1d_causal() {
   const ref::Vec want =
       ref::conv1d_causal(ref::to_double(xv), ref::to_double(wv), bias ? &bd : nullptr,
                          state ? &sd : nullptr, T, C, K, silu, &want_state);
-  VERIFY_CLOSE(read(y.view), want, "y");
-  QVERIFY(padding_intact(y));
+  VERIFY_MAT(y, want, "y");
   if (state) VERIFY_CLOSE(read(st), want_state, "conv state");
 }
 
+struct TestKernels::Conv1dCarriesCase {
+  int T, split;
+  bool bias;
+};
+
 void TestKernels::conv1d_state_carries_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("split");
-  QTest::addColumn<bool>("bias");
-  QTest::newRow("21 = 10 + 11, bias") << 21 << 10 << true;
-  QTest::newRow("21 = 1 + 20, no bias") << 21 << 1 << false;
-  QTest::newRow("9 = 7 + 2, bias") << 9 << 7 << true;
+  add_rows<Conv1dCarriesCase>({
+      {"21 = 10 + 11, bias", {21, 10, true}},
+      {"21 = 1 + 20, no bias", {21, 1, false}},
+      {"9 = 7 + 2, bias", {9, 7, true}},
+  });
 }
 
 // Running x in two pieces with the state carried equals one run on all of x,
 // and both equal the reference from a zero state.
 void TestKernels::conv1d_state_carries() {
-  QFETCH(int, T);
-  QFETCH(int, split);
-  QFETCH(bool, bias);
+  const auto [T, split, bias] = fetch<Conv1dCarriesCase>();
   const int C = 20, K = 4;
   std::mt19937 g(uint32_t(T * 3 + split));
   const auto xv = randn(g, size_t(T) * C), wv = randn(g, size_t(C) * K, 0.0, 0.5),
@@ -664,12 +705,12 @@ void TestKernels::conv1d_state_carries() {
   const Tensor x = r.tensor({T, C}, xv), w = r.tensor({C, K}, wv);
   const Tensor b = bias ? r.tensor({C}, bv) : Tensor{};
   const Tensor y = r.be.alloc({T, C}, Category::Workspace, "y");
-  const Tensor st = r.tensor({K - 1, C}, std::vector<float>(size_t(K - 1) * C, 0.0f));
+  const Tensor st = r.filled({K - 1, C}, 0.0f);
   r.be.conv1d_causal(y.slice(0, 0, split), x.slice(0, 0, split), w, b, st, true);
   r.be.conv1d_causal(y.slice(0, split, T - split), x.slice(0, split, T - split), w, b, st, true);
 
   const Tensor y1 = r.be.alloc({T, C}, Category::Workspace, "y1");
-  const Tensor st1 = r.tensor({K - 1, C}, std::vector<float>(size_t(K - 1) * C, 0.0f));
+  const Tensor st1 = r.filled({K - 1, C}, 0.0f);
   r.be.conv1d_causal(y1, x, w, b, st1, true);
   VERIFY_CLOSE(read(y), ref::to_double(read(y1)), "two pieces vs one run");
   VERIFY_CLOSE(read(st), ref::to_double(read(st1)), "state after two pieces vs one run");
@@ -690,6 +731,12 @@ struct SsdCase {
   double dt_min = 0, dt_max = std::numeric_limits<double>::infinity();
 };
 
+// A random dt_bias: the inverse softplus of dt ~ logU[1e-3, 1e-1].
+float random_dt_bias(std::mt19937& g, std::uniform_real_distribution<double>& u) {
+  const double dt = std::exp(std::log(1e-3) + u(g) * (std::log(1e-1) - std::log(1e-3)));
+  return float(dt + std::log(-std::expm1(-dt)));
+}
+
 // Random SSD inputs in the ranges of real Mamba2 layers: dt_bias the inverse
 // softplus of dt ~ logU[1e-3, 1e-1], A_log = log U[1, 16], D near 1.
 ref::SsdProblem random_ssd(const SsdCase& c, std::mt19937& g) {
@@ -708,8 +755,7 @@ ref::SsdProblem random_ssd(const SsdCase& c, std::mt19937& g) {
   std::vector<float> bias(size_t(c.H)), alog(size_t(c.H));
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (int h = 0; h < c.H; ++h) {
-    const double dt = std::exp(std::log(1e-3) + u(g) * (std::log(1e-1) - std::log(1e-3)));
-    bias[size_t(h)] = float(dt + std::log(-std::expm1(-dt)));
+    bias[size_t(h)] = random_dt_bias(g, u);
     alog[size_t(h)] = float(std::log(1.0 + 15.0 * u(g)));
   }
   p.dt_bias = f(bias);
@@ -724,94 +770,77 @@ std::vector<float> to_float(const ref::Vec& v) {
   return std::vector<float>(v.begin(), v.end());
 }
 
+// The SSD scan of p on the backend in chunks of `chunk` (contiguous; y
+// uninitialised; no state).
+ss::SsdArgs ssd_args(Rig& r, const ref::SsdProblem& p, int chunk) {
+  const int64_t T = p.T, H = p.n_heads, HP = H * p.head_dim, GN = int64_t(p.n_groups) * p.d_state;
+  ss::SsdArgs a;
+  a.x = r.tensor({T, HP}, to_float(p.x));
+  a.B = r.tensor({T, GN}, to_float(p.B));
+  a.C = r.tensor({T, GN}, to_float(p.C));
+  a.dt = r.tensor({T, H}, to_float(p.dt));
+  a.y = r.be.alloc({T, HP}, Category::Workspace, "y");
+  a.dt_bias = r.tensor({H}, to_float(p.dt_bias));
+  a.A_log = r.tensor({H}, to_float(p.A_log));
+  a.D = r.tensor({H}, to_float(p.D));
+  a.n_heads = p.n_heads;
+  a.head_dim = p.head_dim;
+  a.n_groups = p.n_groups;
+  a.d_state = p.d_state;
+  a.chunk = chunk;
+  a.dt_min = float(p.dt_min);
+  a.dt_max = float(p.dt_max);
+  return a;
+}
+
 }  // namespace
 
+struct TestKernels::SsdScanCase {
+  int T, H, P, G, N, chunk;
+  bool state;
+  bool packed;  // x, B, C, dt as column windows of one in_proj-like buffer
+  double dt_min, dt_max;
+};
+
 void TestKernels::ssd_scan_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("H");
-  QTest::addColumn<int>("P");
-  QTest::addColumn<int>("G");
-  QTest::addColumn<int>("N");
-  QTest::addColumn<int>("chunk");
-  QTest::addColumn<bool>("state");
-  QTest::addColumn<bool>("packed");  // x, B, C, dt as column windows of one in_proj-like buffer
-  QTest::addColumn<double>("dt_min");
-  QTest::addColumn<double>("dt_max");
   const double inf = std::numeric_limits<double>::infinity();
-  QTest::newRow("chunk 1") << 23 << 4 << 8 << 1 << 16 << 1 << false << false << 0.0 << inf;
-  QTest::newRow("chunk 7, 2 groups, T=50")
-      << 50 << 4 << 8 << 2 << 16 << 7 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 16, state, T=37")
-      << 37 << 4 << 16 << 1 << 16 << 16 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 16, packed, 2 groups")
-      << 45 << 8 << 16 << 2 << 16 << 16 << true << true << 0.0 << inf;
-  QTest::newRow("chunk 64, 4 groups, T=150")
-      << 150 << 8 << 8 << 4 << 16 << 64 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 256, T=300")
-      << 300 << 4 << 16 << 2 << 32 << 256 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 256, head_dim 64, d_state 128 (mamba2-130m)")
-      << 300 << 4 << 64 << 1 << 128 << 256 << true << false << 0.0 << inf;
-  QTest::newRow("chunk 256, T=100 < chunk")
-      << 100 << 2 << 16 << 1 << 16 << 256 << false << false << 0.0 << inf;
-  QTest::newRow("dt clamped to [0.01, 0.05]")
-      << 70 << 4 << 8 << 2 << 16 << 16 << true << false << 0.01 << 0.05;
-  QTest::newRow("decode T=1, state")
-      << 1 << 8 << 16 << 2 << 16 << 256 << true << false << 0.0 << inf;
+  add_rows<SsdScanCase>({
+      {"chunk 1", {23, 4, 8, 1, 16, 1, false, false, 0.0, inf}},
+      {"chunk 7, 2 groups, T=50", {50, 4, 8, 2, 16, 7, true, false, 0.0, inf}},
+      {"chunk 16, state, T=37", {37, 4, 16, 1, 16, 16, true, false, 0.0, inf}},
+      {"chunk 16, packed, 2 groups", {45, 8, 16, 2, 16, 16, true, true, 0.0, inf}},
+      {"chunk 64, 4 groups, T=150", {150, 8, 8, 4, 16, 64, true, false, 0.0, inf}},
+      {"chunk 256, T=300", {300, 4, 16, 2, 32, 256, true, false, 0.0, inf}},
+      {"chunk 256, head_dim 64, d_state 128 (mamba2-130m)",
+       {300, 4, 64, 1, 128, 256, true, false, 0.0, inf}},
+      {"chunk 256, T=100 < chunk", {100, 2, 16, 1, 16, 256, false, false, 0.0, inf}},
+      {"dt clamped to [0.01, 0.05]", {70, 4, 8, 2, 16, 16, true, false, 0.01, 0.05}},
+      {"decode T=1, state", {1, 8, 16, 2, 16, 256, true, false, 0.0, inf}},
+  });
 }
 
 void TestKernels::ssd_scan() {
-  QFETCH(int, T);
-  QFETCH(int, H);
-  QFETCH(int, P);
-  QFETCH(int, G);
-  QFETCH(int, N);
-  QFETCH(int, chunk);
-  QFETCH(bool, state);
-  QFETCH(bool, packed);
-  QFETCH(double, dt_min);
-  QFETCH(double, dt_max);
+  const auto [T, H, P, G, N, chunk, state, packed, dt_min, dt_max] = fetch<SsdScanCase>();
   std::mt19937 g(uint32_t(T * 101 + H * 11 + G * 3 + chunk));
   const ref::SsdProblem p = random_ssd({T, H, P, G, N, chunk, dt_min, dt_max}, g);
   const auto s0 = randn(g, size_t(H) * P * N, 0.0, 0.5);
 
   Rig r;
-  ss::SsdArgs a;
+  ss::SsdArgs a = ssd_args(r, p, chunk);
   const int64_t HP = int64_t(H) * P, GN = int64_t(G) * N;
   Mat buf;
   if (packed) {  // [x | B | C | dt] per row, like the conv output and in_proj slices the model
                  // passes
-    std::vector<float> all;
-    for (int t = 0; t < T; ++t) {
-      for (const auto* part : {&p.x, &p.B, &p.C}) {
-        const int64_t w = part == &p.x ? HP : GN;
-        all.insert(all.end(), part->begin() + t * w, part->begin() + (t + 1) * w);
-      }
-      all.insert(all.end(), p.dt.begin() + t * H, p.dt.begin() + (t + 1) * H);
-    }
-    buf = r.mat(T, HP + 2 * GN + H, 2, all);
+    buf = r.mat(T, HP + 2 * GN + H, 2,
+                side_by_side<double>(T, {{p.x, HP}, {p.B, GN}, {p.C, GN}, {p.dt, H}}));
     a.x = buf.view.slice(1, 0, HP);
     a.B = buf.view.slice(1, HP, GN);
     a.C = buf.view.slice(1, HP + GN, GN);
     a.dt = buf.view.slice(1, HP + 2 * GN, H);
-  } else {
-    a.x = r.tensor({T, HP}, to_float(p.x));
-    a.B = r.tensor({T, GN}, to_float(p.B));
-    a.C = r.tensor({T, GN}, to_float(p.C));
-    a.dt = r.tensor({T, H}, to_float(p.dt));
   }
-  Mat y = r.mat(T, HP, packed ? 1 : 0, std::vector<float>(size_t(T * HP), kNaN));
+  Mat y = r.filled_mat(T, HP, packed ? 1 : 0, kNaN);
   a.y = y.view;
-  a.dt_bias = r.tensor({H}, to_float(p.dt_bias));
-  a.A_log = r.tensor({H}, to_float(p.A_log));
-  a.D = r.tensor({H}, to_float(p.D));
   if (state) a.state = r.tensor({H, P, N}, s0);
-  a.n_heads = H;
-  a.head_dim = P;
-  a.n_groups = G;
-  a.d_state = N;
-  a.chunk = chunk;
-  a.dt_min = float(dt_min);
-  a.dt_max = float(dt_max);
   r.be.ssd_scan(a);
 
   ref::SsdProblem pr = p;
@@ -819,8 +848,7 @@ void TestKernels::ssd_scan() {
   pr.dt_max = double(float(dt_max));
   ref::Vec want_state = state ? ref::to_double(s0) : ref::Vec{};
   const ref::Vec want = ref::ssd_scan(pr, want_state);
-  VERIFY_CLOSE(read(y.view), want, "y");
-  QVERIFY(padding_intact(y));
+  VERIFY_MAT(y, want, "y");
   if (state) VERIFY_CLOSE(read(a.state), want_state, "ssm state");
 }
 
@@ -831,54 +859,47 @@ void TestKernels::ssd_scan_state_carries() {
   std::mt19937 g(2024);
   const ref::SsdProblem p = random_ssd({T, H, P, G, N, 16}, g);
   Rig r;
-  const Tensor x = r.tensor({T, H * P}, to_float(p.x)), B = r.tensor({T, G * N}, to_float(p.B)),
-               C = r.tensor({T, G * N}, to_float(p.C)), dt = r.tensor({T, H}, to_float(p.dt));
-  const Tensor y = r.be.alloc({T, H * P}, Category::Workspace, "y");
-  ss::SsdArgs a;
-  a.dt_bias = r.tensor({H}, to_float(p.dt_bias));
-  a.A_log = r.tensor({H}, to_float(p.A_log));
-  a.D = r.tensor({H}, to_float(p.D));
-  a.state = r.tensor({H, P, N}, std::vector<float>(size_t(H) * P * N, 0.0f));
-  a.n_heads = H;
-  a.head_dim = P;
-  a.n_groups = G;
-  a.d_state = N;
-  a.chunk = 16;
+  const ss::SsdArgs whole = ssd_args(r, p, 16);
+  ss::SsdArgs a = whole;
+  a.state = r.filled({H, P, N}, 0.0f);
   const int pieces[][2] = {{0, 21}, {21, 37}, {58, 1}, {59, 1}, {60, 1}};
   for (const auto& [t0, len] : pieces) {
-    a.x = x.slice(0, t0, len);
-    a.B = B.slice(0, t0, len);
-    a.C = C.slice(0, t0, len);
-    a.dt = dt.slice(0, t0, len);
-    a.y = y.slice(0, t0, len);
+    a.x = whole.x.slice(0, t0, len);
+    a.B = whole.B.slice(0, t0, len);
+    a.C = whole.C.slice(0, t0, len);
+    a.dt = whole.dt.slice(0, t0, len);
+    a.y = whole.y.slice(0, t0, len);
     r.be.ssd_scan(a);
   }
   ref::Vec want_state;
   const ref::Vec want = ref::ssd_scan(p, want_state);
-  VERIFY_CLOSE(read(y), want, "y");
+  VERIFY_CLOSE(read(whole.y), want, "y");
   VERIFY_CLOSE(read(a.state), want_state, "ssm state");
 }
 
+struct TestKernels::SelectiveScanCase {
+  int T, channels, N;
+  bool gate, state;
+  bool packed;  // z, B, C as column windows, as the Mamba mixer passes them
+};
+
 void TestKernels::selective_scan_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("channels");
-  QTest::addColumn<int>("N");
-  QTest::addColumn<bool>("gate");
-  QTest::addColumn<bool>("state");
-  QTest::addColumn<bool>("packed");  // z, B, C as column windows, as the Mamba mixer passes them
-  QTest::newRow("no gate") << 40 << 24 << 8 << false << false << false;
-  QTest::newRow("gate") << 40 << 24 << 8 << true << false << false;
-  QTest::newRow("gate, state") << 33 << 48 << 16 << true << true << false;
-  QTest::newRow("no gate, state") << 33 << 48 << 16 << false << true << false;
-  QTest::newRow("decode T=1, gate, state") << 1 << 64 << 16 << true << true << false;
-  QTest::newRow("packed, gate, state") << 29 << 32 << 8 << true << true << true;
+  add_rows<SelectiveScanCase>({
+      {"no gate", {40, 24, 8, false, false, false}},
+      {"gate", {40, 24, 8, true, false, false}},
+      {"gate, state", {33, 48, 16, true, true, false}},
+      {"no gate, state", {33, 48, 16, false, true, false}},
+      {"decode T=1, gate, state", {1, 64, 16, true, true, false}},
+      {"packed, gate, state", {29, 32, 8, true, true, true}},
+  });
 }
 
 namespace {
 
 // Random Mamba (v1) inputs: dt_bias as in random_ssd, A_log = log(n + 1)
-// (S4D-real) with noise, z always drawn (cleared by callers without a gate).
-ref::SelectiveProblem random_selective(int T, int Ch, int N, std::mt19937& g) {
+// (S4D-real) with noise, z always drawn (the same draws with or without a
+// gate) and cleared without one.
+ref::SelectiveProblem random_selective(int T, int Ch, int N, bool gate, std::mt19937& g) {
   ref::SelectiveProblem p;
   p.T = T;
   p.channels = Ch;
@@ -893,13 +914,13 @@ ref::SelectiveProblem random_selective(int T, int Ch, int N, std::mt19937& g) {
   std::vector<float> bias(static_cast<size_t>(Ch)), alog(static_cast<size_t>(Ch) * N);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (int c = 0; c < Ch; ++c) {
-    const double dt = std::exp(std::log(1e-3) + u(g) * (std::log(1e-1) - std::log(1e-3)));
-    bias[size_t(c)] = float(dt + std::log(-std::expm1(-dt)));
+    bias[size_t(c)] = random_dt_bias(g, u);
     for (int n = 0; n < N; ++n)
       alog[size_t(c * N + n)] = float(std::log(n + 1.0) + 0.1 * (u(g) - 0.5));
   }
   p.dt_bias = f(bias);
   p.A_log = f(alog);
+  if (!gate) p.z.clear();
   return p;
 }
 
@@ -922,56 +943,44 @@ ss::SelectiveScanArgs selective_args(Rig& r, const ref::SelectiveProblem& p) {
 }  // namespace
 
 void TestKernels::selective_scan() {
-  QFETCH(int, T);
-  QFETCH(int, channels);
-  QFETCH(int, N);
-  QFETCH(bool, gate);
-  QFETCH(bool, state);
-  QFETCH(bool, packed);
-  const int Ch = channels;
+  const auto [T, Ch, N, gate, state, packed] = fetch<SelectiveScanCase>();
   std::mt19937 g(uint32_t(T * 37 + Ch + N));
-  ref::SelectiveProblem p = random_selective(T, Ch, N, g);
-  if (!gate) p.z.clear();
+  const ref::SelectiveProblem p = random_selective(T, Ch, N, gate, g);
   const auto s0 = randn(g, size_t(Ch) * N, 0.0, 0.5);
 
   Rig r;
   ss::SelectiveScanArgs a = selective_args(r, p);
   Mat xz, bc, y;
   if (packed) {  // [x | z] from in_proj and [B | C] from x_proj, with padding
-    std::vector<float> xzv, bcv;
-    for (int t = 0; t < T; ++t) {
-      xzv.insert(xzv.end(), p.x.begin() + t * Ch, p.x.begin() + (t + 1) * Ch);
-      xzv.insert(xzv.end(), p.z.begin() + t * Ch, p.z.begin() + (t + 1) * Ch);
-      bcv.insert(bcv.end(), p.B.begin() + t * N, p.B.begin() + (t + 1) * N);
-      bcv.insert(bcv.end(), p.C.begin() + t * N, p.C.begin() + (t + 1) * N);
-    }
-    xz = r.mat(T, 2 * Ch, 1, xzv);
-    bc = r.mat(T, 2 * N, 3, bcv);
+    xz = r.mat(T, 2 * Ch, 1, side_by_side<double>(T, {{p.x, Ch}, {p.z, Ch}}));
+    bc = r.mat(T, 2 * N, 3, side_by_side<double>(T, {{p.B, N}, {p.C, N}}));
     a.x = xz.view.slice(1, 0, Ch);
     a.z = xz.view.slice(1, Ch, Ch);
     a.B = bc.view.slice(1, 0, N);
     a.C = bc.view.slice(1, N, N);
   }
-  y = r.mat(T, Ch, packed ? 2 : 0, std::vector<float>(size_t(T) * Ch, kNaN));
+  y = r.filled_mat(T, Ch, packed ? 2 : 0, kNaN);
   a.y = y.view;
   if (state) a.state = r.tensor({Ch, N}, s0);
   r.be.selective_scan(a);
 
   ref::Vec want_state = state ? ref::to_double(s0) : ref::Vec{};
   const ref::Vec want = ref::selective_scan(p, want_state);
-  VERIFY_CLOSE(read(y.view), want, "y");
-  QVERIFY(padding_intact(y));
+  VERIFY_MAT(y, want, "y");
   if (state) VERIFY_CLOSE(read(a.state), want_state, "ssm state");
 }
 
+struct TestKernels::SelectivePassingCase {
+  int T, channels, N;
+  bool gate;
+};
+
 void TestKernels::selective_state_passing_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("channels");
-  QTest::addColumn<int>("N");
-  QTest::addColumn<bool>("gate");
-  QTest::newRow("gate, T=37") << 37 << 32 << 16 << true;
-  QTest::newRow("no gate, T=20") << 20 << 24 << 8 << false;
-  QTest::newRow("gate, T=1") << 1 << 16 << 16 << true;
+  add_rows<SelectivePassingCase>({
+      {"gate, T=37", {37, 32, 16, true}},
+      {"no gate, T=20", {20, 24, 8, false}},
+      {"gate, T=1", {1, 16, 16, true}},
+  });
 }
 
 // Sequence-parallel state passing for Mamba (v1), one rank's view: scan the
@@ -979,20 +988,15 @@ void TestKernels::selective_state_passing_data() {
 // then correct the outputs for the incoming state and advance that state over
 // the chunk. Together they equal one scan that starts from the incoming state.
 void TestKernels::selective_state_passing() {
-  QFETCH(int, T);
-  QFETCH(int, channels);
-  QFETCH(int, N);
-  QFETCH(bool, gate);
-  const int Ch = channels;
+  const auto [T, Ch, N, gate] = fetch<SelectivePassingCase>();
   std::mt19937 g(uint32_t(T * 5 + Ch + N));
-  ref::SelectiveProblem p = random_selective(T, Ch, N, g);
-  if (!gate) p.z.clear();
+  const ref::SelectiveProblem p = random_selective(T, Ch, N, gate, g);
   const auto incoming = randn(g, size_t(Ch) * N, 0.0, 0.5);
 
   Rig r;
   ss::SelectiveScanArgs a = selective_args(r, p);
-  a.state = r.tensor({Ch, N}, std::vector<float>(size_t(Ch) * N, 0.0f));
-  a.dt_sum = r.tensor({Ch}, std::vector<float>(size_t(Ch), kNaN));
+  a.state = r.filled({Ch, N}, 0.0f);
+  a.dt_sum = r.filled({Ch}, kNaN);
   r.be.selective_scan(a);
   ref::Vec want_dt_sum(size_t(Ch), 0.0);
   for (int64_t t = 0; t < T; ++t)
@@ -1012,18 +1016,19 @@ void TestKernels::selective_state_passing() {
   VERIFY_CLOSE(read(state), want_state, "advanced state");
 }
 
+struct TestKernels::SsdPassingCase {
+  int T, H, G, chunk;
+  double dt_min, dt_max;
+};
+
 void TestKernels::ssd_state_passing_data() {
-  QTest::addColumn<int>("T");
-  QTest::addColumn<int>("H");
-  QTest::addColumn<int>("G");
-  QTest::addColumn<int>("chunk");
-  QTest::addColumn<double>("dt_min");
-  QTest::addColumn<double>("dt_max");
   const double inf = std::numeric_limits<double>::infinity();
-  QTest::newRow("chunk 16, T=37, 2 groups") << 37 << 4 << 2 << 16 << 0.0 << inf;
-  QTest::newRow("chunk 7, T=50, 1 group") << 50 << 4 << 1 << 7 << 0.0 << inf;
-  QTest::newRow("chunk 256, T=300, clamped") << 300 << 4 << 2 << 256 << 0.01 << 0.05;
-  QTest::newRow("T=1") << 1 << 8 << 4 << 16 << 0.0 << inf;
+  add_rows<SsdPassingCase>({
+      {"chunk 16, T=37, 2 groups", {37, 4, 2, 16, 0.0, inf}},
+      {"chunk 7, T=50, 1 group", {50, 4, 1, 7, 0.0, inf}},
+      {"chunk 256, T=300, clamped", {300, 4, 2, 256, 0.01, 0.05}},
+      {"T=1", {1, 8, 4, 16, 0.0, inf}},
+  });
 }
 
 // Sequence-parallel state passing for Mamba2 (ranks as SSD chunks), one
@@ -1031,12 +1036,7 @@ void TestKernels::ssd_state_passing_data() {
 // correct the outputs for the incoming state, advance the incoming state.
 // Together they equal one scan that starts from the incoming state.
 void TestKernels::ssd_state_passing() {
-  QFETCH(int, T);
-  QFETCH(int, H);
-  QFETCH(int, G);
-  QFETCH(int, chunk);
-  QFETCH(double, dt_min);
-  QFETCH(double, dt_max);
+  const auto [T, H, G, chunk, dt_min, dt_max] = fetch<SsdPassingCase>();
   const int P = 8, N = 16;
   std::mt19937 g(uint32_t(T * 3 + H + G + chunk));
   ref::SsdProblem p = random_ssd({T, H, P, G, N, chunk, dt_min, dt_max}, g);
@@ -1045,24 +1045,9 @@ void TestKernels::ssd_state_passing() {
   const auto incoming = randn(g, size_t(H) * P * N, 0.0, 0.5);
 
   Rig r;
-  ss::SsdArgs a;
-  a.x = r.tensor({T, H * P}, to_float(p.x));
-  a.B = r.tensor({T, G * N}, to_float(p.B));
-  a.C = r.tensor({T, G * N}, to_float(p.C));
-  a.dt = r.tensor({T, H}, to_float(p.dt));
-  a.y = r.be.alloc({T, H * P}, Category::Workspace, "y");
-  a.dt_bias = r.tensor({H}, to_float(p.dt_bias));
-  a.A_log = r.tensor({H}, to_float(p.A_log));
-  a.D = r.tensor({H}, to_float(p.D));
-  a.state = r.tensor({H, P, N}, std::vector<float>(size_t(H) * P * N, 0.0f));
-  a.log_decay = r.tensor({H}, std::vector<float>(size_t(H), kNaN));
-  a.n_heads = H;
-  a.head_dim = P;
-  a.n_groups = G;
-  a.d_state = N;
-  a.chunk = chunk;
-  a.dt_min = float(dt_min);
-  a.dt_max = float(dt_max);
+  ss::SsdArgs a = ssd_args(r, p, chunk);
+  a.state = r.filled({H, P, N}, 0.0f);
+  a.log_decay = r.filled({H}, kNaN);
   r.be.ssd_scan(a);
   ref::Vec want_log_decay(size_t(H), 0.0);
   for (int64_t t = 0; t < T; ++t)
@@ -1085,14 +1070,17 @@ void TestKernels::ssd_state_passing() {
   VERIFY_CLOSE(read(state), want_state, "advanced state");
 }
 
+struct TestKernels::GatedNormRanksCase {
+  int n, groups, ranks;
+};
+
 void TestKernels::gated_norm_across_ranks_data() {
-  QTest::addColumn<int>("n");
-  QTest::addColumn<int>("groups");
-  QTest::addColumn<int>("ranks");
-  QTest::newRow("1 group over 2 ranks") << 64 << 1 << 2;
-  QTest::newRow("1 group over 3 ranks") << 96 << 1 << 3;
-  QTest::newRow("2 groups over 4 ranks") << 128 << 2 << 4;
-  QTest::newRow("4 groups over 2 ranks") << 128 << 4 << 2;
+  add_rows<GatedNormRanksCase>({
+      {"1 group over 2 ranks", {64, 1, 2}},
+      {"1 group over 3 ranks", {96, 1, 3}},
+      {"2 groups over 4 ranks", {128, 2, 4}},
+      {"4 groups over 2 ranks", {128, 4, 2}},
+  });
 }
 
 // The gated norm with its columns split over ranks (Mamba2 under tp when a
@@ -1100,21 +1088,18 @@ void TestKernels::gated_norm_across_ranks_data() {
 // summed over the ranks (the all-reduce, done here on the host), then each
 // rank normalises its columns. The result equals gated_rmsnorm on all columns.
 void TestKernels::gated_norm_across_ranks() {
-  QFETCH(int, n);
-  QFETCH(int, groups);
-  QFETCH(int, ranks);
+  const auto [n, groups, ranks] = fetch<GatedNormRanksCase>();
   const int T = 9, group = n / groups, cols = n / ranks, local_group = std::min(group, cols);
   const float eps = 1e-5f;
   std::mt19937 g(uint32_t(n + groups * 10 + ranks));
   const auto xv = randn(g, size_t(T) * n), zv = randn(g, size_t(T) * n, 0.0, 2.0),
              wv = randn(g, size_t(n), 1.0, 0.2);
   Rig r;
-  Mat x = r.mat(T, n, 1, xv), z = r.mat(T, n, 2, zv),
-      y = r.mat(T, n, 0, std::vector<float>(size_t(T) * n, kNaN));
+  Mat x = r.mat(T, n, 1, xv), z = r.mat(T, n, 2, zv), y = r.filled_mat(T, n, 0, kNaN);
   const Tensor w = r.tensor({n}, wv);
   std::vector<float> total(size_t(T) * groups, 0.0f);
   for (int k = 0; k < ranks; ++k) {
-    const Tensor ss = r.tensor({T, groups}, std::vector<float>(size_t(T) * groups, kNaN));
+    const Tensor ss = r.filled({T, groups}, kNaN);
     r.be.gated_norm_sumsq(ss, x.view.slice(1, k * cols, cols), z.view.slice(1, k * cols, cols),
                           local_group, (k * cols) / group);
     const auto part = read(ss);

@@ -29,51 +29,23 @@
 #include "comm/quantize.h"
 #include "core/error.h"
 #include "core/dtype.h"
+#include "quant_bounds.h"
 
+using quant_bounds::e4m3_spacing;
+using quant_bounds::kSlack;
+using quant_bounds::qmax;
+using quant_bounds::spec_of;
 using ss::Precision;
 using ss::QuantSpec;
 using ss::Rounding;
 
-Q_DECLARE_METATYPE(ss::Precision)
-Q_DECLARE_METATYPE(ss::Rounding)
-
 namespace {
 
-constexpr double kSlack = 1e-4;   // of one step, see the header comment
 constexpr uint8_t kGuard = 0xA5;  // fills the bytes after the quantized payload
 constexpr int kGuardBytes = 16;
 
-double qmax(Precision p) {
-  switch (p) {
-    case Precision::INT8:
-      return 127;
-    case Precision::INT4:
-      return 7;
-    case Precision::FP8:
-      return 448;
-    default:
-      return 1;
-  }
-}
-
-// The spacing of e4m3 values at magnitude v (v <= 448), from the format's
-// definition rather than from the codec under test.
-double e4m3_spacing(double v) {
-  if (v < std::ldexp(1.0, -6)) return std::ldexp(1.0, -9);
-  return std::ldexp(1.0, int(std::floor(std::log2(v))) - 3);
-}
-
 bool is_nan_code(int c) {
   return (c & 0x7f) == 0x7f;
-}
-
-QuantSpec spec_of(Precision p, int block = 128, Rounding r = Rounding::Nearest, uint64_t seed = 0) {
-  QuantSpec s;
-  s.precision = p;
-  s.block = block;
-  s.rounding = r;
-  s.seed = seed;
-  return s;
 }
 
 // Storage for quantized bytes: 4-byte aligned (scales come first), followed
@@ -152,33 +124,17 @@ struct Bound {
       a = std::max(a, double(std::fabs(x[size_t(i)])));
     }
   }
-  // The block's scale, A / qmax; never below FLT_MIN, so that its reciprocal
-  // stays finite (blocks of subnormal values are measured in FLT_MIN steps).
+  // The block's scale (bf16 and fp16 have none).
   double scale(int64_t i) const {
-    return std::max(amax[size_t(i / s.block)] / qmax(s.precision), double(FLT_MIN));
+    return s.is_block() ? quant_bounds::block_scale(s.precision, amax[size_t(i / s.block)]) : 0.0;
   }
   // One step at element i: the distance between the two levels around it.
   double step(int64_t i) const {
-    const double a = std::fabs(double(x[size_t(i)]));
-    switch (s.precision) {
-      case Precision::INT8:
-      case Precision::INT4:
-        return scale(i);
-      case Precision::FP8:
-        return scale(i) * e4m3_spacing(std::min(a / scale(i), 448.0));
-      // An ulp of the cast, or its subnormal spacing below the normal range.
-      case Precision::BF16:
-        return std::max(std::ldexp(1.0, -7) * a, std::ldexp(1.0, -133));
-      case Precision::FP16:
-        return std::max(std::ldexp(1.0, -10) * a, std::ldexp(1.0, -24));
-      case Precision::FP32:
-        return 0;
-    }
-    return 0;
+    return quant_bounds::step(s.precision, scale(i), std::fabs(double(x[size_t(i)])));
   }
   double at(int64_t i) const {
     const double st = step(i);
-    return (s.rounding == Rounding::Stochastic && s.is_block() ? 1.0 : 0.5) * st + kSlack * st;
+    return quant_bounds::error_steps(s) * st + kSlack * st;
   }
 };
 

@@ -23,15 +23,11 @@
 // so every sum of up to 4 of them is exact in f32 in any order and the fp32
 // result must equal the exact sum.
 //
-// Under MPI a rank that leaves a test function early while the others enter a
-// collective hangs the run. So each check only records a local verdict; the
-// verdicts are combined across ranks (everyone()) after the last collective,
-// and only then does the test pass or fail, on every rank alike.
+// Checks are local verdicts combined across ranks (mpi_harness.h).
 #include <mpi.h>
 
 #include <QtTest>
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -42,8 +38,11 @@
 #include "comm/quantize.h"
 #include "comm/quantized_all_reduce.h"
 #include "cpu/cpu_backend.h"
+#include "mpi_harness.h"
+#include "quant_bounds.h"
 
-using ss::Category;
+using mpi_harness::Verdict;
+using quant_bounds::kSlack;
 using ss::Precision;
 using ss::QuantSpec;
 using ss::Rounding;
@@ -51,7 +50,8 @@ using ss::Tensor;
 
 namespace {
 
-constexpr double kSlack = 1e-4;
+// Every call here draws its stochastic rounding from this seed.
+constexpr uint64_t kSeed = 17;
 
 uint64_t mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -72,37 +72,8 @@ float input(int rank, int64_t i) {
   return float(((h >> 40) & 1 ? -1 : 1) * std::ldexp(double(m), e));
 }
 
-double qmax(Precision p) {
-  switch (p) {
-    case Precision::INT8:
-      return 127;
-    case Precision::INT4:
-      return 7;
-    case Precision::FP8:
-      return 448;
-    default:
-      return 1;
-  }
-}
-
-double e4m3_spacing(double v) {
-  if (v < std::ldexp(1.0, -6)) return std::ldexp(1.0, -9);
-  return std::ldexp(1.0, int(std::floor(std::log2(v))) - 3);
-}
-
-// An ulp of a cast at magnitude a (its subnormal spacing below the normal range).
-double cast_ulp(Precision p, double a) {
-  if (p == Precision::BF16) return std::max(std::ldexp(a, -7), std::ldexp(1.0, -133));
-  return std::max(std::ldexp(a, -10), std::ldexp(1.0, -24));
-}
-
-QuantSpec spec_of(Precision p, int block, Rounding r, uint64_t seed = 17) {
-  QuantSpec s;
-  s.precision = p;
-  s.block = block;
-  s.rounding = r;
-  s.seed = seed;
-  return s;
+QuantSpec spec_of(Precision p, int block, Rounding r) {
+  return quant_bounds::spec_of(p, block, r, kSeed);
 }
 
 // The exact sums over `ranks` ranks and the bound on each element's error
@@ -116,8 +87,7 @@ Expected expected(int64_t n, int ranks, const QuantSpec& s) {
   out.sum.assign(size_t(n), 0.0);
   out.bound.assign(size_t(n), 0.0);
   std::vector<double> sum_abs(size_t(n), 0.0), e1(size_t(n), 0.0);
-  const double h = s.is_block() && s.rounding == Rounding::Stochastic ? 1.0 : 0.5;
-  const double hs = h + kSlack;
+  const double hs = quant_bounds::error_steps(s) + kSlack;
   auto begin = [&](int c) { return n * c / ranks; };
   for (int r = 0; r < ranks; ++r) {
     for (int c = 0; c < ranks; ++c) {
@@ -125,27 +95,12 @@ Expected expected(int64_t n, int ranks, const QuantSpec& s) {
         const int64_t b1 = s.is_block() ? std::min(begin(c + 1), b0 + s.block) : begin(c + 1);
         double amax = 0;
         for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(double(input(r, i))));
-        const double scale = std::max(amax / qmax(s.precision), double(FLT_MIN));
+        const double scale = quant_bounds::block_scale(s.precision, amax);
         for (int64_t i = b0; i < b1; ++i) {
           const double x = input(r, i), a = std::fabs(x);
           out.sum[size_t(i)] += x;
           sum_abs[size_t(i)] += a;
-          double step = 0;
-          switch (s.precision) {
-            case Precision::INT8:
-            case Precision::INT4:
-              step = scale;
-              break;
-            case Precision::FP8:
-              step = scale * e4m3_spacing(std::min(a / scale, 448.0));
-              break;
-            case Precision::BF16:
-            case Precision::FP16:
-              step = cast_ulp(s.precision, a);
-              break;
-            case Precision::FP32:
-              break;
-          }
+          const double step = quant_bounds::step(s.precision, scale, a);
           if (r != c) e1[size_t(i)] += (x == 0 ? 0.0 : hs * step);  // the owner's own values stay fp32
         }
         if (!s.is_block()) break;
@@ -164,7 +119,7 @@ Expected expected(int64_t n, int ranks, const QuantSpec& s) {
         out.bound[size_t(i)] = e1[size_t(i)] + roundoff;
         a2 = std::max(a2, upper[size_t(i - b0)]);
       }
-      const double scale2 = std::max(a2 / qmax(s.precision), double(FLT_MIN));
+      const double scale2 = quant_bounds::block_scale(s.precision, a2);
       for (int64_t i = b0; i < b1; ++i) {
         const double u = upper[size_t(i - b0)];
         double e2 = 0;
@@ -178,7 +133,7 @@ Expected expected(int64_t n, int ranks, const QuantSpec& s) {
             break;
           case Precision::BF16:
           case Precision::FP16:
-            e2 = hs * cast_ulp(s.precision, u);
+            e2 = hs * quant_bounds::cast_ulp(s.precision, u);
             break;
           case Precision::FP32:
             break;
@@ -212,62 +167,12 @@ bool close(double a, double b) {
   return std::fabs(a - b) <= 1e-12 * std::max(1.0, std::fabs(b));
 }
 
-// A local verdict with the first reason it went wrong.
-struct Verdict {
-  bool ok = true;
-  QString why;
-
-  void expect(bool cond, const QString& what) {
-    if (cond || !ok) {
-      ok = ok && cond;
-      return;
-    }
-    ok = false;
-    why = what;
-  }
-};
-
 }  // namespace
 
-Q_DECLARE_METATYPE(ss::Precision)
-Q_DECLARE_METATYPE(ss::Rounding)
-
-// Passes on every rank or fails on every rank: combines the ranks' verdicts.
-#define VERIFY_EVERYWHERE(verdict)                                                       \
-  do {                                                                                   \
-    const bool all_ok_ = everyone((verdict).ok);                                         \
-    QVERIFY2(all_ok_, qPrintable((verdict).ok ? QStringLiteral("failed on another rank") \
-                                              : QStringLiteral("rank %1 of %2: %3")      \
-                                                    .arg(m_rank)                         \
-                                                    .arg(m_size)                         \
-                                                    .arg((verdict).why)));               \
-  } while (0)
-
-class TestQuantMpi : public QObject {
+class TestQuantMpi : public QObject, private mpi_harness::World {
   Q_OBJECT
 
  private:
-  std::unique_ptr<ss::MpiWorld> m_world;
-  std::shared_ptr<ss::CommStream> m_stream;
-  ss::Allocator m_alloc;
-  std::unique_ptr<ss::Recorder> m_rec;
-  std::unique_ptr<ss::CpuBackend> m_be;
-  std::unique_ptr<ss::MpiCommunicator> m_comm;
-  int m_rank = 0;
-  int m_size = 1;
-
-  // True on every rank iff `ok` on every rank (on the stream, like all MPI).
-  bool everyone(bool ok) {
-    int all = ok ? 1 : 0;
-    m_stream
-        ->enqueue([&] {
-          ss::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
-                        "MPI_Allreduce", "world");
-        })
-        ->wait();
-    return all == 1;
-  }
-
   // True on every rank iff every rank holds the same values as this one.
   bool same_everywhere(const std::vector<float>& v) {
     std::vector<float> lo = v, hi = v;
@@ -285,16 +190,6 @@ class TestQuantMpi : public QObject {
     return lo == v && hi == v;
   }
 
-  Tensor tensor(const std::vector<float>& values) {
-    Tensor t = m_be->alloc({int64_t(values.size())}, Category::CommBuffers, "test");
-    if (!values.empty()) m_be->upload(t, values.data(), ss::DType::F32);
-    return t;
-  }
-  std::vector<float> host(const Tensor& t) {
-    std::vector<float> v(static_cast<size_t>(t.numel()));
-    if (!v.empty()) m_be->download(t, v.data());
-    return v;
-  }
   std::vector<float> my_input(int64_t n) const {
     std::vector<float> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[size_t(i)] = input(m_rank, i);
@@ -338,24 +233,8 @@ class TestQuantMpi : public QObject {
   }
 
  private slots:
-  void initTestCase() {
-    m_world = std::make_unique<ss::MpiWorld>();
-    m_rank = m_world->rank();
-    m_size = m_world->size();
-    m_stream = std::make_shared<ss::CommStream>();
-    m_rec = std::make_unique<ss::Recorder>(m_rank);
-    m_be = std::make_unique<ss::CpuBackend>(m_alloc, *m_rec);
-    m_comm = std::make_unique<ss::MpiCommunicator>(m_stream, MPI_COMM_WORLD, *m_rec, "world");
-  }
-
-  void cleanupTestCase() {
-    // Communicators free on the stream, the stream joins, then MPI finalizes.
-    m_comm.reset();
-    m_stream.reset();
-    m_be.reset();
-    m_rec.reset();
-    m_world.reset();
-  }
+  void initTestCase() { set_up(); }
+  void cleanupTestCase() { tear_down(); }
 
   void withinBound_data() {
     QTest::addColumn<Precision>("precision");
