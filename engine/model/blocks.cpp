@@ -81,14 +81,7 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
   attend(layer, o, q, k, v, positions, cache, layout, m_attn.heads, m_attn.kv_heads);
   q = Tensor();
   SiteScope s(rec, layer, "attn.o_proj");
-  if (tp_active()) {
-    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "attn.o_partial");
-    m_be.matmul(partial, o, w.o);
-    SiteScope r(rec, layer, "attn.all_reduce");
-    reduce_into(x, partial, "attn", layer);
-  } else {
-    m_be.matmul(x, o, w.o, /*accumulate=*/true);
-  }
+  project_out(layer, x, o, w.o, "attn", "attn.o_partial");
 }
 
 void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -191,7 +184,6 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
 
 // SwiGLU MLP: x += down(silu(gate(h)) * up(h)), h = rmsnorm(x).
 void Model::mlp_block(int layer, const Tensor& x) {
-  const ModelConfig& c = m_cfg;
   const AttentionWeights& w = m_layers[size_t(layer)].attn;
   Recorder& rec = m_be.recorder();
   const int64_t T = x.rows(), F = m_attn.ffn;
@@ -210,14 +202,7 @@ void Model::mlp_block(int layer, const Tensor& x) {
   }
   u = Tensor();
   SiteScope s(rec, layer, "mlp.down");
-  if (tp_active()) {
-    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mlp.down_partial");
-    m_be.matmul(partial, g, w.down);
-    SiteScope r(rec, layer, "mlp.all_reduce");
-    reduce_into(x, partial, "mlp", layer);
-  } else {
-    m_be.matmul(x, g, w.down, /*accumulate=*/true);
-  }
+  project_out(layer, x, g, w.down, "mlp", "mlp.down_partial");
 }
 
 void Model::sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
@@ -267,14 +252,7 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLay
   Tensor y = mamba2_mix(layer, zxbcdt, cache, layout, H, G, w);
   zxbcdt = Tensor();
   SiteScope s(rec, layer, "mixer.out_proj");
-  if (tp_active()) {
-    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
-    m_be.matmul(partial, y, w.out_proj);
-    SiteScope r(rec, layer, "mixer.all_reduce");
-    reduce_into(x, partial, "mixer", layer);
-  } else {
-    m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
-  }
+  project_out(layer, x, y, w.out_proj, "mixer", "mixer.out_partial");
 }
 
 Tensor Model::mamba2_mix(int layer, const Tensor& zxbcdt, Cache& cache, const StepLayout& layout, int H, int G,
@@ -488,14 +466,7 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayo
   Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan");
   mamba_scan(layer, y, xc, dt, xz.slice(1, Di, Di), B, C, cache, layout, w);
   SiteScope s(rec, layer, "mixer.out_proj");
-  if (tp_active()) {
-    Tensor partial = m_be.alloc({T, c.d_model}, Category::CommBuffers, "mixer.out_partial");
-    m_be.matmul(partial, y, w.out_proj);
-    SiteScope r(rec, layer, "mixer.all_reduce");
-    reduce_into(x, partial, "mixer", layer);
-  } else {
-    m_be.matmul(x, y, w.out_proj, /*accumulate=*/true);
-  }
+  project_out(layer, x, y, w.out_proj, "mixer", "mixer.out_partial");
 }
 
 }  // namespace ss

@@ -217,6 +217,21 @@ Cache Model::make_cache(int64_t max_tokens) {
   return cache;
 }
 
+// x += in · wᵀ for a row-parallel projection: under tensor parallelism each
+// rank's product is a partial sum, held in a comm buffer and all-reduced (at
+// the site's precision) into x; otherwise it accumulates into x directly.
+void Model::project_out(int layer, const Tensor& x, const Tensor& in, const Tensor& w, const char* site,
+                        const char* partial_name) {
+  if (!tp_active()) {
+    m_be.matmul(x, in, w, /*accumulate=*/true);
+    return;
+  }
+  Tensor partial = m_be.alloc({x.rows(), m_cfg.d_model}, Category::CommBuffers, partial_name);
+  m_be.matmul(partial, in, w);
+  SiteScope r(m_be.recorder(), layer, std::string(site) + ".all_reduce");
+  reduce_into(x, partial, site, layer);
+}
+
 void Model::reduce_into(const Tensor& x, const Tensor& partial, const char* site, int layer) {
   if (tp_active()) {
     const QuantSpec spec = m_par.comm_precision.at(site, layer);

@@ -148,6 +148,8 @@ class Model {
   // Sums a row-parallel partial output over the tensor-parallel group into x,
   // at the precision the plan gives `site` (attn, mlp, mixer) of `layer`.
   void reduce_into(const Tensor& x, const Tensor& partial, const char* site, int layer);
+  void project_out(int layer, const Tensor& x, const Tensor& in, const Tensor& w, const char* site,
+                   const char* partial_name);
   // Conv over this rank's chunks with the halo of each chunk's predecessor;
   // `state` ends as the sequence's last d_conv-1 inputs (for decode).
   void sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
