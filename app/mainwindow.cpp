@@ -203,7 +203,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_verdict = new QLabel(setup);
   m_verdict->setWordWrap(true);
   form->addRow(m_verdict);
-  setup->setFixedWidth(330);
+  setup->setFixedWidth(370);
 
   m_tabs = new QTabWidget(central);
   m_memory = new MemoryPage(m_data, m_tabs);

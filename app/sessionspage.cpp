@@ -48,10 +48,11 @@ SessionsPage::SessionsPage(SessionStore* store, QWidget* parent) : QWidget(paren
   m_table->setSelectionMode(QAbstractItemView::ExtendedSelection);
   m_table->setEditTriggers(QAbstractItemView::DoubleClicked | QAbstractItemView::EditKeyPressed);
   m_table->setSortingEnabled(true);
+  m_table->sortByColumn(Date, Qt::DescendingOrder);  // newest first
   m_table->verticalHeader()->hide();
   m_table->setWordWrap(false);
   m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
-  m_table->horizontalHeader()->setSectionResizeMode(Name, QHeaderView::Stretch);
+  m_table->horizontalHeader()->setStretchLastSection(true);  // tags take what is left
   layout->addWidget(m_table, 1);
 
   auto* edit = new QHBoxLayout;

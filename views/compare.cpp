@@ -122,6 +122,7 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
     m_table->setItem(0, int(c), result);
   }
   m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
+  m_table->setFocusPolicy(Qt::NoFocus);  // no current-cell frame on a read-only table
   m_table->verticalHeader()->setSectionResizeMode(QHeaderView::Fixed);
   m_table->verticalHeader()->setDefaultSectionSize(fontMetrics().height() + 10);
   m_table->setMinimumHeight(m_table->horizontalHeader()->height() + m_table->verticalHeader()->length() + 4);
