@@ -2,6 +2,7 @@
 // a `run` writes a whole v1 stream the Reader accepts, --logits-out and
 // --events write what they promise, running out of --capacity is an `oom`
 // with exit 3, and bad input is exit 2 with one stderr line.
+#include <QTemporaryDir>
 #include <QtTest>
 #include <cmath>
 #include <map>
@@ -322,6 +323,16 @@ class TestEngineCli : public QObject {
       QCOMPARE(std::get<Done>(s.events.back()).exit_code, int(ss::kExitUsage));
       QCOMPARE(int(s.all<Error>().size()), 1);
     }
+  }
+
+  // calibrate --for: a run the simulator refuses is one line, and no profile is written.
+  void calibrateForABadRun() {
+    QTemporaryDir dir;
+    const QString out = dir.filePath("p.json");
+    const Ran r = engine({"calibrate", "--out", out, "--for", "--model nosuch --strategy tp --devices 2"});
+    QCOMPARE(r.exit_code, int(ss::kExitUsage));
+    QVERIFY2(count_lines(r.err) == 1 && one_line(r.err).contains("--for"), r.err.constData());
+    QVERIFY(!QFile::exists(out));
   }
 
   void help_data() {

@@ -205,6 +205,10 @@ int main(int argc, char** argv) {
   calibrate->add_option("--out", calib_out, "profile file to write")->capture_default_str();
   calibrate->add_option("--ranks", calib_ranks, "ranks per run the profile is for (threads = cores / ranks)")
       ->capture_default_str();
+  std::string calib_for;
+  calibrate->add_option("--for", calib_for,
+                        "also measure the GEMM shapes of this run, e.g. --for '--model small-llama --strategy tp "
+                        "--devices 2 --prompt-len 512 --decode 8'");
 
   try {
     app.parse(argc, argv);
@@ -295,7 +299,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters, coll_json);
-    if (*calibrate) return ss::run_calibrate(calib_out, calib_ranks, std::cout);
+    if (*calibrate) {
+      ss::CalibrateOptions options;
+      if (!calib_for.empty()) options.gemm_shapes = ss::gemm_shapes_of(calib_for);
+      return ss::run_calibrate(calib_out, calib_ranks, std::cout, options);
+    }
     if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);
     if (*bench && bench_sim) return ss::run_sim_bench(simb, std::cout);
     if (*bench && bench_cache) return ss::run_cache_bench(std::cout);

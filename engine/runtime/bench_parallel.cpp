@@ -196,15 +196,7 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
   // The GEMM shapes this model and strategy use, from a simulation (any
   // profile gives the same shapes): calibrate measures them besides its grid.
   CalibrateOptions copt;
-  {
-    simulate(o.hardware, base + ".shapes");
-    std::set<std::array<int64_t, 3>> shapes;
-    for (auto& e : read_stream(base + ".shapes"))
-      if (auto* s = std::get_if<proto::Span>(&e); s && s->op == "gemm" && s->dims.size() == 3)
-        shapes.insert({s->dims[0], s->dims[1], s->dims[2]});
-    std::filesystem::remove(base + ".shapes");
-    copt.gemm_shapes.assign(shapes.begin(), shapes.end());
-  }
+  copt.gemm_shapes = gemm_shapes_of(common, o.hardware);
   std::ostringstream calib_log;
   const nlohmann::json prof = calibrate_machine(calib_log, o.check_devices, copt);
   out << calib_log.str();

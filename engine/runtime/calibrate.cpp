@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
+#include "protocol/events.h"
 #include "runtime/process.h"
 #include "runtime/run.h"
 
@@ -632,10 +634,30 @@ nlohmann::json grid_only(const nlohmann::json& profile) {
   return out;
 }
 
-int run_calibrate(const std::string& out_file, int ranks, std::ostream& log) {
+std::vector<std::array<int64_t, 3>> gemm_shapes_of(const std::string& run_args, const std::string& hardware) {
+  const std::string events = "/tmp/shardscope-shapes-" + std::to_string(getpid()) + ".jsonl";
+  const int rc = std::system(("'" + self_exe() + "' simulate --hardware '" + hardware + "' " + run_args +
+                              " --events '" + events + "' 2>/dev/null >/dev/null")
+                                 .c_str());
+  std::set<std::array<int64_t, 3>> shapes;
+  proto::Reader reader;
+  std::ifstream in(events);
+  std::string line;
+  while (std::getline(in, line))
+    if (auto r = reader.parse_line(line); r.event)
+      if (auto* s = std::get_if<proto::Span>(&*r.event); s && s->op == "gemm" && s->dims.size() == 3)
+        shapes.insert({s->dims[0], s->dims[1], s->dims[2]});
+  std::filesystem::remove(events);
+  if (rc != 0 || shapes.empty())
+    throw UsageError("--for '" + run_args + "' is not a run the simulator accepts; try it with `shardscope-engine check " +
+                     run_args + "`");
+  return {shapes.begin(), shapes.end()};
+}
+
+int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, const CalibrateOptions& options) {
   if (ranks < 1) throw UsageError("--ranks must be >= 1");
   log << "calibrating this machine for " << ranks << " rank(s) ...\n";
-  const nlohmann::json profile = calibrate_machine(log, ranks);
+  const nlohmann::json profile = calibrate_machine(log, ranks, options);
   const std::string tmp = out_file + ".tmp";
   {
     std::ofstream f(tmp);

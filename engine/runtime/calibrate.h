@@ -28,7 +28,12 @@ struct CalibrateOptions {
 
 // Measures and returns the profile (and prints what it measured to `log`).
 nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options = {});
-int run_calibrate(const std::string& out_file, int ranks, std::ostream& log);
+int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, const CalibrateOptions& options = {});
+// The GEMM shapes (M, N, K) a run uses, from a simulation of it: `run_args`
+// are simulate's options without --hardware and --events (e.g. "--model
+// llama2-7b --strategy tp --devices 8 --prompt-len 4096"); any profile gives
+// the same shapes. Throws UsageError when the simulator refuses the run.
+std::vector<std::array<int64_t, 3>> gemm_shapes_of(const std::string& run_args, const std::string& hardware = "h100-sxm");
 // The profile as calibrate writes it without options: the GEMM shapes and
 // row counts measured only because CalibrateOptions asked for them removed.
 nlohmann::json grid_only(const nlohmann::json& profile);
