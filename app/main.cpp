@@ -1,6 +1,7 @@
 // shardscope: the explorer.
 #include <QApplication>
 #include <QCommandLineParser>
+#include <QTextDocumentFragment>
 #include <QTimer>
 
 #include <cstdio>
@@ -8,7 +9,29 @@
 #include "compare.h"
 #include "mainwindow.h"
 
+// Without a display, Qt cannot open a window and aborts. Help, version and
+// the batch modes (--run-once, --screenshot) need none: they draw offscreen.
+// Anything else says what to do instead, in one line.
+static bool prepareDisplay(int argc, char** argv) {
+  if (qEnvironmentVariableIsSet("QT_QPA_PLATFORM") || qEnvironmentVariableIsSet("DISPLAY") ||
+      qEnvironmentVariableIsSet("WAYLAND_DISPLAY"))
+    return true;
+  for (int i = 1; i < argc; ++i) {
+    const QByteArray a = argv[i];
+    if (a == "-h" || a == "--help" || a == "-v" || a == "--version" || a == "--run-once" || a == "--screenshot" ||
+        a.startsWith("--screenshot=")) {
+      qputenv("QT_QPA_PLATFORM", "offscreen");
+      return true;
+    }
+  }
+  std::fprintf(stderr,
+               "shardscope: no display (DISPLAY and WAYLAND_DISPLAY are unset): run it from a desktop session, under "
+               "xvfb-run, or use --run-once/--screenshot for a headless run\n");
+  return false;
+}
+
 int main(int argc, char** argv) {
+  if (!prepareDisplay(argc, argv)) return 2;
   QApplication app(argc, argv);
   QApplication::setApplicationName(QStringLiteral("ShardScope"));
   QApplication::setApplicationVersion(QStringLiteral(SHARDSCOPE_APP_VERSION));
@@ -36,9 +59,10 @@ int main(int argc, char** argv) {
   cli.addOption(runOnce);
   cli.addOption(screenshot);
   cli.addOption(replay);
-  cli.addPositionalArgument(QStringLiteral("engine-args"),
-                            QStringLiteral("with --run-once: the setup as engine arguments (model backend strategy "
-                                           "devices prompt decode), e.g. small-llama cpu tsp 4 256 8"));
+  cli.addPositionalArgument(QStringLiteral("setup"),
+                            QStringLiteral("with --run-once: six values, model backend strategy devices prompt "
+                                           "decode, e.g. small-llama cpu tsp 4 256 8 (backend: cpu or sim:PROFILE)"),
+                            QStringLiteral("[model backend strategy devices prompt decode]"));
   cli.process(app);
 
   MainWindow w(nullptr, cli.value(db));
@@ -66,7 +90,19 @@ int main(int argc, char** argv) {
   }
   if (cli.isSet(runOnce)) {
     const QStringList p = cli.positionalArguments();
-    if (p.size() == 6) w.setSetup(p[0], p[1], p[2], p[3].toInt(), p[4].toInt(), p[5].toInt());
+    if (!p.isEmpty() && p.size() != 6) {
+      std::fprintf(stderr, "shardscope: --run-once takes six values (model backend strategy devices prompt decode, "
+                           "e.g. small-llama cpu tsp 4 256 8), or none for the default setup; got %d\n",
+                   int(p.size()));
+      return 2;
+    }
+    if (p.size() == 6) {
+      const QString problem = w.setSetup(p[0], p[1], p[2], p[3].toInt(), p[4].toInt(), p[5].toInt());
+      if (!problem.isEmpty()) {
+        std::fprintf(stderr, "shardscope: %s\n", qPrintable(problem));
+        return 2;
+      }
+    }
     QObject::connect(&w, &MainWindow::runFinished, &app, [&](const RunOutcome& o) {
       std::printf("%s\n", qPrintable(w.summaryText()));
       if (cli.isSet(screenshot)) {
@@ -79,7 +115,21 @@ int main(int argc, char** argv) {
       }
       QApplication::exit(o.exitCode == 0 && !o.crashed ? 0 : 1);
     });
-    QTimer::singleShot(0, &w, &MainWindow::runOnce);
+    // Run once the engine has checked the setup; an invalid one is refused
+    // before anything starts, with the engine's reason.
+    auto* start = new QTimer(&w);
+    start->setInterval(50);
+    QObject::connect(start, &QTimer::timeout, &w, [&w, start] {
+      if (w.checking()) return;
+      start->stop();
+      if (!w.setupValid()) {
+        std::fprintf(stderr, "shardscope: %s\n", qPrintable(QTextDocumentFragment::fromHtml(w.verdictText()).toPlainText()));
+        QApplication::exit(2);
+        return;
+      }
+      w.runOnce();
+    });
+    start->start();
   }
   return QApplication::exec();
 }

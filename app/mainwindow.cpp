@@ -324,15 +324,20 @@ void MainWindow::updateSetupState() {
   m_nodes->setEnabled(m_backend->currentData().toString().startsWith(QLatin1String("sim:")));
 }
 
-void MainWindow::setSetup(const QString& model, const QString& backend, const QString& strategy, int devices,
-                          int prompt, int decode) {
+QString MainWindow::setSetup(const QString& model, const QString& backend, const QString& strategy, int devices,
+                             int prompt, int decode) {
+  QString problem;
   m_model->setCurrentText(model);
   const int b = m_backend->findData(backend);
   if (b >= 0) m_backend->setCurrentIndex(b);
-  m_strategy->setCurrentText(strategy);
+  else problem = tr("unknown backend '%1' (cpu, or sim:PROFILE with a profile from resources/hardware)").arg(backend);
+  const int st = m_strategy->findText(strategy);
+  if (st >= 0) m_strategy->setCurrentIndex(st);
+  else if (problem.isEmpty()) problem = tr("unknown strategy '%1' (single, dp, tp, sp, tp_sp, tsp)").arg(strategy);
   m_devices->setValue(devices);
   m_prompt->setValue(prompt);
   m_decode->setValue(decode);
+  return problem;
 }
 
 QStringList MainWindow::engineArguments() const {

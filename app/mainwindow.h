@@ -70,8 +70,9 @@ class MainWindow : public QMainWindow {
   QString verdictText() const;
   bool checking() const;
   // Selects a setup programmatically (screenshots, tests).
-  void setSetup(const QString& model, const QString& backend, const QString& strategy, int devices, int prompt,
-                int decode);
+  // Returns what could not be applied (an unknown backend or strategy), or empty.
+  QString setSetup(const QString& model, const QString& backend, const QString& strategy, int devices, int prompt,
+                   int decode);
   // The optional setup fields: batch, --set overrides, comm precision, capacity.
   void setOptions(int batch, const QString& overrides, const QString& precision, const QString& capacity);
   // Runs the last run's arguments again, whatever the form says now.
