@@ -369,6 +369,7 @@ void MainWindow::setOptions(int batch, const QString& overrides, const QString& 
 void MainWindow::runAgain() {
   if (m_lastArgs.isEmpty() || m_client->isRunning()) return;
   m_data.clear();
+  m_summary->setNotice({});
   m_run->setEnabled(false);
   m_again->setEnabled(false);
   m_stop->setEnabled(true);
@@ -380,6 +381,7 @@ void MainWindow::runAgain() {
 
 void MainWindow::runOnce() {
   m_data.clear();
+  m_summary->setNotice({});
   m_run->setEnabled(false);
   m_again->setEnabled(false);
   m_stop->setEnabled(true);
@@ -408,6 +410,7 @@ void MainWindow::onEvents(const EventBatch& events) { m_data.add(*events); }
 
 void MainWindow::runSweep() {
   m_data.clear();
+  m_summary->setNotice({});
   QStringList args = {"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
                       QString::number(std::max(2, m_devices->value())), "--prompt-len",
                       QString::number(m_prompt->value()), "--decode", QString::number(m_decode->value()),
@@ -456,9 +459,14 @@ void MainWindow::onFinished(const RunOutcome& o) {
   m_stop->setEnabled(false);
   QString text = tr("%1 (status %2)").arg(o.message, o.status);
   if (o.rejected) text += tr("; %1 unreadable lines").arg(o.rejected);
-  for (const QString& l : o.stderrTail)
-    if (o.exitCode != 0 || o.crashed) text += QStringLiteral(" | ") + l;
   m_status->setText(text);
+  // A failed run says why on the Summary, with the worker's last stderr lines.
+  if (o.exitCode != 0 || o.crashed) {
+    QStringList tail;
+    for (const QString& l : o.stderrTail)
+      if (!o.message.endsWith(l)) tail << l;
+    m_summary->setNotice(o.message + (tail.isEmpty() ? QString() : QStringLiteral("\n") + tail.join('\n')));
+  }
   if (!m_queue.isEmpty() || !m_compared.empty()) {
     m_compared.emplace_back(m_strategy->currentText(), m_data);
     // An out-of-memory run is a result worth comparing: go on unless stopped.

@@ -86,7 +86,14 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
   m_table->setRowCount(int(std::size(rows)) + 1);
   m_table->setColumnCount(int(m_runs.size()));
   QStringList headers;
-  for (size_t i = 0; i < m_runs.size(); ++i) headers << QStringLiteral("%1 · %2").arg(QChar('A' + int(i))).arg(m_runs[i].name);
+  for (size_t i = 0; i < m_runs.size(); ++i) {
+    const auto work = m_runs[i].data->config().value("workload", nlohmann::json::object());
+    headers << QStringLiteral("%1 · %2\nprompt %3, decode %4")
+                   .arg(QChar('A' + int(i)))
+                   .arg(m_runs[i].name)
+                   .arg(work.value("prompt_len", 0))
+                   .arg(work.value("decode", 0));
+  }
   m_table->setHorizontalHeaderLabels(headers);
   QStringList labels;
   for (auto& row : rows) labels << row.label;
@@ -239,7 +246,8 @@ void ComparePage::drawMemory() {
 
 QString ComparePage::tableText() const {
   QString out;
-  for (int c = 0; c < m_table->columnCount(); ++c) out += QStringLiteral("\t") + m_table->horizontalHeaderItem(c)->text();
+  for (int c = 0; c < m_table->columnCount(); ++c)
+    out += QStringLiteral("\t") + m_table->horizontalHeaderItem(c)->text().replace('\n', QStringLiteral(" · "));
   out += '\n';
   for (int r = 0; r < m_table->rowCount(); ++r) {
     out += m_table->verticalHeaderItem(r)->text();

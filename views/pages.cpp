@@ -9,7 +9,9 @@
 #include <QSpinBox>
 #include <QHeaderView>
 #include <QTableWidget>
+#include <QSysInfo>
 #include <QTextBrowser>
+#include <QThread>
 #include <QToolTip>
 #include <QVBoxLayout>
 #include <qcustomplot.h>
@@ -59,6 +61,17 @@ QColor opColor(const std::string& op, bool comm) {
 class BytesTicker : public QCPAxisTicker {
  protected:
   QString getTickLabel(double tick, const QLocale&, QChar, int) override { return bytesText(tick); }
+  // Steps of 1, 2 or 5 (x10) in the unit the labels use (KiB, MiB, GiB), so
+  // ticks read 100 MiB, 200 MiB ... rather than decimal steps in binary units.
+  double getTickStep(const QCPRange& range) override {
+    const double raw = range.size() / std::max(1, tickCount());
+    double unit = 1;
+    while (raw >= unit * 1024 && unit < std::pow(1024.0, 4)) unit *= 1024;
+    const double mag = std::pow(10.0, std::floor(std::log10(std::max(raw / unit, 1e-9))));
+    for (double m : {1.0, 2.0, 5.0, 10.0})
+      if (m * mag * unit >= raw) return m * mag * unit;
+    return 10 * mag * unit;
+  }
 };
 
 }  // namespace
@@ -303,7 +316,9 @@ const std::map<int, double>& TimelineView::hiddenShare() const {
   return m_hidden;
 }
 
-int TimelineView::lanesHeight() const { return 24 + int(m_data.ranks().size()) * 2 * kLane + 4; }
+int TimelineView::lanesHeight() const {
+  return 24 + int(m_data.ranks().size()) * 2 * kLane + 10 + 2 * kLane + 4;  // lanes, then the op legend
+}
 
 double TimelineView::xOf(int64_t t) const {
   return kLabel + (double(t - m_origin) - m_t0) / (m_t1 - m_t0) * (width() - kLabel - 8);
@@ -462,7 +477,10 @@ void PlacementView::paintEvent(QPaintEvent*) {
     for (auto& pl : d.placements)
       if (pl.layer == m_layer && std::find(tensors.begin(), tensors.end(), pl.tensor) == tensors.end())
         tensors.push_back(pl.tensor);
-  const int label = 260, colw = std::max(60, (width() - label - 10) / int(ranks.size())), rowh = 22;
+  const int label = 330, colw = std::max(60, (width() - label - 10) / int(ranks.size())), rowh = 22;
+  // One colour per device, shared by the weight slices and the token strip.
+  const QColor palette[] = {QColor(66, 133, 244), QColor(234, 67, 53), QColor(52, 168, 83), QColor(251, 188, 5),
+                            QColor(121, 85, 200), QColor(0, 150, 136), QColor(233, 30, 99), QColor(96, 125, 139)};
   int col = 0;
   for (auto& [r, d] : ranks) p.drawText(QRect(label + col++ * colw, 2, colw, 18), Qt::AlignCenter, tr("rank %1").arg(r));
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -470,6 +488,18 @@ void PlacementView::paintEvent(QPaintEvent*) {
     QString name = QString::fromStdString(tensors[t]);
     const int at = name.indexOf(QStringLiteral(".layers."));
     if (at >= 0) name = name.mid(name.indexOf('.', at + 8) + 1);
+    // How the tensor is split: axis 0 of a [out, in] weight splits its
+    // outputs (column parallel), axis 1 its inputs (row parallel).
+    for (auto& [r, d] : ranks) {
+      auto it = std::find_if(d.placements.begin(), d.placements.end(),
+                             [&](const ss::proto::Placement& pl) { return pl.tensor == tensors[t] && pl.step < 0; });
+      if (it == d.placements.end()) continue;
+      QStringList dims;
+      for (int64_t x : it->shape) dims << QString::number(x);
+      name += QStringLiteral("  [%1]").arg(dims.join(QStringLiteral("×")));
+      if (it->mode == "split") name += it->axis == 0 ? tr(" · out split") : tr(" · in split");
+      break;
+    }
     p.setPen(Qt::black);
     p.drawText(QRect(4, y, label - 8, rowh), Qt::AlignVCenter | Qt::AlignLeft, name);
     col = 0;
@@ -485,30 +515,35 @@ void PlacementView::paintEvent(QPaintEvent*) {
           const double n = double(pl.shape[size_t(pl.axis)]);
           p.fillRect(QRectF(cell.left() + cell.width() * pl.start / n, cell.top(),
                             cell.width() * (pl.end - pl.start) / n, cell.height()),
-                     QColor(66, 133, 244));
+                     palette[r % 8]);
         }
       }
       ++col;
     }
   }
-  // Token strip: which device owns which tokens.
+  // Token strip: one band per device, so tokens every device sees (tp) and
+  // tokens split between devices (sp, tsp; zigzag) both read at a glance.
   int64_t total = 1;
   for (auto& [r, d] : ranks)
     for (auto& [a, b] : d.tokens) total = std::max(total, b);
   const int y = 24 + int(tensors.size()) * rowh + 16;
+  const int band = std::max(6, std::min(14, 64 / int(ranks.size())));
   p.setPen(Qt::black);
-  p.drawText(QRect(4, y, label, rowh), Qt::AlignVCenter, tr("tokens (0 .. %1)").arg(total));
-  const QColor palette[] = {QColor(66, 133, 244), QColor(234, 67, 53), QColor(52, 168, 83), QColor(251, 188, 5),
-                            QColor(121, 85, 200), QColor(0, 150, 136), QColor(233, 30, 99), QColor(96, 125, 139)};
+  p.drawText(QRect(4, y, label, band * int(ranks.size())), Qt::AlignVCenter,
+             tr("tokens 0 … %1 (%2 in all)").arg(total - 1).arg(total));
   const double w = width() - label - 10;
-  for (auto& [r, d] : ranks)
-    for (auto& [a, b] : d.tokens)
-      p.fillRect(QRectF(label + w * a / total, y + 3, std::max(1.0, w * (b - a) / total), rowh - 6),
-                 palette[r % 8]);
-  int lx = label;
+  int i = 0;
   for (auto& [r, d] : ranks) {
-    p.fillRect(QRect(lx, y + rowh + 4, 10, 10), palette[r % 8]);
-    p.drawText(QPoint(lx + 14, y + rowh + 13), tr("rank %1").arg(r));
+    const int by = y + i++ * band;
+    p.fillRect(QRectF(label, by + 1, w, band - 2), QColor(245, 245, 245));
+    for (auto& [a, b] : d.tokens)
+      p.fillRect(QRectF(label + w * a / total, by + 1, std::max(1.0, w * (b - a) / total), band - 2), palette[r % 8]);
+  }
+  int lx = label;
+  const int ly = y + band * int(ranks.size()) + 4;
+  for (auto& [r, d] : ranks) {
+    p.fillRect(QRect(lx, ly, 10, 10), palette[r % 8]);
+    p.drawText(QPoint(lx + 14, ly + 9), tr("rank %1").arg(r));
     lx += 70;
   }
 }
@@ -560,16 +595,42 @@ SummaryPage::SummaryPage(const RunData& data, QWidget* parent) : QWidget(parent)
 
 QString SummaryPage::text() const { return m_text->toPlainText(); }
 
+void SummaryPage::setNotice(const QString& notice) {
+  m_notice = notice;
+  m_seen = ~0ull;  // redraw with it
+  refresh();
+}
+
 void SummaryPage::refresh() {
   if (m_seen == m_data.revision()) return;
   m_seen = m_data.revision();
   const auto& c = m_data.config();
   const auto model = c.value("model", nlohmann::json::object());
-  QString h = tr("<h3>%1 · %2 · %3 device(s) · %4</h3>")
+  QString h;
+  if (!m_notice.isEmpty())
+    h += QStringLiteral("<p style='color:#b00'><b>%1</b></p>").arg(m_notice.toHtmlEscaped().replace('\n', "<br>"));
+  if (c.empty()) {  // nothing arrived from the engine (refused, or failed before its config)
+    m_text->setHtml(h);
+    return;
+  }
+  h += tr("<h3>%1 · %2 · %3 device(s) · %4</h3>")
                   .arg(QString::fromStdString(model.value("name", "?")),
                        QString::fromStdString(c.value("strategy", "?")))
                   .arg(c.value("devices", 1))
                   .arg(QString::fromStdString(c.value("backend", c.contains("sweep") ? "cpu, quantization sweep" : "?")));
+  // More CPU ranks than this machine's cores: every rank waits for a core,
+  // so times (not memory, not bytes) say little about the strategy.
+  if (c.value("backend", std::string()) == "cpu" && !m_data.ranks().empty()) {
+    const int cores = QThread::idealThreadCount();
+    const int ranksHere = int(m_data.ranks().size());
+    const std::string host = m_data.ranks().begin()->second.device.host;
+    if (ranksHere > cores && (host.empty() || QString::fromStdString(host) == QSysInfo::machineHostName()))
+      h += tr("<p style='color:#8a5a00'>%1 ranks shared %2 cores here, so times are stretched and speed comparisons "
+              "between strategies are unreliable; memory and bytes are exact. For times on real hardware, use a "
+              "simulated backend.</p>")
+               .arg(ranksHere)
+               .arg(cores);
+  }
   auto metric = [&](const char* name, const QString& label, const QString& unit, double scale = 1) {
     auto it = m_data.metrics().find(name);
     if (it != m_data.metrics().end())
@@ -592,7 +653,8 @@ void SummaryPage::refresh() {
     auto it = d.metrics.find("peak_bytes");
     h += QStringLiteral("<td align=right><b>%1</b></td></tr>").arg(it == d.metrics.end() ? QStringLiteral("–") : bytesText(it->second));
   }
-  h += QStringLiteral("</table>");
+  h += tr("</table><p><small>Each category's column is its own peak; the total is the highest the categories "
+          "reached together, so it can be less than their sum.</small></p>");
   // For teaching: what the strategy does, and the textbook expectation beside
   // what rank 0 measured.
   const QString strategy = QString::fromStdString(c.value("strategy", "single"));
@@ -623,7 +685,7 @@ void SummaryPage::refresh() {
     const double embed = model.value("vocab_size", 0.0) * model.value("hidden_size", 0.0) *
                          (model.value("tie_word_embeddings", false) ? 1 : 2);
     h += tr("<tr><td>weights</td><td align=right>%1</td><td align=right>%2</td><td>(parameters - embeddings and "
-            "head) x 4 bytes / %3 + embeddings and head x 4 bytes (norms, also whole, are left out)</td></tr>")
+            "head) x 4 bytes / (shards = %3) + embeddings and head x 4 bytes (norms, also whole, are left out)</td></tr>")
              .arg(bytesText((params - embed) * 4 / shards + embed * 4))
              .arg(bytesText(measured("peak_weights_bytes")))
              .arg(shards);
@@ -635,8 +697,8 @@ void SummaryPage::refresh() {
     for (char l : model.value("layer_pattern", std::string())) attn_layers += l == 'A';
     if (kv > 0 && layers > 0) {
       const double seq = strategy == "tsp" ? D : S, heads_split = (strategy == "tsp") ? 1 : shards;
-      h += tr("<tr><td>KV cache</td><td align=right>%1</td><td align=right>%2</td><td>2 x %3 attention layers x "
-              "tokens / %4 x kv width / %5 x 4 bytes</td></tr>")
+      h += tr("<tr><td>KV cache</td><td align=right>%1</td><td align=right>%2</td><td>2 (K, V) x %3 attention "
+              "layers x tokens / (sequence shards = %4) x kv width / (head shards = %5) x 4 bytes</td></tr>")
                .arg(bytesText(2 * attn_layers * tokens / seq * kv / heads_split * 4))
                .arg(bytesText(measured("peak_kv_cache_bytes")))
                .arg(attn_layers)
@@ -729,8 +791,8 @@ void SummaryPage::refresh() {
 
 QuantizationPage::QuantizationPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
   auto* layout = new QVBoxLayout(this);
-  m_hint = new QLabel(tr("Run a sweep (the Sweep button) or open a sweep stream to see what quantized all-reduces save "
-                         "on the wire and cost in accuracy."),
+  m_hint = new QLabel(tr("Press <b>Quantization sweep</b> (or open a sweep stream) to see what quantized all-reduces "
+                         "save on the wire and cost in accuracy."),
                       this);
   m_hint->setWordWrap(true);
   layout->addWidget(m_hint);
@@ -756,9 +818,10 @@ QuantizationPage::QuantizationPage(const RunData& data, QWidget* parent) : QWidg
   m_tokens->verticalHeader()->setDefaultSectionSize(fontMetrics().height() + 6);
   m_tokens->setToolTip(tr("The greedy token each configuration would choose at every decode step (all decoded with "
                           "the reference's tokens); red: it differs from the reference; boxed: the first divergence"));
-  layout->addWidget(new QLabel(tr("<b>Greedy tokens</b> against the unquantized reference (red: differs; ▶ first "
-                                  "divergence)"),
-                               this));
+  m_tokensTitle = new QLabel(tr("<b>Greedy tokens</b> against the unquantized reference (red: differs; ▶ first "
+                                "divergence)"),
+                             this);
+  layout->addWidget(m_tokensTitle);
   layout->addWidget(m_tokens, 1);
 }
 
@@ -832,6 +895,8 @@ void QuantizationPage::refresh() {
     if (!a.config.empty()) pts[a.config][a.metric] = a.value;
   m_points = int(pts.size());
   m_hint->setVisible(pts.empty());
+  for (QWidget* w : std::initializer_list<QWidget*>{m_tradeoff, m_sites, m_tokens, m_tokensTitle})
+    w->setVisible(!pts.empty());
   fillTokens();
   m_tradeoff->clearPlottables();
   m_tradeoff->clearItems();

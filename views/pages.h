@@ -109,10 +109,13 @@ class SummaryPage : public QWidget {
   explicit SummaryPage(const RunData& data, QWidget* parent = nullptr);
   void refresh();
   QString text() const;
+  // A line above everything else, e.g. why the run ended (plain text).
+  void setNotice(const QString& notice);
 
  private:
   const RunData& m_data;
   QTextBrowser* m_text;
+  QString m_notice;
   uint64_t m_seen = ~0ull;
 };
 
@@ -136,6 +139,7 @@ class QuantizationPage : public QWidget {
   QCustomPlot* m_tradeoff;
   QCustomPlot* m_sites;
   QTableWidget* m_tokens;  // greedy tokens per configuration, reference first
+  QLabel* m_tokensTitle;
   QLabel* m_hint;
   int m_points = 0;
   uint64_t m_seen = ~0ull;
