@@ -73,7 +73,8 @@ QuantSpec parse_quant_spec(const std::string& text) {
   else if (name == "int4") s.precision = Precision::INT4;
   else if (name == "fp8" || name == "fp8e4m3" || name == "e4m3") s.precision = Precision::FP8;
   else
-    throw UsageError("unknown precision '" + name + "' in '" + text + "'; use fp32, bf16, fp16, int8, int4 or fp8");
+    throw UsageError("unknown precision '" + name + "'" + (text == name ? "" : " in '" + text + "'") +
+                     "; use fp32, bf16, fp16, int8, int4 or fp8");
   while (!rest.empty()) {
     std::string part = rest.substr(0, rest.find(':'));
     rest = rest.find(':') == std::string::npos ? "" : rest.substr(rest.find(':') + 1);

@@ -99,24 +99,33 @@ void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, in
   }
   const int shards = s == Strategy::TSP ? D : T;
   const int seq = s == Strategy::TSP ? D : S;
+  // "; use a device count that divides it (2, 4, 8)": the counts that work.
+  auto divides = [&](int n) {
+    std::string counts;
+    int listed = 0;
+    for (int k = 2; k <= std::min(n, 1024) && listed < 8; ++k)
+      if (n % k == 0) counts += (listed++ ? ", " : "") + std::to_string(k);
+    return std::string("; use ") + (s == Strategy::TPSP ? "a mesh T" : "a device count") + " that divides it" +
+           (counts.empty() ? "" : " (" + counts + ")");
+  };
   for (int i = 0; i < c.n_layers && shards > 1; ++i) {
     switch (c.layer_kind(i)) {
       case LayerKind::Attention:
         if (c.n_heads % shards)
           refuse("num_attention_heads " + std::to_string(c.n_heads) + " does not split over " + std::to_string(shards) +
-                 " ranks; use a device count (or mesh T) that divides it");
+                 " ranks" + divides(c.n_heads));
         if (c.n_kv_heads % shards)
           refuse("num_key_value_heads " + std::to_string(c.n_kv_heads) + " does not split over " +
-                 std::to_string(shards) + " ranks; use a device count (or mesh T) that divides it");
+                 std::to_string(shards) + " ranks" + divides(c.n_kv_heads));
         if (c.ffn_dim % shards)
           refuse("intermediate_size " + std::to_string(c.ffn_dim) + " does not split over " + std::to_string(shards) +
-                 " ranks");
+                 " ranks" + divides(c.ffn_dim));
         break;
       case LayerKind::Mamba2: {
         const int hpg = c.ssm_heads / c.n_groups, local = c.ssm_heads / std::max(shards, 1);
         if (c.ssm_heads % shards)
           refuse("Mamba2 num_heads " + std::to_string(c.ssm_heads) + " does not split over " + std::to_string(shards) +
-                 " ranks; use a device count (or mesh T) that divides it");
+                 " ranks" + divides(c.ssm_heads));
         if (local % hpg && hpg % local)
           refuse("Mamba2 heads per rank (" + std::to_string(local) + ") and heads per group (" + std::to_string(hpg) +
                  ") must divide one another; change n_groups or the device count");
@@ -125,7 +134,7 @@ void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, in
       case LayerKind::Mamba:
         if (c.d_inner % shards)
           refuse("Mamba intermediate size " + std::to_string(c.d_inner) + " does not split over " +
-                 std::to_string(shards) + " ranks");
+                 std::to_string(shards) + " ranks" + divides(c.d_inner));
         break;
     }
   }
