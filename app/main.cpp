@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   cli.addVersionOption();
   QCommandLineOption runOnce(QStringLiteral("run-once"), QStringLiteral("run the default setup once, print the summary and quit"));
   QCommandLineOption screenshot(QStringLiteral("screenshot"),
-                                QStringLiteral("with --run-once: save a PNG of each page as FILE-<page>.png"),
+                                QStringLiteral("with --run-once or --open: save a PNG of each page as FILE-<page>.png "
+                                               "and quit; with --compare: FILE-compare.png"),
                                 QStringLiteral("file"));
   QCommandLineOption replay(QStringLiteral("open"), QStringLiteral("open a recorded stream"), QStringLiteral("file"));
   QCommandLineOption db(QStringLiteral("db"),
@@ -67,7 +68,23 @@ int main(int argc, char** argv) {
 
   MainWindow w(nullptr, cli.value(db));
   w.show();
-  if (cli.isSet(replay)) w.openStream(cli.value(replay));
+  // Every page as FILE-<page>.png (after a run, a replay or a comparison).
+  auto savePages = [&] {
+    for (int i = 0; i < w.pages()->count(); ++i) {
+      w.pages()->setCurrentIndex(i);
+      QApplication::processEvents();
+      const QString page = w.pages()->tabText(i).toLower().replace(' ', '-');
+      w.grab().save(cli.value(screenshot) + "-" + page + ".png");
+    }
+  };
+  if (cli.isSet(replay)) {
+    if (cli.isSet(screenshot) && !cli.isSet(runOnce) && !cli.isSet(compare))
+      QObject::connect(w.client(), &EngineClient::finished, &app, [&](const RunOutcome& o) {
+        savePages();
+        QApplication::exit(o.crashed ? 1 : 0);
+      });
+    w.openStream(cli.value(replay));
+  }
   if (cli.isSet(session) && !w.openSession(cli.value(session).toLongLong())) {
     std::fprintf(stderr, "shardscope: no session %s in the database\n", qPrintable(cli.value(session)));
     return 2;
@@ -105,14 +122,7 @@ int main(int argc, char** argv) {
     }
     QObject::connect(&w, &MainWindow::runFinished, &app, [&](const RunOutcome& o) {
       std::printf("%s\n", qPrintable(w.summaryText()));
-      if (cli.isSet(screenshot)) {
-        for (int i = 0; i < w.pages()->count(); ++i) {
-          w.pages()->setCurrentIndex(i);
-          QApplication::processEvents();
-          const QString page = w.pages()->tabText(i).toLower().replace(' ', '-');
-          w.grab().save(cli.value(screenshot) + "-" + page + ".png");
-        }
-      }
+      if (cli.isSet(screenshot)) savePages();
       QApplication::exit(o.exitCode == 0 && !o.crashed ? 0 : 1);
     });
     // Run once the engine has checked the setup; an invalid one is refused
