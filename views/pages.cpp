@@ -1,5 +1,6 @@
 #include "pages.h"
 
+#include <QCheckBox>
 #include <QComboBox>
 #include <QHBoxLayout>
 #include <QHelpEvent>
@@ -96,6 +97,9 @@ MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), 
   top->addWidget(new QLabel(tr("Device"), this));
   m_rank = new QComboBox(this);
   top->addWidget(m_rank);
+  m_hideWeights = new QCheckBox(tr("without weights"), this);
+  m_hideWeights->setToolTip(tr("Weights dwarf everything else: hide them to see activations, caches and buffers"));
+  top->addWidget(m_hideWeights);
   top->addStretch();
   layout->addLayout(top);
   m_plot = new QCustomPlot(this);
@@ -113,6 +117,10 @@ MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), 
   m_bars->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
   layout->addWidget(m_bars, 2);
   connect(m_rank, &QComboBox::currentIndexChanged, this, [this] {
+    m_seen = ~0ull;
+    refresh();
+  });
+  connect(m_hideWeights, &QCheckBox::toggled, this, [this] {
     m_seen = ~0ull;
     refresh();
   });
@@ -168,7 +176,8 @@ void MemoryPage::drawOverTime(int rank) {
   QCPGraph* below = nullptr;
   std::vector<double> base(mem.size(), 0.0);
   double peak = 0, peak_t = 0;
-  for (int c = 0; c < 6; ++c) {
+  const int firstCategory = m_hideWeights->isChecked() ? 1 : 0;
+  for (int c = firstCategory; c < 6; ++c) {
     QVector<double> x, y;
     bool any = false;
     for (size_t i = 0; i < mem.size(); ++i) {
@@ -212,7 +221,8 @@ void MemoryPage::drawOverTime(int rank) {
   auto* text = new QCPItemText(m_plot);
   text->position->setCoords(peak_t, peak);
   text->setPositionAlignment(Qt::AlignHCenter | Qt::AlignBottom);
-  text->setText(tr("peak %1").arg(bytesText(peak)));
+  text->setText(firstCategory ? tr("peak %1 without weights").arg(bytesText(peak)) : tr("peak %1").arg(bytesText(peak)));
+  text->setPadding(QMargins(0, 0, 0, 6));
   for (const auto& e : m_data.errors())
     if (e.code == "oom" && (rank < 0 || e.rank == rank))
       text->setText(tr("peak %1 — out of memory here").arg(bytesText(peak)));
@@ -239,7 +249,7 @@ void MemoryPage::drawAllDevices() {
     labels << tr("rank %1").arg(r);
   }
   double top = 1;
-  for (int c = 0; c < 6; ++c) {
+  for (int c = m_hideWeights->isChecked() ? 1 : 0; c < 6; ++c) {
     QVector<double> values;
     bool any = false;
     for (auto& [r, d] : ranks) {

@@ -8,6 +8,7 @@
 
 #include "rundata.h"
 
+class QCheckBox;
 class QComboBox;
 class QCustomPlot;
 class QSpinBox;
@@ -27,6 +28,7 @@ class MemoryPage : public QWidget {
   void drawAllDevices();
   const RunData& m_data;
   QComboBox* m_rank;
+  QCheckBox* m_hideWeights;  // weights dwarf the rest: hide them to see activations, caches, buffers
   QCustomPlot* m_plot;
   QCustomPlot* m_bars;  // peak per category per device
   uint64_t m_seen = ~0ull;
