@@ -1,6 +1,8 @@
 // The explorer offscreen: EngineClient driving a real engine run end to end,
 // the same stream replayed from a file giving the same data, the failures a
 // person will hit, and the pages showing what the stream said.
+#include <QCheckBox>
+#include <qcustomplot.h>
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QSignalSpy>
@@ -303,6 +305,22 @@ class TestExplorer : public QObject {
       QVERIFY2(colours.size() > 8, qPrintable(w.pages()->tabText(i)));
       img.save(QDir::temp().filePath("shardscope-page-" + QString::number(i) + ".png"));
     }
+    // The memory page stacks every category the run used; without weights,
+    // the rest, with the peak relabelled.
+    auto* memory = w.findChild<MemoryPage*>();
+    QVERIFY(memory);
+    w.pages()->setCurrentWidget(memory);
+    auto* plot = memory->findChildren<QCustomPlot*>().first();
+    auto names = [&] {
+      QStringList n;
+      for (int g = 0; g < plot->graphCount(); ++g) n << plot->graph(g)->name();
+      return n;
+    };
+    QVERIFY2(names().contains("weights") && names().contains("activations"), qPrintable(names().join(',')));
+    memory->findChild<QCheckBox*>()->setChecked(true);
+    QApplication::processEvents();
+    QVERIFY2(!names().contains("weights") && names().contains("activations"), qPrintable(names().join(',')));
+    memory->grab().save(QDir::temp().filePath("shardscope-memory-without-weights.png"));
   }
 };
 
