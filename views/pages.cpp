@@ -213,6 +213,21 @@ void MemoryPage::drawOverTime(int rank) {
     label->setText(tr("capacity %1").arg(bytesText(capacity)));
     label->setColor(Qt::red);
   }
+  // Where load, prefill and decode begin.
+  for (const auto& ph : m_data.phases()) {
+    if (ph.name == "load") continue;  // the axis starts there
+    auto* line = new QCPItemStraightLine(m_plot);
+    line->point1->setCoords(ph.t * 1e-6, 0);
+    line->point2->setCoords(ph.t * 1e-6, 1);
+    line->setPen(QPen(QColor(90, 90, 90), 1, Qt::DashLine));
+    auto* name = new QCPItemText(m_plot);
+    name->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
+    name->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+    name->position->setCoords(ph.t * 1e-6, 1.0);
+    name->setPadding(QMargins(3, 0, 0, 2));
+    name->setText(QString::fromStdString(ph.name));
+    name->setColor(QColor(90, 90, 90));
+  }
   auto* mark = new QCPItemTracer(m_plot);
   mark->position->setCoords(peak_t, peak);
   mark->setStyle(QCPItemTracer::tsCircle);
@@ -327,7 +342,7 @@ const std::map<int, double>& TimelineView::hiddenShare() const {
 }
 
 int TimelineView::lanesHeight() const {
-  return 24 + int(m_data.ranks().size()) * 2 * kLane + 10 + 2 * kLane + 4;  // lanes, then the op legend
+  return 24 + int(m_data.ranks().size()) * 2 * kLane + 3 * kLane + 8;  // lanes, phase names, the op legend
 }
 
 double TimelineView::xOf(int64_t t) const {
@@ -370,9 +385,19 @@ void TimelineView::paintEvent(QPaintEvent*) {
     }
     row += 2;
   }
+  // Where prefill and decode begin: a dashed line across the lanes.
+  for (const auto& ph : m_data.phases()) {
+    if (ph.name == "load") continue;
+    const double x = xOf(ph.t);
+    if (x < kLabel || x > width()) continue;
+    p.setPen(QPen(QColor(60, 60, 60), 1, Qt::DashLine));
+    p.drawLine(QPointF(x, 22), QPointF(x, 24 + row * kLane));
+    p.setPen(QColor(60, 60, 60));
+    p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), QString::fromStdString(ph.name));
+  }
   // The colour of every op kind, below the lanes.
   {
-    int x = kLabel, y = 24 + row * kLane + 10;
+    int x = kLabel, y = 24 + (row + 1) * kLane + 4;  // below the phase names
     const QFontMetrics fm = p.fontMetrics();
     for (const auto& [op, comm] : m_ops) {
       const QString name = QString::fromStdString(op);
