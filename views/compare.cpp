@@ -132,7 +132,7 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
   m_table->setFocusPolicy(Qt::NoFocus);  // no current-cell frame on a read-only table
   m_table->verticalHeader()->setSectionResizeMode(QHeaderView::Fixed);
   m_table->verticalHeader()->setDefaultSectionSize(fontMetrics().height() + 10);
-  m_table->setMinimumHeight(m_table->horizontalHeader()->height() + m_table->verticalHeader()->length() + 4);
+  m_table->setMinimumHeight(m_table->horizontalHeader()->sizeHint().height() + m_table->verticalHeader()->length() + 6);
 
   // Accuracy figures of the runs that have them (quantized runs, sweeps).
   m_accuracy = new QTableWidget(split);
