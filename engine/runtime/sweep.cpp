@@ -351,6 +351,7 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     row(p, p.site == "all" && !dominated);
   }
   table << "* on the Pareto front of wire bytes against logits KL (all sites quantized)\n";
+  if (so.eval_tokens.empty()) table << "perplexity: give --eval-tokens FILE (the token ids of a text) to score one\n";
   if (sites.size() > 2) {
     table << "\nper-site sensitivity (only that site quantized; highest KL first)\n";
     for (auto& [spec, name] : specs) {
