@@ -28,7 +28,8 @@ struct SweepRun {
   std::map<std::string, std::map<std::string, double>> points;
   int64_t rejected = 0;
   std::string status;
-  QString errors;  // the stream's error records, one a line
+  QString errors;   // the stream's error records, one a line
+  QString summary;  // what `summarize` prints of the stream
 };
 
 SweepRun sweep(const QStringList& args) {
@@ -60,6 +61,9 @@ SweepRun sweep(const QStringList& args) {
     }
   }
   r.rejected = reader.rejected();
+  QProcess sum;
+  sum.start(SHARDSCOPE_ENGINE_BIN, {"summarize", events});
+  if (sum.waitForFinished(60000)) r.summary = QString::fromUtf8(sum.readAllStandardOutput());
   return r;
 }
 
@@ -145,6 +149,10 @@ class TestSweep : public QObject {
     QVERIFY(r.points.count("int8:64"));
     QVERIFY(r.points.count("mixer=int8:64"));
     QVERIFY(r.points.at("int8:64").at("kl") > 0);
+    // summarize reads a sweep stream as a sweep: one line per configuration.
+    QVERIFY2(r.summary.startsWith("sweep: "), qPrintable(r.summary));
+    for (const char* c : {"fp32 ", "bf16 ", "int8:64 ", "mixer=int8:64 "})
+      QVERIFY2(r.summary.contains(QStringLiteral("\n") + c), qPrintable(r.summary));
   }
 
   void refusesBadInput_data() {

@@ -18,6 +18,9 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   std::map<std::string, std::pair<double, int>> op_time;  // op -> (ns, count)
   std::map<std::string, double> phase_time;
   std::vector<proto::Error> errors;
+  // A sweep's accuracy records: config -> metric -> value, configs in order.
+  std::vector<std::string> sweep_order;
+  std::map<std::string, std::map<std::string, double>> sweep;
   std::string status = "(no done record: the run did not finish)";
   std::string first_error;
   int64_t bad = 0;
@@ -51,6 +54,11 @@ int summarize_stream(std::istream& in, std::ostream& out) {
             ns += double(e.t1 - e.t0);
             ++n;
             phase_time[e.phase] += double(e.t1 - e.t0);
+          } else if constexpr (std::is_same_v<T, proto::Accuracy>) {
+            if (!e.config.empty() && e.site.empty()) {
+              if (!sweep.count(e.config)) sweep_order.push_back(e.config);
+              sweep[e.config][e.metric] = e.value;
+            }
           } else if constexpr (std::is_same_v<T, proto::Error>) errors.push_back(e);
           else if constexpr (std::is_same_v<T, proto::Done>) status = e.status;
         },
@@ -63,6 +71,25 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   char buf[256];
   const auto& model = config.value("model", nlohmann::json::object());
   const auto& work = config.value("workload", nlohmann::json::object());
+  if (config.contains("sweep")) {
+    // A quantization sweep: no devices to account, a trade-off to show.
+    out << "sweep: " << model.value("name", "?") << ", " << config.value("strategy", "?") << " on "
+        << config.value("devices", 1) << " ranks, prompt " << work.value("prompt_len", 0) << " + decode "
+        << work.value("decode", 0) << " tokens\nstatus: " << status << "\n";
+    for (auto& e : errors) out << "error: " << e.message << "\n";
+    out << "config                  wire B/rank    logits KL    top-1  decided  first divergence\n";
+    for (const std::string& c : sweep_order) {
+      const auto& m = sweep[c];
+      auto v = [&](const char* k) { auto it = m.find(k); return it == m.end() ? 0.0 : it->second; };
+      const double div = m.count("first_divergence") ? v("first_divergence") : -1;
+      std::snprintf(buf, sizeof buf, "%-22s %12.0f %12.3e %7.2f%% %7.2f%%  %s\n", c.c_str(), v("wire_bytes"), v("kl"),
+                    100 * v("top1"), 100 * v("top1_decided"),
+                    div < 0 ? "never" : ("step " + std::to_string(int(div))).c_str());
+      out << buf;
+    }
+    if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";
+    return 0;
+  }
   out << "run: " << model.value("name", "?") << " (" << model.value("family", "?") << ", "
       << config.value("parameters", 0LL) / 1e6 << " M parameters), backend " << config.value("backend", "?")
       << ", strategy " << config.value("strategy", "?") << ", " << config.value("devices", 1) << " device(s)\n";
