@@ -19,7 +19,7 @@
 #include "sessionstore.h"
 
 namespace {
-enum Column { Name, Model, Strategy, Devices, Backend, Date, Status, DecodeRate, Ttft, Peak, Comm, Tags, Columns };
+enum Column { Name, Model, Strategy, Devices, Tokens, Backend, Date, Status, DecodeRate, Ttft, Peak, Comm, Tags, Columns };
 }
 
 SessionsPage::SessionsPage(SessionStore* store, QWidget* parent) : QWidget(parent), m_store(store) {
@@ -41,7 +41,8 @@ SessionsPage::SessionsPage(SessionStore* store, QWidget* parent) : QWidget(paren
   layout->addLayout(bar);
 
   m_table = new QTableWidget(0, Columns, this);
-  m_table->setHorizontalHeaderLabels({tr("Name"), tr("Model"), tr("Strategy"), tr("Devices"), tr("Backend"),
+  m_table->setHorizontalHeaderLabels({tr("Name"), tr("Model"), tr("Strategy"), tr("Devices"), tr("Prompt + decode"),
+                                      tr("Backend"),
                                       tr("Date"), tr("Status"), tr("Decode tok/s"), tr("TTFT ms"),
                                       tr("Peak memory"), tr("Bytes communicated"), tr("Tags")});
   m_table->setSelectionBehavior(QAbstractItemView::SelectRows);
@@ -142,7 +143,9 @@ void SessionsPage::reload() {
       return h.contains(key) ? QString::number(h.value(key).toDouble(), 'f', decimals) : QString();
     };
     auto bytes = [&](const char* key) { return h.contains(key) ? bytesText(h.value(key).toDouble()) : QString(); };
-    const QString cells[Columns] = {s.name, s.model, s.strategy, QString::number(s.devices), s.backend,
+    const QString cells[Columns] = {s.name, s.model, s.strategy, QString::number(s.devices),
+                                    s.prompt ? QStringLiteral("%1 + %2").arg(s.prompt).arg(s.decode) : QString(),
+                                    s.backend,
                                     QDateTime::fromString(s.created, Qt::ISODate).toLocalTime().toString("yyyy-MM-dd hh:mm"),
                                     s.status, number("decode_tokens_per_s", 1), number("ttft_ms", 1),
                                     bytes("peak_bytes"), bytes("comm_bytes"), s.tags};

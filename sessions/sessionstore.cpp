@@ -603,11 +603,15 @@ static SessionInfo readInfo(const QSqlQuery& q) {
   s.tags = q.value(10).toString();
   s.events = q.value(11).toLongLong();
   s.headline = q.value(12).toString();
+  const QJsonObject work =
+      QJsonDocument::fromJson(q.value(13).toString().toUtf8()).object().value("workload").toObject();
+  s.prompt = work.value("prompt_len").toInteger();
+  s.decode = work.value("decode").toInteger();
   return s;
 }
 static const char* kInfoColumns =
-    "SELECT id, name, model, strategy, backend, devices, status, created, ended, note, tags, events, headline FROM "
-    "sessions ";
+    "SELECT id, name, model, strategy, backend, devices, status, created, ended, note, tags, events, headline, config "
+    "FROM sessions ";
 
 QVector<SessionInfo> SessionStore::list() const {
   QVector<SessionInfo> out;

@@ -41,6 +41,7 @@ struct SessionInfo {
   int devices = 1;
   qint64 events = 0;
   QString headline;  // JSON object of headline figures (tokens/s, TTFT, peak bytes, comm bytes)
+  qint64 prompt = 0, decode = 0;  // the workload, from the config
 };
 
 class SessionStore {
