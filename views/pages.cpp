@@ -12,6 +12,9 @@
 #include <QTableWidget>
 #include <QSysInfo>
 #include <QTextBrowser>
+#include <QTextCursor>
+#include <QTextFrame>
+#include <QTextTable>
 #include <QThread>
 #include <QToolTip>
 #include <QVBoxLayout>
@@ -628,7 +631,39 @@ SummaryPage::SummaryPage(const RunData& data, QWidget* parent) : QWidget(parent)
   layout->addWidget(m_text);
 }
 
-QString SummaryPage::text() const { return m_text->toPlainText(); }
+// The page as plain text: paragraphs as lines, tables as aligned columns
+// (for --run-once and the headless demo; QTextDocument would put each cell
+// on a line of its own).
+QString SummaryPage::text() const {
+  QString out;
+  QTextFrame* root = m_text->document()->rootFrame();
+  for (auto it = root->begin(); !it.atEnd(); ++it) {
+    if (auto* table = qobject_cast<QTextTable*>(it.currentFrame())) {
+      std::vector<QStringList> rows;
+      std::vector<int> width(size_t(table->columns()), 0);
+      for (int r = 0; r < table->rows(); ++r) {
+        QStringList row;
+        for (int c = 0; c < table->columns(); ++c) {
+          const QTextTableCell cell = table->cellAt(r, c);
+          QTextCursor cur = cell.firstCursorPosition();
+          cur.setPosition(cell.lastCursorPosition().position(), QTextCursor::KeepAnchor);
+          row << cur.selectedText().replace(QChar::ParagraphSeparator, ' ').simplified();
+          width[size_t(c)] = std::max(width[size_t(c)], int(row.back().size()));
+        }
+        rows.push_back(row);
+      }
+      for (const QStringList& row : rows) {
+        QString line;
+        for (int c = 0; c < row.size(); ++c) line += row[c].leftJustified(width[size_t(c)] + 2);
+        while (line.endsWith(' ')) line.chop(1);
+        out += QStringLiteral("  ") + line + '\n';
+      }
+    } else if (it.currentBlock().isValid() && !it.currentBlock().text().trimmed().isEmpty()) {
+      out += it.currentBlock().text() + '\n';
+    }
+  }
+  return out;
+}
 
 void SummaryPage::setNotice(const QString& notice) {
   m_notice = notice;
