@@ -294,7 +294,7 @@ class TestSessions : public QObject {
     }
     QVERIFY2(store.error().contains("full"), qPrintable(store.error()));
     QVERIFY(saved > 0);
-    QVERIFY(store.finish(id, "failed") || true);  // may itself be refused when full
+    store.finish(id, "failed");  // a full database may refuse this too; what matters is below
     // Everything committed before the failure is there, and the first run is intact.
     QCOMPARE(store.lines(first), linesOf(m_tp));
     QCOMPARE(store.lines(id).size(), saved * (linesOf(m_tp).size() + 1));

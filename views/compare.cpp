@@ -14,7 +14,6 @@
 
 #include "pages.h"
 #include "palette.h"
-#include "protocol/analysis.h"
 
 Headline headlineOf(const RunData& data) {
   Headline h;
@@ -33,7 +32,6 @@ Headline headlineOf(const RunData& data) {
       h.result = QObject::tr("out of memory: %1").arg(QString::fromStdString(e.message));
       break;
     }
-  double commNs = 0, hiddenNs = 0;
   for (auto& [rank, d] : data.ranks()) {
     auto peak = d.metrics.find("peak_bytes");
     double p = peak != d.metrics.end() ? peak->second : 0;
@@ -42,17 +40,12 @@ Headline headlineOf(const RunData& data) {
     h.peakBytes = std::max(h.peakBytes, p);
     auto w = d.metrics.find("peak_weights_bytes");
     if (w != d.metrics.end()) h.weightBytes = std::max(h.weightBytes, w->second);
-    std::vector<std::pair<int64_t, int64_t>> compute, comm;
-    for (auto& s : d.spans) {
-      if (s.stream == "comm") {
-        h.commBytes += s.bytes;
-        comm.emplace_back(s.t0, s.t1);
-      } else {
-        compute.emplace_back(s.t0, s.t1);
-      }
-    }
-    commNs += ss::proto::union_ns(comm);
-    hiddenNs += ss::proto::overlap_ns(compute, comm);
+  }
+  double commNs = 0, hiddenNs = 0;
+  for (auto& [rank, st] : data.commStats()) {
+    h.commBytes += st.bytes;
+    commNs += st.commNs;
+    hiddenNs += st.hiddenNs;
   }
   h.hiddenFraction = commNs > 0 ? hiddenNs / commNs : 0;
   return h;

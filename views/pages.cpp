@@ -27,7 +27,6 @@
 #include <cmath>
 
 #include "palette.h"
-#include "protocol/analysis.h"
 
 namespace {
 
@@ -327,21 +326,13 @@ void TimelineView::setRange(double t0, double t1) {
   update();
 }
 
-const std::map<int, double>& TimelineView::hiddenShare() const {
-  if (m_hiddenRevision == m_data.revision()) return m_hidden;
-  m_hiddenRevision = m_data.revision();
-  m_hidden.clear();
+const std::map<std::string, bool>& TimelineView::opKinds() const {
+  if (m_opsRevision == m_data.revision()) return m_ops;
+  m_opsRevision = m_data.revision();
   m_ops.clear();
-  for (auto& [rank, d] : m_data.ranks()) {
-    std::vector<std::pair<int64_t, int64_t>> compute, comm;
-    for (const auto& s : d.spans) {
-      (s.stream == "comm" ? comm : compute).emplace_back(s.t0, s.t1);
-      m_ops.emplace(s.op, s.stream == "comm");
-    }
-    const double commNs = ss::proto::union_ns(comm);
-    if (commNs > 0) m_hidden[rank] = ss::proto::overlap_ns(compute, std::move(comm)) / commNs;
-  }
-  return m_hidden;
+  for (auto& [rank, d] : m_data.ranks())
+    for (const auto& s : d.spans) m_ops.emplace(s.op, s.stream == "comm");
+  return m_ops;
 }
 
 int TimelineView::lanesHeight() const {
@@ -356,7 +347,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   QPainter p(this);
   p.fillRect(rect(), Qt::white);
   if (m_t1 <= m_t0 + 1) resetZoom();
-  const auto& hidden = hiddenShare();
+  const auto& hidden = m_data.commStats();
   int row = 0;
   for (auto& [rank, d] : m_data.ranks()) {
     for (int lane = 0; lane < 2; ++lane) {
@@ -364,8 +355,8 @@ void TimelineView::paintEvent(QPaintEvent*) {
       p.setPen(QColor(90, 90, 90));
       QString label = tr("rank %1 %2").arg(rank).arg(lane == 0 ? tr("compute") : tr("comm"));
       if (lane == 1)
-        if (auto it = hidden.find(rank); it != hidden.end())
-          label += tr(" · %1% hidden").arg(100 * it->second, 0, 'f', 0);
+        if (auto it = hidden.find(rank); it != hidden.end() && it->second.commNs > 0)
+          label += tr(" · %1% hidden").arg(100 * it->second.hiddenFraction(), 0, 'f', 0);
       p.drawText(QRect(4, y, kLabel - 8, kLane), Qt::AlignVCenter | Qt::AlignLeft, label);
       p.fillRect(QRectF(kLabel, y + kLane - 1, width() - kLabel, 1), QColor(230, 230, 230));
     }
@@ -402,7 +393,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   {
     int x = kLabel, y = 24 + (row + 1) * kLane + 4;  // below the phase names
     const QFontMetrics fm = p.fontMetrics();
-    for (const auto& [op, comm] : m_ops) {
+    for (const auto& [op, comm] : opKinds()) {
       const QString name = QString::fromStdString(op);
       const int w = 16 + fm.horizontalAdvance(name) + 14;
       if (x + w > width()) {
@@ -839,15 +830,17 @@ void SummaryPage::refresh() {
     }
     h += QStringLiteral("</table>");
   }
-  // Communication, from the spans: a pass over all of them, so once the run has ended.
+  // Communication, once the run has ended.
   if (!m_data.status().isEmpty()) {
-    std::vector<ss::proto::Event> spans;
-    for (auto& [r, d] : m_data.ranks())
-      for (auto& s : d.spans) spans.emplace_back(s);
-    const auto st = ss::proto::analyze(spans);
+    double bytes = 0, commNs = 0, hiddenNs = 0;
+    for (auto& [rank, st] : m_data.commStats()) {
+      bytes += st.bytes;
+      commNs += st.commNs;
+      hiddenNs += st.hiddenNs;
+    }
     h += tr("<h4>Communication</h4><p>%1 on the wire in all; %2% of communication time hidden behind compute.</p>")
-             .arg(bytesText(st.comm_bytes))
-             .arg(100 * st.hidden_fraction(), 0, 'f', 0);
+             .arg(bytesText(bytes))
+             .arg(commNs > 0 ? 100 * hiddenNs / commNs : 0.0, 0, 'f', 0);
   }
   for (const auto& e : m_data.errors())
     h += tr("<p style='color:#b00'><b>%1</b> (rank %2): %3</p>")

@@ -63,12 +63,11 @@ class TimelineView : public QWidget {
   double xOf(int64_t t) const;
   const RunData& m_data;
   int64_t firstSpan() const;
-  // Per rank: the share of its communication time overlapped by its compute,
+  // The op kinds of the run (-> on the comm stream), for the legend;
   // recomputed when the data changes.
-  const std::map<int, double>& hiddenShare() const;
-  mutable std::map<int, double> m_hidden;
-  mutable std::map<std::string, bool> m_ops;  // op kinds seen -> on the comm stream
-  mutable uint64_t m_hiddenRevision = ~0ull;
+  const std::map<std::string, bool>& opKinds() const;
+  mutable std::map<std::string, bool> m_ops;
+  mutable uint64_t m_opsRevision = ~0ull;
   double m_t0 = 0, m_t1 = 1;  // visible range, ns after m_origin
   int64_t m_origin = 0;
   QPoint m_drag;

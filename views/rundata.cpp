@@ -1,5 +1,7 @@
 #include "rundata.h"
 
+#include "protocol/analysis.h"
+
 #include <set>
 
 double peakBytes(const RankData& d, int category) {
@@ -61,4 +63,26 @@ std::vector<int> RunData::layers() const {
   for (auto& [r, d] : m_ranks)
     for (auto& p : d.placements) s.insert(p.layer);
   return {s.begin(), s.end()};
+}
+
+const std::map<int, CommStats>& RunData::commStats() const {
+  if (m_commRevision == m_revision) return m_comm;
+  m_commRevision = m_revision;
+  m_comm.clear();
+  for (auto& [rank, d] : m_ranks) {
+    std::vector<std::pair<int64_t, int64_t>> compute, comm;
+    CommStats st;
+    for (const auto& s : d.spans) {
+      if (s.stream == "comm") {
+        comm.emplace_back(s.t0, s.t1);
+        st.bytes += s.bytes;
+      } else {
+        compute.emplace_back(s.t0, s.t1);
+      }
+    }
+    st.commNs = ss::proto::union_ns(comm);
+    st.hiddenNs = ss::proto::overlap_ns(std::move(compute), std::move(comm));
+    m_comm[rank] = st;
+  }
+  return m_comm;
 }

@@ -26,6 +26,13 @@ struct RankData {
 // per-rank metric once the run has ended, else the highest sample so far.
 double peakBytes(const RankData& d, int category);
 
+// One device's communication: busy time (union of its comm spans), the part
+// of it overlapped by its compute, and the bytes it put on the wire.
+struct CommStats {
+  double commNs = 0, hiddenNs = 0, bytes = 0;
+  double hiddenFraction() const { return commNs > 0 ? hiddenNs / commNs : 0; }
+};
+
 class RunData {
  public:
   void clear();
@@ -47,6 +54,9 @@ class RunData {
   int64_t events() const { return m_events; }
   // Layers that hold weights, in order (-1: embeddings and head).
   std::vector<int> layers() const;
+  // Per rank, computed once per revision (the summary, the timeline and the
+  // comparison all read it).
+  const std::map<int, CommStats>& commStats() const;
 
  private:
   template <class Events>
@@ -62,4 +72,6 @@ class RunData {
   int64_t m_end = 0;
   uint64_t m_revision = 0;
   int64_t m_events = 0;
+  mutable std::map<int, CommStats> m_comm;
+  mutable uint64_t m_commRevision = ~0ull;
 };
