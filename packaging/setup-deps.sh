@@ -12,6 +12,8 @@ packages=(
   libqcustomplot-dev libqcustomplot2.1-qt6
   # engine: MPI, BLAS, JSON, command line
   openmpi-bin libopenmpi-dev libopenblas-dev nlohmann-json3-dev libcli11-dev
+  # engine: bf16 GEMMs on CPU (AVX512-BF16 kernels; see engine/cpu/README.md)
+  libdnnl-dev
   # headless display and screenshots for GUI tests and the demo
   xvfb xauth imagemagick fonts-dejavu-core
 )

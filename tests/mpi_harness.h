@@ -100,8 +100,8 @@ class World {
     return all == 1;
   }
 
-  ss::Tensor tensor(const std::vector<float>& values) {
-    ss::Tensor t = m_be->alloc({int64_t(values.size())}, ss::Category::CommBuffers, "test");
+  ss::Tensor tensor(const std::vector<float>& values, ss::DType dtype = ss::DType::F32) {
+    ss::Tensor t = m_be->alloc({int64_t(values.size())}, ss::Category::CommBuffers, "test", dtype);
     if (!values.empty()) m_be->upload(t, values.data(), ss::DType::F32);
     return t;
   }

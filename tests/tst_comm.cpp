@@ -144,6 +144,64 @@ class TestComm : public QObject, private mpi_harness::World {
     VERIFY_EVERYWHERE(v);
   }
 
+  // 16-bit sums accumulate in fp32 and round once. Rank 0 contributes a
+  // value whose spacing in the dtype is 2 (256 in bf16, 2048 in fp16) and
+  // every other rank 1: summed pairwise in 16 bits the ones would vanish
+  // (256 + 1 rounds back to 256), in fp32 they add up before the one rounding
+  // (256 + 3 = 259 rounds to 260). Odd elements hold small integers, exact in
+  // either dtype. The spans carry 2 bytes a value.
+  void sixteenBitSums_data() {
+    QTest::addColumn<int>("dtype");
+    QTest::addColumn<int>("n");
+    for (ss::DType d : {ss::DType::BF16, ss::DType::F16})
+      for (int n : {1, 7, 1000, 4099})
+        QTest::addRow("%s n=%d", ss::dtype_name(d).data(), n) << int(d) << n;
+  }
+  void sixteenBitSums() {
+    QFETCH(int, dtype);
+    QFETCH(int, n);
+    const ss::DType dt = ss::DType(dtype);
+    const float big = dt == ss::DType::BF16 ? 256.0f : 2048.0f;
+    auto contribution = [&](int rank, int64_t i) { return i % 2 ? value(rank, i) : rank == 0 ? big : 1.0f; };
+    auto round_once = [&](double sum) {
+      const float f = float(sum);
+      uint16_t h;
+      ss::narrow(&f, 1, dt, &h);
+      float back;
+      ss::widen(&h, dt, 1, &back);
+      return back;
+    };
+    std::vector<float> mine(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      mine[size_t(i)] = contribution(m_rank, i);
+      double sum = 0;
+      for (int r = 0; r < m_size; ++r) sum += contribution(r, i);
+      want[size_t(i)] = round_once(sum);
+    }
+    Verdict v;
+    Tensor buf = tensor(mine, dt);
+    m_rec->take_spans();
+    m_comm->all_reduce(buf);
+    v.expect_equal(host(buf), want, "all_reduce");
+    const auto spans = comm_spans(m_rec->take_spans());
+    const double bytes = m_size > 1 ? 2.0 * (m_size - 1) / m_size * 2.0 * n : 0.0;
+    v.expect(spans.size() == 1 && spans[0].bytes == bytes,
+             QStringLiteral("all_reduce span bytes %1, want %2").arg(spans.empty() ? -1 : spans[0].bytes).arg(bytes));
+    // reduce_scatter: this rank keeps block m_rank of the same sums.
+    std::vector<float> in, want_rs;
+    for (int r = 0; r < m_size; ++r)
+      for (int64_t i = 0; i < n; ++i) in.push_back(contribution(m_rank, int64_t(r) * n + i));
+    for (int64_t i = 0; i < n; ++i) {
+      double sum = 0;
+      for (int r = 0; r < m_size; ++r) sum += contribution(r, int64_t(m_rank) * n + i);
+      want_rs.push_back(round_once(sum));
+    }
+    Tensor out = tensor(std::vector<float>(size_t(n), -1.0f), dt);
+    m_comm->reduce_scatter(out, tensor(in, dt));
+    v.expect_equal(host(out), want_rs, "reduce_scatter");
+    VERIFY_EVERYWHERE(v);
+  }
+
   void reduceScatter_data() {
     QTest::addColumn<int>("n");
     for (int n : {1, 5, 333}) QTest::addRow("n=%d", n) << n;
@@ -596,8 +654,11 @@ class TestComm : public QObject, private mpi_harness::World {
     throws("all_to_all of different sizes",
            [&] { m_comm->all_to_all(filled(n, 0), filled(2 * n, 0)); });
     throws("a strided view", [&] { m_comm->all_reduce(wide.slice(1, 0, 3)); });
-    throws("bf16", [&] {
-      m_comm->all_reduce(m_be->alloc({4}, Category::Workspace, "h", ss::DType::BF16));
+    throws("an i32 sum", [&] {
+      m_comm->all_reduce(m_be->alloc({4}, Category::Workspace, "h", ss::DType::I32));
+    });
+    throws("all_gather of two dtypes", [&] {
+      m_comm->all_gather(m_be->alloc({4 * n}, Category::Workspace, "h", ss::DType::BF16), t4);
     });
     throws("an undefined tensor", [&] { m_comm->all_reduce(Tensor()); });
     throws("a meta tensor", [&] { m_comm->all_reduce(meta.alloc({4}, Category::Workspace, "m")); });

@@ -1,6 +1,17 @@
 // Every kernel of the cpu backend, called through the public Backend methods,
-// against the naive float64 references of reference.h. Inputs are random
-// (seeded), outputs must agree to a relative L2 error of 1e-5. Views are
+// against the naive float64 references of reference.h, in each compute dtype
+// (the suite runs three times: fp32, bf16, fp16). Inputs are random (seeded)
+// and drawn as values of the dtype, so kernel and reference see the same
+// numbers; tensors the engine keeps in fp32 (SSM states, lse, chunk decays,
+// norm sums) are fp32 here too.
+//
+// Tolerance. The kernels compute in fp32 and round each output once to the
+// dtype, to nearest even: |stored - exact| <= u |exact| per element, so the
+// relative L2 error is at most u, the dtype's unit roundoff (bf16: 8
+// significant bits, u = 2^-8; fp16: 11, u = 2^-11; fp32: the fp32 arithmetic
+// itself, 1e-5 as before), plus the fp32 arithmetic's 1e-5. An output that is
+// stored and then added to (a state-passing correction into y) is rounded
+// twice: 2u. Views are
 // column windows of wider buffers whose padding holds NaN: a kernel that reads
 // the padding poisons its result, one that writes it is caught directly.
 #include <QtTest>
@@ -22,17 +33,39 @@ using ss::Tensor;
 
 namespace {
 
-constexpr double kTol = 1e-5;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-#define VERIFY_CLOSE(got, want, what)                                                 \
-  do {                                                                                \
-    const double err_ = ref::rel_l2(got, want);                                       \
-    QVERIFY2(err_ <= kTol, qPrintable(QStringLiteral("%1: relative L2 error %2 > %3") \
-                                          .arg(QStringLiteral(what))                  \
-                                          .arg(err_)                                  \
-                                          .arg(kTol)));                               \
+// The compute dtype of this pass of the suite (main runs it once per dtype).
+ss::DType g_dtype = ss::DType::F32;
+
+double unit_roundoff(ss::DType t) {
+  switch (t) {
+    case ss::DType::BF16: return std::ldexp(1.0, -8);
+    case ss::DType::F16: return std::ldexp(1.0, -11);
+    default: return 0.0;
+  }
+}
+// The bound for an output rounded `roundings` times (see the top of the file).
+double tolerance(int roundings = 1) { return 1e-5 + roundings * unit_roundoff(g_dtype); }
+
+// fp32 values made values of the dtype (exact on upload).
+std::vector<float> representable(std::vector<float> v) {
+  if (g_dtype == ss::DType::F32) return v;
+  std::vector<uint16_t> bits(v.size());
+  ss::narrow(v.data(), int64_t(v.size()), g_dtype, bits.data());
+  ss::widen(bits.data(), g_dtype, int64_t(v.size()), v.data());
+  return v;
+}
+
+#define VERIFY_CLOSE_TOL(got, want, what, tol)                                       \
+  do {                                                                               \
+    const double err_ = ref::rel_l2(got, want), tol_ = (tol);                        \
+    QVERIFY2(err_ <= tol_, qPrintable(QStringLiteral("%1: relative L2 error %2 > %3") \
+                                          .arg(QStringLiteral(what))                 \
+                                          .arg(err_)                                 \
+                                          .arg(tol_)));                              \
   } while (0)
+#define VERIFY_CLOSE(got, want, what) VERIFY_CLOSE_TOL(got, want, what, tolerance())
 
 // A result in the view of a Mat: close to its reference, and the padding
 // around the view untouched.
@@ -60,7 +93,7 @@ std::vector<float> randn(std::mt19937& g, size_t n, double mean = 0.0, double sd
   std::normal_distribution<double> d(mean, sd);
   std::vector<float> v(n);
   for (float& x : v) x = float(d(g));
-  return v;
+  return representable(std::move(v));
 }
 
 // A 2-D matrix on the backend: `view` is rows x cols; with pad > 0 it is the
@@ -77,8 +110,15 @@ struct Rig {
   ss::Recorder rec;
   ss::CpuBackend be{alloc, rec};
 
-  Tensor tensor(const ss::Shape& shape, const std::vector<float>& values) {
-    Tensor t = be.alloc(shape, Category::Workspace, "test");
+  // A tensor in the suite's dtype ...
+  Tensor tensor(const ss::Shape& shape, const std::vector<float>& values) { return make(shape, values, g_dtype); }
+  // ... and one the engine keeps in fp32 whatever the dtype (states, lse, sums).
+  Tensor f32(const ss::Shape& shape, const std::vector<float>& values) { return make(shape, values, ss::DType::F32); }
+  Tensor f32_filled(const ss::Shape& shape, float fill) {
+    return f32(shape, std::vector<float>(size_t(ss::numel(shape)), fill));
+  }
+  Tensor make(const ss::Shape& shape, const std::vector<float>& values, ss::DType dt) {
+    Tensor t = be.alloc(shape, Category::Workspace, "test", dt);
     be.upload(t, values.data(), ss::DType::F32);
     return t;
   }
@@ -108,11 +148,12 @@ struct Rig {
 
 // The values of a tensor (a 2-D view of any row stride, or a contiguous tensor).
 std::vector<float> read(const Tensor& t) {
-  if (t.is_contiguous()) return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
-  std::vector<float> out;
-  out.reserve(size_t(t.numel()));
-  for (int64_t r = 0; r < t.rows(); ++r)
-    out.insert(out.end(), t.data<float>() + r * t.ld(), t.data<float>() + r * t.ld() + t.cols());
+  std::vector<float> out(size_t(t.numel()));
+  if (t.is_contiguous()) {
+    ss::widen(t.raw(), t.dtype(), t.numel(), out.data());
+    return out;
+  }
+  for (int64_t r = 0; r < t.rows(); ++r) ss::widen(t.row_ptr(r), t.dtype(), t.cols(), out.data() + r * t.cols());
   return out;
 }
 
@@ -493,7 +534,7 @@ void TestKernels::attention() {
     v = r.mat(Tk, hkv, 0, vv).view;
   }
   Mat o = r.filled_mat(Tq, hq, packed ? 2 : 0, kNaN);
-  const Tensor lse = r.filled({Tq, n_heads}, kNaN);
+  const Tensor lse = r.f32_filled({Tq, n_heads}, kNaN);
   const ss::AttentionArgs a = attention_args(n_heads, n_kv_heads, head_dim, q_pos, k_pos);
   r.be.attention(o.view, q, k, v, a, lse);
 
@@ -748,8 +789,8 @@ ref::SsdProblem random_ssd(const SsdCase& c, std::mt19937& g) {
   p.d_state = c.N;
   p.dt_min = c.dt_min;
   p.dt_max = c.dt_max;
-  // Values are rounded to float first: kernel and reference see the same inputs.
-  auto f = [](const std::vector<float>& v) { return ref::to_double(v); };
+  // Values are rounded to the dtype first: kernel and reference see the same inputs.
+  auto f = [](const std::vector<float>& v) { return ref::to_double(representable(v)); };
   p.x = f(randn(g, size_t(c.T) * c.H * c.P));
   p.dt = f(randn(g, size_t(c.T) * c.H, 0.0, 0.5));
   std::vector<float> bias(size_t(c.H)), alog(size_t(c.H));
@@ -840,7 +881,7 @@ void TestKernels::ssd_scan() {
   }
   Mat y = r.filled_mat(T, HP, packed ? 1 : 0, kNaN);
   a.y = y.view;
-  if (state) a.state = r.tensor({H, P, N}, s0);
+  if (state) a.state = r.f32({H, P, N}, s0);
   r.be.ssd_scan(a);
 
   ref::SsdProblem pr = p;
@@ -861,7 +902,7 @@ void TestKernels::ssd_scan_state_carries() {
   Rig r;
   const ss::SsdArgs whole = ssd_args(r, p, 16);
   ss::SsdArgs a = whole;
-  a.state = r.filled({H, P, N}, 0.0f);
+  a.state = r.f32_filled({H, P, N}, 0.0f);
   const int pieces[][2] = {{0, 21}, {21, 37}, {58, 1}, {59, 1}, {60, 1}};
   for (const auto& [t0, len] : pieces) {
     a.x = whole.x.slice(0, t0, len);
@@ -904,7 +945,7 @@ ref::SelectiveProblem random_selective(int T, int Ch, int N, bool gate, std::mt1
   p.T = T;
   p.channels = Ch;
   p.d_state = N;
-  auto f = [](const std::vector<float>& v) { return ref::to_double(v); };
+  auto f = [](const std::vector<float>& v) { return ref::to_double(representable(v)); };
   p.x = f(randn(g, size_t(T) * Ch));
   p.dt = f(randn(g, size_t(T) * Ch, 0.0, 0.5));
   p.z = f(randn(g, size_t(T) * Ch, 0.0, 2.0));
@@ -961,7 +1002,7 @@ void TestKernels::selective_scan() {
   }
   y = r.filled_mat(T, Ch, packed ? 2 : 0, kNaN);
   a.y = y.view;
-  if (state) a.state = r.tensor({Ch, N}, s0);
+  if (state) a.state = r.f32({Ch, N}, s0);
   r.be.selective_scan(a);
 
   ref::Vec want_state = state ? ref::to_double(s0) : ref::Vec{};
@@ -995,8 +1036,8 @@ void TestKernels::selective_state_passing() {
 
   Rig r;
   ss::SelectiveScanArgs a = selective_args(r, p);
-  a.state = r.filled({Ch, N}, 0.0f);
-  a.dt_sum = r.filled({Ch}, kNaN);
+  a.state = r.f32_filled({Ch, N}, 0.0f);
+  a.dt_sum = r.f32_filled({Ch}, kNaN);
   r.be.selective_scan(a);
   ref::Vec want_dt_sum(size_t(Ch), 0.0);
   for (int64_t t = 0; t < T; ++t)
@@ -1004,7 +1045,7 @@ void TestKernels::selective_state_passing() {
       want_dt_sum[size_t(c)] += ref::softplus(p.dt[size_t(t * Ch + c)] + p.dt_bias[size_t(c)]);
   VERIFY_CLOSE(read(a.dt_sum), want_dt_sum, "dt_sum");
 
-  const Tensor state = r.tensor({Ch, N}, incoming);
+  const Tensor state = r.f32({Ch, N}, incoming);
   ss::SelectiveScanArgs c = a;
   c.state = state;
   r.be.selective_state_correction(c);
@@ -1012,7 +1053,7 @@ void TestKernels::selective_state_passing() {
 
   ref::Vec want_state = ref::to_double(incoming);
   const ref::Vec want = ref::selective_scan(p, want_state);
-  VERIFY_CLOSE(read(a.y), want, "corrected y");
+  VERIFY_CLOSE_TOL(read(a.y), want, "corrected y", tolerance(2));  // stored by the scan, then added to
   VERIFY_CLOSE(read(state), want_state, "advanced state");
 }
 
@@ -1046,8 +1087,8 @@ void TestKernels::ssd_state_passing() {
 
   Rig r;
   ss::SsdArgs a = ssd_args(r, p, chunk);
-  a.state = r.filled({H, P, N}, 0.0f);
-  a.log_decay = r.filled({H}, kNaN);
+  a.state = r.f32_filled({H, P, N}, 0.0f);
+  a.log_decay = r.f32_filled({H}, kNaN);
   r.be.ssd_scan(a);
   ref::Vec want_log_decay(size_t(H), 0.0);
   for (int64_t t = 0; t < T; ++t)
@@ -1058,7 +1099,7 @@ void TestKernels::ssd_state_passing() {
     }
   VERIFY_CLOSE(read(a.log_decay), want_log_decay, "log_decay");
 
-  const Tensor state = r.tensor({H, P, N}, incoming);
+  const Tensor state = r.f32({H, P, N}, incoming);
   ss::SsdArgs c = a;
   c.state = state;
   r.be.ssd_state_correction(c);
@@ -1066,7 +1107,7 @@ void TestKernels::ssd_state_passing() {
 
   ref::Vec want_state = ref::to_double(incoming);
   const ref::Vec want = ref::ssd_scan(p, want_state);
-  VERIFY_CLOSE(read(a.y), want, "corrected y");
+  VERIFY_CLOSE_TOL(read(a.y), want, "corrected y", tolerance(2));  // stored by the scan, then added to
   VERIFY_CLOSE(read(state), want_state, "advanced state");
 }
 
@@ -1099,13 +1140,13 @@ void TestKernels::gated_norm_across_ranks() {
   const Tensor w = r.tensor({n}, wv);
   std::vector<float> total(size_t(T) * groups, 0.0f);
   for (int k = 0; k < ranks; ++k) {
-    const Tensor ss = r.filled({T, groups}, kNaN);
+    const Tensor ss = r.f32_filled({T, groups}, kNaN);
     r.be.gated_norm_sumsq(ss, x.view.slice(1, k * cols, cols), z.view.slice(1, k * cols, cols),
                           local_group, (k * cols) / group);
     const auto part = read(ss);
     for (size_t i = 0; i < total.size(); ++i) total[i] += part[i];
   }
-  const Tensor ss = r.tensor({T, groups}, total);
+  const Tensor ss = r.f32({T, groups}, total);
   for (int k = 0; k < ranks; ++k)
     r.be.gated_rmsnorm_apply(y.view.slice(1, k * cols, cols), x.view.slice(1, k * cols, cols),
                              z.view.slice(1, k * cols, cols), w.slice(0, k * cols, cols), ss, eps,
@@ -1114,5 +1155,16 @@ void TestKernels::gated_norm_across_ranks() {
   VERIFY_CLOSE(read(y.view), ref::rmsnorm(ref::to_double(xv), &zd, &wd, T, n, group, eps), "y");
 }
 
-QTEST_GUILESS_MAIN(TestKernels)
+// The suite once per compute dtype.
+int main(int argc, char** argv) {
+  QCoreApplication app(argc, argv);
+  int failed = 0;
+  for (ss::DType dt : {ss::DType::F32, ss::DType::BF16, ss::DType::F16}) {
+    g_dtype = dt;
+    std::printf("********* compute dtype %s *********\n", std::string(ss::compute_dtype_name(dt)).c_str());
+    TestKernels t;
+    failed += QTest::qExec(&t, argc, argv);
+  }
+  return failed ? 1 : 0;
+}
 #include "tst_kernels.moc"

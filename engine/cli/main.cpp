@@ -20,6 +20,7 @@
 #include "model/parallel.h"
 #include "sim/hardware.h"
 #include <fstream>
+#include <optional>
 
 namespace {
 
@@ -43,6 +44,34 @@ std::vector<int32_t> parse_tokens(const std::string& s) {
   return out;
 }
 
+// --dtype and --kv-dtype: checked by CLI11 (a bad name is one line, exit 2), then parsed once.
+const CLI::Validator& dtype_check() {
+  static const CLI::Validator v(
+      [](std::string& s) {
+        try {
+          ss::parse_compute_dtype(s);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      },
+      "fp32|bf16|fp16");
+  return v;
+}
+
+void add_dtype_options(CLI::App* cmd, ss::DType& dtype, std::optional<ss::DType>* kv_dtype) {
+  cmd->add_option_function<std::string>(
+         "--dtype", [&dtype](const std::string& s) { dtype = ss::parse_compute_dtype(s); },
+         "compute dtype of weights, activations and communication: fp32, bf16 or fp16 (default fp32); "
+         "GEMMs accumulate, softmax/norm statistics and SSM states stay in fp32")
+      ->check(dtype_check());
+  if (kv_dtype)
+    cmd->add_option_function<std::string>(
+           "--kv-dtype", [kv_dtype](const std::string& s) { *kv_dtype = ss::parse_compute_dtype(s, "--kv-dtype"); },
+           "dtype of the KV cache (default: --dtype)")
+        ->check(dtype_check());
+}
+
 void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, std::string& capacity) {
   cmd->add_option("--model", o.model, "preset name (see `presets`) or a Hugging Face model folder")->capture_default_str();
   cmd->add_option("--set", o.overrides, "override a config.json field, e.g. --set hidden_size=512 (repeatable)");
@@ -51,6 +80,7 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--devices", o.devices, "devices (MPI ranks) of the run")->capture_default_str();
   cmd->add_option("--mesh", o.mesh, "tp_sp mesh TxS, e.g. 2x2");
   cmd->add_option("--split", o.split, "sequence split for sp/tp_sp/tsp: zigzag or contiguous")->capture_default_str();
+  add_dtype_options(cmd, o.dtype, &o.kv_dtype);
   cmd->add_option("--comm-precision", o.comm_precision,
                   "tensor-parallel all-reduce precision: SPEC or site[@a-b]=SPEC,... (sites attn, mlp, mixer; SPEC "
                   "fp32, bf16, fp16, int8[:B][:sr], int4[:B][:sr], fp8[:B][:sr])");

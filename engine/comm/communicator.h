@@ -8,7 +8,9 @@
 // forms return a Request at once so compute can overlap the transfer, and
 // Request::wait() joins the two streams (as a CUDA event would).
 //
-// Reductions are sums over f32. Buffers are contiguous tensors. Sizes and
+// Buffers are contiguous tensors of any dtype and travel in it (a bf16 run
+// sends 2 bytes a value). Reductions sum f32, bf16 or f16 with fp32
+// accumulation, rounding once to the buffer's dtype. Sizes and
 // layouts:
 //   all_reduce(buf)              in place; every rank ends with the sum
 //   reduce_scatter(out, in)      in: size()*n elements; rank r keeps the sum of block r (n = out.numel())

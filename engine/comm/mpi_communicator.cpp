@@ -155,17 +155,60 @@ namespace {
 constexpr int kTag = 0;  // one FIFO stream per rank: MPI's ordering rules suffice
 
 // MPI wants a valid pointer even for zero elements; empty tensors have none.
-float* ptr(const Tensor& t) {
+char* ptr(const Tensor& t) {
   static float empty = 0;
-  float* p = t.data<float>();
-  return p ? p : &empty;
+  void* p = t.raw();
+  return static_cast<char*>(p ? p : &empty);
 }
 
 bool overlaps(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  return pa < pb + b.numel() && pb < pa + a.numel();
+  const char* pa = ptr(a);
+  const char* pb = ptr(b);
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+// The MPI type that moves a dtype's values (16-bit floats travel as their bits).
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::BF16:
+    case DType::F16: return MPI_UINT16_T;
+    case DType::I32: return MPI_INT32_T;
+  }
+  return MPI_BYTE;
+}
+
+// Sums 16-bit floats with fp32 accumulation. MPI has no bf16/fp16 type, and
+// a user-defined MPI_Op would round to 16 bits after every pairwise step of
+// MPI's algorithm; instead (DESIGN.md, "Number formats"): an all-to-all
+// delivers to rank r every rank's block r (a reduce-scatter's traffic), rank r
+// sums the D blocks in fp32 and rounds once, and an all-gather returns every
+// summed block: the bytes of a ring all-reduce, 2 (D-1)/D of the buffer. The
+// staging is the communicator's own, as MPI's and NCCL's internal buffers are.
+void reduce_16bit(char* data, int64_t n, DType dt, MPI_Comm comm, int rank, int size, bool gather_back,
+                  char* out_block, const std::string& name) {
+  const size_t d = static_cast<size_t>(size);
+  std::vector<int> counts(d), displs(d);
+  for (int r = 0; r < size; ++r) {
+    displs[size_t(r)] = int(n * r / size);
+    counts[size_t(r)] = int(n * (r + 1) / size) - displs[size_t(r)];
+  }
+  const int mine = counts[size_t(rank)];
+  std::vector<uint16_t> recv(size_t(mine) * size_t(size));
+  std::vector<int> rcounts(d, mine), rdispls(d);
+  for (int r = 0; r < size; ++r) rdispls[size_t(r)] = r * mine;
+  check_mpi(MPI_Alltoallv(data, counts.data(), displs.data(), MPI_UINT16_T, recv.data(), rcounts.data(),
+                          rdispls.data(), MPI_UINT16_T, comm),
+            "MPI_Alltoallv", name);
+  std::vector<float> sum(size_t(mine), 0.0f);
+  for (int r = 0; r < size; ++r) widen(recv.data() + size_t(r) * size_t(mine), dt, mine, sum.data(), true);
+  char* dst = gather_back ? data + int64_t(displs[size_t(rank)]) * 2 : out_block;
+  narrow(sum.data(), mine, dt, dst);
+  if (gather_back)
+    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), MPI_UINT16_T,
+                             comm),
+              "MPI_Allgatherv", name);
 }
 
 }  // namespace
@@ -222,8 +265,6 @@ std::vector<int> MpiCommunicator::others() const {
 void MpiCommunicator::check_tensor(const Tensor& t, const char* op, const char* what) const {
   const std::string where = std::string(op) + " on " + m_name + ": " + what;
   if (!t.defined()) throw std::logic_error(where + " is undefined");
-  if (t.dtype() != DType::F32)
-    throw std::logic_error(where + " must be f32, got " + std::string(dtype_name(t.dtype())));
   if (!t.is_contiguous())
     throw std::logic_error(where + " must be contiguous, got a strided view " + t.shape_str());
   if (t.numel() > 0 && !t.has_data())
@@ -231,6 +272,12 @@ void MpiCommunicator::check_tensor(const Tensor& t, const char* op, const char* 
   if (t.numel() > INT_MAX)
     throw std::logic_error(where + " has " + std::to_string(t.numel()) +
                            " elements, more than one MPI message can carry");
+}
+
+void MpiCommunicator::check_summable(const Tensor& t, const char* op) const {
+  if (!is_float(t.dtype()))
+    throw std::logic_error(std::string(op) + " on " + m_name + ": sums take f32, bf16 or f16, got " +
+                           std::string(dtype_name(t.dtype())));
 }
 
 void MpiCommunicator::check_peer(int peer, const char* op, const char* what) const {
@@ -258,11 +305,15 @@ Request MpiCommunicator::submit(const char* op, double payload_bytes, std::vecto
 
 Request MpiCommunicator::issue_all_reduce(const Tensor& buf) {
   check_tensor(buf, "all_reduce", "buf");
+  check_summable(buf, "all_reduce");
   const int n = int(buf.numel());
-  float* p = ptr(buf);
-  return submit("all_reduce", double(buf.nbytes()), {buf.numel()}, others(), {buf}, [this, p, n] {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, m_comm), "MPI_Allreduce",
-              m_name);
+  char* p = ptr(buf);
+  const DType dt = buf.dtype();
+  return submit("all_reduce", double(buf.nbytes()), {buf.numel()}, others(), {buf}, [this, p, n, dt] {
+    if (dt == DType::F32)
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, m_comm), "MPI_Allreduce", m_name);
+    else
+      reduce_16bit(p, n, dt, m_comm, m_rank, m_size, true, nullptr, m_name);
   });
 }
 
@@ -275,13 +326,19 @@ void MpiCommunicator::reduce_scatter(const Tensor& out, const Tensor& in) {
                            std::to_string(m_size) + " * " + std::to_string(out.numel()));
   if (overlaps(out, in))
     throw std::logic_error("reduce_scatter on " + m_name + ": out and in overlap");
+  check_summable(in, "reduce_scatter");
+  if (in.dtype() != out.dtype()) throw std::logic_error("reduce_scatter on " + m_name + ": in and out dtypes differ");
   const int n = int(out.numel());
-  float* pin = ptr(in);
-  float* pout = ptr(out);
+  char* pin = ptr(in);
+  char* pout = ptr(out);
+  const DType dt = in.dtype();
   submit("reduce_scatter", double(in.nbytes()), {in.numel()}, others(), {out, in},
-         [this, pin, pout, n] {
-           check_mpi(MPI_Reduce_scatter_block(pin, pout, n, MPI_FLOAT, MPI_SUM, m_comm),
-                     "MPI_Reduce_scatter_block", m_name);
+         [this, pin, pout, n, dt] {
+           if (dt == DType::F32)
+             check_mpi(MPI_Reduce_scatter_block(pin, pout, n, MPI_FLOAT, MPI_SUM, m_comm),
+                       "MPI_Reduce_scatter_block", m_name);
+           else
+             reduce_16bit(pin, int64_t(n) * m_size, dt, m_comm, m_rank, m_size, false, pout, m_name);
          })
       ->wait();
 }
@@ -294,17 +351,19 @@ Request MpiCommunicator::issue_all_gather(const Tensor& out, const Tensor& in) {
     throw std::logic_error("all_gather on " + m_name + ": out has " + std::to_string(out.numel()) +
                            " elements, expected size() * in = " + std::to_string(m_size) + " * " +
                            std::to_string(n));
-  float* pin = ptr(in);
-  float* pout = ptr(out);
+  if (in.dtype() != out.dtype()) throw std::logic_error("all_gather on " + m_name + ": in and out dtypes differ");
+  char* pin = ptr(in);
+  char* pout = ptr(out);
+  const MPI_Datatype type = mpi_type(in.dtype());
   // `in` may already sit in this rank's block of `out` (a gather in place).
-  const bool in_place = n > 0 && pin == pout + int64_t(m_rank) * n;
+  const bool in_place = n > 0 && pin == pout + int64_t(m_rank) * in.nbytes();
   if (!in_place && overlaps(out, in))
     throw std::logic_error("all_gather on " + m_name +
                            ": in overlaps out other than as this rank's block");
   return submit("all_gather", double(out.nbytes()), {out.numel()}, others(), {out, in},
-                [this, pin, pout, n, in_place] {
-                  check_mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : pin, int(n), MPI_FLOAT, pout,
-                                          int(n), MPI_FLOAT, m_comm),
+                [this, pin, pout, n, in_place, type] {
+                  check_mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : pin, int(n), type, pout, int(n), type,
+                                          m_comm),
                             "MPI_Allgather", m_name);
                 });
 }
@@ -318,13 +377,14 @@ void MpiCommunicator::all_to_all(const Tensor& out, const Tensor& in) {
                            "; got in " + std::to_string(in.numel()) + ", out " +
                            std::to_string(out.numel()));
   if (overlaps(out, in)) throw std::logic_error("all_to_all on " + m_name + ": out and in overlap");
+  if (in.dtype() != out.dtype()) throw std::logic_error("all_to_all on " + m_name + ": in and out dtypes differ");
   const int n = int(in.numel() / m_size);
-  float* pin = ptr(in);
-  float* pout = ptr(out);
+  char* pin = ptr(in);
+  char* pout = ptr(out);
+  const MPI_Datatype type = mpi_type(in.dtype());
   submit("all_to_all", double(in.nbytes()), {in.numel()}, others(), {out, in},
-         [this, pin, pout, n] {
-           check_mpi(MPI_Alltoall(pin, n, MPI_FLOAT, pout, n, MPI_FLOAT, m_comm), "MPI_Alltoall",
-                     m_name);
+         [this, pin, pout, n, type] {
+           check_mpi(MPI_Alltoall(pin, n, type, pout, n, type, m_comm), "MPI_Alltoall", m_name);
          })
       ->wait();
 }
@@ -333,10 +393,11 @@ Request MpiCommunicator::issue_broadcast(const Tensor& buf, int root) {
   check_tensor(buf, "broadcast", "buf");
   check_peer(root, "broadcast", "root");
   const int n = int(buf.numel());
-  float* p = ptr(buf);
+  char* p = ptr(buf);
+  const MPI_Datatype type = mpi_type(buf.dtype());
   return submit("broadcast", double(buf.nbytes()), {buf.numel()}, others(), {buf},
-                [this, p, n, root] {
-                  check_mpi(MPI_Bcast(p, n, MPI_FLOAT, root, m_comm), "MPI_Bcast", m_name);
+                [this, p, n, root, type] {
+                  check_mpi(MPI_Bcast(p, n, type, root, m_comm), "MPI_Bcast", m_name);
                 });
 }
 
@@ -344,10 +405,10 @@ namespace {
 
 // A receive must fill the tensor exactly: a shorter message would leave stale
 // data that looks like a result.
-void check_count(const MPI_Status& status, int expected, const char* op, int src,
+void check_count(const MPI_Status& status, MPI_Datatype type, int expected, const char* op, int src,
                  const std::string& comm_name) {
   int got = 0;
-  MPI_Get_count(&status, MPI_FLOAT, &got);
+  MPI_Get_count(&status, type, &got);
   if (got != expected)
     throw std::runtime_error(std::string(op) + " on " + comm_name + ": received " +
                              std::to_string(got) + " elements from rank " + std::to_string(src) +
@@ -363,18 +424,19 @@ Request MpiCommunicator::issue_sendrecv(const Tensor& send, int dst, const Tenso
   check_peer(src, "sendrecv", "src");
   if (overlaps(send, recv))
     throw std::logic_error("sendrecv on " + m_name + ": send and recv overlap");
+  if (send.dtype() != recv.dtype()) throw std::logic_error("sendrecv on " + m_name + ": send and recv dtypes differ");
   const int ns = int(send.numel());
   const int nr = int(recv.numel());
-  float* ps = ptr(send);
-  float* pr = ptr(recv);
+  char* ps = ptr(send);
+  char* pr = ptr(recv);
+  const MPI_Datatype type = mpi_type(send.dtype());
   return submit("sendrecv", double(send.nbytes()), {send.numel()},
                 {m_members[size_t(dst)], m_members[size_t(src)]}, {send, recv},
-                [this, ps, ns, dst, pr, nr, src] {
+                [this, ps, ns, dst, pr, nr, src, type] {
                   MPI_Status status;
-                  check_mpi(MPI_Sendrecv(ps, ns, MPI_FLOAT, dst, kTag, pr, nr, MPI_FLOAT, src, kTag,
-                                         m_comm, &status),
+                  check_mpi(MPI_Sendrecv(ps, ns, type, dst, kTag, pr, nr, type, src, kTag, m_comm, &status),
                             "MPI_Sendrecv", m_name);
-                  check_count(status, nr, "sendrecv", src, m_name);
+                  check_count(status, type, nr, "sendrecv", src, m_name);
                 });
 }
 
@@ -382,10 +444,11 @@ void MpiCommunicator::send(const Tensor& buf, int dst) {
   check_tensor(buf, "send", "buf");
   check_peer(dst, "send", "dst");
   const int n = int(buf.numel());
-  float* p = ptr(buf);
+  char* p = ptr(buf);
+  const MPI_Datatype type = mpi_type(buf.dtype());
   submit("send", double(buf.nbytes()), {buf.numel()}, {m_members[size_t(dst)]}, {buf},
-         [this, p, n, dst] {
-           check_mpi(MPI_Send(p, n, MPI_FLOAT, dst, kTag, m_comm), "MPI_Send", m_name);
+         [this, p, n, dst, type] {
+           check_mpi(MPI_Send(p, n, type, dst, kTag, m_comm), "MPI_Send", m_name);
          })
       ->wait();
 }
@@ -394,12 +457,13 @@ void MpiCommunicator::recv(const Tensor& buf, int src) {
   check_tensor(buf, "recv", "buf");
   check_peer(src, "recv", "src");
   const int n = int(buf.numel());
-  float* p = ptr(buf);
+  char* p = ptr(buf);
+  const MPI_Datatype type = mpi_type(buf.dtype());
   // A receive puts nothing on the wire: its bytes are the sender's.
-  submit("recv", 0, {buf.numel()}, {m_members[size_t(src)]}, {buf}, [this, p, n, src] {
+  submit("recv", 0, {buf.numel()}, {m_members[size_t(src)]}, {buf}, [this, p, n, src, type] {
     MPI_Status status;
-    check_mpi(MPI_Recv(p, n, MPI_FLOAT, src, kTag, m_comm, &status), "MPI_Recv", m_name);
-    check_count(status, n, "recv", src, m_name);
+    check_mpi(MPI_Recv(p, n, type, src, kTag, m_comm, &status), "MPI_Recv", m_name);
+    check_count(status, type, n, "recv", src, m_name);
   })->wait();
 }
 

@@ -145,6 +145,7 @@ class MpiCommunicator final : public Communicator {
   Request issue_sendrecv(const Tensor& send, int dst, const Tensor& recv, int src);
 
   void check_tensor(const Tensor& t, const char* op, const char* what) const;
+  void check_summable(const Tensor& t, const char* op) const;
   void check_peer(int peer, const char* op, const char* what) const;
   std::vector<int> others() const;  // world ranks of the members but this one
 

@@ -44,21 +44,6 @@ float round_int(float v, float u, Rounding r) {
 
 }  // namespace
 
-std::string QuantSpec::str() const {
-  std::string s;
-  switch (precision) {
-    case Precision::FP32: return "fp32";
-    case Precision::BF16: return "bf16";
-    case Precision::FP16: return "fp16";
-    case Precision::INT8: s = "int8"; break;
-    case Precision::INT4: s = "int4"; break;
-    case Precision::FP8: s = "fp8"; break;
-  }
-  s += ":" + std::to_string(block);
-  if (rounding == Rounding::Stochastic) s += ":sr";
-  return s;
-}
-
 QuantSpec parse_quant_spec(const std::string& text) {
   QuantSpec s;
   std::string name = text, rest;
@@ -151,25 +136,6 @@ CommPrecision parse_comm_precision(const std::string& text) {
     if (comma == text.size()) break;
   }
   return p;
-}
-
-double value_bytes(Precision p) {
-  switch (p) {
-    case Precision::FP32: return 4;
-    case Precision::BF16:
-    case Precision::FP16: return 2;
-    case Precision::INT8:
-    case Precision::FP8: return 1;
-    case Precision::INT4: return 0.5;
-  }
-  return 4;
-}
-
-int64_t quantized_bytes(int64_t n, const QuantSpec& s) {
-  if (!s.is_block()) return int64_t(value_bytes(s.precision) * double(n));
-  const int64_t blocks = (n + s.block - 1) / s.block;
-  const int64_t values = s.precision == Precision::INT4 ? (n + 1) / 2 : n;
-  return values + 4 * blocks;
 }
 
 uint8_t f32_to_e4m3(float v, float u) {
@@ -306,19 +272,6 @@ inline __m256i e4m3_nearest8(const float* x, __m256 inv) {
       _mm256_set1_epi32(0x7e));
   const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), u);
   return _mm256_or_si256(_mm256_blendv_epi8(code, sub, is_sub), sign);
-}
-
-// f32_to_bf16 lane by lane, as int32 holding the 16-bit pattern.
-inline __m256i bf16_nearest8(const float* x) {
-  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  const __m256i is_nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  const __m256i r = _mm256_srli_epi32(
-      _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                           _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)))),
-      16);
-  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  return _mm256_blendv_epi8(r, nan, is_nan);
 }
 
 // out = v (+ out when accumulating): plain multiply then add, never fused.
@@ -461,44 +414,6 @@ void fp8_nearest(const float* x, int64_t n, float inv, uint8_t* q) {
   for (; i < n; ++i) q[i] = e4m3_nearest(x[i] * inv);
 }
 
-void bf16_cast(const float* x, int64_t n, uint8_t* out) {
-  int64_t i = 0;
-#if defined(__AVX2__)
-  for (; i + 16 <= n; i += 16) {
-    const __m256i p = _mm256_packus_epi32(bf16_nearest8(x + i), bf16_nearest8(x + i + 8));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), _mm256_permute4x64_epi64(p, 0xd8));
-  }
-#endif
-  for (; i < n; ++i) {
-    const uint16_t h = f32_to_bf16(x[i]);
-    std::memcpy(out + 2 * i, &h, 2);
-  }
-}
-
-void fp16_cast(const float* x, int64_t n, uint8_t* out) {
-  int64_t i = 0;
-#if defined(__AVX2__) && defined(__F16C__)
-  // F16C rounds to nearest even like f32_to_f16 (subnormals and overflow to
-  // infinity included); only NaN payloads differ, so NaN becomes 0x7e00.
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    if (_mm256_movemask_ps(nan)) {
-      const __m128i n16 = _mm_packs_epi32(_mm256_castsi256_si128(_mm256_castps_si256(nan)),
-                                          _mm256_extracti128_si256(_mm256_castps_si256(nan), 1));
-      const __m128i sign = _mm_and_si128(h, _mm_set1_epi16(int16_t(0x8000)));
-      h = _mm_blendv_epi8(h, _mm_or_si128(sign, _mm_set1_epi16(0x7e00)), n16);
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
-  }
-#endif
-  for (; i < n; ++i) {
-    const uint16_t h = f32_to_f16(x[i]);
-    std::memcpy(out + 2 * i, &h, 2);
-  }
-}
-
 }  // namespace
 
 // Block formats store the blocks' fp32 scales first (4-byte aligned), then
@@ -506,8 +421,8 @@ void fp16_cast(const float* x, int64_t n, uint8_t* out) {
 void quantize_values(const float* x, int64_t n, const QuantSpec& s, uint64_t counter0, uint8_t* out) {
   switch (s.precision) {
     case Precision::FP32: std::memcpy(out, x, size_t(n) * 4); return;
-    case Precision::BF16: bf16_cast(x, n, out); return;
-    case Precision::FP16: fp16_cast(x, n, out); return;
+    case Precision::BF16: narrow(x, n, DType::BF16, out); return;
+    case Precision::FP16: narrow(x, n, DType::F16, out); return;
     default: break;
   }
   const bool sr = s.rounding == Rounding::Stochastic;
@@ -539,37 +454,9 @@ void dequantize_values(const uint8_t* in, int64_t n, const QuantSpec& s, float* 
   auto put = [accumulate](float& o, float v) { o = accumulate ? o + v : v; };
   int64_t i = 0;
   switch (s.precision) {
-    case Precision::FP32:
-      for (; i < n; ++i) {
-        float v;
-        std::memcpy(&v, in + 4 * i, 4);
-        put(out[i], v);
-      }
-      return;
-    case Precision::BF16:
-#if defined(__AVX2__)
-      for (; i + 8 <= n; i += 8) {
-        const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
-        put8(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)), accumulate);
-      }
-#endif
-      for (; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, in + 2 * i, 2);
-        put(out[i], bf16_to_f32(h));
-      }
-      return;
-    case Precision::FP16:
-#if defined(__AVX2__) && defined(__F16C__)
-      for (; i + 8 <= n; i += 8)
-        put8(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i))), accumulate);
-#endif
-      for (; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, in + 2 * i, 2);
-        put(out[i], f16_to_f32(h));
-      }
-      return;
+    case Precision::FP32: widen(in, DType::F32, n, out, accumulate); return;
+    case Precision::BF16: widen(in, DType::BF16, n, out, accumulate); return;
+    case Precision::FP16: widen(in, DType::F16, n, out, accumulate); return;
     default: break;
   }
   const int64_t nblocks = (n + s.block - 1) / s.block;

@@ -8,21 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"  // Precision, Rounding, QuantSpec, quantized_bytes
+
 namespace ss {
-
-enum class Precision { FP32, BF16, FP16, INT8, INT4, FP8 };
-enum class Rounding { Nearest, Stochastic };
-
-struct QuantSpec {
-  Precision precision = Precision::FP32;
-  int block = 128;  // values per scale (block formats)
-  Rounding rounding = Rounding::Nearest;
-  uint64_t seed = 0;
-
-  bool is_block() const { return precision == Precision::INT8 || precision == Precision::INT4 || precision == Precision::FP8; }
-  bool is_plain() const { return precision == Precision::FP32; }
-  std::string str() const;  // e.g. int8:128, bf16, int4:64:sr
-};
 
 // Precision per all-reduce site (attn: attention output, mlp: MLP output,
 // mixer: Mamba/Mamba2 out_proj) and layer range. Written as a comma list of
@@ -44,11 +32,6 @@ CommPrecision parse_comm_precision(const std::string& text);
 // Parses "int8", "int8:128", "int4:64:sr", "fp8", "bf16", "fp16", "fp32";
 // throws UsageError naming what to change (unknown precision, block 0 or > 1M).
 QuantSpec parse_quant_spec(const std::string& text);
-
-// Bytes of n values quantized with `s`: values plus one fp32 scale per block.
-int64_t quantized_bytes(int64_t n, const QuantSpec& s);
-// Bytes per value of `s` without scales (int4: 0.5).
-double value_bytes(Precision p);
 
 // Quantizes n values into out (quantized_bytes(n, s) bytes). `counter0` is
 // the stochastic-rounding counter of x[0] (unique per element and call).

@@ -10,9 +10,9 @@ int64_t carrier_words(int64_t n, int d, const QuantSpec& s) {
 
 }  // namespace
 
-double quantized_all_reduce_wire(int64_t n, int d, const QuantSpec& s) {
+double quantized_all_reduce_wire(int64_t n, int d, const QuantSpec& s, DType dtype) {
   if (d <= 1) return 0;
-  if (s.is_plain()) return wire_bytes("all_reduce", 4.0 * double(n), d);
+  if (s.is_plain()) return wire_bytes("all_reduce", double(dtype_size(dtype)) * double(n), d);
   return 2.0 * (d - 1) * 4.0 * double(carrier_words(n, d, s));
 }
 
@@ -23,10 +23,11 @@ WireBytes quantized_all_reduce(Communicator& comm, Backend& be, const Tensor& bu
   WireBytes w;
   w.fp32 = wire_bytes("all_reduce", 4.0 * double(n), D);
   w.bf16 = wire_bytes("all_reduce", 2.0 * double(n), D);
+  w.native = wire_bytes("all_reduce", double(buf.nbytes()), D);
   if (D <= 1) return w;
   if (s.is_plain()) {
     comm.all_reduce(buf);
-    w.sent = w.fp32;
+    w.sent = w.native;
     return w;
   }
   const Tensor flat = buf.reshape({n});
@@ -45,17 +46,23 @@ WireBytes quantized_all_reduce(Communicator& comm, Backend& be, const Tensor& bu
   for (int c = 0; c < D; ++c)
     if (c != me) be.quantize(row(send, c), chunk(c), s, rank_counter + uint64_t(begin(c)));
   comm.all_to_all(recv, send);
-  // The fp32 sum of the chunk: own values plus every other rank's dequantized.
+  // The fp32 sum of the chunk: own values plus every other rank's
+  // dequantized (in an fp32 accumulator when the run's dtype is narrower).
   const Tensor mine = chunk(me);
+  Tensor sum = mine;
+  if (buf.dtype() != DType::F32) {
+    sum = be.alloc({length(me)}, Category::CommBuffers, "quant.sum", DType::F32);
+    be.copy(sum, mine);
+  }
   for (int r = 0; r < D; ++r)
-    if (r != me) be.dequantize(mine, row(recv, r), s, true);
+    if (r != me) be.dequantize(sum, row(recv, r), s, true);
   // Hop 2 (all-gather, in place in `recv`): the summed chunk, requantized;
   // every rank, this one included, takes every chunk from the same bytes, so
   // all ranks end with the same values.
-  be.quantize(row(recv, me), mine, s, counter + uint64_t(n) + uint64_t(begin(me)));
+  be.quantize(row(recv, me), sum, s, counter + uint64_t(n) + uint64_t(begin(me)));
   comm.all_gather(recv.reshape({int64_t(D) * words}), row(recv, me));
   for (int c = 0; c < D; ++c) be.dequantize(chunk(c), row(recv, c), s, false);
-  w.sent = quantized_all_reduce_wire(n, D, s);
+  w.sent = quantized_all_reduce_wire(n, D, s, buf.dtype());
   return w;
 }
 

@@ -16,19 +16,22 @@
 namespace ss {
 
 struct WireBytes {
-  double sent = 0;   // bytes this rank put on the wire (values + scales)
-  double fp32 = 0;   // what an fp32 ring all-reduce of the same buffer sends
-  double bf16 = 0;   // what a bf16 one sends
+  double sent = 0;    // bytes this rank put on the wire (values + scales)
+  double fp32 = 0;    // what an fp32 ring all-reduce of the same buffer sends
+  double bf16 = 0;    // what a bf16 one sends
+  double native = 0;  // what one in the buffer's own dtype (the run's) sends: the baseline
 };
 
-// Reduces `buf` (contiguous f32) in place over `comm`. `counter` seeds the
+// Reduces `buf` (contiguous, in the run's dtype) in place over `comm`; the
+// sums are fp32 whatever the dtype. `counter` seeds the
 // stochastic rounding of this call (distinct per call). A plain fp32 spec is
-// the ordinary all_reduce.
+// the ordinary all_reduce in the buffer's dtype.
 WireBytes quantized_all_reduce(Communicator& comm, Backend& be, const Tensor& buf, const QuantSpec& spec,
                                uint64_t counter);
 
 // The bytes quantized_all_reduce sends per rank for n values over d ranks:
 // 2 (d-1) padded chunk payloads (all-to-all, then all-gather).
-double quantized_all_reduce_wire(int64_t n, int d, const QuantSpec& spec);
+// A plain spec sends a ring all-reduce in `dtype`.
+double quantized_all_reduce_wire(int64_t n, int d, const QuantSpec& spec, DType dtype = DType::F32);
 
 }  // namespace ss

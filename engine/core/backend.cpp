@@ -41,7 +41,7 @@ Tensor Backend::alloc(const Shape& shape, Category cat, std::string label, DType
 }
 
 void Backend::execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
-                      const std::function<void()>& kernel) {
+                      const std::function<void()>& kernel, DType) {
   const int64_t t0 = m_rec.now();
   kernel();
   m_rec.span(StreamKind::Compute, op, t0, m_rec.now(), flops, bytes, std::move(dims));
@@ -53,7 +53,7 @@ void Backend::upload(const Tensor& dst, const void* src, DType src_dtype) {
 }
 
 void Backend::download(const Tensor& src, float* dst) {
-  require(src.is_contiguous() && src.dtype() == DType::F32, "download", "source must be contiguous f32");
+  require(src.is_contiguous() && is_float(src.dtype()), "download", "source must be contiguous floats");
   if (has_data()) k_download(src, dst);
 }
 
@@ -69,7 +69,7 @@ void Backend::matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool acc
   require(w.cols() == K && y.rows() == M && y.cols() == N, "matmul",
           "shapes y" + y.shape_str() + " = x" + x.shape_str() + " · w" + w.shape_str() + "^T do not match");
   const double bytes = fbytes(x) + fbytes(w) + fbytes(y) * (accumulate ? 2 : 1);
-  execute("gemm", 2.0 * M * N * K, bytes, {M, N, K}, [&] { k_matmul(y, x, w, accumulate); });
+  execute("gemm", 2.0 * M * N * K, bytes, {M, N, K}, [&] { k_matmul(y, x, w, accumulate); }, x.dtype());
 }
 
 void Backend::embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) {
@@ -132,7 +132,7 @@ void Backend::attention(const Tensor& o, const Tensor& q, const Tensor& k, const
   for (int32_t p : a.q_pos) pairs += double(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
   const double flops = pairs * a.n_heads * 4.0 * a.head_dim;
   execute("attention", flops, fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o),
-          {q.rows(), k.rows(), a.n_heads, a.head_dim}, [&] { k_attention(o, q, k, v, a, lse); });
+          {q.rows(), k.rows(), a.n_heads, a.head_dim}, [&] { k_attention(o, q, k, v, a, lse); }, q.dtype());
 }
 
 void Backend::attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2,
@@ -195,7 +195,7 @@ void Backend::ssd_scan(const SsdArgs& a) {
     flops += 2.0 * G * L * L * N + 2.0 * H * L * L * P + 4.0 * H * L * P * N;
   }
   execute("ssd_scan", flops, fbytes(a.x) + fbytes(a.y) + fbytes(a.B) + fbytes(a.C) + 2 * fbytes(a.state),
-          {T, H, P, N, G, a.chunk}, [&] { k_ssd_scan(a); });
+          {T, H, P, N, G, a.chunk}, [&] { k_ssd_scan(a); }, a.x.dtype());
 }
 
 void Backend::selective_scan(const SelectiveScanArgs& a) {
@@ -231,7 +231,7 @@ void Backend::ssd_state_correction(const SsdArgs& a) {
   require(a.state.defined() && a.state.numel() == H * P * N && a.C.rows() == T && a.dt.rows() == T,
           "ssd_state_correction", "needs y, C, dt and the incoming state");
   execute("ssd_state_correction", 2.0 * T * H * P * N, fbytes(a.y) * 2 + fbytes(a.C) + fbytes(a.state),
-          {T, H, P, N}, [&] { k_ssd_state_correction(a); });
+          {T, H, P, N}, [&] { k_ssd_state_correction(a); }, a.y.dtype());
 }
 
 void Backend::selective_state_correction(const SelectiveScanArgs& a) {

@@ -15,7 +15,7 @@
 #include "core/allocator.h"
 #include "core/tensor.h"
 #include "core/trace.h"
-#include "comm/quantize.h"
+#include "core/dtype.h"
 
 namespace ss {
 
@@ -75,7 +75,7 @@ class Backend {
 
   // Host transfers (contiguous tensors; `src` is dtype `src_dtype`, converted to the tensor's dtype).
   void upload(const Tensor& dst, const void* src, DType src_dtype);
-  void download(const Tensor& src, float* dst);
+  void download(const Tensor& src, float* dst);  // any float dtype, widened
   void fill(const Tensor& dst, float value);
 
   // y[M,N] = x[M,K] · w[N,K]^T (+ y when accumulate). Rows may be strided.
@@ -135,9 +135,11 @@ class Backend {
   int32_t argmax_row(const Tensor& x, int64_t row);
 
  protected:
-  // Runs (or, for sim, costs) one kernel and records its span.
+  // Runs (or, for sim, costs) one kernel and records its span. `dtype` is the
+  // dtype its arithmetic runs in (GEMM-shaped kernels: the operands'), which
+  // picks the simulator's matmul rate.
   virtual void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
-                       const std::function<void()>& kernel);
+                       const std::function<void()>& kernel, DType dtype = DType::F32);
   virtual void* allocate_data(int64_t bytes) = 0;
   virtual Buffer::FreeFn free_fn() const = 0;
 

@@ -71,10 +71,16 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;  // contiguous tensors only
 
   // Raw access, for kernels only (model and strategy code never calls this).
+  // data<T>() counts the view's offset in elements of T (T must match the
+  // dtype's width); raw() and row_ptr() work for any dtype.
   template <class T>
   T* data() const {
     return m_buf && m_buf->data() ? static_cast<T*>(m_buf->data()) + m_offset : nullptr;
   }
+  void* raw() const {
+    return m_buf && m_buf->data() ? static_cast<char*>(m_buf->data()) + m_offset * dtype_size(m_dtype) : nullptr;
+  }
+  void* row_ptr(int64_t r) const { return static_cast<char*>(raw()) + r * m_stride[0] * dtype_size(m_dtype); }
 
  private:
   std::shared_ptr<Buffer> m_buf;

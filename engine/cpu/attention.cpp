@@ -12,6 +12,23 @@ namespace {
 constexpr int kQueryBlock = 128;
 constexpr int kKeyBlock = 512;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Rows [r0, r0 + n) and columns [c0, c0 + w) of a 2-D tensor as fp32: a
+// pointer into the tensor when f32 (leading dimension its ld), else the tile
+// widened into `buf` (leading dimension w).
+const float* tile_f32(const Tensor& t, int64_t r0, int64_t n, int64_t c0, int64_t w, std::vector<float>& buf,
+                      int64_t& ld) {
+  if (t.dtype() == DType::F32) {
+    ld = t.ld();
+    return t.data<float>() + r0 * t.ld() + c0;
+  }
+  buf.resize(size_t(n * w));
+  const int64_t es = dtype_size(t.dtype());
+  for (int64_t r = 0; r < n; ++r)
+    widen(static_cast<const char*>(t.row_ptr(r0 + r)) + c0 * es, t.dtype(), w, buf.data() + r * w);
+  ld = w;
+  return buf.data();
+}
 }  // namespace
 
 // Causal attention with an online softmax over key blocks (the FlashAttention
@@ -38,16 +55,15 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
 #pragma omp parallel if (parallel)
   {
     std::vector<float> S(size_t(kQueryBlock) * kKeyBlock), acc(size_t(kQueryBlock) * hd);
-    std::vector<float> m(kQueryBlock), l(kQueryBlock);
+    std::vector<float> m(kQueryBlock), l(kQueryBlock), qbuf, kbuf, vbuf, obuf(static_cast<size_t>(hd));
 #pragma omp for schedule(dynamic)
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int h = int(tile / n_qb);
       const int64_t i0 = (tile % n_qb) * kQueryBlock;
       const int kvh = h / group;
-      const float* kh = k.data<float>() + int64_t(kvh) * hd;
-      const float* vh = v.data<float>() + int64_t(kvh) * hd;
       const int bq = int(std::min<int64_t>(kQueryBlock, Tq - i0));
-      const float* qh = q.data<float>() + i0 * q.ld() + int64_t(h) * hd;
+      int64_t ldq = 0, ldk = 0, ldv = 0;
+      const float* qh = tile_f32(q, i0, bq, int64_t(h) * hd, hd, qbuf, ldq);
       int32_t qmax = std::numeric_limits<int32_t>::min();
       for (int i = 0; i < bq; ++i) qmax = std::max(qmax, a.q_pos[i0 + i]);
       std::fill(m.begin(), m.end(), kNegInf);
@@ -57,8 +73,9 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
         if (kb_min[kb] > qmax) continue;
         const int64_t j0 = kb * kKeyBlock;
         const int bk = int(std::min<int64_t>(kKeyBlock, Tk - j0));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, hd, a.scale, qh, int(q.ld()),
-                    kh + j0 * k.ld(), int(k.ld()), 0.0f, S.data(), kKeyBlock);
+        const float* kh = tile_f32(k, j0, bk, int64_t(kvh) * hd, hd, kbuf, ldk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, hd, a.scale, qh, int(ldq), kh, int(ldk), 0.0f,
+                    S.data(), kKeyBlock);
         for (int i = 0; i < bq; ++i) {
           float* s = S.data() + size_t(i) * kKeyBlock;
           const int32_t qp = a.q_pos[i0 + i];
@@ -83,13 +100,18 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
           float* ar = acc.data() + size_t(i) * hd;
           for (int d = 0; d < hd; ++d) ar[d] *= corr;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, hd, bk, 1.0f, S.data(), kKeyBlock,
-                    vh + j0 * v.ld(), int(v.ld()), 1.0f, acc.data(), hd);
+        const float* vh = tile_f32(v, j0, bk, int64_t(kvh) * hd, hd, vbuf, ldv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, hd, bk, 1.0f, S.data(), kKeyBlock, vh, int(ldv),
+                    1.0f, acc.data(), hd);
       }
       for (int i = 0; i < bq; ++i) {
-        float* orow = o.data<float>() + (i0 + i) * o.ld() + int64_t(h) * hd;
+        const bool f32 = o.dtype() == DType::F32;
+        float* orow = f32 ? o.data<float>() + (i0 + i) * o.ld() + int64_t(h) * hd : obuf.data();
         const float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
         for (int d = 0; d < hd; ++d) orow[d] = acc[size_t(i) * hd + d] * inv;
+        if (!f32)
+          narrow(orow, hd, o.dtype(),
+                 static_cast<char*>(o.row_ptr(i0 + i)) + int64_t(h) * hd * dtype_size(o.dtype()));
         if (lse.defined())
           lse.data<float>()[(i0 + i) * a.n_heads + h] = l[i] > 0 ? m[i] + std::log(l[i]) : kNegInf;
       }
@@ -104,17 +126,21 @@ void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const
                      int head_dim) {
   const int64_t T = o.rows();
   for (int64_t t = 0; t < T; ++t) {
+    float* orow = row_out(o, t, 3);
+    if (o.dtype() != DType::F32) widen(o.row_ptr(t), o.dtype(), o.cols(), orow);
+    const float* o2row = row_f32(o2, t, 0);
     for (int h = 0; h < n_heads; ++h) {
       float& l1 = lse.data<float>()[t * n_heads + h];
       const float l2 = lse2.data<float>()[t * n_heads + h];
       const float mx = std::max(l1, l2);
       if (mx == kNegInf) continue;
       const float w1 = std::exp(l1 - mx), w2 = std::exp(l2 - mx), inv = 1.0f / (w1 + w2);
-      float* a = o.data<float>() + t * o.ld() + int64_t(h) * head_dim;
-      const float* b = o2.data<float>() + t * o2.ld() + int64_t(h) * head_dim;
+      float* a = orow + int64_t(h) * head_dim;
+      const float* b = o2row + int64_t(h) * head_dim;
       for (int d = 0; d < head_dim; ++d) a[d] = (a[d] * w1 + b[d] * w2) * inv;
       l1 = mx + std::log(w1 + w2);
     }
+    store_row(o, t, orow);
   }
 }
 

@@ -7,30 +7,49 @@ namespace ss::cpu {
 // Depthwise causal conv: y_t[c] = b[c] + sum_j w[c][j] * xp_{t+j}[c], where xp
 // is x prefixed by the K-1 previous inputs (the conv state: the cache from
 // earlier tokens in decode, or the previous rank's halo in sequence sharding).
+// The state is kept in the compute dtype (as mamba_ssm keeps conv_state);
+// the sums run in fp32.
 void conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
                    bool silu_out) {
   const int64_t T = x.rows(), C = x.cols(), K = w.cols(), H = K - 1;
-  const float* W = w.data<float>();
-  const float* bias = b.defined() ? b.data<float>() : nullptr;
-  float* st = state.defined() ? state.data<float>() : nullptr;
-  auto xp = [&](int64_t r, int64_t c) -> float {  // row r of the padded input
-    if (r < H) return st ? st[r * C + c] : 0.0f;
-    return x.data<float>()[(r - H) * x.ld() + c];
-  };
+  constexpr int64_t kMaxKernel = 7;  // scratch slots 0..6 hold input rows, 7 the output
+  if (K > kMaxKernel) throw std::logic_error("conv1d: kernel width " + std::to_string(K) + " is over 7");
+  std::vector<float> W(size_t(C * K)), bias, st;
+  widen(w.raw(), w.dtype(), C * K, W.data());
+  if (b.defined()) {
+    bias.resize(size_t(C));
+    widen(b.raw(), b.dtype(), C, bias.data());
+  }
+  if (state.defined()) {
+    st.resize(size_t(H * C));
+    widen(state.raw(), state.dtype(), H * C, st.data());
+  }
 #pragma omp parallel for schedule(static) if (T * C * K > (1 << 16))
   for (int64_t t = 0; t < T; ++t) {
-    float* yr = y.data<float>() + t * y.ld();
+    // The K input rows this output row reads: from the state, or from x.
+    // (null: a zero row before the start of the sequence; scratch slot j widens row j).
+    const float* rows[kMaxKernel];
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t r = t + j;
+      rows[j] = r < H ? (st.empty() ? nullptr : st.data() + r * C) : row_f32(x, r - H, int(j));
+    }
+    float* yr = row_out(y, t, kMaxKernel);
     for (int64_t c = 0; c < C; ++c) {
-      float acc = bias ? bias[c] : 0.0f;
-      for (int64_t j = 0; j < K; ++j) acc += W[c * K + j] * xp(t + j, c);
+      float acc = bias.empty() ? 0.0f : bias[size_t(c)];
+      for (int64_t j = 0; j < K; ++j)
+        if (rows[j]) acc += W[size_t(c * K + j)] * rows[j][c];
       yr[c] = silu_out ? silu(acc) : acc;
     }
+    store_row(y, t, yr);
   }
-  if (st && H > 0) {  // new state: the last K-1 rows of the padded input
+  if (state.defined() && H > 0) {  // new state: the last K-1 rows of the padded input
     std::vector<float> next(static_cast<size_t>(H * C));
-    for (int64_t r = 0; r < H; ++r)
-      for (int64_t c = 0; c < C; ++c) next[size_t(r * C + c)] = xp(T + r, c);
-    std::copy(next.begin(), next.end(), st);
+    for (int64_t r = 0; r < H; ++r) {
+      const int64_t pr = T + r;  // row of the padded input
+      const float* src = pr < H ? st.data() + pr * C : row_f32(x, pr - H, 0);
+      std::copy_n(src, C, next.data() + r * C);
+    }
+    narrow(next.data(), H * C, state.dtype(), state.raw());
   }
 }
 

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "comm/quantize.h"
 #include "cpu/kernels.h"
 
 namespace ss {
@@ -43,36 +44,44 @@ void* CpuBackend::allocate_data(int64_t bytes) {
 }
 Buffer::FreeFn CpuBackend::free_fn() const { return &free_aligned; }
 
+// Host values of `src_dtype` into the tensor's dtype: a plain copy when they
+// match (a bf16 checkpoint loads without being widened), otherwise widened to
+// fp32 and rounded once to nearest even.
 void CpuBackend::k_upload(const Tensor& dst, const void* src, DType src_dtype) {
   const int64_t n = dst.numel();
-  float* d = dst.data<float>();
-  if (dst.dtype() != DType::F32) throw std::logic_error("cpu tensors hold f32");
-  switch (src_dtype) {
-    case DType::F32: std::memcpy(d, src, size_t(n) * 4); break;
-    case DType::BF16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
-      break;
-    }
-    case DType::F16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) d[i] = f16_to_f32(s[i]);
-      break;
-    }
-    default: throw std::logic_error("upload: unsupported source dtype");
-  }
-}
-
-void CpuBackend::k_download(const Tensor& src, float* dst) {
-  std::memcpy(dst, src.data<float>(), size_t(src.numel()) * 4);
-}
-
-void CpuBackend::k_fill(const Tensor& dst, float value) {
-  if (dst.is_contiguous()) {
-    std::fill_n(dst.data<float>(), dst.numel(), value);
+  if (src_dtype == dst.dtype()) {
+    std::memcpy(dst.raw(), src, size_t(dst.nbytes()));
     return;
   }
-  for_rows(dst, [&](int64_t r) { std::fill_n(dst.data<float>() + r * dst.ld(), dst.cols(), value); });
+  if (!is_float(src_dtype) || !is_float(dst.dtype())) throw std::logic_error("upload: no conversion between i32 and floats");
+  constexpr int64_t kBlock = 4096;
+  float buf[kBlock];
+  const int64_t ss = dtype_size(src_dtype), ds = dtype_size(dst.dtype());
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = std::min(kBlock, n - i);
+    widen(static_cast<const char*>(src) + i * ss, src_dtype, m, buf);
+    narrow(buf, m, dst.dtype(), static_cast<char*>(dst.raw()) + i * ds);
+  }
+}
+
+void CpuBackend::k_download(const Tensor& src, float* dst) { widen(src.raw(), src.dtype(), src.numel(), dst); }
+
+void CpuBackend::k_fill(const Tensor& dst, float value) {
+  if (dst.dtype() == DType::F32) {
+    if (dst.is_contiguous()) {
+      std::fill_n(dst.data<float>(), dst.numel(), value);
+      return;
+    }
+    for_rows(dst, [&](int64_t r) { std::fill_n(dst.data<float>() + r * dst.ld(), dst.cols(), value); });
+    return;
+  }
+  uint16_t bits;
+  narrow(&value, 1, dst.dtype(), &bits);
+  if (dst.is_contiguous()) {
+    std::fill_n(static_cast<uint16_t*>(dst.raw()), dst.numel(), bits);
+    return;
+  }
+  for_rows(dst, [&](int64_t r) { std::fill_n(static_cast<uint16_t*>(dst.row_ptr(r)), dst.cols(), bits); });
 }
 
 void CpuBackend::k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
@@ -80,9 +89,15 @@ void CpuBackend::k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, boo
 }
 
 void CpuBackend::k_embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) {
-  for (size_t t = 0; t < tokens.size(); ++t)
-    std::memcpy(y.data<float>() + int64_t(t) * y.ld(), table.data<float>() + tokens[t] * table.ld(),
-                size_t(table.cols()) * 4);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    if (y.dtype() == table.dtype()) {
+      std::memcpy(y.row_ptr(int64_t(t)), table.row_ptr(tokens[t]), size_t(table.cols() * dtype_size(y.dtype())));
+      continue;
+    }
+    float* buf = cpu::scratch(0, table.cols());
+    widen(table.row_ptr(tokens[t]), table.dtype(), table.cols(), buf);
+    narrow(buf, table.cols(), y.dtype(), y.row_ptr(int64_t(t)));
+  }
 }
 
 void CpuBackend::k_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
@@ -106,30 +121,46 @@ void CpuBackend::k_attention_merge(const Tensor& o, const Tensor& lse, const Ten
 
 void CpuBackend::k_silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up) {
   for_rows(y, [&](int64_t r) {
-    float* yr = y.data<float>() + r * y.ld();
-    const float* g = gate.data<float>() + r * gate.ld();
-    const float* u = up.data<float>() + r * up.ld();
+    const float* g = cpu::row_f32(gate, r, 0);
+    const float* u = cpu::row_f32(up, r, 1);
+    float* yr = cpu::row_out(y, r, 3);
     for (int64_t c = 0; c < y.cols(); ++c) yr[c] = cpu::silu(g[c]) * u[c];
+    cpu::store_row(y, r, yr);
   });
 }
 
 void CpuBackend::k_add(const Tensor& y, const Tensor& a, const Tensor& b) {
   for_rows(y, [&](int64_t r) {
-    float* yr = y.data<float>() + r * y.ld();
-    const float* ar = a.data<float>() + r * a.ld();
-    const float* br = b.data<float>() + r * b.ld();
+    const float* ar = cpu::row_f32(a, r, 0);
+    const float* br = cpu::row_f32(b, r, 1);
+    float* yr = cpu::row_out(y, r, 3);
     for (int64_t c = 0; c < y.cols(); ++c) yr[c] = ar[c] + br[c];
+    cpu::store_row(y, r, yr);
   });
 }
 
+// A copy between tensors of one dtype moves bytes; between dtypes it converts
+// (rounding once to nearest even when narrowing).
 void CpuBackend::k_copy(const Tensor& dst, const Tensor& src) {
+  const bool same = dst.dtype() == src.dtype();
   if (dst.is_contiguous() && src.is_contiguous()) {
-    std::memcpy(dst.data<float>(), src.data<float>(), size_t(dst.nbytes()));
+    if (same) {
+      std::memcpy(dst.raw(), src.raw(), size_t(dst.nbytes()));
+    } else {
+      std::vector<float> buf(size_t(src.numel()));
+      widen(src.raw(), src.dtype(), src.numel(), buf.data());
+      narrow(buf.data(), src.numel(), dst.dtype(), dst.raw());
+    }
     return;
   }
   if (dst.ndim() != 2) throw std::logic_error("copy of strided views takes 2-D tensors");
   for_rows(dst, [&](int64_t r) {
-    std::memcpy(dst.data<float>() + r * dst.ld(), src.data<float>() + r * src.ld(), size_t(dst.cols()) * 4);
+    if (same) {
+      std::memcpy(dst.row_ptr(r), src.row_ptr(r), size_t(dst.cols() * dtype_size(dst.dtype())));
+      return;
+    }
+    const float* v = cpu::row_f32(src, r, 0);
+    narrow(v, dst.cols(), dst.dtype(), dst.row_ptr(r));
   });
 }
 
@@ -143,12 +174,16 @@ void CpuBackend::k_selective_scan(const SelectiveScanArgs& a) { cpu::selective_s
 
 void CpuBackend::k_ssd_state_correction(const SsdArgs& a) { cpu::ssd_state_correction(a); }
 
+// `in` (quantize) and `out` (dequantize) may be in any float dtype; the codec
+// works on fp32 values. The carrier's bytes are whatever its dtype.
 void CpuBackend::k_quantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, uint64_t counter) {
-  quantize_values(in.data<float>(), in.numel(), spec, counter, reinterpret_cast<uint8_t*>(out.data<float>()));
+  const cpu::F32Rows x(in);
+  quantize_values(x.p, in.numel(), spec, counter, static_cast<uint8_t*>(out.raw()));
 }
 void CpuBackend::k_dequantize(const Tensor& out, const Tensor& in, const QuantSpec& spec, bool accumulate) {
-  dequantize_values(reinterpret_cast<const uint8_t*>(in.data<float>()), out.numel(), spec, out.data<float>(),
-                    accumulate);
+  cpu::F32Out y(out, accumulate);
+  dequantize_values(static_cast<const uint8_t*>(in.raw()), out.numel(), spec, y.p, accumulate);
+  y.commit();
 }
 void CpuBackend::k_selective_state_correction(const SelectiveScanArgs& a) { cpu::selective_state_correction(a); }
 
@@ -165,10 +200,11 @@ void CpuBackend::k_ssd_state_advance(const Tensor& state, const Tensor& chunk_st
 void CpuBackend::k_selective_state_advance(const Tensor& state, const Tensor& A_log, const Tensor& chunk_state,
                                            const Tensor& dt_sum) {
   const int64_t C = state.size(0), N = state.numel() / C;
+  const cpu::F32Rows Alog(A_log.reshape({A_log.numel()}));
   for (int64_t c = 0; c < C; ++c)
     for (int64_t n = 0; n < N; ++n) {
       const int64_t i = c * N + n;
-      const float decay = std::exp(-std::exp(A_log.data<float>()[i]) * dt_sum.data<float>()[c]);
+      const float decay = std::exp(-std::exp(Alog[i]) * dt_sum.data<float>()[c]);
       state.data<float>()[i] = decay * state.data<float>()[i] + chunk_state.data<float>()[i];
     }
 }
@@ -185,7 +221,7 @@ void CpuBackend::k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const T
 }
 
 int32_t CpuBackend::k_argmax_row(const Tensor& x, int64_t row) {
-  const float* r = x.data<float>() + row * x.ld();
+  const float* r = cpu::row_f32(x, row, 0);
   int64_t best = 0;
   for (int64_t c = 1; c < x.cols(); ++c)
     if (r[c] > r[best]) best = c;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <vector>
 
 #include "core/backend.h"
 
@@ -54,6 +55,60 @@ inline float fast_exp(float x) {
 
 inline float silu(float v) { return v / (1.0f + fast_exp(-v)); }
 inline float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
+
+// Storage dtypes. Kernels read and write tensors in their own dtype (f32,
+// bf16, f16) and compute in fp32: a row is used in place when it is f32 and
+// widened into a per-thread scratch row (in L1/L2) otherwise; results are
+// rounded once, to nearest even, when stored.
+float* scratch(int slot, int64_t n);  // per thread, slots 0..7, grows as needed
+
+// Row r of a 2-D tensor as fp32 (null for an undefined tensor).
+inline const float* row_f32(const Tensor& t, int64_t r, int slot) {
+  if (!t.defined()) return nullptr;
+  if (t.dtype() == DType::F32) return t.data<float>() + r * t.ld();
+  float* buf = scratch(slot, t.cols());
+  widen(t.row_ptr(r), t.dtype(), t.cols(), buf);
+  return buf;
+}
+// Where row r of `t` is computed in fp32: t's memory when f32, else scratch
+// that store_row then rounds into t.
+inline float* row_out(const Tensor& t, int64_t r, int slot) {
+  return t.dtype() == DType::F32 ? t.data<float>() + r * t.ld() : scratch(slot, t.cols());
+}
+inline void store_row(const Tensor& t, int64_t r, const float* v) {
+  if (t.dtype() != DType::F32) narrow(v, t.cols(), t.dtype(), t.row_ptr(r));
+}
+// A whole contiguous tensor (weights vectors: norms, A_log, D, biases) as fp32.
+inline const float* vec_f32(const Tensor& t, int slot) {
+  if (!t.defined()) return nullptr;
+  if (t.dtype() == DType::F32) return t.data<float>();
+  float* buf = scratch(slot, t.numel());
+  widen(t.raw(), t.dtype(), t.numel(), buf);
+  return buf;
+}
+
+// A whole 2-D (or contiguous 1-D) tensor as fp32 rows, for the scans, which
+// walk their inputs by column: the tensor itself when f32, else a widened copy.
+struct F32Rows {
+  const float* p = nullptr;
+  int64_t ld = 0;
+  std::vector<float> own;
+  explicit F32Rows(const Tensor& t);
+  const float* row(int64_t r) const { return p + r * ld; }
+  float operator[](int64_t i) const { return p[i]; }  // 1-D
+};
+// An output computed in fp32: the tensor's memory when f32, else a buffer
+// (filled from the tensor when `read`, for outputs that are added to) that
+// commit() rounds into the tensor.
+struct F32Out {
+  float* p = nullptr;
+  int64_t ld = 0;
+  std::vector<float> own;
+  const Tensor& t;
+  F32Out(const Tensor& t, bool read);
+  float* row(int64_t r) const { return p + r * ld; }
+  void commit();
+};
 
 // Threads for the hand-written kernels and OpenBLAS (1 per MPI rank).
 void set_threads(int n);

@@ -5,16 +5,19 @@
 
 namespace ss::cpu {
 
+// Scratch slots used below: 0-2 inputs, 3 output, 4 the weight.
+
 // RMSNorm over groups of `group` columns; with z, the Mamba2 gated form
 // rmsnorm(x * silu(z)) (norm_before_gate = False). w may be undefined.
+// Statistics in fp32 whatever the dtype.
 void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group) {
   const int64_t T = x.rows(), n = x.cols();
-  const float* W = w.defined() ? w.data<float>() : nullptr;
+  const float* W = vec_f32(w, 4);  // read by every thread
 #pragma omp parallel for schedule(static) if (T * n > (1 << 16))
   for (int64_t t = 0; t < T; ++t) {
-    const float* xr = x.data<float>() + t * x.ld();
-    const float* zr = z.defined() ? z.data<float>() + t * z.ld() : nullptr;
-    float* yr = y.data<float>() + t * y.ld();
+    const float* xr = row_f32(x, t, 0);
+    const float* zr = row_f32(z, t, 1);
+    float* yr = row_out(y, t, 3);
     for (int64_t g0 = 0; g0 < n; g0 += group) {
       float ss = 0;
       if (zr) {
@@ -29,6 +32,7 @@ void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
       const float* src = zr ? yr : xr;
       for (int64_t i = g0; i < g0 + group; ++i) yr[i] = src[i] * inv * (W ? W[i] : 1.0f);
     }
+    store_row(y, t, yr);
   }
 }
 
@@ -41,7 +45,9 @@ void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> p
   const int64_t T = x.rows();
 #pragma omp parallel for schedule(static) if (T * n_heads * head_dim > (1 << 16))
   for (int64_t t = 0; t < T; ++t) {
-    float* row = x.data<float>() + t * x.ld();
+    const float* in = row_f32(x, t, 0);
+    float* row = row_out(x, t, 3);
+    if (row != in) std::copy_n(in, x.cols(), row);
     for (int i = 0; i < half; ++i) {
       const double ang = double(pos[t]) * inv_freq[i];
       const float c = float(std::cos(ang)), s = float(std::sin(ang));
@@ -52,18 +58,19 @@ void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> p
         hp[i + half] = b * c + a * s;
       }
     }
+    store_row(x, t, row);
   }
 }
 
 // Gated norm whose groups span ranks, step 1: this rank's share of each
-// group's sum of squares of x * silu(z).
+// group's sum of squares of x * silu(z), in fp32 (ss is f32).
 void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group, int64_t slot0) {
   const int64_t T = x.rows(), n = x.cols(), slots = ss.cols();
   for (int64_t t = 0; t < T; ++t) {
     float* out = ss.data<float>() + t * slots;
     std::fill_n(out, slots, 0.0f);
-    const float* xr = x.data<float>() + t * x.ld();
-    const float* zr = z.data<float>() + t * z.ld();
+    const float* xr = row_f32(x, t, 0);
+    const float* zr = row_f32(z, t, 1);
     for (int64_t i = 0; i < n; ++i) {
       const float g = xr[i] * silu(zr[i]);
       out[slot0 + i / local_group] += g * g;
@@ -75,15 +82,17 @@ void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_
 void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss, float eps,
                          int64_t local_group, int64_t total_group, int64_t slot0) {
   const int64_t T = x.rows(), n = x.cols(), slots = ss.cols();
+  const float* W = vec_f32(w, 4);
   for (int64_t t = 0; t < T; ++t) {
-    const float* xr = x.data<float>() + t * x.ld();
-    const float* zr = z.data<float>() + t * z.ld();
-    float* yr = y.data<float>() + t * y.ld();
+    const float* xr = row_f32(x, t, 0);
+    const float* zr = row_f32(z, t, 1);
+    float* yr = row_out(y, t, 3);
     const float* sr = ss.data<float>() + t * slots;
     for (int64_t i = 0; i < n; ++i) {
       const float inv = 1.0f / std::sqrt(sr[slot0 + i / local_group] / float(total_group) + eps);
-      yr[i] = xr[i] * silu(zr[i]) * inv * w.data<float>()[i];
+      yr[i] = xr[i] * silu(zr[i]) * inv * W[i];
     }
+    store_row(y, t, yr);
   }
 }
 

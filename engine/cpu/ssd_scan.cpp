@@ -18,22 +18,25 @@ void ssd_scan(const SsdArgs& a) {
   const int H = a.n_heads, P = a.head_dim, N = a.d_state, G = a.n_groups, L = a.chunk;
   const int heads_per_group = H / G;
   // dt after bias, softplus and clamping; A = -exp(A_log).
+  // Inputs in the compute dtype, read as fp32; the recurrence and its state run in fp32.
+  const F32Rows Xv(a.x), Bv(a.B), Cv(a.C), DTv(a.dt), A_log(a.A_log), bias(a.dt_bias), Dv(a.D);
+  F32Out Yv(a.y, false);
   std::vector<float> dt(size_t(T) * H), A(H);
-  for (int h = 0; h < H; ++h) A[h] = -std::exp(a.A_log.data<float>()[h]);
+  for (int h = 0; h < H; ++h) A[h] = -std::exp(A_log[h]);
   for (int64_t t = 0; t < T; ++t)
     for (int h = 0; h < H; ++h) {
-      float v = softplus(a.dt.data<float>()[t * a.dt.ld() + h] + a.dt_bias.data<float>()[h]);
+      float v = softplus(DTv.row(t)[h] + bias[h]);
       dt[size_t(t) * H + h] = std::clamp(v, a.dt_min, a.dt_max);
     }
   // States of every head, from the caller's state or zero.
   std::vector<float> S(size_t(H) * P * N, 0.0f);
   if (a.state.defined()) std::copy_n(a.state.data<float>(), S.size(), S.data());
 
-  const float* X = a.x.data<float>();
-  const float* Bm = a.B.data<float>();
-  const float* Cm = a.C.data<float>();
-  float* Y = a.y.data<float>();
-  const int64_t ldx = a.x.ld(), ldy = a.y.ld(), ldb = a.B.ld(), ldc = a.C.ld();
+  const float* X = Xv.p;
+  const float* Bm = Bv.p;
+  const float* Cm = Cv.p;
+  float* Y = Yv.p;
+  const int64_t ldx = Xv.ld, ldy = Yv.ld, ldb = Bv.ld, ldc = Cv.ld;
   const int64_t n_chunks = (T + L - 1) / L;
   std::vector<float> CB(size_t(n_chunks) * L * L);
   const int blas_threads = threads();
@@ -92,7 +95,7 @@ void ssd_scan(const SsdArgs& a) {
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, l, P, l, 1.0f, M.data(), L, Xh, int(ldx), 1.0f,
                       Yh, int(ldy));
           // D skip connection.
-          const float Dh = a.D.data<float>()[h];
+          const float Dh = Dv[h];
           for (int t = 0; t < l; ++t)
             for (int p = 0; p < P; ++p) Yh[int64_t(t) * ldy + p] += Dh * Xh[int64_t(t) * ldx + p];
           // Carry the state to the next chunk.
@@ -111,6 +114,7 @@ void ssd_scan(const SsdArgs& a) {
     }
     if (parallel) openblas_set_num_threads(blas_threads);
   }
+  Yv.commit();
   if (a.state.defined()) std::copy(S.begin(), S.end(), a.state.data<float>());
   if (a.log_decay.defined())
     for (int h = 0; h < H; ++h) {
@@ -126,29 +130,31 @@ void ssd_state_correction(const SsdArgs& a) {
   const int64_t T = a.y.rows();
   const int H = a.n_heads, P = a.head_dim, N = a.d_state, hpg = a.n_heads / a.n_groups;
   constexpr int64_t kRows = 256;
+  const F32Rows DTv(a.dt), Cv(a.C), A_log(a.A_log), bias(a.dt_bias);
+  F32Out Y(a.y, true);
   std::vector<float> tmp(size_t(kRows) * P), cum(size_t(H), 0.0f), scale(size_t(kRows) * H);
   for (int64_t r0 = 0; r0 < T; r0 += kRows) {
     const int64_t n = std::min(kRows, T - r0);
     for (int64_t t = 0; t < n; ++t)
       for (int h = 0; h < H; ++h) {
-        const float A = -std::exp(a.A_log.data<float>()[h]);
-        const float dt = std::clamp(softplus(a.dt.data<float>()[(r0 + t) * a.dt.ld() + h] + a.dt_bias.data<float>()[h]),
-                                    a.dt_min, a.dt_max);
+        const float A = -std::exp(A_log[h]);
+        const float dt = std::clamp(softplus(DTv.row(r0 + t)[h] + bias[h]), a.dt_min, a.dt_max);
         cum[size_t(h)] += dt * A;
         scale[size_t(t * H + h)] = std::exp(cum[size_t(h)]);
       }
     for (int h = 0; h < H; ++h) {
-      const float* Cg = a.C.data<float>() + r0 * a.C.ld() + int64_t(h / hpg) * N;
+      const float* Cg = Cv.row(r0) + int64_t(h / hpg) * N;
       const float* Sh = a.state.data<float>() + int64_t(h) * P * N;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), P, N, 1.0f, Cg, int(a.C.ld()), Sh, N, 0.0f,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), P, N, 1.0f, Cg, int(Cv.ld), Sh, N, 0.0f,
                   tmp.data(), P);
       for (int64_t t = 0; t < n; ++t) {
-        float* yr = a.y.data<float>() + (r0 + t) * a.y.ld() + int64_t(h) * P;
+        float* yr = Y.row(r0 + t) + int64_t(h) * P;
         const float e = scale[size_t(t * H + h)];
         for (int p = 0; p < P; ++p) yr[p] += e * tmp[size_t(t * P + p)];
       }
     }
   }
+  Y.commit();
 }
 
 }  // namespace ss::cpu

@@ -42,7 +42,7 @@ void Model::bcdt_norm(int layer, const Tensor& dt_low, const Tensor& B, const Te
 
 // The RMSNorm every residual block starts with, into a fresh activation.
 Tensor Model::pre_norm(int layer, const Tensor& x, const Tensor& weight, const char* site) {
-  Tensor h = m_be.alloc({x.rows(), m_cfg.d_model}, Category::Activations, site);
+  Tensor h = m_be.alloc({x.rows(), m_cfg.d_model}, Category::Activations, site, m_cfg.dtype);
   SiteScope s(m_be.recorder(), layer, site);
   m_be.rmsnorm(h, x, weight, m_cfg.norm_eps, m_cfg.d_model);
   return h;
@@ -61,10 +61,10 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
   const int64_t held = cache.length() - (keep_kv ? T : 0);  // tokens cached before this call
 
   Tensor h = pre_norm(layer, x, w.in_norm, "attn.norm");
-  Tensor q = m_be.alloc({T, hq}, Category::Activations, "attn.q");
+  Tensor q = m_be.alloc({T, hq}, Category::Activations, "attn.q", m_cfg.dtype);
   // K and V go straight into the cache, or into temporaries on ranks that do not keep this token.
-  Tensor k = keep_kv ? lc.k.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.k");
-  Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v");
+  Tensor k = keep_kv ? lc.k.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.k", m_cfg.kv_dtype);
+  Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v", m_cfg.kv_dtype);
   {
     SiteScope s(rec, layer, "attn.qkv");
     m_be.matmul(q, h, w.q);
@@ -77,7 +77,7 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
     m_be.rope(k, m_attn.kv_heads, c.head_dim, positions, c.rope_theta);
   }
   h = Tensor();
-  Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out");
+  Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out", m_cfg.dtype);
   attend(layer, o, q, k, v, positions, cache, layout, m_attn.heads, m_attn.kv_heads);
   q = Tensor();
   SiteScope s(rec, layer, "attn.o_proj");
@@ -111,12 +111,12 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
     // Prefill, ring: K/V blocks travel around the sp ring; each step's partial
     // is merged by log-sum-exp while the next block is in flight.
     const int me = m_par.sp_rank;
-    Tensor lse = m_be.alloc({T, heads}, Category::Activations, "attn.lse");
-    Tensor o2 = m_be.alloc({T, hq}, Category::Activations, "attn.partial");
-    Tensor lse2 = m_be.alloc({T, heads}, Category::Activations, "attn.lse_partial");
+    Tensor lse = m_be.alloc({T, heads}, Category::Activations, "attn.lse", DType::F32);
+    Tensor o2 = m_be.alloc({T, hq}, Category::Activations, "attn.partial", m_cfg.dtype);
+    Tensor lse2 = m_be.alloc({T, heads}, Category::Activations, "attn.lse_partial", DType::F32);
     // Two blocks: one computed on (and sent on), one being received.
-    const Tensor blocks[2] = {m_be.alloc({T, 2 * hkv}, Category::CommBuffers, "attn.kv_block_a"),
-                              m_be.alloc({T, 2 * hkv}, Category::CommBuffers, "attn.kv_block_b")};
+    const Tensor blocks[2] = {m_be.alloc({T, 2 * hkv}, Category::CommBuffers, "attn.kv_block_a", m_cfg.kv_dtype),
+                              m_be.alloc({T, 2 * hkv}, Category::CommBuffers, "attn.kv_block_b", m_cfg.kv_dtype)};
     m_be.copy(blocks[0].slice(1, 0, hkv), k);
     m_be.copy(blocks[0].slice(1, hkv, hkv), v);
     for (int step = 0; step < S; ++step) {
@@ -140,8 +140,8 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
     }
   } else if (layout.sequence_sharded && S > 1) {
     // Prefill: gather every rank's K/V (their positions follow from the chunk layout).
-    Tensor k_all = m_be.alloc({S * T, hkv}, Category::CommBuffers, "attn.k_gathered");
-    Tensor v_all = m_be.alloc({S * T, hkv}, Category::CommBuffers, "attn.v_gathered");
+    Tensor k_all = m_be.alloc({S * T, hkv}, Category::CommBuffers, "attn.k_gathered", m_cfg.kv_dtype);
+    Tensor v_all = m_be.alloc({S * T, hkv}, Category::CommBuffers, "attn.v_gathered", m_cfg.kv_dtype);
     {
       SiteScope s(rec, layer, "attn.kv_all_gather");
       m_par.sp->all_gather(k_all, k);
@@ -157,14 +157,14 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
     m_be.attention(o, q, k_all, v_all, a);
   } else if (S > 1) {
     // Decode: attend over this rank's K/V, then merge every rank's partial by log-sum-exp.
-    Tensor lse = m_be.alloc({T, heads}, Category::Activations, "attn.lse");
+    Tensor lse = m_be.alloc({T, heads}, Category::Activations, "attn.lse", DType::F32);
     a.k_pos = std::span<const int32_t>(cache.positions.data(), cache.positions.size());
     {
       SiteScope s(rec, layer, "attn.core");
       m_be.attention(o, q, lc.k.slice(0, 0, cache.length()), lc.v.slice(0, 0, cache.length()), a, lse);
     }
-    Tensor o_all = m_be.alloc({S * T, hq}, Category::CommBuffers, "attn.partials");
-    Tensor lse_all = m_be.alloc({S * T, heads}, Category::CommBuffers, "attn.lse_partials");
+    Tensor o_all = m_be.alloc({S * T, hq}, Category::CommBuffers, "attn.partials", m_cfg.dtype);
+    Tensor lse_all = m_be.alloc({S * T, heads}, Category::CommBuffers, "attn.lse_partials", DType::F32);
     {
       SiteScope s(rec, layer, "attn.partial_all_gather");
       m_par.sp->all_gather(o_all, o);
@@ -188,8 +188,8 @@ void Model::mlp_block(int layer, const Tensor& x) {
   Recorder& rec = m_be.recorder();
   const int64_t T = x.rows(), F = m_attn.ffn;
   Tensor h = pre_norm(layer, x, w.post_norm, "mlp.norm");
-  Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate");
-  Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up");
+  Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate", m_cfg.dtype);
+  Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up", m_cfg.dtype);
   {
     SiteScope s(rec, layer, "mlp.gate_up");
     m_be.matmul(g, h, w.gate);
@@ -211,10 +211,10 @@ void Model::sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, cons
   const auto mine = local_chunks(layout, m_par.sp_rank);
   const int64_t nl = int64_t(mine.size()), S = m_par.sp_size;
   // Each chunk's last d_conv-1 inputs are the next chunk's halo: gather them all.
-  Tensor tails = m_be.alloc({nl * K1, C}, Category::CommBuffers, "conv.tails");
+  Tensor tails = m_be.alloc({nl * K1, C}, Category::CommBuffers, "conv.tails", m_cfg.dtype);
   for (int64_t j = 0; j < nl; ++j)
     m_be.copy(tails.slice(0, j * K1, K1), x.slice(0, mine[size_t(j)].row + mine[size_t(j)].len - K1, K1));
-  Tensor all = m_be.alloc({S * nl * K1, C}, Category::CommBuffers, "conv.halos");
+  Tensor all = m_be.alloc({S * nl * K1, C}, Category::CommBuffers, "conv.halos", m_cfg.dtype);
   {
     SiteScope s(m_be.recorder(), m_be.recorder().layer(), "mixer.conv_halo");
     m_par.sp->all_gather(all, tails);
@@ -223,7 +223,7 @@ void Model::sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, cons
     const int owner = layout.chunks[size_t(k)].second;
     return all.slice(0, (owner * nl + index_at_owner(layout, k)) * K1, K1);
   };
-  Tensor halo = m_be.alloc({K1, C}, Category::Activations, "conv.halo");
+  Tensor halo = m_be.alloc({K1, C}, Category::Activations, "conv.halo", m_cfg.dtype);
   for (const LocalChunk& ch : mine) {
     if (ch.seq == 0) m_be.fill(halo, 0.0f);
     else m_be.copy(halo, tail_of(ch.seq - 1));
@@ -243,7 +243,7 @@ void Model::mamba2_block(int layer, const Tensor& x, Cache& cache, const StepLay
   const int64_t T = x.rows(), Di = int64_t(H) * c.ssm_head_dim, GN = int64_t(G) * c.d_state;
 
   Tensor h = pre_norm(layer, x, w.norm, "mixer.norm");
-  Tensor zxbcdt = m_be.alloc({T, 2 * Di + 2 * GN + H}, Category::Activations, "mixer.in_proj");
+  Tensor zxbcdt = m_be.alloc({T, 2 * Di + 2 * GN + H}, Category::Activations, "mixer.in_proj", m_cfg.dtype);
   {
     SiteScope s(rec, layer, "mixer.in_proj");
     m_be.matmul(zxbcdt, h, w.in_proj);
@@ -266,14 +266,14 @@ Tensor Model::mamba2_mix(int layer, const Tensor& zxbcdt, Cache& cache, const St
   const Tensor z = zxbcdt.slice(1, 0, Di);
   const Tensor xBC = zxbcdt.slice(1, Di, conv_dim);
   const Tensor dt = zxbcdt.slice(1, Di + conv_dim, H);
-  Tensor xBCc = m_be.alloc({T, conv_dim}, Category::Activations, "mixer.conv");
+  Tensor xBCc = m_be.alloc({T, conv_dim}, Category::Activations, "mixer.conv", m_cfg.dtype);
   {
     SiteScope s(rec, layer, "mixer.conv");
     const Tensor cw = w.conv_w.reshape({conv_dim, c.d_conv});
     if (seq) sharded_conv(xBCc, xBC, cw, w.conv_b, lc.conv_state, layout);
     else m_be.conv1d_causal(xBCc, xBC, cw, w.conv_b, lc.conv_state, true);
   }
-  Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan");
+  Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan", m_cfg.dtype);
   SsdArgs a;
   a.dt_bias = w.dt_bias;
   a.A_log = w.A_log;
@@ -323,7 +323,7 @@ Tensor Model::mamba2_mix(int layer, const Tensor& zxbcdt, Cache& cache, const St
   const int64_t group = Di / G;
   if (m_m2.norm_spans_ranks && tp_active()) {
     // A norm group spans several ranks: sum its squares over the tp group.
-    Tensor ss = m_be.alloc({T, c.n_groups}, Category::CommBuffers, "mixer.norm_sumsq");
+    Tensor ss = m_be.alloc({T, c.n_groups}, Category::CommBuffers, "mixer.norm_sumsq", DType::F32);
     m_be.gated_norm_sumsq(ss, y, z, group, m_m2.group0);
     m_par.tp->all_reduce(ss);
     m_be.gated_rmsnorm_apply(y, y, z, w.gated_norm, ss, c.norm_eps, group, c.d_inner / c.n_groups, m_m2.group0);
@@ -402,7 +402,7 @@ void Model::pass_states(int layer, const StepLayout& layout, int64_t state_numel
   auto split = [&](const Tensor& slot) {
     return std::make_pair(slot.slice(0, 0, state_numel), slot.slice(0, state_numel, decay_numel));
   };
-  Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states");
+  Tensor local = m_be.alloc({nl, per}, Category::CommBuffers, "mixer.chunk_states", DType::F32);
   {
     SiteScope s(rec, layer, "mixer.scan");
     for (int64_t j = 0; j < nl; ++j) {
@@ -411,7 +411,7 @@ void Model::pass_states(int layer, const StepLayout& layout, int64_t state_numel
       scan(mine[size_t(j)], state, decay);
     }
   }
-  Tensor all = m_be.alloc({S * nl, per}, Category::CommBuffers, "mixer.all_chunk_states");
+  Tensor all = m_be.alloc({S * nl, per}, Category::CommBuffers, "mixer.all_chunk_states", DType::F32);
   {
     SiteScope s(rec, layer, "mixer.state_all_gather");
     m_par.sp->all_gather(all, local);
@@ -439,15 +439,15 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayo
   const int64_t T = x.rows(), Di = m_m1.channels, N = c.d_state, R = c.dt_rank;
 
   Tensor h = pre_norm(layer, x, w.norm, "mixer.norm");
-  Tensor xz = m_be.alloc({T, 2 * Di}, Category::Activations, "mixer.in_proj");
+  Tensor xz = m_be.alloc({T, 2 * Di}, Category::Activations, "mixer.in_proj", m_cfg.dtype);
   {
     SiteScope s(rec, layer, "mixer.in_proj");
     m_be.matmul(xz, h, w.in_proj);
   }
   h = Tensor();
-  Tensor xc = m_be.alloc({T, Di}, Category::Activations, "mixer.conv");
+  Tensor xc = m_be.alloc({T, Di}, Category::Activations, "mixer.conv", m_cfg.dtype);
   mamba_conv(layer, xc, xz, cache, layout, w);
-  Tensor dbc = m_be.alloc({T, R + 2 * N}, tp_active() ? Category::CommBuffers : Category::Activations, "mixer.x_proj");
+  Tensor dbc = m_be.alloc({T, R + 2 * N}, tp_active() ? Category::CommBuffers : Category::Activations, "mixer.x_proj", m_cfg.dtype);
   {
     SiteScope s(rec, layer, "mixer.x_proj");
     m_be.matmul(dbc, xc, w.x_proj);
@@ -458,12 +458,12 @@ void Model::mamba_block(int layer, const Tensor& x, Cache& cache, const StepLayo
   }
   const Tensor dt_low = dbc.slice(1, 0, R), B = dbc.slice(1, R, N), C = dbc.slice(1, R + N, N);
   bcdt_norm(layer, dt_low, B, C);
-  Tensor dt = m_be.alloc({T, Di}, Category::Activations, "mixer.dt");
+  Tensor dt = m_be.alloc({T, Di}, Category::Activations, "mixer.dt", m_cfg.dtype);
   {
     SiteScope s(rec, layer, "mixer.dt_proj");
     m_be.matmul(dt, dt_low, w.dt_proj_w);
   }
-  Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan");
+  Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan", m_cfg.dtype);
   mamba_scan(layer, y, xc, dt, xz.slice(1, Di, Di), B, C, cache, layout, w);
   SiteScope s(rec, layer, "mixer.out_proj");
   project_out(layer, x, y, w.out_proj, "mixer", "mixer.out_partial");

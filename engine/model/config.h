@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
+
 namespace ss {
 
 enum class Family { Llama, Mamba, Mamba2, Hybrid };
@@ -38,6 +40,12 @@ struct ModelConfig {
   float mixer_rms_eps = 1e-6f;  // Falcon-Mamba
   int ssm_heads = 0, ssm_head_dim = 0, n_groups = 1, chunk = 256;  // Mamba2
   float dt_min = 0.0f, dt_max = INFINITY;                            // Mamba2 time_step_limit
+
+  // Number formats of the run (set from the run plan, not read from
+  // config.json): weights, activations and communicated tensors in `dtype`,
+  // the KV cache in `kv_dtype`; SSM states, softmax and norm statistics and
+  // the logits stay fp32 (engine/README.md, "Number formats").
+  DType dtype = DType::F32, kv_dtype = DType::F32;
 
   std::string layer_pattern;  // one letter per layer: A attention, M Mamba2, S Mamba (v1)
   nlohmann::json source;      // the config.json object it was read from (with overrides)

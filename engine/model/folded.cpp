@@ -33,8 +33,8 @@ void Model::stream_pack(const WeightPack& p, const std::function<void(int, const
   }
   Recorder& rec = m_be.recorder();
   SiteScope site(rec, p.layer, p.name + (p.ring ? ".ring" : ".broadcast"));
-  const Tensor buf[2] = {m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".shard_a"),
-                         m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".shard_b")};
+  const Tensor buf[2] = {m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".shard_a", m_cfg.dtype),
+                         m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".shard_b", m_cfg.dtype)};
   if (p.ring) {
     // Step t: compute with shard (me - t) mod D while passing it to the next rank.
     Tensor cur = p.flat;
@@ -81,9 +81,9 @@ void Model::attention_block_folded(int layer, const Tensor& x, std::span<const i
   const int64_t held = cache.length() - (keep_kv ? T : 0);
 
   Tensor h = pre_norm(layer, x, w.in_norm, "attn.norm");
-  Tensor q = m_be.alloc({T, hq}, Category::Activations, "attn.q");
-  Tensor k = keep_kv ? lc.k.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.k");
-  Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v");
+  Tensor q = m_be.alloc({T, hq}, Category::Activations, "attn.q", m_cfg.dtype);
+  Tensor k = keep_kv ? lc.k.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.k", m_cfg.kv_dtype);
+  Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v", m_cfg.kv_dtype);
   stream_pack(m_packs[packs[0]], [&](int j, const std::vector<Tensor>& qkv) {
     SiteScope s(rec, layer, "attn.qkv");
     m_be.matmul(q.slice(1, j * qs, qs), h, qkv[0]);
@@ -96,7 +96,7 @@ void Model::attention_block_folded(int layer, const Tensor& x, std::span<const i
     m_be.rope(q, c.n_heads, c.head_dim, positions, c.rope_theta);
     m_be.rope(k, c.n_kv_heads, c.head_dim, positions, c.rope_theta);
   }
-  Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out");
+  Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out", m_cfg.dtype);
   attend(layer, o, q, k, v, positions, cache, layout, c.n_heads, c.n_kv_heads);
   q = Tensor();
   stream_pack(m_packs[packs[1]], [&](int j, const std::vector<Tensor>& wo) {
@@ -110,8 +110,8 @@ void Model::mlp_block_folded(int layer, const Tensor& x) {
   Recorder& rec = m_be.recorder();
   const int64_t T = x.rows(), F = m_attn.ffn;
   Tensor h = pre_norm(layer, x, w.post_norm, "mlp.norm");
-  Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate");
-  Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up");
+  Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate", m_cfg.dtype);
+  Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up", m_cfg.dtype);
   stream_pack(m_packs[m_layer_packs[size_t(layer)][2]], [&](int, const std::vector<Tensor>& mlp) {
     SiteScope s(rec, layer, "mlp.shard");
     m_be.matmul(g, h, mlp[0]);
@@ -131,9 +131,9 @@ void Model::mamba2_block_folded(int layer, const Tensor& x, Cache& cache, const 
 
   Tensor h = pre_norm(layer, x, w.norm, "mixer.norm");
   // Each shard's rows are packed [z_j, x_j, B_j, C_j, dt_j]: put its columns back in place.
-  Tensor zxbcdt = m_be.alloc({T, c.in_proj_dim()}, Category::Activations, "mixer.in_proj");
+  Tensor zxbcdt = m_be.alloc({T, c.in_proj_dim()}, Category::Activations, "mixer.in_proj", m_cfg.dtype);
   const int64_t width = m_specs[m_packs[packs[0]].members[0]].local_shape()[0];
-  Tensor part = m_be.alloc({T, width}, Category::Activations, "mixer.in_proj_shard");
+  Tensor part = m_be.alloc({T, width}, Category::Activations, "mixer.in_proj_shard", m_cfg.dtype);
   stream_pack(m_packs[packs[0]], [&](int j, const std::vector<Tensor>& in) {
     SiteScope s(rec, layer, "mixer.in_proj");
     m_be.matmul(part, h, in[0]);
@@ -165,8 +165,8 @@ void Model::mamba_block_folded(int layer, const Tensor& x, Cache& cache, const S
   const int64_t T = x.rows(), Di = c.d_inner, N = c.d_state, R = c.dt_rank, Ds = m_m1.channels;
 
   Tensor h = pre_norm(layer, x, w.norm, "mixer.norm");
-  Tensor xz = m_be.alloc({T, 2 * Di}, Category::Activations, "mixer.in_proj");
-  Tensor part = m_be.alloc({T, 2 * Ds}, Category::Activations, "mixer.in_proj_shard");
+  Tensor xz = m_be.alloc({T, 2 * Di}, Category::Activations, "mixer.in_proj", m_cfg.dtype);
+  Tensor part = m_be.alloc({T, 2 * Ds}, Category::Activations, "mixer.in_proj_shard", m_cfg.dtype);
   stream_pack(m_packs[packs[0]], [&](int j, const std::vector<Tensor>& in) {
     SiteScope s(rec, layer, "mixer.in_proj");
     m_be.matmul(part, h, in[0]);
@@ -175,10 +175,10 @@ void Model::mamba_block_folded(int layer, const Tensor& x, Cache& cache, const S
   });
   part = Tensor();
   h = Tensor();
-  Tensor xc = m_be.alloc({T, Di}, Category::Activations, "mixer.conv");
+  Tensor xc = m_be.alloc({T, Di}, Category::Activations, "mixer.conv", m_cfg.dtype);
   mamba_conv(layer, xc, xz, cache, layout, w);
   // x_proj shards are column (channel) slices: their products sum to (dt, B, C).
-  Tensor dbc = m_be.alloc({T, R + 2 * N}, Category::Activations, "mixer.x_proj");
+  Tensor dbc = m_be.alloc({T, R + 2 * N}, Category::Activations, "mixer.x_proj", m_cfg.dtype);
   m_be.fill(dbc, 0.0f);
   stream_pack(m_packs[packs[1]], [&](int j, const std::vector<Tensor>& xp) {
     SiteScope s(rec, layer, "mixer.x_proj");
@@ -186,12 +186,12 @@ void Model::mamba_block_folded(int layer, const Tensor& x, Cache& cache, const S
   });
   const Tensor dt_low = dbc.slice(1, 0, R), B = dbc.slice(1, R, N), C = dbc.slice(1, R + N, N);
   bcdt_norm(layer, dt_low, B, C);
-  Tensor dt = m_be.alloc({T, Di}, Category::Activations, "mixer.dt");
+  Tensor dt = m_be.alloc({T, Di}, Category::Activations, "mixer.dt", m_cfg.dtype);
   stream_pack(m_packs[packs[2]], [&](int j, const std::vector<Tensor>& dp) {
     SiteScope s(rec, layer, "mixer.dt_proj");
     m_be.matmul(dt.slice(1, j * Ds, Ds), dt_low, dp[0]);
   });
-  Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan");
+  Tensor y = m_be.alloc({T, Di}, Category::Activations, "mixer.scan", m_cfg.dtype);
   mamba_scan(layer, y, xc, dt, xz.slice(1, Di, Di), B, C, cache, layout, w);
   stream_pack(m_packs[packs[3]], [&](int j, const std::vector<Tensor>& op) {
     SiteScope s(rec, layer, "mixer.out_proj");

@@ -167,7 +167,7 @@ void Model::load(TensorSource& src) {
   // Packed weights live in one flat buffer per pack; their slots are views.
   std::vector<bool> packed(m_specs.size(), false);
   for (WeightPack& p : m_packs) {
-    p.flat = m_be.alloc({p.numel}, Category::Weights, "layers." + std::to_string(p.layer) + "." + p.name);
+    p.flat = m_be.alloc({p.numel}, Category::Weights, "layers." + std::to_string(p.layer) + "." + p.name, m_cfg.dtype);
     auto views = pack_views(p, p.flat);
     for (size_t k = 0; k < p.members.size(); ++k) {
       *m_specs[p.members[k]].slot = views[k];
@@ -176,7 +176,7 @@ void Model::load(TensorSource& src) {
   }
   for (size_t i = 0; i < m_specs.size(); ++i) {
     const WeightSpec& w = m_specs[i];
-    if (!packed[i]) *w.slot = m_be.alloc(w.local_shape(), Category::Weights, w.name);
+    if (!packed[i]) *w.slot = m_be.alloc(w.local_shape(), Category::Weights, w.name, m_cfg.dtype);
     src.fill(m_be, w, *w.slot);
   }
   if (m_cfg.tie_embeddings) m_lm_head = m_embed;
@@ -193,21 +193,21 @@ Cache Model::make_cache(int64_t max_tokens) {
     switch (m_layers[size_t(i)].kind) {
       case LayerKind::Attention: {
         const int64_t hkv = int64_t(m_par.folded() ? c.n_kv_heads : m_attn.kv_heads) * c.head_dim;
-        lc.k = m_be.alloc({max_tokens, hkv}, Category::KvCache, p + "k_cache");
-        lc.v = m_be.alloc({max_tokens, hkv}, Category::KvCache, p + "v_cache");
+        lc.k = m_be.alloc({max_tokens, hkv}, Category::KvCache, p + "k_cache", m_cfg.kv_dtype);
+        lc.v = m_be.alloc({max_tokens, hkv}, Category::KvCache, p + "v_cache", m_cfg.kv_dtype);
         break;
       }
       case LayerKind::Mamba2: {
         const int heads = m_par.folded() ? c.ssm_heads : m_m2.heads, groups = m_par.folded() ? c.n_groups : m_m2.groups;
         const int64_t conv = int64_t(heads) * c.ssm_head_dim + 2 * int64_t(groups) * c.d_state;
-        lc.conv_state = m_be.alloc({c.d_conv - 1, conv}, Category::SsmState, p + "conv_state");
-        lc.ssm_state = m_be.alloc({heads, c.ssm_head_dim, c.d_state}, Category::SsmState, p + "ssm_state");
+        lc.conv_state = m_be.alloc({c.d_conv - 1, conv}, Category::SsmState, p + "conv_state", m_cfg.dtype);
+        lc.ssm_state = m_be.alloc({heads, c.ssm_head_dim, c.d_state}, Category::SsmState, p + "ssm_state", DType::F32);
         break;
       }
       case LayerKind::Mamba: {
         const int64_t ch = m_par.folded() ? c.d_inner : m_m1.channels;
-        lc.conv_state = m_be.alloc({c.d_conv - 1, ch}, Category::SsmState, p + "conv_state");
-        lc.ssm_state = m_be.alloc({ch, c.d_state}, Category::SsmState, p + "ssm_state");
+        lc.conv_state = m_be.alloc({c.d_conv - 1, ch}, Category::SsmState, p + "conv_state", m_cfg.dtype);
+        lc.ssm_state = m_be.alloc({ch, c.d_state}, Category::SsmState, p + "ssm_state", DType::F32);
         break;
       }
     }
@@ -226,7 +226,7 @@ void Model::project_out(int layer, const Tensor& x, const Tensor& in, const Tens
     m_be.matmul(x, in, w, /*accumulate=*/true);
     return;
   }
-  Tensor partial = m_be.alloc({x.rows(), m_cfg.d_model}, Category::CommBuffers, partial_name);
+  Tensor partial = m_be.alloc({x.rows(), m_cfg.d_model}, Category::CommBuffers, partial_name, m_cfg.dtype);
   m_be.matmul(partial, in, w);
   SiteScope r(m_be.recorder(), layer, std::string(site) + ".all_reduce");
   reduce_into(x, partial, site, layer);
@@ -237,7 +237,7 @@ void Model::reduce_into(const Tensor& x, const Tensor& partial, const char* site
     const QuantSpec spec = m_par.comm_precision.at(site, layer);
     Tensor exact;
     if (m_par.measure_sites && !spec.is_plain() && m_be.has_data()) {
-      exact = m_be.alloc(partial.shape(), Category::CommBuffers, "measure.exact");
+      exact = m_be.alloc(partial.shape(), Category::CommBuffers, "measure.exact", m_cfg.dtype);
       m_be.copy(exact, partial);
       SiteScope s(m_be.recorder(), layer, std::string(site) + ".exact_reference");
       m_par.tp->all_reduce(exact);
@@ -258,6 +258,7 @@ void Model::reduce_into(const Tensor& x, const Tensor& partial, const char* site
     sum.sent += w.sent;
     sum.fp32 += w.fp32;
     sum.bf16 += w.bf16;
+    sum.native += w.native;
   }
   m_be.add(x, x, partial);
 }
@@ -272,7 +273,7 @@ Tensor Model::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
     throw UsageError("the run needs " + std::to_string(cache.length() + T) + " tokens of cache but " +
                      std::to_string(cache.capacity) + " were reserved");
   Recorder& rec = m_be.recorder();
-  Tensor x = m_be.alloc({T, m_cfg.d_model}, Category::Activations, "residual");
+  Tensor x = m_be.alloc({T, m_cfg.d_model}, Category::Activations, "residual", m_cfg.dtype);
   {
     SiteScope s(rec, -1, "embed");
     m_be.embedding(x, m_embed, tokens);
@@ -305,9 +306,9 @@ Tensor Model::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
   }
   SiteScope s(rec, -1, "lm_head");
   const Tensor rows = all_logits ? x : x.slice(0, T - 1, 1);
-  Tensor h = m_be.alloc({rows.rows(), m_cfg.d_model}, Category::Activations, "final_norm");
+  Tensor h = m_be.alloc({rows.rows(), m_cfg.d_model}, Category::Activations, "final_norm", m_cfg.dtype);
   m_be.rmsnorm(h, rows, m_final_norm, m_cfg.norm_eps, m_cfg.d_model);
-  Tensor logits = m_be.alloc({rows.rows(), m_cfg.vocab}, Category::Activations, "logits");
+  Tensor logits = m_be.alloc({rows.rows(), m_cfg.vocab}, Category::Activations, "logits", DType::F32);
   m_be.matmul(logits, h, m_lm_head);
   return logits;
 }

@@ -74,7 +74,8 @@ void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, pro
 }
 
 // What `w` places on `rank` (one record per range of a split), at `step`.
-void add_placements(std::vector<proto::Placement>& out, const WeightSpec& w, int rank, int step) {
+void add_placements(std::vector<proto::Placement>& out, const WeightSpec& w, int rank, int step,
+                    int64_t bytes_per_value) {
   proto::Placement p;
   p.rank = rank;
   p.tensor = w.name;
@@ -83,7 +84,7 @@ void add_placements(std::vector<proto::Placement>& out, const WeightSpec& w, int
   p.step = step;
   if (w.slice.mirrored()) {
     p.mode = "mirrored";
-    p.bytes = numel(w.shape) * 4;
+    p.bytes = numel(w.shape) * bytes_per_value;
     out.push_back(p);
     return;
   }
@@ -93,7 +94,7 @@ void add_placements(std::vector<proto::Placement>& out, const WeightSpec& w, int
     p.axis = w.slice.axis;
     p.start = a;
     p.end = b;
-    p.bytes = (b - a) * per_index * 4;
+    p.bytes = (b - a) * per_index * bytes_per_value;
     out.push_back(p);
   }
 }
@@ -102,7 +103,8 @@ void add_placements(std::vector<proto::Placement>& out, const WeightSpec& w, int
 // broadcast step, the shard each rank holds while it computes that step.
 std::vector<proto::Placement> placements(const Model& model, int rank) {
   std::vector<proto::Placement> out;
-  for (const WeightSpec& w : model.weights()) add_placements(out, w, rank, -1);
+  const int64_t bpv = dtype_size(model.config().dtype);
+  for (const WeightSpec& w : model.weights()) add_placements(out, w, rank, -1, bpv);
   const Parallel& par = model.parallel();
   if (!par.folded()) return out;
   const int D = par.sp_size;
@@ -118,7 +120,7 @@ std::vector<proto::Placement> placements(const Model& model, int rank) {
   for (const WeightPack& p : model.packs())
     for (int t = 0; t < D; ++t) {
       const int shard = p.ring ? (rank - t + D) % D : t;
-      for (size_t m : p.members) add_placements(out, by_shard[size_t(shard)][m], rank, t);
+      for (size_t m : p.members) add_placements(out, by_shard[size_t(shard)][m], rank, t, bpv);
     }
   return out;
 }
@@ -285,6 +287,8 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     const bool distributed = strategy != Strategy::Single;
     std::filesystem::path dir;
     ModelConfig cfg = resolve_model(o.model, &dir, o.overrides);
+    cfg.dtype = o.dtype;
+    cfg.kv_dtype = cache_dtype(o);
     const std::vector<int32_t> base_prompt = make_prompt(o, cfg.vocab);
     const int64_t P = int64_t(base_prompt.size()), total = P + o.decode;
     const auto [T, S] = mesh_of(o);
@@ -374,6 +378,8 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
           {"mesh", {{"tp", T}, {"sp", S}}},
           {"split", o.split},
           {"attention", o.attention},
+          {"dtype", std::string(compute_dtype_name(cfg.dtype))},
+          {"kv_dtype", std::string(compute_dtype_name(cfg.kv_dtype))},
           {"comm_precision", par.comm_precision.str()},
           {"kv_cache", !o.no_cache},
           {"workload", {{"batch", o.batch}, {"prompt_len", P}, {"decode", o.decode}, {"seed", o.seed}}},
@@ -519,6 +525,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       extra.push_back(proto::to_line(proto::Metric{"wire_bytes." + site, w.sent, "bytes", g.rank}));
       extra.push_back(proto::to_line(proto::Metric{"wire_bytes_fp32." + site, w.fp32, "bytes", g.rank}));
       extra.push_back(proto::to_line(proto::Metric{"wire_bytes_bf16." + site, w.bf16, "bytes", g.rank}));
+      extra.push_back(proto::to_line(proto::Metric{"wire_bytes_native." + site, w.native, "bytes", g.rank}));
     }
     if (g.root())
       for (auto& [key, e] : model.site_errors())

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "protocol/events.h"
 
 namespace ss {
@@ -20,6 +22,8 @@ struct RunOptions {
   std::string split = "zigzag";          // sequence split: zigzag or contiguous
   std::string attention = "gather";      // sequence-parallel attention: gather (K/V all-gather) or ring
   int batch = 1;                         // sequences (dp splits them over devices)
+  DType dtype = DType::F32;              // compute dtype: weights, activations, communicated tensors
+  std::optional<DType> kv_dtype;         // the KV cache's (default: the compute dtype)
   std::string comm_precision;            // tensor-parallel all-reduce precision per site (comm/quantize.h)
   bool measure_sites = false;            // record each quantized site's error against an exact reduction
   bool no_cache = false;                 // decode by recomputing the whole prefix each step
@@ -32,6 +36,8 @@ struct RunOptions {
   std::string logits_out;                // .npy of [prompt + decoded, vocab]
   int threads = 0;                       // 0 = all cores
 };
+
+inline DType cache_dtype(const RunOptions& o) { return o.kv_dtype.value_or(o.dtype); }
 
 struct RunResult {
   int exit_code = 0;

@@ -44,37 +44,40 @@ double attention_pairs(double tq, double tk) { return tq <= tk ? tq * tk - tq * 
 }  // namespace
 
 double kernel_seconds(const HardwareProfile& hw, const std::string& op, double flops, double bytes,
-                      const std::vector<int64_t>& dims) {
+                      const std::vector<int64_t>& dims, DType dtype) {
   // Measured times (a calibrated profile): the kernel's own spans at these
-  // sizes, which hold its per-call overhead and its achieved rates.
-  if (op == "gemm" && !hw.gemm_times.empty() && dims.size() == 3) {
+  // sizes, which hold its per-call overhead and its achieved rates. They were
+  // measured in fp32; other dtypes take the roofline at their own rates.
+  const bool measured = dtype == DType::F32;
+  if (measured && op == "gemm" && !hw.gemm_times.empty() && dims.size() == 3) {
     if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) return hw.launch;
     return gemm_measured(hw.gemm_times, double(dims[0]), double(dims[1]), double(dims[2]));
   }
-  if (op == "attention" && !hw.attention_times.empty() && dims.size() == 4 && flops > 0) {
+  if (measured && op == "attention" && !hw.attention_times.empty() && dims.size() == 4 && flops > 0) {
     // Scaled by FLOPs from the measured heads and mask to this call's.
     const AttentionTimes& a = hw.attention_times;
     const double tq = double(dims[0]), tk = double(dims[1]);
     const double measured_flops = attention_pairs(tq, tk) * a.heads * 4.0 * a.head_dim;
     return a.grid.at(tq, tk) * flops / measured_flops;
   }
-  if (auto it = hw.kernel_times.find(op); it != hw.kernel_times.end() && !dims.empty() && dims.size() <= 2) {
+  if (auto it = hw.kernel_times.find(op); measured && it != hw.kernel_times.end() && !dims.empty() && dims.size() <= 2) {
     // Rows and columns as the span's dims give them (a 1-D op is one row).
     const double rows = dims.size() == 2 ? double(dims[0]) : 1.0, cols = double(dims.back());
     return it->second.at(rows, cols);
   }
 
   double rate = hw.fp32_flops, bandwidth = hw.memory_bandwidth * hw.elementwise_efficiency;
+  const double matmul = hw.matmul_rate(dtype);
   if (op == "gemm") {
-    rate = hw.matmul_flops * gemm_efficiency(dims);
+    rate = matmul * gemm_efficiency(dims);
     // A GEMM of a few rows streams its weights at a fraction of the bandwidth.
     bandwidth = hw.memory_bandwidth * (!dims.empty() && dims[0] <= 8 ? hw.gemv_efficiency : 1.0);
   }
   // Blockwise attention and the SSD scan are GEMM-shaped but fused: a
   // fraction of the matmul rate (FlashAttention-2 reports 50-73% of peak on
   // GPUs; calibrate measures it on a CPU).
-  else if (op == "attention") rate = hw.matmul_flops * hw.attention_efficiency;
-  else if (op == "ssd_scan" || op == "ssd_state_correction") rate = hw.matmul_flops * hw.scan_efficiency;
+  else if (op == "attention") rate = matmul * hw.attention_efficiency;
+  else if (op == "ssd_scan" || op == "ssd_state_correction") rate = matmul * hw.scan_efficiency;
   // The Mamba selective scan is a per-channel recurrence: a fraction of the vector rate.
   else if (op == "selective_scan" || op == "selective_state_correction") rate = hw.fp32_flops * 0.25;
   const double compute = flops > 0 ? flops / rate : 0.0;

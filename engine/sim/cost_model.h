@@ -16,9 +16,10 @@
 
 namespace ss {
 
-// Seconds for one kernel (op names as in Backend spans).
+// Seconds for one kernel (op names as in Backend spans) whose arithmetic runs
+// in `dtype` (the matmul rate of that dtype for GEMM-shaped kernels).
 double kernel_seconds(const HardwareProfile& hw, const std::string& op, double flops, double bytes,
-                      const std::vector<int64_t>& dims);
+                      const std::vector<int64_t>& dims, DType dtype = DType::F32);
 
 struct CollectiveCost {
   double seconds = 0;

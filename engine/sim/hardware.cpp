@@ -162,6 +162,12 @@ double GemmShapeTimes::at(double rows) const {
   return f <= 1 ? seconds[i] + slope * f : seconds[i + 1] + std::max(0.0, slope) * (f - 1);
 }
 
+double HardwareProfile::matmul_rate(DType t) const {
+  if (t == DType::BF16 && bf16_matmul_flops > 0) return bf16_matmul_flops;
+  if (t == DType::F16 && fp16_matmul_flops > 0) return fp16_matmul_flops;
+  return matmul_flops;
+}
+
 HardwareProfile parse_hardware(const json& j, const std::string& origin) {
   if (!j.is_object()) throw UsageError(origin + ": a hardware profile must be a JSON object");
   HardwareProfile h;
@@ -173,6 +179,16 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
   h.memory_bytes = int64_t(positive(d, "device.", "memory_bytes", origin));
   h.fp32_flops = positive(d, "device.", "fp32_tflops", origin) * 1e12;
   h.matmul_flops = positive(d, "device.", "matmul_tflops", origin) * 1e12;
+  // Optional dense matrix rates per dtype (each needs its entry in sources).
+  auto rate = [&](const char* key) {
+    if (!d.contains(key)) return 0.0;
+    if (!d.contains("sources") || !d["sources"].is_object() || !d["sources"].contains(key))
+      throw UsageError(origin + ": field 'device.sources." + std::string(key) + "' is missing: say where the figure comes from");
+    return positive(d, "device.", key, origin) * 1e12;
+  };
+  h.bf16_matmul_flops = rate("bf16_tflops");
+  h.fp16_matmul_flops = rate("fp16_tflops");
+  h.fp8_matmul_flops = rate("fp8_tflops");
   h.memory_bandwidth = positive(d, "device.", "memory_bandwidth_gbps", origin) * 1e9;
   h.launch = positive(d, "device.", "kernel_launch_us", origin) * 1e-6;
   if (!d.contains("sources")) throw UsageError(origin + ": field 'device.sources' is missing: say where the figures come from");

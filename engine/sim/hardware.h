@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
+
 namespace ss {
 
 struct CollectiveFit {
@@ -66,6 +68,12 @@ struct HardwareProfile {
   int64_t memory_bytes = 0;
   double fp32_flops = 0;    // vector FP32, FLOP/s
   double matmul_flops = 0;  // GEMM rate for the engine's fp32 GEMMs, FLOP/s
+  // Dense tensor-core (matrix) rates per dtype, FLOP/s; 0 where the profile
+  // gives none (fp8: parts without it), and then matmul_rate falls back.
+  double bf16_matmul_flops = 0, fp16_matmul_flops = 0, fp8_matmul_flops = 0;
+  // The GEMM rate for operands in `t`: bf16/fp16 at their own rate when the
+  // profile has one, else the fp32 rate.
+  double matmul_rate(DType t) const;
   double memory_bandwidth = 0;  // bytes/s
   double launch = 0;            // seconds per kernel
   // Achieved fractions (optional in the file): fused attention and SSD scans

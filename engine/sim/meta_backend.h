@@ -17,7 +17,7 @@ class MetaBackend : public Backend {
 
  protected:
   void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
-               const std::function<void()>&) override {
+               const std::function<void()>&, DType) override {
     const int64_t t = recorder().now();
     recorder().span(StreamKind::Compute, op, t, t, flops, bytes, std::move(dims));
   }

@@ -24,9 +24,9 @@ class SimBackend final : public MetaBackend {
 
  protected:
   void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
-               const std::function<void()>&) override {
+               const std::function<void()>&, DType dtype) override {
     const double t0 = m_clock.compute_ns;
-    m_clock.compute_ns += kernel_seconds(m_hw, op, flops, bytes, dims) * 1e9;
+    m_clock.compute_ns += kernel_seconds(m_hw, op, flops, bytes, dims, dtype) * 1e9;
     recorder().span(StreamKind::Compute, op, int64_t(t0), int64_t(m_clock.compute_ns), flops, bytes, std::move(dims));
   }
 
