@@ -189,6 +189,14 @@ class TestSim : public QObject {
         row(model, "tsp", D, {});
       }
       row(model, "tp_sp", 4, {"--mesh", "2x2"}, "/2x2");
+      // bf16: weights, activations, caches and comm buffers in 2 bytes,
+      // SSM states and attention statistics in fp32, the same on both sides.
+      const QStringList bf16 = {"--dtype", "bf16"};
+      row(model, "single", 1, bf16, "/bf16");
+      row(model, "tp", 2, bf16, "/bf16");
+      row(model, "sp", 4, bf16, "/bf16");
+      row(model, "tsp", 4, bf16, "/bf16");
+      row(model, "tp_sp", 4, bf16 + QStringList{"--mesh", "2x2"}, "/2x2/bf16");
     }
     // Variants that allocate differently: K/V blocks on a ring instead of a
     // gathered K/V, contiguous token chunks, two sequences per dp rank.
@@ -536,21 +544,30 @@ class TestSim : public QObject {
     QTest::addColumn<QStringList>("extra");
     QTest::addColumn<int>("shards");  // ranks each split weight is divided over
     QTest::addColumn<int>("per_node");
+    QTest::addColumn<int>("bytes_per_value");
     // tsp: 1/D of every projection on each rank, norms and embeddings whole.
     QTest::newRow("llama2-7b/tsp/D8/128K")
         << "llama2-7b"
-        << "tsp" << 8 << QStringList{"--prompt-len", "131072", "--decode", "2"} << 8 << 8;
+        << "tsp" << 8 << QStringList{"--prompt-len", "131072", "--decode", "2"} << 8 << 8 << 4;
+    // A bf16 deployment: exactly 2 bytes a parameter, and a KV cache of 2 bytes a value.
+    QTest::newRow("llama2-7b/single/bf16")
+        << "llama2-7b"
+        << "single" << 1 << QStringList{"--prompt-len", "4096", "--decode", "2", "--dtype", "bf16"} << 1 << 8
+        << 2;
+    QTest::newRow("llama2-7b/tp/D8/bf16")
+        << "llama2-7b"
+        << "tp" << 8 << QStringList{"--prompt-len", "4096", "--decode", "2", "--dtype", "bf16"} << 8 << 8 << 2;
     // sp: every rank holds all parameters.
     QTest::newRow("mamba2-2.7b/sp/D4/64K")
         << "mamba2-2.7b"
-        << "sp" << 4 << QStringList{"--prompt-len", "65536", "--decode", "2"} << 1 << 4;
+        << "sp" << 4 << QStringList{"--prompt-len", "65536", "--decode", "2"} << 1 << 4 << 4;
     // 64 ranks over 8 nodes: tp over 8, sp over 8 (kv heads raised to 8).
     QTest::newRow("small-llama/tp_sp/8x8")
         << "small-llama"
         << "tp_sp" << 64
         << QStringList{"--mesh",       "8x8",  "--nodes",  "8", "--set", "num_key_value_heads=8",
                        "--prompt-len", "1024", "--decode", "2"}
-        << 8 << 8;
+        << 8 << 8 << 4;
   }
   void scale() {
     QFETCH(QString, model);
@@ -559,6 +576,7 @@ class TestSim : public QObject {
     QFETCH(QStringList, extra);
     QFETCH(int, shards);
     QFETCH(int, per_node);
+    QFETCH(int, bytes_per_value);
 
     json c = read_json(resources_dir() + "/models/" + model + ".json");
     QVERIFY2(c.is_object(), qPrintable(model));
@@ -569,7 +587,7 @@ class TestSim : public QObject {
       }
     const Params params = c["model_type"] == "mamba2" ? mamba2_params(c) : llama_params(c);
     QCOMPARE(params.split % shards, int64_t(0));
-    const int64_t want = 4 * (params.whole + params.split / shards);
+    const int64_t want = bytes_per_value * (params.whole + params.split / shards);
 
     const QString events =
         m_dir.filePath(QString(QTest::currentDataTag()).replace('/', '_') + ".jsonl");
@@ -601,11 +619,22 @@ class TestSim : public QObject {
                                                            .arg(int64_t(it->second))
                                                            .arg(want)));
     }
-    // One device per rank, on the node its rank belongs to.
+    // Llama's KV cache: K and V of every layer for every token, kv heads split by tp.
+    if (c["model_type"] == "llama" && (strategy == "single" || strategy == "tp")) {
+      const int64_t L = get(c, "num_hidden_layers"), H = get(c, "num_attention_heads");
+      const int64_t KV = get(c, "num_key_value_heads", H), hd = get(c, "head_dim", get(c, "hidden_size") / H);
+      int64_t tokens = 0;
+      for (int i = 0; i + 1 < extra.size(); ++i)
+        if (extra[i] == "--prompt-len" || extra[i] == "--decode") tokens += extra[i + 1].toLongLong();
+      const int64_t kv = bytes_per_value * 2 * L * tokens * (KV / shards) * hd;
+      for (int r = 0; r < devices; ++r)
+        QCOMPARE(int64_t(metrics.at({r, "peak_kv_cache_bytes"})), kv);
+    }
+    // One device per rank, on the node its rank belongs to (a single device runs on this host).
     std::set<int> ranks;
     for (auto* d : s.all<Device>()) {
       QVERIFY(ranks.insert(d->rank).second);
-      QCOMPARE(d->host, "node" + std::to_string(d->rank / per_node));
+      if (devices > 1) QCOMPARE(d->host, "node" + std::to_string(d->rank / per_node));
     }
     QCOMPARE(int(ranks.size()), devices);
   }

@@ -27,6 +27,16 @@ namespace {
 constexpr int kPrompt = 24;
 constexpr int kDecode = 8;
 constexpr double kTolerance = 1e-5;
+// bf16 rows: a strategy rounds at other points than single does (a
+// tensor-parallel partial sum is rounded before it is reduced, a sequence
+// shard's state or K/V after), and sums in another order, so each run's
+// residual stream carries a few independent roundings of u = 2^-8 per layer
+// and site. Through the 2-4 layers of the tiny models that stays well inside
+// 8u = 2^-5 ~ 3.1e-2; an error in the sharding itself (a wrong shard, a lost
+// partial sum) moves logits by O(1). Decode is teacher-forced in these rows
+// (--force-decode) so a near-tie flipping a greedy token cannot change the
+// contexts compared.
+constexpr double kToleranceBf16 = 0.03125;
 
 QStringList with_sets(QStringList args, const QStringList& sets) {
   for (auto& s : sets) args << "--set" << s;
@@ -250,11 +260,13 @@ class TestStrategies : public QObject {
     QTest::addColumn<QStringList>("extra");  // --mesh, --split, --batch
     QTest::addColumn<QStringList>("sets");
     QTest::addColumn<int>("batch");
+    QTest::addColumn<QString>("dtype");
 
-    auto row = [&](const QString& strategy, int D, const QStringList& extra,
-                   const QStringList& sets, int batch, const QString& tag = {}) {
-      const QString name = QString("%1/%2/D%3%4").arg(model, strategy).arg(D).arg(tag);
-      QTest::newRow(qPrintable(name)) << model << strategy << D << extra << sets << batch;
+    auto row = [&](const QString& strategy, int D, const QStringList& extra, const QStringList& sets, int batch,
+                   const QString& tag = {}, const QString& dtype = "fp32") {
+      const QString name =
+          QString("%1/%2/D%3%4%5").arg(model, strategy).arg(D).arg(tag, dtype == "fp32" ? "" : "/" + dtype);
+      QTest::newRow(qPrintable(name)) << model << strategy << D << extra << sets << batch << dtype;
     };
     for (int D : {2, 3, 4}) {
       const QStringList sets = shape_sets(model, D);
@@ -267,6 +279,13 @@ class TestStrategies : public QObject {
     }
     row("sp", 4, {"--split", "contiguous"}, shape_sets(model, 4), 1, "/contiguous");
     row("tp_sp", 4, {"--mesh", "2x2"}, shape_sets(model, 4), 1, "/2x2");
+    // bf16: every strategy on 2 and 4 ranks against single in bf16.
+    for (int D : {2, 4}) {
+      const QStringList sets = shape_sets(model, D);
+      for (const QString strategy : {"tp", "sp", "tsp"}) row(strategy, D, {}, sets, 1, {}, "bf16");
+      row("dp", D, {"--batch", QString::number(D)}, sets, D, {}, "bf16");
+    }
+    row("tp_sp", 4, {"--mesh", "2x2"}, shape_sets(model, 4), 1, "/2x2", "bf16");
     // Mamba2 group layouts beyond the ones above: several whole groups per
     // rank (D = 2, 4 groups), and one group spread over four ranks.
     const QString one_group =
@@ -288,14 +307,17 @@ class TestStrategies : public QObject {
     QFETCH(QStringList, extra);
     QFETCH(QStringList, sets);
     QFETCH(int, batch);
+    QFETCH(QString, dtype);
     // Every row runs in well under a minute; once runs hang, more would only
     // run into the test's time limit.
     if (m_hung >= 3) QFAIL("three engine runs hung already; not starting another");
 
-    const QStringList common =
+    QStringList common =
         with_sets({"--model", model, "--prompt-len", QString::number(kPrompt), "--decode",
-                   QString::number(kDecode), "--seed", "3"},
+                   QString::number(kDecode), "--seed", "3", "--dtype", dtype},
                   sets);
+    const bool bf16 = dtype == "bf16";
+    if (bf16) common << "--force-decode" << "5,17,3,250,9,0,77,128";
     const auto [reference, why] =
         single_logits(batch > 1 ? common + QStringList{"--batch", QString::number(batch)} : common);
     QVERIFY2(!reference.isEmpty(), qPrintable(why));
@@ -358,7 +380,8 @@ class TestStrategies : public QObject {
     QCOMPARE(got.shape, shape);
     const auto [worst, at] = worst_row(got, want);
     const int64_t total = kPrompt + kDecode;
-    QVERIFY2(worst <= kTolerance,
+    if (bf16) qInfo("%s: worst row relative L2 %.3g (bound %.3g)", QTest::currentDataTag(), worst, kToleranceBf16);
+    QVERIFY2(worst <= (bf16 ? kToleranceBf16 : kTolerance),
              qPrintable(QString("relative L2 %1 at sequence %2, position %3 (%4)")
                             .arg(worst)
                             .arg(at / total)

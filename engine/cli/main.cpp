@@ -201,6 +201,7 @@ int main(int argc, char** argv) {
   bench->add_option("--models", bench_opts.models, "presets to measure")->capture_default_str()->delimiter(',');
   bench->add_option("--decode", bench_opts.decode, "decode steps per run")->capture_default_str();
   bench->add_option("--repeat", bench_opts.repeat, "runs per configuration (best is kept)")->capture_default_str();
+  add_dtype_options(bench, bench_opts.dtype, nullptr);
   std::vector<std::string> bench_strategies;
   ss::StrategyBenchOptions sb;
   ss::CollectiveBenchOptions cb;

@@ -35,9 +35,119 @@ const float* tile_f32(const Tensor& t, int64_t r0, int64_t n, int64_t c0, int64_
 // recurrence, Dao et al. 2022, §3.1): per query block only a
 // kQueryBlock × kKeyBlock score tile exists at a time. Key blocks no query of
 // the block can see are skipped. GEMMs of a tile go to OpenBLAS.
+// A few queries (decode) over many keys, split over the keys as
+// flash-decoding does: each thread takes a range of keys, reads every K and V
+// row of it once (widened once for all heads), keeps per (query, head) a
+// running max, sum and output, and the partials are merged by log-sum-exp.
+static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionArgs& a, const Tensor& lse) {
+  const int64_t Tq = q.rows(), Tk = k.rows();
+  const int nh = a.n_heads, hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  const int64_t pairs = Tq * nh;
+  std::vector<float> qf(size_t(pairs * hd));
+  for (int64_t i = 0; i < Tq; ++i) widen(q.row_ptr(i), q.dtype(), int64_t(nh) * hd, qf.data() + i * nh * hd);
+  const int parts = int(std::max<int64_t>(1, std::min<int64_t>(threads(), Tk / 64)));
+  // Per part and (query, head): max, sum, and the unnormalised output.
+  std::vector<float> pm(size_t(parts * pairs), kNegInf), pl(size_t(parts * pairs), 0.0f),
+      pacc(size_t(parts * pairs * hd), 0.0f);
+#pragma omp parallel for schedule(static) if (parts > 1)
+  for (int part = 0; part < parts; ++part) {
+    const int64_t j0 = Tk * part / parts, j1 = Tk * (part + 1) / parts;
+    float* m = pm.data() + part * pairs;
+    float* l = pl.data() + part * pairs;
+    float* acc = pacc.data() + part * pairs * hd;
+    const int64_t hkv = k.cols();
+    // A block of keys at a time: its K and V rows read once for every head
+    // (widened once when not fp32), the scores of each (query, head) over the
+    // block, one softmax correction per block, the exponentials vectorised.
+    constexpr int kBlock = 32;
+    const bool f32 = k.dtype() == DType::F32 && v.dtype() == DType::F32;
+    std::vector<float> kb(f32 ? 0 : static_cast<size_t>(kBlock * hkv)), vb(kb.size());
+    const float* krow[kBlock];
+    const float* vrow[kBlock];
+    alignas(32) float sc[kBlock];
+    for (int64_t b0 = j0; b0 < j1; b0 += kBlock) {
+      const int nb = int(std::min<int64_t>(kBlock, j1 - b0));
+      for (int jj = 0; jj < nb; ++jj) {
+        if (f32) {
+          krow[jj] = k.data<float>() + (b0 + jj) * k.ld();
+          vrow[jj] = v.data<float>() + (b0 + jj) * v.ld();
+          continue;
+        }
+        widen(k.row_ptr(b0 + jj), k.dtype(), hkv, kb.data() + jj * hkv);
+        widen(v.row_ptr(b0 + jj), v.dtype(), hkv, vb.data() + jj * hkv);
+        krow[jj] = kb.data() + jj * hkv;
+        vrow[jj] = vb.data() + jj * hkv;
+      }
+      for (int64_t i = 0; i < Tq; ++i)
+        for (int h = 0; h < nh; ++h) {
+          const int64_t ih = i * nh + h, off = int64_t(h / group) * hd;
+          const float* qh = qf.data() + ih * hd;
+          float mx = m[ih];
+          for (int jj = 0; jj < nb; ++jj) {
+            if (a.k_pos[b0 + jj] > a.q_pos[i]) {
+              sc[jj] = kNegInf;
+              continue;
+            }
+            const float* kh = krow[jj] + off;
+            float dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int d = 0; d < hd; ++d) dot += qh[d] * kh[d];
+            sc[jj] = dot * a.scale;
+            mx = std::max(mx, sc[jj]);
+          }
+          if (mx == kNegInf) continue;  // nothing visible yet
+          const float corr = fast_exp(m[ih] - mx);
+          float sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int jj = 0; jj < nb; ++jj) {
+            sc[jj] = sc[jj] == kNegInf ? 0.0f : fast_exp(sc[jj] - mx);
+            sum += sc[jj];
+          }
+          m[ih] = mx;
+          l[ih] = l[ih] * corr + sum;
+          float* ar = acc + ih * hd;
+          for (int d = 0; d < hd; ++d) ar[d] *= corr;
+          for (int jj = 0; jj < nb; ++jj) {
+            const float p = sc[jj];
+            const float* vh = vrow[jj] + off;
+#pragma omp simd
+            for (int d = 0; d < hd; ++d) ar[d] += p * vh[d];
+          }
+        }
+    }
+  }
+  std::vector<float> out(size_t(int64_t(nh) * hd));
+  for (int64_t i = 0; i < Tq; ++i) {
+    for (int h = 0; h < nh; ++h) {
+      const int64_t ih = i * nh + h;
+      float mx = kNegInf;
+      for (int part = 0; part < parts; ++part) mx = std::max(mx, pm[size_t(part * pairs + ih)]);
+      float* orow = out.data() + int64_t(h) * hd;
+      std::fill_n(orow, hd, 0.0f);
+      float sum = 0;
+      if (mx != kNegInf)
+        for (int part = 0; part < parts; ++part) {
+          const float w = pl[size_t(part * pairs + ih)] > 0 ? std::exp(pm[size_t(part * pairs + ih)] - mx) : 0.0f;
+          sum += w * pl[size_t(part * pairs + ih)];
+          const float* ar = pacc.data() + (part * pairs + ih) * hd;
+          for (int d = 0; d < hd; ++d) orow[d] += w * ar[d];
+        }
+      const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+      for (int d = 0; d < hd; ++d) orow[d] *= inv;
+      if (lse.defined()) lse.data<float>()[ih] = sum > 0 ? mx + std::log(sum) : kNegInf;
+    }
+    narrow(out.data(), int64_t(nh) * hd, o.dtype(), o.row_ptr(i));
+  }
+}
+
 void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
                const Tensor& lse) {
   const int64_t Tq = q.rows(), Tk = k.rows();
+  if (Tq <= 4) {
+    attention_few_queries(o, q, k, v, a, lse);
+    return;
+  }
   const int hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
   // Smallest key position per key block, to skip blocks entirely in the future.
   const int64_t n_kb = (Tk + kKeyBlock - 1) / kKeyBlock;

@@ -14,8 +14,11 @@
 #endif
 #include <immintrin.h>
 
+#include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 
@@ -89,63 +92,53 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
-// Dot products of `rows` fp32 input rows with one fp32 weight row.
-inline void dot_f32(const float* const* xr, int rows, const float* wr, int64_t K, float* out) {
-  __m256 acc[kGemvRows][2];
-  for (int m = 0; m < rows; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+inline __m256 load8_f32(const void* p, int64_t k) { return _mm256_loadu_ps(static_cast<const float*>(p) + k); }
+inline float load1_f32(const void* p, int64_t k) { return static_cast<const float*>(p)[k]; }
+inline __m256 load8_bf16(const void* p, int64_t k) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + k));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float load1_bf16(const void* p, int64_t k) { return bf16_to_f32(static_cast<const uint16_t*>(p)[k]); }
+inline __m256 load8_f16(const void* p, int64_t k) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + k)));
+}
+inline float load1_f16(const void* p, int64_t k) { return f16_to_f32(static_cast<const uint16_t*>(p)[k]); }
+
+// One input row with one weight row: four accumulator chains, 32 values an
+// iteration (measured here: interleaving several weight rows is slower; one
+// stream per thread lets the prefetcher run ahead).
+template <class Load8, class Load1>
+inline float dot1(const float* x, const void* wr, int64_t K, Load8 load8, Load1 load1) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    const __m256 w0 = _mm256_loadu_ps(wr + k), w1 = _mm256_loadu_ps(wr + k + 8);
-    for (int m = 0; m < rows; ++m) {
-      acc[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k), w0, acc[m][0]);
-      acc[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k + 8), w1, acc[m][1]);
-    }
+  for (; k + 32 <= K; k += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load8(wr, k), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), load8(wr, k + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 16), load8(wr, k + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 24), load8(wr, k + 24), a3);
   }
-  for (int m = 0; m < rows; ++m) {
-    float s = hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
-    for (int64_t kk = k; kk < K; ++kk) s += xr[m][kk] * wr[kk];
-    out[m] = s;
-  }
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; k < K; ++k) s += x[k] * load1(wr, k);
+  return s;
 }
 
-// The same with a bf16 weight row (widened in registers; x already fp32).
-inline void dot_bf16w(const float* const* xr, int rows, const uint16_t* wr, int64_t K, float* out) {
+// Dot products of `rows` (up to kGemvRows) fp32 input rows with one weight row.
+template <class Load8, class Load1>
+inline void dot_rows(const float* const* xr, int rows, const void* wr, int64_t K, float* out, Load8 load8,
+                     Load1 load1) {
   __m256 acc[kGemvRows][2];
   for (int m = 0; m < rows; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + k));
-    const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
-    const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+    const __m256 w0 = load8(wr, k), w1 = load8(wr, k + 8);
     for (int m = 0; m < rows; ++m) {
       acc[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k), w0, acc[m][0]);
       acc[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k + 8), w1, acc[m][1]);
     }
   }
   for (int m = 0; m < rows; ++m) {
-    float s = hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
-    for (int64_t kk = k; kk < K; ++kk) s += xr[m][kk] * bf16_to_f32(wr[kk]);
-    out[m] = s;
-  }
-}
-
-// The same with an fp16 weight row (F16C widens 8 values an instruction).
-inline void dot_f16w(const float* const* xr, int rows, const uint16_t* wr, int64_t K, float* out) {
-  __m256 acc[kGemvRows][2];
-  for (int m = 0; m < rows; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + k)));
-    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + k + 8)));
-    for (int m = 0; m < rows; ++m) {
-      acc[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k), w0, acc[m][0]);
-      acc[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k + 8), w1, acc[m][1]);
-    }
-  }
-  for (int m = 0; m < rows; ++m) {
-    float s = hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
-    for (int64_t kk = k; kk < K; ++kk) s += xr[m][kk] * f16_to_f32(wr[kk]);
-    out[m] = s;
+    out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
+    for (int64_t kk = k; kk < K; ++kk) out[m] += xr[m][kk] * load1(wr, kk);
   }
 }
 
@@ -169,10 +162,16 @@ void gemv(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
 #pragma omp parallel for schedule(static) if (N * K > (1 << 16))
   for (int64_t n0 = 0; n0 < N; n0 += kCols) {
     float d[kGemvRows];
-    for (int64_t n = n0; n < std::min(N, n0 + kCols); ++n) {
-      if (wt == DType::BF16) dot_bf16w(xr, int(M), static_cast<const uint16_t*>(w.row_ptr(n)), K, d);
-      else if (wt == DType::F16) dot_f16w(xr, int(M), static_cast<const uint16_t*>(w.row_ptr(n)), K, d);
-      else dot_f32(xr, int(M), w.data<float>() + n * w.ld(), K, d);
+    const int64_t n1 = std::min(N, n0 + kCols);
+    for (int64_t n = n0; n < n1; ++n) {
+      if (M == 1) {
+        const void* wr = w.row_ptr(n);
+        d[0] = wt == DType::BF16  ? dot1(xr[0], wr, K, load8_bf16, load1_bf16)
+               : wt == DType::F16 ? dot1(xr[0], wr, K, load8_f16, load1_f16)
+                                  : dot1(xr[0], wr, K, load8_f32, load1_f32);
+      } else if (wt == DType::BF16) dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_bf16, load1_bf16);
+      else if (wt == DType::F16) dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_f16, load1_f16);
+      else dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_f32, load1_f32);
       for (int64_t m = 0; m < M; ++m) out.row(m)[n] = accumulate ? out.row(m)[n] + d[m] : d[m];
     }
   }
@@ -210,6 +209,42 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
   F32Out yf(y, accumulate);
   sgemm(xf.p, xf.ld, wf.p, wf.ld, yf.p, yf.ld, M, N, K, accumulate);
   yf.commit();
+}
+
+double library_gemm_seconds(int64_t M, int64_t N, int64_t K, DType dtype, int count) {
+  // fp16 has no library GEMM on this CPU: the library call is the fp32 sgemm it widens into.
+  const DType dt = dtype == DType::BF16 ? DType::BF16 : DType::F32;
+  const int64_t es = dtype_size(dt);
+  std::vector<uint8_t> xa(size_t(M * K * es)), wa(size_t(N * K * es)), ya(size_t(M * N * es));
+  std::vector<float> one(size_t(std::max(M * K, N * K)), 0.01f);
+  narrow(one.data(), M * K, dt, xa.data());
+  narrow(one.data(), N * K, dt, wa.data());
+  std::function<void()> call;
+  std::optional<dnnl::matmul> prim;
+  std::optional<dnnl::memory> a, b, c;
+  if (dt == DType::BF16) {
+    using dims = dnnl::memory::dims;
+    Dnnl& d = Dnnl::get();
+    const dnnl::memory::desc xm(dims{M, K}, dnnl_type(dt), dims{K, 1}), wm(dims{K, N}, dnnl_type(dt), dims{1, K}),
+        ym(dims{M, N}, dnnl_type(dt), dims{N, 1});
+    prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(xm, wm, ym), d.eng));
+    a.emplace(xm, d.eng, xa.data());
+    b.emplace(wm, d.eng, wa.data());
+    c.emplace(ym, d.eng, ya.data());
+    call = [&] {
+      prim->execute(d.stream, {{DNNL_ARG_SRC, *a}, {DNNL_ARG_WEIGHTS, *b}, {DNNL_ARG_DST, *c}});
+      d.stream.wait();
+    };
+  } else {
+    call = [&] {
+      sgemm(reinterpret_cast<const float*>(xa.data()), K, reinterpret_cast<const float*>(wa.data()), K,
+            reinterpret_cast<float*>(ya.data()), N, M, N, K, false);
+    };
+  }
+  call();  // warm up: page in the buffers, build the kernel
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < count; ++i) call();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void set_threads(int n) {

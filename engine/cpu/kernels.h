@@ -110,6 +110,11 @@ struct F32Out {
   void commit();
 };
 
+// Seconds for `count` calls of the GEMM library the backend uses for `dtype`
+// (OpenBLAS sgemm for fp32 and fp16, oneDNN for bf16) on y[M,N] = x[M,K] w[N,K]^T,
+// called directly: the bare baseline of `bench`.
+double library_gemm_seconds(int64_t M, int64_t N, int64_t K, DType dtype, int count);
+
 // Threads for the hand-written kernels and OpenBLAS (1 per MPI rank).
 void set_threads(int n);
 int threads();

@@ -31,18 +31,14 @@ void CheckpointSource::fill(Backend& be, const WeightSpec& w, const Tensor& dst)
     be.upload(dst, bytes.data(), e.dtype);
     return;
   }
-  // This rank's slice, converted to f32 on the host.
-  std::vector<float> local(static_cast<size_t>(dst.numel()));
+  // This rank's slice in the file's dtype (bytes, never widened): upload
+  // copies it when the run's dtype matches and rounds it once otherwise.
+  const size_t es = size_t(dtype_size(e.dtype));
+  std::vector<uint8_t> local(size_t(dst.numel()) * es);
   const uint8_t* src = bytes.data();
-  for_each_slice_element(w.shape, w.slice, [&](int64_t l, int64_t g) {
-    uint16_t h;
-    switch (e.dtype) {
-      case DType::F32: std::memcpy(&local[size_t(l)], src + 4 * g, 4); break;
-      case DType::BF16: std::memcpy(&h, src + 2 * g, 2); local[size_t(l)] = bf16_to_f32(h); break;
-      default: std::memcpy(&h, src + 2 * g, 2); local[size_t(l)] = f16_to_f32(h); break;
-    }
-  });
-  be.upload(dst, local.data(), DType::F32);
+  for_each_slice_element(w.shape, w.slice,
+                         [&](int64_t l, int64_t g) { std::memcpy(&local[size_t(l) * es], src + size_t(g) * es, es); });
+  be.upload(dst, local.data(), e.dtype);
 }
 
 void export_checkpoint(const ModelConfig& cfg, uint64_t seed, const fs::path& dir, DType dtype, int shards) {

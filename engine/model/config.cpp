@@ -80,6 +80,7 @@ void parse_attention(const Fields& F, ModelConfig& c) {
 void parse_mamba2(const Fields& F, ModelConfig& c) {
   c.d_state = int(F.i("state_size", 128));
   c.d_conv = int(F.i("conv_kernel", 4));
+  if (c.d_conv < 2 || c.d_conv > 7) F.fail("conv_kernel", "must be between 2 and 7");
   const int64_t expand = F.i("expand", 2);
   c.d_inner = expand * c.d_model;
   c.ssm_head_dim = int(F.i("head_dim", 64));
@@ -152,6 +153,7 @@ json ModelConfig::to_json() const {
     j["conv_kernel"] = d_conv;
   }
   if (family == Family::Mamba) j["time_step_rank"] = dt_rank;
+  if (d_inner) j["residual_in_fp32"] = residual_in_fp32;
   if (ssm_heads) {
     j["ssm_heads"] = ssm_heads;
     j["ssm_head_dim"] = ssm_head_dim;
@@ -190,6 +192,7 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
     c.tie_embeddings = F.b("tie_word_embeddings", t == "mamba");
     c.d_state = int(F.i("state_size", 16));
     c.d_conv = int(F.i("conv_kernel", 4));
+    if (c.d_conv < 2 || c.d_conv > 7) F.fail("conv_kernel", "must be between 2 and 7");
     c.d_inner = F.i("intermediate_size", F.i("expand", 2) * c.d_model);
     auto r = j.find("time_step_rank");
     if (r == j.end() || r->is_null() || (r->is_string() && r->get<std::string>() == "auto"))
@@ -199,12 +202,14 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
     F.positive("time_step_rank", c.dt_rank);
     c.conv_bias = F.b("use_conv_bias", true);
     if (F.b("use_bias", false)) F.fail("use_bias", "is true; projection biases are not supported");
+    c.residual_in_fp32 = F.b("residual_in_fp32", true);
     c.layer_pattern.assign(size_t(c.n_layers), 'S');
   } else if (t == "mamba2") {
     c.family = Family::Mamba2;
     c.norm_eps = float(F.f("layer_norm_epsilon", 1e-5));
     c.tie_embeddings = F.b("tie_word_embeddings", false);
     parse_mamba2(F, c);
+    c.residual_in_fp32 = F.b("residual_in_fp32", true);
     c.layer_pattern.assign(size_t(c.n_layers), 'M');
   } else if (t == "shardscope_hybrid") {
     c.family = Family::Hybrid;
@@ -219,6 +224,7 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
       }
     parse_attention(Fields{attn, origin}, c);
     parse_mamba2(Fields{ssm, origin}, c);
+    c.residual_in_fp32 = F.b("residual_in_fp32", false);
     c.layer_pattern = F.s("layer_pattern", "");
     if (c.layer_pattern.empty()) {
       const int64_t every = F.i("attention_every", 6);

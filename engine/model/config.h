@@ -46,6 +46,11 @@ struct ModelConfig {
   // the KV cache in `kv_dtype`; SSM states, softmax and norm statistics and
   // the logits stay fp32 (engine/README.md, "Number formats").
   DType dtype = DType::F32, kv_dtype = DType::F32;
+  // The residual stream in fp32 whatever the dtype: mamba_ssm's (and HF's)
+  // residual_in_fp32, true by default for Mamba, Falcon-Mamba and Mamba2;
+  // Llama and the hybrid keep it in the compute dtype, as HF does.
+  bool residual_in_fp32 = false;
+  DType residual_dtype() const { return residual_in_fp32 ? DType::F32 : dtype; }
 
   std::string layer_pattern;  // one letter per layer: A attention, M Mamba2, S Mamba (v1)
   nlohmann::json source;      // the config.json object it was read from (with overrides)

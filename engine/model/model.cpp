@@ -273,7 +273,7 @@ Tensor Model::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
     throw UsageError("the run needs " + std::to_string(cache.length() + T) + " tokens of cache but " +
                      std::to_string(cache.capacity) + " were reserved");
   Recorder& rec = m_be.recorder();
-  Tensor x = m_be.alloc({T, m_cfg.d_model}, Category::Activations, "residual", m_cfg.dtype);
+  Tensor x = m_be.alloc({T, m_cfg.d_model}, Category::Activations, "residual", m_cfg.residual_dtype());
   {
     SiteScope s(rec, -1, "embed");
     m_be.embedding(x, m_embed, tokens);

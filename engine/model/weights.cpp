@@ -53,18 +53,32 @@ Shape WeightSpec::local_shape() const {
   return s;
 }
 
+// Values are drawn and uploaded a block at a time, so the host staging stays
+// small next to the tensor (the peak resident set is the accounted bytes
+// plus a fixed overhead, also for a 32000-row embedding).
 void SyntheticSource::fill(Backend& be, const WeightSpec& w, const Tensor& dst) {
   if (!be.has_data()) return;
-  std::vector<float> host(static_cast<size_t>(dst.numel()));
+  constexpr int64_t kBlock = int64_t(1) << 18;
+  const Tensor flat = dst.reshape({dst.numel()});
+  const int64_t n = dst.numel();
+  std::vector<float> host(size_t(std::min(n, kBlock)));
   if (w.slice.mirrored()) {
-    const int64_t n = int64_t(host.size());
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) host[size_t(i)] = synthetic_value(w, m_seed, i);
-  } else {
-    for_each_slice_element(w.shape, w.slice,
-                           [&](int64_t l, int64_t g) { host[size_t(l)] = synthetic_value(w, m_seed, g); });
+    for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+      const int64_t m = std::min(kBlock, n - i0);
+#pragma omp parallel for schedule(static) if (m > (1 << 16))
+      for (int64_t i = 0; i < m; ++i) host[size_t(i)] = synthetic_value(w, m_seed, i0 + i);
+      be.upload(flat.slice(0, i0, m), host.data(), DType::F32);
+    }
+    return;
   }
-  be.upload(dst, host.data(), DType::F32);
+  int64_t base = 0;  // local index of host[0]
+  for_each_slice_element(w.shape, w.slice, [&](int64_t l, int64_t g) {
+    host[size_t(l - base)] = synthetic_value(w, m_seed, g);
+    if (l - base + 1 == int64_t(host.size()) || l + 1 == n) {
+      be.upload(flat.slice(0, base, l - base + 1), host.data(), DType::F32);
+      base = l + 1;
+    }
+  });
 }
 
 }  // namespace ss
