@@ -134,6 +134,13 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_strategy = new QComboBox(setup);
   m_strategy->addItems({"single", "dp", "tp", "sp", "tp_sp", "tsp"});
   m_strategy->setCurrentText(QStringLiteral("tp"));
+  m_dtype = new QComboBox(setup);
+  m_dtype->addItem(tr("fp32"), QStringLiteral("fp32"));
+  m_dtype->addItem(tr("bf16"), QStringLiteral("bf16"));
+  m_dtype->addItem(tr("fp16"), QStringLiteral("fp16"));
+  m_dtype->setToolTip(tr("Compute dtype of weights, activations, the KV cache and communication; GEMMs accumulate "
+                         "and softmax, norm statistics and SSM states stay in fp32. Simulated GPUs default to bf16, "
+                         "CPU devices to fp32."));
   m_devices = new QSpinBox(setup);
   m_devices->setRange(1, 64);
   m_devices->setValue(4);
@@ -175,6 +182,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   form->addRow(tr("Dimensions"), m_overrides);
   form->addRow(tr("Backend"), m_backend);
   form->addRow(tr("Strategy"), m_strategy);
+  form->addRow(tr("Number format"), m_dtype);
   form->addRow(tr("Devices"), m_devices);
   form->addRow(tr("Nodes (simulated)"), m_nodes);
   form->addRow(tr("Mesh (tp_sp)"), m_mesh);
@@ -278,8 +286,16 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
     m_run->setEnabled(false);
     m_checkDelay->start();
   };
-  for (QComboBox* c : {m_model, m_backend, m_strategy, m_precision})
+  for (QComboBox* c : {m_model, m_backend, m_strategy, m_precision, m_dtype})
     connect(c, &QComboBox::currentTextChanged, this, changed);
+  // The default number format follows the backend (bf16 on simulated GPUs,
+  // fp32 on CPU devices) until the person picks one.
+  connect(m_dtype, &QComboBox::activated, this, [this] { m_dtypeChosen = true; });
+  connect(m_backend, &QComboBox::currentIndexChanged, this, [this] {
+    if (m_dtypeChosen) return;
+    const bool sim = m_backend->currentData().toString().startsWith(QLatin1String("sim:"));
+    m_dtype->setCurrentIndex(m_dtype->findData(sim ? QStringLiteral("bf16") : QStringLiteral("fp32")));
+  });
   for (QSpinBox* b : {m_devices, m_prompt, m_decode, m_batch, m_nodes})
     connect(b, &QSpinBox::valueChanged, this, changed);
   connect(m_backend, &QComboBox::currentIndexChanged, this, &MainWindow::updateSetupState);
@@ -346,7 +362,8 @@ QStringList MainWindow::engineArguments() const {
   if (backend.startsWith(QLatin1String("sim:"))) args << "simulate" << "--hardware" << backend.mid(4);
   else args << (strategy == QLatin1String("single") ? "run" : "launch");
   args << "--model" << m_model->currentText() << "--strategy" << strategy << "--prompt-len"
-       << QString::number(m_prompt->value()) << "--decode" << QString::number(m_decode->value());
+       << QString::number(m_prompt->value()) << "--decode" << QString::number(m_decode->value()) << "--dtype"
+       << m_dtype->currentData().toString();
   if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
   if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
   if (backend.startsWith(QLatin1String("sim:")) && m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());

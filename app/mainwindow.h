@@ -104,6 +104,8 @@ class MainWindow : public QMainWindow {
   QComboBox* m_model;
   QComboBox* m_backend;
   QComboBox* m_strategy;
+  QComboBox* m_dtype;           // --dtype
+  bool m_dtypeChosen = false;   // picked by the person: the backend no longer sets it
   QSpinBox* m_devices;
   QLineEdit* m_mesh;
   QSpinBox* m_prompt;

@@ -159,6 +159,34 @@ class TestExplorer : public QObject {
     QVERIFY2(w.verdictText().contains(QStringLiteral("--prompt-len 20")), qPrintable(w.verdictText()));
   }
 
+  // The number format follows the backend (bf16 on simulated GPUs, fp32 on
+  // CPU devices) until the person picks one; the Summary names it.
+  void dtypeFollowsTheBackend() {
+    MainWindow w;
+    auto dtype = [&] {
+      const QStringList a = w.engineArguments();
+      const qsizetype i = a.indexOf("--dtype");
+      return i >= 0 && i + 1 < a.size() ? a[i + 1] : QString();
+    };
+    QCOMPARE(dtype(), QStringLiteral("fp32"));
+    w.setSetup("llama2-7b", "sim:h100-sxm", "tp", 8, 1024, 2);
+    QCOMPARE(dtype(), QStringLiteral("bf16"));
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 2);
+    QCOMPARE(dtype(), QStringLiteral("fp32"));
+    EngineClient client;
+    Collected c;
+    QVERIFY(drive(client, c, [&] {
+      client.start({"simulate", "--hardware", "h100-sxm", "--model", "llama2-7b", "--prompt-len", "512", "--decode", "1",
+                    "--dtype", "bf16", "--events", "-"});
+    }));
+    QCOMPARE(c.outcome.exitCode, 0);
+    SummaryPage page(c.data);
+    page.refresh();
+    const QString text = page.text();
+    QVERIFY2(text.contains(QStringLiteral("· bf16")), qPrintable(text.left(300)));
+    QVERIFY2(text.contains(QStringLiteral("x 2 bytes")), qPrintable(text));
+  }
+
   // The summary's textbook expectation of bytes sent per attention layer
   // equals what the engine measured, for every strategy that communicates.
   void summaryExpectationMatchesMeasuredBytes_data() {
@@ -168,6 +196,12 @@ class TestExplorer : public QObject {
     QTest::newRow("tp_sp") << QStringList{"--strategy", "tp_sp", "--devices", "4", "--mesh", "2x2"};
     QTest::newRow("tsp") << QStringList{"--strategy", "tsp", "--devices", "2"};
     QTest::newRow("hybrid tp") << QStringList{"--strategy", "tp", "--devices", "2", "--model", "tiny-hybrid"};
+    // In bf16 partial sums, K/V and weight shards travel at 2 bytes a value.
+    QTest::newRow("tp bf16") << QStringList{"--strategy", "tp", "--devices", "2", "--dtype", "bf16"};
+    QTest::newRow("sp bf16") << QStringList{"--strategy", "sp", "--devices", "4", "--dtype", "bf16"};
+    QTest::newRow("tsp bf16") << QStringList{"--strategy", "tsp", "--devices", "2", "--dtype", "bf16"};
+    QTest::newRow("tp_sp bf16, fp32 cache")
+        << QStringList{"--strategy", "tp_sp", "--devices", "4", "--mesh", "2x2", "--dtype", "bf16", "--kv-dtype", "fp32"};
   }
   void summaryExpectationMatchesMeasuredBytes() {
     QFETCH(QStringList, setup);

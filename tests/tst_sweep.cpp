@@ -136,6 +136,26 @@ class TestSweep : public QObject {
     QVERIFY(at("int8:16", "wire_bytes") > at("int8:1024", "wire_bytes"));  // more scales
   }
 
+  // A bf16 run's baseline is its own dtype: the reference sends bf16 (half
+  // the fp32 bytes), an fp32 all-reduce (upcast, summed, rounded once)
+  // sends the fp32 bytes, int8 fewer than the reference.
+  void bf16RunsSweepAgainstBf16() {
+    const SweepRun r = sweep({"--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "64",
+                              "--decode", "4", "--dtype", "bf16", "--precisions", "fp32,int8", "--blocks", "128",
+                              "--sites", "all"});
+    QCOMPARE(r.exit_code, 0);
+    QCOMPARE(r.status, std::string("ok"));
+    for (const char* c : {"bf16", "fp32", "int8:128"})
+      QVERIFY2(r.points.count(c), qPrintable(QString(c) + " is missing; errors:\n" + r.errors));
+    auto at = [&](const char* c, const char* m) { return r.points.at(c).at(m); };
+    QCOMPARE(at("bf16", "wire_bytes"), at("bf16", "wire_bytes_native"));
+    QCOMPARE(at("bf16", "wire_bytes") * 2, at("bf16", "wire_bytes_fp32"));
+    QCOMPARE(at("fp32", "wire_bytes"), at("fp32", "wire_bytes_fp32"));
+    QVERIFY(at("int8:128", "wire_bytes") < at("bf16", "wire_bytes"));
+    QCOMPARE(at("bf16", "kl"), 0.0);
+    QVERIFY2(r.summary.contains("vs bf16"), qPrintable(r.summary));
+  }
+
   void checkpointModelSweeps() {
     QTemporaryDir dir;
     QProcess exp;

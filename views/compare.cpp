@@ -80,12 +80,14 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
   m_table->setColumnCount(int(m_runs.size()));
   QStringList headers;
   for (size_t i = 0; i < m_runs.size(); ++i) {
-    const auto work = m_runs[i].data->config().value("workload", nlohmann::json::object());
-    headers << QStringLiteral("%1 · %2\nprompt %3, decode %4")
+    const auto& conf = m_runs[i].data->config();
+    const auto work = conf.value("workload", nlohmann::json::object());
+    headers << QStringLiteral("%1 · %2\nprompt %3, decode %4, %5")
                    .arg(QChar('A' + int(i)))
                    .arg(m_runs[i].name)
                    .arg(work.value("prompt_len", 0))
-                   .arg(work.value("decode", 0));
+                   .arg(work.value("decode", 0))
+                   .arg(QString::fromStdString(conf.value("dtype", std::string("fp32"))));
   }
   m_table->setHorizontalHeaderLabels(headers);
   QStringList labels;

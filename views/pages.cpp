@@ -674,11 +674,18 @@ void SummaryPage::refresh() {
     m_text->setHtml(h);
     return;
   }
-  h += tr("<h3>%1 · %2 · %3 device(s) · %4</h3>")
+  // The run's number formats (streams from before they existed are fp32).
+  const QString dtype = QString::fromStdString(c.value("dtype", std::string("fp32")));
+  const QString kvDtype = QString::fromStdString(c.value("kv_dtype", dtype.toStdString()));
+  auto bytesPer = [](const QString& d) { return d == QLatin1String("fp32") ? 4.0 : 2.0; };
+  const double bpv = bytesPer(dtype), kvBytes = bytesPer(kvDtype);
+  const double residualBytes = model.value("residual_in_fp32", false) ? 4.0 : bpv;
+  h += tr("<h3>%1 · %2 · %3 device(s) · %4 · %5</h3>")
                   .arg(QString::fromStdString(model.value("name", "?")),
                        QString::fromStdString(c.value("strategy", "?")))
                   .arg(c.value("devices", 1))
-                  .arg(QString::fromStdString(c.value("backend", c.contains("sweep") ? "cpu, quantization sweep" : "?")));
+                  .arg(QString::fromStdString(c.value("backend", c.contains("sweep") ? "cpu, quantization sweep" : "?")))
+                  .arg(kvDtype == dtype ? dtype : tr("%1, KV cache %2").arg(dtype, kvDtype));
   // More CPU ranks than this machine's cores: every rank waits for a core,
   // so times (not memory, not bytes) say little about the strategy.
   if (c.value("backend", std::string()) == "cpu" && !m_data.ranks().empty()) {
@@ -746,10 +753,12 @@ void SummaryPage::refresh() {
     const double embed = model.value("vocab_size", 0.0) * model.value("hidden_size", 0.0) *
                          (model.value("tie_word_embeddings", false) ? 1 : 2);
     h += tr("<tr><td>weights</td><td align=right>%1</td><td align=right>%2</td><td>(parameters - embeddings and "
-            "head) x 4 bytes / (shards = %3) + embeddings and head x 4 bytes (norms, also whole, are left out)</td></tr>")
-             .arg(bytesText((params - embed) * 4 / shards + embed * 4))
+            "head) x %4 bytes / (shards = %3) + embeddings and head x %4 bytes (norms, also whole, are left "
+            "out)</td></tr>")
+             .arg(bytesText((params - embed) * bpv / shards + embed * bpv))
              .arg(bytesText(measured("peak_weights_bytes")))
-             .arg(shards);
+             .arg(shards)
+             .arg(bpv);
     const auto work = c.value("workload", nlohmann::json::object());
     const double tokens = work.value("prompt_len", 0.0) + work.value("decode", 0.0);
     const double layers = model.value("num_hidden_layers", 0.0);
@@ -759,12 +768,13 @@ void SummaryPage::refresh() {
     if (kv > 0 && layers > 0) {
       const double seq = strategy == "tsp" ? D : S, heads_split = (strategy == "tsp") ? 1 : shards;
       h += tr("<tr><td>KV cache</td><td align=right>%1</td><td align=right>%2</td><td>2 (K, V) x %3 attention "
-              "layers x tokens / (sequence shards = %4) x kv width / (head shards = %5) x 4 bytes</td></tr>")
-               .arg(bytesText(2 * attn_layers * tokens / seq * kv / heads_split * 4))
+              "layers x tokens / (sequence shards = %4) x kv width / (head shards = %5) x %6 bytes</td></tr>")
+               .arg(bytesText(2 * attn_layers * tokens / seq * kv / heads_split * kvBytes))
                .arg(bytesText(measured("peak_kv_cache_bytes")))
                .arg(attn_layers)
                .arg(seq)
-               .arg(heads_split);
+               .arg(heads_split)
+               .arg(kvBytes);
     }
     // Activations: the residual stream of the tokens this device works on is
     // the least any layer keeps live; the measured peak adds the layer's own
@@ -776,10 +786,11 @@ void SummaryPage::refresh() {
       const double dm = model.value("hidden_size", 0.0);
       if (tokensHere > 0 && dm > 0)
         h += tr("<tr><td>activations</td><td align=right>&ge; %1</td><td align=right>%2</td><td>the residual "
-                "stream: tokens on this device (%3) x d x 4 bytes; the peak adds one layer's intermediates</td></tr>")
-                 .arg(bytesText(tokensHere * dm * 4))
+                "stream: tokens on this device (%3) x d x %4 bytes; the peak adds one layer's intermediates</td></tr>")
+                 .arg(bytesText(tokensHere * dm * residualBytes))
                  .arg(bytesText(measured("peak_activations_bytes")))
-                 .arg(tokensHere);
+                 .arg(tokensHere)
+                 .arg(residualBytes);
     }
     // Bytes one device puts on the wire for one attention layer's prefill,
     // counted as the engine counts them: an all-reduce of N bytes moves
@@ -801,18 +812,19 @@ void SummaryPage::refresh() {
     if (first_attn >= 0 && kv > 0 && d > 0 && P > 0 && precision == "fp32") {
       double expected = 0;
       QString how;
+      // Partial sums and weight shards travel in the compute dtype, K/V in the cache's.
       if (strategy == "tp") {
-        expected = 2 * 2 * (T - 1) / T * P * d * 4;
-        how = tr("2 all-reduces (attention, MLP) x 2(T-1)/T x tokens x d x 4 bytes");
+        expected = 2 * 2 * (T - 1) / T * P * d * bpv;
+        how = tr("2 all-reduces (attention, MLP) x 2(T-1)/T x tokens x d x %1 bytes").arg(bpv);
       } else if (strategy == "sp") {
-        expected = 2 * (S - 1) / S * P * kv * 4;
-        how = tr("K and V all-gathered: 2 x (S-1)/S x tokens x kv width x 4 bytes");
+        expected = 2 * (S - 1) / S * P * kv * kvBytes;
+        how = tr("K and V all-gathered: 2 x (S-1)/S x tokens x kv width x %1 bytes").arg(kvBytes);
       } else if (strategy == "tp_sp") {
-        expected = 2 * 2 * (T - 1) / T * (P / S) * d * 4 + 2 * (S - 1) / S * P * (kv / T) * 4;
+        expected = 2 * 2 * (T - 1) / T * (P / S) * d * bpv + 2 * (S - 1) / S * P * (kv / T) * kvBytes;
         how = tr("2 all-reduces of tokens/S rows along T, plus K and V (kv width/T) all-gathered along S");
       } else if (strategy == "tsp") {
         const double qkv = d * (d + 2 * kv), o = d * d, mlp = 3 * d * inter;
-        expected = (qkv + o) * 4 + 2 * (D - 1) / D * P * kv * 4 + (D - 1) / D * mlp * 4;
+        expected = (qkv + o) * bpv + 2 * (D - 1) / D * P * kv * kvBytes + (D - 1) / D * mlp * bpv;
         how = tr("attention weights broadcast in D turns of 1/D each, K and V all-gathered, MLP weights passed "
                  "D-1 steps around the ring");
       } else {

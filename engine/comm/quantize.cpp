@@ -83,8 +83,9 @@ QuantSpec parse_quant_spec(const std::string& text) {
   return s;
 }
 
-QuantSpec CommPrecision::at(const std::string& site, int layer) const {
+QuantSpec CommPrecision::at(const std::string& site, int layer, Precision native) const {
   QuantSpec out;
+  out.precision = native;
   for (const auto& r : rules)
     if ((r.site == "all" || r.site == site) && layer >= r.first && layer <= r.last) out = r.spec;
   return out;

@@ -23,7 +23,9 @@ struct SitePrecision {
 };
 struct CommPrecision {
   std::vector<SitePrecision> rules;
-  QuantSpec at(const std::string& site, int layer) const;
+  // The spec of a site and layer; where no rule matches, the plain cast
+  // `native` (the run's own dtype: the unquantized all-reduce).
+  QuantSpec at(const std::string& site, int layer, Precision native = Precision::FP32) const;
   bool quantizes() const;  // any rule other than fp32
   std::string str() const;
 };

@@ -12,7 +12,8 @@ int64_t carrier_words(int64_t n, int d, const QuantSpec& s) {
 
 double quantized_all_reduce_wire(int64_t n, int d, const QuantSpec& s, DType dtype) {
   if (d <= 1) return 0;
-  if (s.is_plain()) return wire_bytes("all_reduce", double(dtype_size(dtype)) * double(n), d);
+  if (s.precision == precision_of(dtype)) return wire_bytes("all_reduce", double(dtype_size(dtype)) * double(n), d);
+  if (s.is_plain()) return wire_bytes("all_reduce", 4.0 * double(n), d);
   return 2.0 * (d - 1) * 4.0 * double(carrier_words(n, d, s));
 }
 
@@ -25,9 +26,20 @@ WireBytes quantized_all_reduce(Communicator& comm, Backend& be, const Tensor& bu
   w.bf16 = wire_bytes("all_reduce", 2.0 * double(n), D);
   w.native = wire_bytes("all_reduce", double(buf.nbytes()), D);
   if (D <= 1) return w;
-  if (s.is_plain()) {
+  // The buffer's own dtype: the ordinary all-reduce.
+  if (s.precision == precision_of(buf.dtype())) {
     comm.all_reduce(buf);
     w.sent = w.native;
+    return w;
+  }
+  // fp32 for a narrower buffer: the sum travels in fp32 (4 bytes a value) and
+  // is rounded once into the buffer.
+  if (s.is_plain()) {
+    Tensor wide = be.alloc(buf.shape(), Category::CommBuffers, "allreduce.fp32", DType::F32);
+    be.copy(wide, buf);
+    comm.all_reduce(wide);
+    be.copy(buf, wide);
+    w.sent = w.fp32;
     return w;
   }
   const Tensor flat = buf.reshape({n});

@@ -24,14 +24,15 @@ struct WireBytes {
 
 // Reduces `buf` (contiguous, in the run's dtype) in place over `comm`; the
 // sums are fp32 whatever the dtype. `counter` seeds the
-// stochastic rounding of this call (distinct per call). A plain fp32 spec is
-// the ordinary all_reduce in the buffer's dtype.
+// stochastic rounding of this call (distinct per call). The plain cast of the
+// buffer's dtype is the ordinary all_reduce; fp32 on a bf16/fp16 buffer
+// reduces an fp32 copy.
 WireBytes quantized_all_reduce(Communicator& comm, Backend& be, const Tensor& buf, const QuantSpec& spec,
                                uint64_t counter);
 
 // The bytes quantized_all_reduce sends per rank for n values over d ranks:
 // 2 (d-1) padded chunk payloads (all-to-all, then all-gather).
-// A plain spec sends a ring all-reduce in `dtype`.
+// The buffer's own precision sends a ring all-reduce in `dtype`, fp32 one in fp32.
 double quantized_all_reduce_wire(int64_t n, int d, const QuantSpec& spec, DType dtype = DType::F32);
 
 }  // namespace ss

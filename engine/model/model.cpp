@@ -234,9 +234,9 @@ void Model::project_out(int layer, const Tensor& x, const Tensor& in, const Tens
 
 void Model::reduce_into(const Tensor& x, const Tensor& partial, const char* site, int layer) {
   if (tp_active()) {
-    const QuantSpec spec = m_par.comm_precision.at(site, layer);
+    const QuantSpec spec = m_par.comm_precision.at(site, layer, precision_of(m_cfg.dtype));
     Tensor exact;
-    if (m_par.measure_sites && !spec.is_plain() && m_be.has_data()) {
+    if (m_par.measure_sites && spec.precision != precision_of(m_cfg.dtype) && m_be.has_data()) {
       exact = m_be.alloc(partial.shape(), Category::CommBuffers, "measure.exact", m_cfg.dtype);
       m_be.copy(exact, partial);
       SiteScope s(m_be.recorder(), layer, std::string(site) + ".exact_reference");

@@ -73,17 +73,21 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   const auto& work = config.value("workload", nlohmann::json::object());
   if (config.contains("sweep")) {
     // A quantization sweep: no devices to account, a trade-off to show.
+    const std::string dtype = config.value("dtype", std::string("fp32"));
     out << "sweep: " << model.value("name", "?") << ", " << config.value("strategy", "?") << " on "
-        << config.value("devices", 1) << " ranks, prompt " << work.value("prompt_len", 0) << " + decode "
-        << work.value("decode", 0) << " tokens\nstatus: " << status << "\n";
+        << config.value("devices", 1) << " ranks, " << dtype << ", prompt " << work.value("prompt_len", 0)
+        << " + decode " << work.value("decode", 0) << " tokens\nstatus: " << status << "\n";
     for (auto& e : errors) out << "error: " << e.message << "\n";
-    out << "config                  wire B/rank    logits KL    top-1  decided  first divergence\n";
+    std::snprintf(buf, sizeof buf, "%-22s %12s %9s %12s %8s %8s  %s\n", "config", "wire B/rank", ("vs " + dtype).c_str(),
+                  "logits KL", "top-1", "decided", "first divergence");
+    out << buf;
     for (const std::string& c : sweep_order) {
       const auto& m = sweep[c];
       auto v = [&](const char* k) { auto it = m.find(k); return it == m.end() ? 0.0 : it->second; };
       const double div = m.count("first_divergence") ? v("first_divergence") : -1;
-      std::snprintf(buf, sizeof buf, "%-22s %12.0f %12.3e %7.2f%% %7.2f%%  %s\n", c.c_str(), v("wire_bytes"), v("kl"),
-                    100 * v("top1"), 100 * v("top1_decided"),
+      const double native = v("wire_bytes_native");
+      std::snprintf(buf, sizeof buf, "%-22s %12.0f %8.3fx %12.3e %7.2f%% %7.2f%%  %s\n", c.c_str(), v("wire_bytes"),
+                    native > 0 ? v("wire_bytes") / native : 1.0, v("kl"), 100 * v("top1"), 100 * v("top1_decided"),
                     div < 0 ? "never" : ("step " + std::to_string(int(div))).c_str());
       out << buf;
     }
@@ -92,7 +96,12 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   }
   out << "run: " << model.value("name", "?") << " (" << model.value("family", "?") << ", "
       << config.value("parameters", 0LL) / 1e6 << " M parameters), backend " << config.value("backend", "?")
-      << ", strategy " << config.value("strategy", "?") << ", " << config.value("devices", 1) << " device(s)\n";
+      << ", strategy " << config.value("strategy", "?") << ", " << config.value("devices", 1) << " device(s), "
+      << config.value("dtype", std::string("fp32"))
+      << (config.value("kv_dtype", config.value("dtype", std::string("fp32"))) != config.value("dtype", std::string("fp32"))
+              ? " (KV cache " + config.value("kv_dtype", std::string()) + ")"
+              : std::string())
+      << "\n";
   out << "workload: prompt " << work.value("prompt_len", 0) << " tokens, decode " << work.value("decode", 0)
       << " tokens; weights " << config.value("weights", "?") << "\n";
   out << "status: " << status << "\n";

@@ -32,6 +32,8 @@ std::vector<std::string> run_args(const RunOptions& o) {
                                 "--split", o.split, "--attention", o.attention, "--decode", std::to_string(o.decode),
                                 "--seed", std::to_string(o.seed)};
   for (auto& s : o.overrides) a.insert(a.end(), {"--set", s});
+  a.insert(a.end(), {"--dtype", std::string(compute_dtype_name(o.dtype)), "--kv-dtype",
+                     std::string(compute_dtype_name(cache_dtype(o)))});
   if (!o.mesh.empty()) a.insert(a.end(), {"--mesh", o.mesh});
   if (o.capacity > 0) a.insert(a.end(), {"--capacity", std::to_string(o.capacity)});
   if (!o.tokens.empty()) {
@@ -49,7 +51,7 @@ struct Point {
   int block = 0;
   bool ok = false;
   std::string error;
-  double wire = 0, wire_fp32 = 0, kl = 0, top1 = 0, top1_decided = 0, ppl = NAN;
+  double wire = 0, wire_fp32 = 0, wire_native = 0, kl = 0, top1 = 0, top1_decided = 0, ppl = NAN;
   int first_divergence = -1;  // decode step, -1: none
   std::map<std::string, double> site_rel_l2;
 };
@@ -78,6 +80,7 @@ NpyArray run_point(const RunOptions& o, const std::string& precision, const std:
     if (!r.event) continue;
     if (auto* m = std::get_if<proto::Metric>(&*r.event); m && m->rank == 0) {
       if (m->name.rfind("wire_bytes_fp32.", 0) == 0) pt.wire_fp32 += m->value;
+      else if (m->name.rfind("wire_bytes_native.", 0) == 0) pt.wire_native += m->value;
       else if (m->name.rfind("wire_bytes.", 0) == 0) pt.wire += m->value;
     } else if (auto* a = std::get_if<proto::Accuracy>(&*r.event); a && a->metric == "rel_l2") {
       auto& [sum, n] = site_sum[a->site];
@@ -176,14 +179,17 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   out.write(proto::Hello{proto::kVersion, engine_version(), host_name()});
   nlohmann::json sweep = {{"precisions", so.precisions}, {"blocks", so.blocks}, {"sites", sites},
                           {"rounding", so.rounding}, {"eval_tokens", so.eval_tokens}};
+  const std::string dtype(compute_dtype_name(o.dtype));
   out.write(proto::Config{{{"sweep", sweep}, {"model", cfg.to_json()}, {"strategy", o.strategy},
-                           {"devices", o.devices}, {"workload", {{"prompt_len", o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size())}, {"decode", o.decode}, {"seed", o.seed}}}}});
+                           {"devices", o.devices}, {"dtype", dtype},
+                           {"kv_dtype", std::string(compute_dtype_name(cache_dtype(o)))}, {"workload", {{"prompt_len", o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size())}, {"decode", o.decode}, {"seed", o.seed}}}}});
   out.flush();
 
   const std::string base = "/tmp/shardscope-sweep-" + std::to_string(getpid());
+  // The reference: the all-reduces unquantized, in the run's own dtype.
   Point ref;
-  ref.label = "fp32";
-  const NpyArray R = run_point(o, "fp32", base, ref);
+  ref.label = dtype;
+  const NpyArray R = run_point(o, dtype, base, ref);
   if (!ref.ok) {
     out.write(proto::Error{"failed", -1, "the unquantized reference run failed: " + ref.error, {}});
     out.write(proto::Done{"failed", 0, kExitFailure});
@@ -241,6 +247,7 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     };
     acc("wire_bytes", p.wire);
     acc("wire_bytes_fp32", p.wire_fp32);
+    acc("wire_bytes_native", p.wire_native);
     acc("kl", p.kl);
     acc("top1", p.top1);
     acc("top1_decided", p.top1_decided);
@@ -317,7 +324,8 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
                 "%lld of %lld positions tied (top-2 gap under one bf16 step), excluded from 'decided'\n",
                 entropy, std::log(double(V)), median_margin, static_cast<long long>(ties), static_cast<long long>(rows));
   table << line;
-  std::snprintf(line, sizeof line, "%-22s %12s %9s %12s %10s %10s %10s %10s %s\n", "config", "wire B/rank", "vs fp32",
+  const std::string versus = "vs " + dtype;
+  std::snprintf(line, sizeof line, "%-22s %12s %9s %12s %10s %10s %10s %10s %s\n", "config", "wire B/rank", versus.c_str(),
                 "logits KL", "top-1", "decided", "diverges", "perplexity", "site rel L2");
   table << line;
   auto row = [&](const Point& p, bool pareto) {
@@ -333,7 +341,7 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     if (std::isnan(p.ppl)) std::snprintf(ppl, sizeof ppl, "-");
     else std::snprintf(ppl, sizeof ppl, "%.4f", p.ppl);
     std::snprintf(line, sizeof line, "%-22s %12.0f %8.3fx %12.3e %9.2f%% %9.2f%% %10s %10s %s%s\n", p.label.c_str(),
-                  p.wire, p.wire_fp32 > 0 ? p.wire / p.wire_fp32 : 1.0, p.kl, 100 * p.top1, 100 * p.top1_decided, div,
+                  p.wire, p.wire_native > 0 ? p.wire / p.wire_native : 1.0, p.kl, 100 * p.top1, 100 * p.top1_decided, div,
                   ppl, sites_err.c_str(), pareto ? " *" : "");
     table << line;
   };
