@@ -11,7 +11,12 @@
 // significant bits, u = 2^-8; fp16: 11, u = 2^-11; fp32: the fp32 arithmetic
 // itself, 1e-5 as before), plus the fp32 arithmetic's 1e-5. An output that is
 // stored and then added to (a state-passing correction into y) is rounded
-// twice: 2u. Views are
+// twice: 2u. In bf16, attention's P·V and the SSD scan's products also round
+// an fp32 operand (the probabilities; the decay mask, weighted B and state)
+// to bf16: each such error, at most 2^-9 relative per term, enters a sum of
+// many terms of mixed sign and adds about u/sqrt(3)/sqrt(terms) to the RMS
+// error, well inside the same bound (the output rounding alone is u/sqrt(3)
+// in RMS). Views are
 // column windows of wider buffers whose padding holds NaN: a kernel that reads
 // the padding poisons its result, one that writes it is caught directly.
 #include <QtTest>

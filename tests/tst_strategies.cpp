@@ -13,8 +13,8 @@
 #include <map>
 #include <set>
 
-#include "io/npy.h"
 #include "engine_process.h"
+#include "npy_compare.h"
 #include "protocol/events.h"
 
 using namespace ss::proto;
@@ -82,31 +82,6 @@ QStringList shape_sets(const QString& model, int D) {
     return {};
   }
   return {};
-}
-
-// Relative L2 error of each last-axis row of `got` against `want`; the worst
-// row and its index, or -1 when the shapes differ.
-std::pair<double, int64_t> worst_row(const ss::NpyArray& got, const ss::NpyArray& want) {
-  if (got.shape != want.shape || want.shape.empty()) return {INFINITY, -1};
-  const int64_t cols = want.shape.back();
-  const int64_t rows = int64_t(want.data.size()) / cols;
-  double worst = 0;
-  int64_t at = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double diff = 0, norm = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double a = got.data[size_t(r * cols + c)], b = want.data[size_t(r * cols + c)];
-      diff += (a - b) * (a - b);
-      norm += b * b;
-    }
-    const double rel = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
-    if (!(rel <= worst)) {  // also catches NaN
-      worst = rel;
-      at = r;
-      if (std::isnan(rel)) break;
-    }
-  }
-  return {worst, at};
 }
 
 // Positions whose K/V (or state) sequence rank `r` of `S` keeps: its prompt

@@ -31,10 +31,6 @@ const float* tile_f32(const Tensor& t, int64_t r0, int64_t n, int64_t c0, int64_
 }
 }  // namespace
 
-// Causal attention with an online softmax over key blocks (the FlashAttention
-// recurrence, Dao et al. 2022, §3.1): per query block only a
-// kQueryBlock × kKeyBlock score tile exists at a time. Key blocks no query of
-// the block can see are skipped. GEMMs of a tile go to OpenBLAS.
 // A few queries (decode) over many keys, split over the keys as
 // flash-decoding does: each thread takes a range of keys, reads every K and V
 // row of it once (widened once for all heads), keeps per (query, head) a
@@ -141,6 +137,13 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
   }
 }
 
+// Causal attention with an online softmax over key blocks (the FlashAttention
+// recurrence, Dao et al. 2022, §3.1): per query block only a
+// kQueryBlock × kKeyBlock score tile exists at a time. Key blocks no query of
+// the block can see are skipped. The tile GEMMs run on oneDNN's bf16 kernel
+// when Q, K and V are bf16, else on OpenBLAS over fp32 tiles (fp16 tiles
+// widened). The softmax and its statistics are fp32 whatever the dtype; a
+// few queries (decode) take the key-split path above.
 void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
                const Tensor& lse) {
   const int64_t Tq = q.rows(), Tk = k.rows();
@@ -166,6 +169,14 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
   {
     std::vector<float> S(size_t(kQueryBlock) * kKeyBlock), acc(size_t(kQueryBlock) * hd);
     std::vector<float> m(kQueryBlock), l(kQueryBlock), qbuf, kbuf, vbuf, obuf(static_cast<size_t>(hd));
+    // bf16 Q, K and V: both tile GEMMs on the bf16 kernel, the probabilities
+    // rounded to bf16 for the second as FlashAttention does (P·V in bf16,
+    // accumulated in fp32).
+    const bool bf16 = q.dtype() == DType::BF16 && k.dtype() == DType::BF16 && v.dtype() == DType::BF16;
+    std::vector<uint16_t> P(bf16 ? size_t(kQueryBlock) * kKeyBlock : 0);
+    auto at = [](const Tensor& t, int64_t r, int64_t c) {
+      return static_cast<const char*>(t.row_ptr(r)) + c * dtype_size(t.dtype());
+    };
 #pragma omp for schedule(dynamic)
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int h = int(tile / n_qb);
@@ -173,7 +184,7 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
       const int kvh = h / group;
       const int bq = int(std::min<int64_t>(kQueryBlock, Tq - i0));
       int64_t ldq = 0, ldk = 0, ldv = 0;
-      const float* qh = tile_f32(q, i0, bq, int64_t(h) * hd, hd, qbuf, ldq);
+      const float* qh = bf16 ? nullptr : tile_f32(q, i0, bq, int64_t(h) * hd, hd, qbuf, ldq);
       int32_t qmax = std::numeric_limits<int32_t>::min();
       for (int i = 0; i < bq; ++i) qmax = std::max(qmax, a.q_pos[i0 + i]);
       std::fill(m.begin(), m.end(), kNegInf);
@@ -183,9 +194,14 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
         if (kb_min[kb] > qmax) continue;
         const int64_t j0 = kb * kKeyBlock;
         const int bk = int(std::min<int64_t>(kKeyBlock, Tk - j0));
-        const float* kh = tile_f32(k, j0, bk, int64_t(kvh) * hd, hd, kbuf, ldk);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, hd, a.scale, qh, int(ldq), kh, int(ldk), 0.0f,
-                    S.data(), kKeyBlock);
+        if (bf16) {
+          tile_gemm_bf16(bq, bk, hd, at(q, i0, int64_t(h) * hd), q.ld(), false, at(k, j0, int64_t(kvh) * hd), k.ld(),
+                         true, S.data(), kKeyBlock, a.scale, false);
+        } else {
+          const float* kh = tile_f32(k, j0, bk, int64_t(kvh) * hd, hd, kbuf, ldk);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, hd, a.scale, qh, int(ldq), kh, int(ldk), 0.0f,
+                      S.data(), kKeyBlock);
+        }
         for (int i = 0; i < bq; ++i) {
           float* s = S.data() + size_t(i) * kKeyBlock;
           const int32_t qp = a.q_pos[i0 + i];
@@ -210,9 +226,16 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
           float* ar = acc.data() + size_t(i) * hd;
           for (int d = 0; d < hd; ++d) ar[d] *= corr;
         }
-        const float* vh = tile_f32(v, j0, bk, int64_t(kvh) * hd, hd, vbuf, ldv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, hd, bk, 1.0f, S.data(), kKeyBlock, vh, int(ldv),
-                    1.0f, acc.data(), hd);
+        if (bf16) {
+          for (int i = 0; i < bq; ++i)
+            narrow(S.data() + size_t(i) * kKeyBlock, bk, DType::BF16, P.data() + size_t(i) * kKeyBlock);
+          tile_gemm_bf16(bq, hd, bk, P.data(), kKeyBlock, false, at(v, j0, int64_t(kvh) * hd), v.ld(), false, acc.data(),
+                         hd, 1.0f, true);
+        } else {
+          const float* vh = tile_f32(v, j0, bk, int64_t(kvh) * hd, hd, vbuf, ldv);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, hd, bk, 1.0f, S.data(), kKeyBlock, vh, int(ldv),
+                      1.0f, acc.data(), hd);
+        }
       }
       for (int i = 0; i < bq; ++i) {
         const bool f32 = o.dtype() == DType::F32;

@@ -31,14 +31,6 @@ namespace {
 constexpr int64_t kGemvRows = 4;
 
 // ---- oneDNN matmul, primitives cached per shape ----------------------------
-struct DnnlKey {
-  int64_t M, N, K, ldx, ldw, ldy;
-  int dx, dw, dy;
-  bool acc;
-  auto tie() const { return std::tie(M, N, K, ldx, ldw, ldy, dx, dw, dy, acc); }
-  bool operator<(const DnnlKey& o) const { return tie() < o.tie(); }
-};
-
 dnnl::memory::data_type dnnl_type(DType t) {
   switch (t) {
     case DType::BF16: return dnnl::memory::data_type::bf16;
@@ -47,42 +39,78 @@ dnnl::memory::data_type dnnl_type(DType t) {
   }
 }
 
-struct Dnnl {
-  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{eng};
-  std::mutex mutex;
-  std::map<DnnlKey, std::pair<dnnl::matmul, dnnl::matmul::primitive_desc>> cache;
-  static Dnnl& get() {
-    static Dnnl d;
-    return d;
-  }
+// One matmul on raw operands: C[M,N] = alpha A B (+ C when acc); A [M,K], or
+// stored [K,M] and used transposed; B [K,N], or stored [N,K] and used
+// transposed; every operand row-major with its leading dimension.
+struct MatmulCall {
+  int64_t M, N, K;
+  const void* A;
+  int64_t lda;
+  bool a_trans;
+  DType da;
+  const void* B;
+  int64_t ldb;
+  bool b_trans;
+  DType db;
+  void* C;
+  int64_t ldc;
+  DType dc;
+  float alpha = 1.0f;
+  bool acc = false;
+  auto key() const { return std::make_tuple(M, N, K, lda, a_trans, int(da), ldb, b_trans, int(db), ldc, int(dc), alpha, acc); }
 };
 
-void dnnl_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
+// Primitives are made once per shape and kept; each call runs on a stream
+// and a scratchpad of the calling thread (attention runs tiles on every
+// thread at once; inside an OpenMP region oneDNN runs each single-threaded),
+// and a small one outside a parallel region runs on this thread alone, where
+// waking the pool would cost more than the product.
+void run_matmul(const MatmulCall& c) {
   using dims = dnnl::memory::dims;
-  const int64_t M = x.rows(), K = x.cols(), N = w.rows();
-  Dnnl& d = Dnnl::get();
-  const DnnlKey key{M, N, K, x.ld(), w.ld(), y.ld(), int(x.dtype()), int(w.dtype()), int(y.dtype()), accumulate};
-  const dnnl::memory::desc xm(dims{M, K}, dnnl_type(x.dtype()), dims{x.ld(), 1});
-  const dnnl::memory::desc wm(dims{K, N}, dnnl_type(w.dtype()), dims{1, w.ld()});  // w [N,K] read as wᵀ
-  const dnnl::memory::desc ym(dims{M, N}, dnnl_type(y.dtype()), dims{y.ld(), 1});
-  std::unique_lock lock(d.mutex);
-  auto it = d.cache.find(key);
-  if (it == d.cache.end()) {
+  static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  static std::mutex mutex;
+  static std::map<decltype(c.key()), std::pair<dnnl::matmul, dnnl::memory::desc>> cache;
+  thread_local dnnl::stream stream(eng);
+  thread_local std::vector<uint8_t> pad;
+  const dnnl::memory::desc am(dims{c.M, c.K}, dnnl_type(c.da), c.a_trans ? dims{1, c.lda} : dims{c.lda, 1});
+  const dnnl::memory::desc bm(dims{c.K, c.N}, dnnl_type(c.db), c.b_trans ? dims{1, c.ldb} : dims{c.ldb, 1});
+  const dnnl::memory::desc cm(dims{c.M, c.N}, dnnl_type(c.dc), dims{c.ldc, 1});
+  std::unique_lock lock(mutex);
+  auto it = cache.find(c.key());
+  if (it == cache.end()) {
     dnnl::primitive_attr attr;
-    if (accumulate) {
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (c.alpha != 1.0f) attr.set_output_scales(0, {c.alpha});
+    if (c.acc) {
       dnnl::post_ops po;
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(xm, wm, ym), attr, d.eng);
-    it = d.cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd)).first;
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(am, bm, cm), attr, eng);
+    it = cache.emplace(c.key(), std::make_pair(dnnl::matmul(pd), pd.scratchpad_desc())).first;
   }
-  dnnl::matmul prim = it->second.first;
+  const dnnl::matmul prim = it->second.first;
+  const dnnl::memory::desc sm = it->second.second;
   lock.unlock();
-  dnnl::memory a(xm, d.eng, x.raw()), b(wm, d.eng, w.raw()), c(ym, d.eng, y.raw());
-  prim.execute(d.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-  d.stream.wait();
+  if (pad.size() < sm.get_size()) pad.resize(sm.get_size());
+  dnnl::memory a(am, eng, const_cast<void*>(c.A)), b(bm, eng, const_cast<void*>(c.B)), out(cm, eng, c.C),
+      scratch(sm, eng, pad.data());
+#ifdef _OPENMP
+  const bool alone = !omp_in_parallel() && c.M * c.N * c.K < (int64_t(1) << 18);
+  const int before = omp_get_max_threads();
+  if (alone) omp_set_num_threads(1);
+#endif
+  prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, out}, {DNNL_ARG_SCRATCHPAD, scratch}});
+  stream.wait();
+#ifdef _OPENMP
+  if (alone) omp_set_num_threads(before);
+#endif
+}
+
+// y = x wᵀ (+ y) for tensors: w [N,K] is read transposed in place.
+void dnnl_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
+  run_matmul({x.rows(), w.rows(), x.cols(), x.raw(), x.ld(), false, x.dtype(), w.raw(), w.ld(), true, w.dtype(),
+              y.raw(), y.ld(), y.dtype(), 1.0f, accumulate});
 }
 
 // ---- GEMV-shaped path for a few rows ---------------------------------------
@@ -211,6 +239,12 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
   yf.commit();
 }
 
+void tile_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, bool a_transposed, const void* B,
+                    int64_t ldb, bool b_transposed, float* C, int64_t ldc, float alpha, bool accumulate) {
+  run_matmul({M, N, K, A, lda, a_transposed, DType::BF16, B, ldb, b_transposed, DType::BF16, C, ldc, DType::F32, alpha,
+              accumulate});
+}
+
 double library_gemm_seconds(int64_t M, int64_t N, int64_t K, DType dtype, int count) {
   // fp16 has no library GEMM on this CPU: the library call is the fp32 sgemm it widens into.
   const DType dt = dtype == DType::BF16 ? DType::BF16 : DType::F32;
@@ -220,20 +254,22 @@ double library_gemm_seconds(int64_t M, int64_t N, int64_t K, DType dtype, int co
   narrow(one.data(), M * K, dt, xa.data());
   narrow(one.data(), N * K, dt, wa.data());
   std::function<void()> call;
+  // The library called directly: one primitive, one stream, no cache.
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
   std::optional<dnnl::matmul> prim;
   std::optional<dnnl::memory> a, b, c;
   if (dt == DType::BF16) {
     using dims = dnnl::memory::dims;
-    Dnnl& d = Dnnl::get();
     const dnnl::memory::desc xm(dims{M, K}, dnnl_type(dt), dims{K, 1}), wm(dims{K, N}, dnnl_type(dt), dims{1, K}),
         ym(dims{M, N}, dnnl_type(dt), dims{N, 1});
-    prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(xm, wm, ym), d.eng));
-    a.emplace(xm, d.eng, xa.data());
-    b.emplace(wm, d.eng, wa.data());
-    c.emplace(ym, d.eng, ya.data());
+    prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(xm, wm, ym), eng));
+    a.emplace(xm, eng, xa.data());
+    b.emplace(wm, eng, wa.data());
+    c.emplace(ym, eng, ya.data());
     call = [&] {
-      prim->execute(d.stream, {{DNNL_ARG_SRC, *a}, {DNNL_ARG_WEIGHTS, *b}, {DNNL_ARG_DST, *c}});
-      d.stream.wait();
+      prim->execute(stream, {{DNNL_ARG_SRC, *a}, {DNNL_ARG_WEIGHTS, *b}, {DNNL_ARG_DST, *c}});
+      stream.wait();
     };
   } else {
     call = [&] {

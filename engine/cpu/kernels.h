@@ -110,6 +110,13 @@ struct F32Out {
   void commit();
 };
 
+// C[M,N] (fp32, ldc) = alpha A B (+ C when accumulate) for bf16 tiles of the
+// kernels (attention, the SSD scan): A [M,K] row-major (lda), or stored [K,M]
+// and used transposed; B [K,N] row-major (ldb), or stored [N,K] and used
+// transposed. Accumulates in fp32.
+void tile_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, bool a_transposed, const void* B,
+                    int64_t ldb, bool b_transposed, float* C, int64_t ldc, float alpha, bool accumulate);
+
 // Seconds for `count` calls of the GEMM library the backend uses for `dtype`
 // (OpenBLAS sgemm for fp32 and fp16, oneDNN for bf16) on y[M,N] = x[M,K] w[N,K]^T,
 // called directly: the bare baseline of `bench`.

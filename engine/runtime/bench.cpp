@@ -1,6 +1,7 @@
 #include "runtime/bench.h"
 
 #include <cblas.h>
+#include <malloc.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -124,6 +125,9 @@ Row measure(const std::string& preset, int64_t P, int decode, int repeat, DType 
   r.dtype = dtype;
   ModelConfig cfg = resolve_model(preset, nullptr);
   cfg.dtype = cfg.kv_dtype = dtype;
+  // Memory the previous row freed goes back to the system first, so this
+  // row's baseline is not inflated by (and its growth not hidden in) it.
+  malloc_trim(0);
   r.rss_reset = reset_peak_rss();
   r.base_rss = current_rss_bytes();
   Allocator alloc;
@@ -206,8 +210,10 @@ Row measure(const std::string& preset, int64_t P, int decode, int repeat, DType 
 }  // namespace
 
 int run_bench(const BenchOptions& o, std::ostream& out) {
-  // Initialise OpenBLAS, oneDNN and the OpenMP pool before the baseline RSS is read.
-  std::map<GemmShape, int> warm{{GemmShape{256, 256, 256}, 4}};
+  // Initialise OpenBLAS (its per-thread packing buffers, touched in full by a
+  // large GEMM), oneDNN and the OpenMP pool before the baseline RSS is read:
+  // they are the fixed overhead, not the model's memory.
+  std::map<GemmShape, int> warm{{GemmShape{2048, 8192, 2048}, 1}};
   bare_gemm_gflops(warm, DType::F32);
   if (o.dtype != DType::F32) bare_gemm_gflops(warm, o.dtype);
   Allocator probe_alloc;
