@@ -52,6 +52,16 @@ QString MainWindow::defaultDatabasePath() {
 }
 
 MainWindow::~MainWindow() {
+  // Nothing may call back into this window while it is destroyed: the setup
+  // check and a run still in flight are disconnected, then stopped.
+  m_checkDelay->stop();
+  if (m_check) {
+    m_check->disconnect(this);
+    m_check->kill();
+    m_check->waitForFinished(2000);
+  }
+  m_client->disconnect(this);
+  if (m_client->isRunning()) m_client->stop();
   if (m_recorder) {
     // Whatever the recorder still holds is committed before the thread ends.
     if (m_recording)

@@ -104,6 +104,8 @@ enum class Break {
   MissingTensor,
   WrongShape,
   ShapeDisagreesWithOffsets,
+  ShapeOverflows,
+  OffsetsBeyondInt64,
   UnsupportedDtype,
   TruncatedData,
   TruncatedHeader,
@@ -261,6 +263,9 @@ class TestCheckpoint : public QObject {
     QTest::newRow("wrong shape") << int(Break::WrongShape) << 1 << single << kVictim;
     QTest::newRow("shape disagrees with data_offsets")
         << int(Break::ShapeDisagreesWithOffsets) << 1 << single << kVictim;
+    // Regressions: sizes that overflow int64 were computed before being refused.
+    QTest::newRow("shape product overflows") << int(Break::ShapeOverflows) << 1 << single << kVictim;
+    QTest::newRow("data_offsets beyond int64") << int(Break::OffsetsBeyondInt64) << 1 << single << kVictim;
     QTest::newRow("unsupported dtype") << int(Break::UnsupportedDtype) << 1 << single << kVictim;
     QTest::newRow("truncated data") << int(Break::TruncatedData) << 1 << single << "";
     QTest::newRow("truncated header") << int(Break::TruncatedHeader) << 1 << single << "";
@@ -319,6 +324,14 @@ class TestCheckpoint : public QObject {
       }
       case Break::ShapeDisagreesWithOffsets:
         edit_header(st, [](nlohmann::json& h) { h[kVictim]["shape"] = {160, 65}; });
+        break;
+      case Break::ShapeOverflows:
+        edit_header(st, [](nlohmann::json& h) { h[kVictim]["shape"] = {uint64_t(1) << 62, 128}; });
+        break;
+      case Break::OffsetsBeyondInt64:
+        edit_header(st, [](nlohmann::json& h) {
+          h[kVictim]["data_offsets"] = {0, uint64_t(18446744073709551000ull)};
+        });
         break;
       case Break::UnsupportedDtype:
         edit_header(st, [](nlohmann::json& h) { h[kVictim]["dtype"] = "I8"; });
@@ -382,6 +395,9 @@ class TestCheckpoint : public QObject {
     // The path as given, so a person can open the file named.
     QVERIFY2(line.contains(QString::fromStdString(st.string())), qPrintable(line));
     if (!tensor.isEmpty()) QVERIFY2(line.contains(tensor), qPrintable(line));
+    // Sizes that do not fit in int64 are refused as such, not after wrapping around.
+    if (Break(how) == Break::ShapeOverflows) QVERIFY2(line.contains("too large"), qPrintable(line));
+    if (Break(how) == Break::OffsetsBeyondInt64) QVERIFY2(line.contains("within the file"), qPrintable(line));
 
     // The stream a GUI reads says the same, and ends.
     ss::proto::Reader reader;

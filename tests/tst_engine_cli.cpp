@@ -40,7 +40,8 @@ std::map<std::string, ss::Shape> weight_shapes(const std::string& preset) {
   return out;
 }
 
-// A stream with its times and measured values blanked: what two runs of the
+// A stream with its times and measured values (metrics, a cpu device's share
+// of host memory) blanked: what two runs of the
 // same configuration must agree on. Memory samples are left out: changes
 // closer than a microsecond share one sample, so their count varies.
 std::vector<std::string> without_times(const Stream& s) {
@@ -50,6 +51,7 @@ std::vector<std::string> without_times(const Stream& s) {
     nlohmann::json j = to_json(e);
     for (const char* k : {"t", "t0", "t1"}) j.erase(k);
     if (j["type"] == "metric") j.erase("value");
+    if (j["type"] == "device") j.erase("capacity");  // the host's available memory, measured as it starts
     out.push_back(j.dump());
   }
   return out;
@@ -323,6 +325,52 @@ class TestEngineCli : public QObject {
       QCOMPARE(std::get<Done>(s.events.back()).exit_code, int(ss::kExitUsage));
       QCOMPARE(int(s.all<Error>().size()), 1);
     }
+  }
+
+  // Host memory is the capacity of a cpu device (its host's available memory,
+  // shared by the host's ranks; lowered here with SHARDSCOPE_HOST_MEMORY): a
+  // setup whose weights cannot fit is refused before anything starts, naming
+  // the bytes and what to change, and an allocation past the share is an oom.
+  void hostMemoryIsACapacity() {
+    auto with_host_memory = [](const QString& bytes, const QStringList& args) {
+      QProcess p;
+      QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+      env.insert("SHARDSCOPE_HOST_MEMORY", bytes);
+      p.setProcessEnvironment(env);
+      p.start(SHARDSCOPE_ENGINE_BIN, args);
+      Ran r;
+      r.crashed = !p.waitForFinished(120000) || p.exitStatus() != QProcess::NormalExit;
+      r.exit_code = p.exitCode();
+      r.out = p.readAllStandardOutput();
+      r.err = p.readAllStandardError();
+      return r;
+    };
+    const QStringList big = {"--model", "small-llama", "--prompt-len", "16"};
+    for (const QStringList& args :
+         {QStringList{"check"} + big, QStringList{"run"} + big,
+          QStringList{"launch", "--strategy", "tp", "--devices", "2", "--dtype", "bf16"} + big}) {
+      const Ran r = with_host_memory("256MiB", args);
+      QVERIFY2(!r.crashed, r.err.constData());
+      QCOMPARE(r.exit_code, int(ss::kExitUsage));
+      QVERIFY2(count_lines(r.err) == 1, r.err.constData());
+      const QString line = one_line(r.err);
+      QVERIFY2(line.contains("the weights alone need") && line.contains("256.00 MiB"), qPrintable(line));
+      if (args.contains("launch")) QVERIFY2(line.contains("2 ranks (128.00 MiB each)"), qPrintable(line));
+      else QVERIFY2(line.contains("594.07 MiB") && line.contains("--dtype bf16"), qPrintable(line));
+    }
+    // Weights fit, the KV cache of 4096 tokens does not: an oom naming its category.
+    const Ran r = with_host_memory("2MiB", {"run", "--model", "tiny-llama", "--prompt-len", "4096"});
+    QVERIFY(!r.crashed);
+    QCOMPARE(r.exit_code, int(ss::kExitOom));
+    const Stream s = read_stream(r.out);
+    QCOMPARE(int(s.all<Error>().size()), 1);
+    QCOMPARE(s.all<Error>().front()->code, std::string("oom"));
+    QVERIFY(!s.all<Device>().empty());
+    QCOMPARE(s.all<Device>().front()->capacity, int64_t(2) << 20);
+    // Without the override the device's capacity is what the host has.
+    const Stream plain = read_stream(engine({"run", "--model", "tiny-llama", "--prompt-len", "4"}).out);
+    QVERIFY(!plain.all<Device>().empty());
+    QVERIFY(plain.all<Device>().front()->capacity > 0);
   }
 
   // calibrate --for: a run the simulator refuses is one line, and no profile is written.

@@ -159,6 +159,43 @@ class TestExplorer : public QObject {
     QVERIFY2(w.verdictText().contains(QStringLiteral("--prompt-len 20")), qPrintable(w.verdictText()));
   }
 
+  // Regression: a window closed while its setup check ran left the check's
+  // QProcess running (Qt warned "Destroyed while process is still running")
+  // and its finished handler could run on the half-destroyed window. The
+  // window now stops and disconnects its processes first.
+  void windowClosedWhileChecking() {
+    static QStringList warnings;
+    warnings.clear();
+    const QtMessageHandler previous = qInstallMessageHandler([](QtMsgType, const QMessageLogContext&, const QString& m) {
+      warnings << m;
+    });
+    // An engine whose check takes its time.
+    QTemporaryDir dir;
+    const QString slow = dir.filePath("slow-engine");
+    {
+      QFile f(slow);
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write("#!/bin/sh\nsleep 20\n");
+    }
+    QFile::setPermissions(slow, QFile::ReadOwner | QFile::WriteOwner | QFile::ExeOwner);
+    const QByteArray engine = qgetenv("SHARDSCOPE_ENGINE");
+    qputenv("SHARDSCOPE_ENGINE", slow.toUtf8());
+    bool wasChecking = false;
+    {
+      MainWindow w;
+      w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 4);
+      QTest::qWait(600);  // the check's delay has passed: its process runs
+      wasChecking = w.checking();
+    }
+    QTest::qWait(200);
+    if (engine.isEmpty()) qunsetenv("SHARDSCOPE_ENGINE");
+    else qputenv("SHARDSCOPE_ENGINE", engine);
+    qInstallMessageHandler(previous);
+    QVERIFY(wasChecking);
+    for (const QString& m : warnings)
+      QVERIFY2(!m.contains(QStringLiteral("still running")), qPrintable(m));
+  }
+
   // The number format follows the backend (bf16 on simulated GPUs, fp32 on
   // CPU devices) until the person picks one; the Summary names it.
   void dtypeFollowsTheBackend() {

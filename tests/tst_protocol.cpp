@@ -402,6 +402,12 @@ class TestProtocol : public QObject {
     QTest::newRow("error missing message")
         << QByteArray(R"({"type":"error","code":"oom"})") << "message";
     QTest::newRow("done missing status") << QByteArray(R"({"type":"done","t":1})") << "status";
+    // Regression: a negative rank reached the pages, which index by it.
+    QTest::newRow("negative rank, span")
+        << QByteArray(R"({"type":"span","rank":-1,"stream":"compute","op":"gemm","t0":0,"t1":1})") << "rank";
+    QTest::newRow("negative rank, mem") << QByteArray(R"({"type":"mem","rank":-3,"t":0,"bytes":{}})") << "rank";
+    QTest::newRow("rank beyond any run")
+        << QByteArray(R"({"type":"device","rank":2000000000,"kind":"cpu"})") << "rank";
     QTest::newRow("hello of another protocol")
         << QByteArray(R"({"type":"hello","protocol":"perfparser","version":1})")
         << "shardscope-events";

@@ -204,7 +204,18 @@ void MemoryPage::drawOverTime(int rank) {
     if (below) g->setChannelFillGraph(below);
     below = g;
   }
-  if (capacity > 0) {
+  // A capacity far above the run (a CPU host's share, a large GPU) would
+  // flatten every curve: it is named in a corner instead of drawn.
+  const bool capacityOnScale = capacity > 0 && peak * 4 >= capacity;
+  if (capacity > 0 && !capacityOnScale) {
+    auto* note = new QCPItemText(m_plot);
+    note->position->setType(QCPItemPosition::ptAxisRectRatio);
+    note->position->setCoords(0.99, 0.02);
+    note->setPositionAlignment(Qt::AlignRight | Qt::AlignTop);
+    note->setText(tr("capacity %1, above the scale").arg(bytesText(capacity)));
+    note->setColor(Qt::red);
+  }
+  if (capacityOnScale) {
     auto* line = new QCPItemStraightLine(m_plot);
     line->point1->setCoords(0, capacity);
     line->point2->setCoords(1, capacity);
@@ -244,7 +255,7 @@ void MemoryPage::drawOverTime(int rank) {
     if (e.code == "oom" && (rank < 0 || e.rank == rank))
       text->setText(tr("peak %1 — out of memory here").arg(bytesText(peak)));
   m_plot->xAxis->setRange(mem.front().t * 1e-6, std::max(mem.back().t * 1e-6, mem.front().t * 1e-6 + 1e-3));
-  m_plot->yAxis->setRange(0, std::max(peak, capacity) * 1.12 + 1);
+  m_plot->yAxis->setRange(0, std::max(peak, capacityOnScale ? capacity : 0.0) * 1.12 + 1);
   m_plot->replot();
 }
 

@@ -13,6 +13,7 @@
 #include "runtime/bench.h"
 #include "runtime/bench_parallel.h"
 #include "runtime/calibrate.h"
+#include "runtime/host_memory.h"
 #include "runtime/launch.h"
 #include "runtime/run.h"
 #include "runtime/summary.h"
@@ -274,6 +275,7 @@ int main(int argc, char** argv) {
       const int64_t P = check_opts.tokens.empty() ? check_opts.prompt_len : int64_t(check_opts.tokens.size());
       ss::validate_parallel(cfg, ss::parse_strategy(check_opts.strategy), check_opts.devices, T, S, P,
                             check_opts.split == "zigzag", check_opts.batch);
+      if (check_opts.backend == "cpu") ss::check_host_memory(cfg, check_opts, check_opts.devices, ss::host_available_bytes());
       std::printf("ok\n");
       return 0;
     }

@@ -14,9 +14,18 @@ Buffer::~Buffer() {
   m_alloc.release(m_cat, m_bytes);
 }
 
-int64_t numel(const Shape& s) {
+bool checked_numel(const Shape& s, int64_t* out) {
   int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return false;
+  *out = n;
+  return true;
+}
+
+int64_t numel(const Shape& s) {
+  int64_t n = 0;
+  if (!checked_numel(s, &n))
+    throw UsageError("shape " + shape_str(s) + " has a negative size or more than 2^63 elements");
   return n;
 }
 

@@ -92,6 +92,10 @@ class Tensor {
 };
 
 std::string shape_str(const Shape& s);
+// Elements of a shape; throws UsageError for a negative size or more than
+// 2^63 elements (shapes come from files and flags).
 int64_t numel(const Shape& s);
+// The same without throwing: false on a negative size or an overflow.
+bool checked_numel(const Shape& s, int64_t* out);
 
 }  // namespace ss

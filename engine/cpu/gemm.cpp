@@ -232,10 +232,18 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
     dnnl_matmul(y, x, w, accumulate);
     return;
   }
-  // fp16 (or mixed): fp32 operands, the product rounded once into y.
-  const F32Rows xf(x), wf(w);
+  // fp16 (or mixed): fp32 operands, the product rounded once into y. The
+  // weight is widened a block of rows at a time, so the staging stays small
+  // next to the weight itself (a 32000-row LM head would need 4 bytes a value).
+  const F32Rows xf(x);
   F32Out yf(y, accumulate);
-  sgemm(xf.p, xf.ld, wf.p, wf.ld, yf.p, yf.ld, M, N, K, accumulate);
+  constexpr int64_t kRows = 4096;
+  std::vector<float> wb(size_t(std::min(N, kRows) * K));
+  for (int64_t n0 = 0; n0 < N; n0 += kRows) {
+    const int64_t n = std::min(kRows, N - n0);
+    for (int64_t r = 0; r < n; ++r) widen(w.row_ptr(n0 + r), w.dtype(), K, wb.data() + r * K);
+    sgemm(xf.p, xf.ld, wb.data(), K, yf.p + n0, yf.ld, M, n, K, accumulate);
+  }
   yf.commit();
 }
 

@@ -68,14 +68,20 @@ void SafetensorsIndex::add_file(const fs::path& file, const std::vector<std::str
       if (!d.is_number_unsigned()) throw FormatError(where + ": shape must hold non-negative integers");
       e.shape.push_back(d.get<int64_t>());
     }
+    // Every size below is checked before it is used: a header can claim
+    // anything, and an overflowing product must be a refusal, not a wrap.
     for (auto& o : v["data_offsets"])
-      if (!o.is_number_unsigned()) throw FormatError(where + ": data_offsets must be non-negative integers");
+      if (!o.is_number_unsigned() || o.get<uint64_t>() > uint64_t(size))
+        throw FormatError(where + ": data_offsets must be non-negative integers within the file's " +
+                          std::to_string(size) + " bytes");
+    int64_t count = 0, bytes = 0;
+    if (!checked_numel(e.shape, &count) || __builtin_mul_overflow(count, dtype_size(e.dtype), &bytes))
+      throw FormatError(where + ": shape " + shape_str(e.shape) + " is too large (more than 2^63 bytes)");
     e.begin = data_start + v["data_offsets"][0].get<int64_t>();
     e.end = data_start + v["data_offsets"][1].get<int64_t>();
-    if (e.end < e.begin || e.end - e.begin != numel(e.shape) * dtype_size(e.dtype))
-      throw FormatError(where + ": data_offsets span " + std::to_string(e.end - e.begin) +
-                        " bytes but shape " + shape_str(e.shape) + " needs " +
-                        std::to_string(numel(e.shape) * dtype_size(e.dtype)));
+    if (e.end < e.begin || e.end - e.begin != bytes)
+      throw FormatError(where + ": data_offsets span " + std::to_string(e.end - e.begin) + " bytes but shape " +
+                        shape_str(e.shape) + " needs " + std::to_string(bytes));
     if (uint64_t(e.end) > size)
       throw FormatError(file.string() + ": truncated: tensor '" + name + "' needs bytes up to " +
                         std::to_string(e.end) + " but the file has " + std::to_string(size));

@@ -56,6 +56,14 @@ int get_int(const json& j, const char* key, bool required = true, int def = 0) {
   return v ? as_int(*v, key) : def;
 }
 
+// The rank a per-device record belongs to: a device of the run, never
+// negative (the pages index colours and rows by it).
+int get_rank(const json& j) {
+  const int r = get_int(j, "rank");
+  if (r < 0 || r >= (1 << 20)) bad("rank", "must be a device of the run, 0 to 1048575");
+  return r;
+}
+
 double get_num(const json& j, const char* key, bool required = true, double def = 0) {
   const json* v = find(j, key, required);
   if (!v) return def;
@@ -188,7 +196,7 @@ Event from_json(const json& j) {
   }
   if (type == "device") {
     Device e;
-    e.rank = get_int(j, "rank");
+    e.rank = get_rank(j);
     e.kind = get_str(j, "kind");
     e.name = get_str(j, "name", false);
     e.capacity = get_i64(j, "capacity", false);
@@ -197,7 +205,7 @@ Event from_json(const json& j) {
   }
   if (type == "placement") {
     Placement e;
-    e.rank = get_int(j, "rank");
+    e.rank = get_rank(j);
     e.tensor = get_str(j, "tensor");
     e.layer = get_int(j, "layer", false, -1);
     const json* s = find(j, "shape", true);
@@ -219,7 +227,7 @@ Event from_json(const json& j) {
   }
   if (type == "tokens") {
     Tokens e;
-    e.rank = get_int(j, "rank");
+    e.rank = get_rank(j);
     const json* r = find(j, "ranges", true);
     if (!r->is_array()) bad("ranges", "must be an array of [begin, end] pairs");
     for (auto& p : *r) {
@@ -231,7 +239,7 @@ Event from_json(const json& j) {
   }
   if (type == "span") {
     Span e;
-    e.rank = get_int(j, "rank");
+    e.rank = get_rank(j);
     e.stream = get_str(j, "stream");
     e.op = get_str(j, "op");
     e.site = get_str(j, "site", false);
@@ -254,7 +262,7 @@ Event from_json(const json& j) {
   }
   if (type == "mem") {
     Mem e;
-    e.rank = get_int(j, "rank");
+    e.rank = get_rank(j);
     e.t = get_i64(j, "t");
     const json* b = find(j, "bytes", true);
     if (!b->is_object()) bad("bytes", "must be an object of category: bytes");

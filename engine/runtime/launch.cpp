@@ -1,5 +1,7 @@
 #include "runtime/launch.h"
 
+#include "runtime/host_memory.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -112,6 +114,8 @@ int launch(const RunOptions& o, const LaunchOptions& l) {
     const auto [T, S] = mesh_of(o);
     const int64_t P = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
     validate_parallel(cfg, s, o.devices, T, S, P, o.split == "zigzag", o.batch);
+    // Every rank on this host (with a hostfile, each rank checks its own host as it starts).
+    if (l.hostfile.empty()) check_host_memory(cfg, o, o.devices, host_available_bytes());
   }
   if (!l.hostfile.empty() && !std::filesystem::exists(l.hostfile))
     throw UsageError("--hostfile " + l.hostfile + " does not exist");

@@ -16,6 +16,7 @@
 #include "io/checkpoint.h"
 #include "io/npy.h"
 #include "model/model.h"
+#include "runtime/host_memory.h"
 #include "sim/meta_backend.h"
 #include "sim/sim_comm.h"
 
@@ -312,7 +313,16 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       else if (distributed) cpu::set_threads(1);  // ranks share the host's cores
     }
 
-    const int64_t capacity = o.capacity > 0 ? o.capacity : setup.default_capacity;
+    int64_t capacity = o.capacity > 0 ? o.capacity : setup.default_capacity;
+    if (setup.backend == "cpu") {
+      // A cpu device's memory is its share of the host's (measured as the
+      // ranks start, before any has loaded): a setup whose weights cannot fit
+      // is refused here, and an allocation past the share is an oom.
+      const int ranks_here = int(std::count(g.hosts.begin(), g.hosts.end(), g.hosts[size_t(g.rank)]));
+      const int64_t available = host_available_bytes();
+      check_host_memory(cfg, o, ranks_here, available);
+      if (o.capacity <= 0 && available > 0) capacity = available / std::max(ranks_here, 1);
+    }
     Allocator alloc(capacity);
     alloc.set_listener([&](const MemState& m) { rec.mem_sample(rec.now(), m); });
     std::unique_ptr<Backend> backend = setup.make_backend(alloc, rec);
@@ -580,6 +590,9 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
   } catch (const OomError& e) {
     return report("oom", e.what(), kExitOom,
                   {{"category", e.category}, {"requested", e.requested}, {"in_use", e.in_use}, {"capacity", e.capacity}});
+  } catch (const std::bad_alloc&) {
+    return report("oom", "the host ran out of memory outside the accounted tensors (an allocation of the runtime failed)",
+                  kExitOom, {{"category", "host"}});
   } catch (const UsageError& e) {
     return report("usage", e.what(), kExitUsage);
   } catch (const FormatError& e) {
