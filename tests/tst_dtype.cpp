@@ -19,18 +19,23 @@ constexpr int kDecode = 16;
 // Expectations below are worked out from these dimensions (the presets'
 // values, restated so a preset edit cannot move both sides).
 struct Mamba2Dims {
-  int64_t layers = 2, d = 64, d_inner = 128, heads = 8, head_dim = 16, groups = 2, state = 16, conv = 4;
+  int64_t layers = 2, d = 64, d_inner = 128, heads = 8, head_dim = 16, groups = 2, state = 16,
+          conv = 4;
   int64_t conv_dim() const { return d_inner + 2 * groups * state; }
 };
 struct LlamaDims {
   int64_t layers = 2, kv_heads = 2, head_dim = 16;
 };
 
-QStringList mamba2_sets() { return {"--set", "hidden_size=64", "--set", "state_size=16", "--set", "expand=2",
-                                    "--set", "head_dim=16", "--set", "n_groups=2", "--set", "conv_kernel=4",
-                                    "--set", "num_hidden_layers=2"}; }
-QStringList llama_sets() { return {"--set", "num_hidden_layers=2", "--set", "hidden_size=64", "--set",
-                                   "num_attention_heads=4", "--set", "num_key_value_heads=2"}; }
+QStringList mamba2_sets() {
+  return {"--set", "hidden_size=64",     "--set", "state_size=16", "--set", "expand=2",
+          "--set", "head_dim=16",        "--set", "n_groups=2",    "--set", "conv_kernel=4",
+          "--set", "num_hidden_layers=2"};
+}
+QStringList llama_sets() {
+  return {"--set", "num_hidden_layers=2",   "--set", "hidden_size=64",
+          "--set", "num_attention_heads=4", "--set", "num_key_value_heads=2"};
+}
 
 int64_t argmax_row(const ss::NpyArray& a, int64_t row) {
   const int64_t V = a.shape.back();
@@ -49,7 +54,10 @@ class TestDtype : public QObject {
   Stream run_ok(const QStringList& args, int timeout_ms = 180000) {
     const Ran r = engine(args, timeout_ms);
     if (r.crashed || r.exit_code != 0) {
-      QTest::qFail(qPrintable(QString("engine %1 exit %2: %3").arg(args.join(' ')).arg(r.exit_code).arg(one_line(r.err))),
+      QTest::qFail(qPrintable(QString("engine %1 exit %2: %3")
+                                  .arg(args.join(' '))
+                                  .arg(r.exit_code)
+                                  .arg(one_line(r.err))),
                    __FILE__, __LINE__);
       return {};
     }
@@ -84,19 +92,27 @@ class TestDtype : public QObject {
   }
   void bf16AgainstFp32() {
     QFETCH(QString, model);
-    const QString f32 = m_dir.filePath(model + "-fp32.npy"), b16 = m_dir.filePath(model + "-bf16.npy"),
-                  same = m_dir.filePath(model + "-fp32-bf16-weights.npy"), ckpt = m_dir.filePath(model + "-bf16");
+    const QString f32 = m_dir.filePath(model + "-fp32.npy"),
+                  b16 = m_dir.filePath(model + "-bf16.npy"),
+                  same = m_dir.filePath(model + "-fp32-bf16-weights.npy"),
+                  ckpt = m_dir.filePath(model + "-bf16");
     const QStringList prompt = {"--prompt-len", QString::number(kPrompt), "--seed", "5"};
-    run_ok(QStringList{"run", "--model", model, "--decode", QString::number(kDecode), "--logits-out", f32} + prompt);
-    const Ran ex = engine({"export", "--model", model, "--seed", "5", "--dtype", "bf16", "--out", ckpt});
+    run_ok(QStringList{"run", "--model", model, "--decode", QString::number(kDecode),
+                       "--logits-out", f32} +
+           prompt);
+    const Ran ex =
+        engine({"export", "--model", model, "--seed", "5", "--dtype", "bf16", "--out", ckpt});
     QVERIFY2(ex.exit_code == 0, ex.err.constData());
     if (QTest::currentTestFailed()) return;
     const ss::NpyArray a = ss::read_npy(f32.toStdString());
     QStringList tokens;  // fp32's greedy tokens: rows P-1 .. P+kDecode-2 chose them
     for (int k = 0; k < kDecode; ++k) tokens << QString::number(argmax_row(a, kPrompt - 1 + k));
-    const QStringList forced = {"--decode", QString::number(kDecode), "--force-decode", tokens.join(',')};
-    run_ok(QStringList{"run", "--model", model, "--dtype", "bf16", "--logits-out", b16} + prompt + forced);
-    run_ok(QStringList{"run", "--model", ckpt, "--dtype", "fp32", "--logits-out", same} + prompt + forced);
+    const QStringList forced = {"--decode", QString::number(kDecode), "--force-decode",
+                                tokens.join(',')};
+    run_ok(QStringList{"run", "--model", model, "--dtype", "bf16", "--logits-out", b16} + prompt +
+           forced);
+    run_ok(QStringList{"run", "--model", ckpt, "--dtype", "fp32", "--logits-out", same} + prompt +
+           forced);
     if (QTest::currentTestFailed()) return;
     const ss::NpyArray b = ss::read_npy(b16.toStdString()), c = ss::read_npy(same.toStdString());
     QCOMPARE(b.shape, a.shape);
@@ -121,12 +137,18 @@ class TestDtype : public QObject {
       ++qualified;
       agreed += argmax_row(b, row) == argmax_row(a, row);
     }
-    qInfo("%s: bf16 vs fp32 on the same bf16 weights %.3g (bound 2e-2), vs the fp32 model %.3g (bound 4e-2); "
-          "%d of %d decode steps have an fp32 top-2 margin above bf16's resolution, bf16 picks fp32's token at %d",
-          qPrintable(model), numerics, overall, qualified, kDecode, agreed);
-    QVERIFY2(numerics < 2e-2, qPrintable(QString("bf16 numerics: logits differ by %1").arg(numerics)));
-    QVERIFY2(overall < 4e-2, qPrintable(QString("bf16 against the fp32 model: logits differ by %1").arg(overall)));
-    QVERIFY2(qualified > 0, "no decode step has a margin bf16 resolves: the check would say nothing");
+    qInfo(
+        "%s: bf16 vs fp32 on the same bf16 weights %.3g (bound 2e-2), vs the fp32 model %.3g "
+        "(bound 4e-2); "
+        "%d of %d decode steps have an fp32 top-2 margin above bf16's resolution, bf16 picks "
+        "fp32's token at %d",
+        qPrintable(model), numerics, overall, qualified, kDecode, agreed);
+    QVERIFY2(numerics < 2e-2,
+             qPrintable(QString("bf16 numerics: logits differ by %1").arg(numerics)));
+    QVERIFY2(overall < 4e-2,
+             qPrintable(QString("bf16 against the fp32 model: logits differ by %1").arg(overall)));
+    QVERIFY2(qualified > 0,
+             "no decode step has a margin bf16 resolves: the check would say nothing");
     QCOMPARE(agreed, qualified);
   }
 
@@ -135,11 +157,12 @@ class TestDtype : public QObject {
   // conv_state in bf16 and its ssm_state in fp32 (as mamba_ssm keeps it).
   void bytesPerCategory() {
     const LlamaDims L;
-    const QStringList llama = QStringList{"run", "--model", "tiny-llama", "--prompt-len", "20", "--decode", "4"} +
-                              llama_sets() + QStringList{"--set", "head_dim=16"};
+    const QStringList llama =
+        QStringList{"run", "--model", "tiny-llama", "--prompt-len", "20", "--decode", "4"} +
+        llama_sets() + QStringList{"--set", "head_dim=16"};
     for (const auto& [dtype, kv, bytes, kv_bytes] :
-         {std::tuple{"bf16", "", 2, 2}, std::tuple{"bf16", "fp32", 2, 4}, std::tuple{"fp16", "", 2, 2},
-          std::tuple{"fp32", "bf16", 4, 2}}) {
+         {std::tuple{"bf16", "", 2, 2}, std::tuple{"bf16", "fp32", 2, 4},
+          std::tuple{"fp16", "", 2, 2}, std::tuple{"fp32", "bf16", 4, 2}}) {
       QStringList args = llama + QStringList{"--dtype", dtype};
       if (*kv) args << "--kv-dtype" << kv;
       const Stream s = run_ok(args);
@@ -151,17 +174,19 @@ class TestDtype : public QObject {
       QCOMPARE(conf.value("kv_dtype", std::string()), std::string(*kv ? kv : dtype));
       const int64_t params = conf.value("parameters", int64_t(-1));
       QCOMPARE(int64_t(m.at("peak_weights_bytes")), params * bytes);
-      QCOMPARE(int64_t(m.at("peak_kv_cache_bytes")), kv_bytes * 2 * L.layers * 24 * L.kv_heads * L.head_dim);
+      QCOMPARE(int64_t(m.at("peak_kv_cache_bytes")),
+               kv_bytes * 2 * L.layers * 24 * L.kv_heads * L.head_dim);
     }
     const Mamba2Dims M;
     for (const auto& [dtype, bytes] : {std::pair{"fp32", 4}, std::pair{"bf16", 2}}) {
-      const Stream s = run_ok(QStringList{"run", "--model", "tiny-mamba2", "--prompt-len", "20", "--decode", "2",
-                                          "--dtype", dtype} +
+      const Stream s = run_ok(QStringList{"run", "--model", "tiny-mamba2", "--prompt-len", "20",
+                                          "--decode", "2", "--dtype", dtype} +
                               mamba2_sets());
       if (QTest::currentTestFailed()) return;
       const int64_t conv_state = (M.conv - 1) * M.conv_dim() * bytes;
       const int64_t ssm_state = M.heads * M.head_dim * M.state * 4;  // fp32 in every dtype
-      QCOMPARE(int64_t(s.metrics().at("peak_ssm_state_bytes")), M.layers * (conv_state + ssm_state));
+      QCOMPARE(int64_t(s.metrics().at("peak_ssm_state_bytes")),
+               M.layers * (conv_state + ssm_state));
     }
   }
 
@@ -173,13 +198,14 @@ class TestDtype : public QObject {
     const QString base = m_dir.filePath("ckpt");
     const QStringList model = {"--model", "tiny-llama"};
     for (const char* dt : {"bf16", "f32"}) {
-      const Ran r = engine({"export", "--model", "tiny-llama", "--seed", "9", "--dtype", dt, "--out", base + dt});
+      const Ran r = engine(
+          {"export", "--model", "tiny-llama", "--seed", "9", "--dtype", dt, "--out", base + dt});
       QVERIFY2(r.exit_code == 0, r.err.constData());
     }
     auto logits = [&](const QStringList& head, const QString& m, const QString& name) {
       const QString file = m_dir.filePath(name + ".npy");
-      run_ok(head + QStringList{"--model", m, "--prompt-len", "16", "--decode", "4", "--seed", "9", "--dtype", "bf16",
-                                "--logits-out", file});
+      run_ok(head + QStringList{"--model", m, "--prompt-len", "16", "--decode", "4", "--seed", "9",
+                                "--dtype", "bf16", "--logits-out", file});
       return QTest::currentTestFailed() ? ss::NpyArray{} : ss::read_npy(file.toStdString());
     };
     const ss::NpyArray synthetic = logits({"run"}, "tiny-llama", "synthetic");
@@ -187,20 +213,24 @@ class TestDtype : public QObject {
     const ss::NpyArray from_f32 = logits({"run"}, base + "f32", "from-f32");
     if (QTest::currentTestFailed()) return;
     QVERIFY(!synthetic.data.empty());
-    QVERIFY2(from_bf16.data == synthetic.data, "a bf16 checkpoint in a bf16 run differs from the synthetic weights");
-    QVERIFY2(from_f32.data == synthetic.data, "an fp32 checkpoint rounded at load differs from the synthetic weights");
+    QVERIFY2(from_bf16.data == synthetic.data,
+             "a bf16 checkpoint in a bf16 run differs from the synthetic weights");
+    QVERIFY2(from_f32.data == synthetic.data,
+             "an fp32 checkpoint rounded at load differs from the synthetic weights");
     const QStringList tp = {"launch", "--strategy", "tp", "--devices", "2"};
     const ss::NpyArray tp_synthetic = logits(tp, "tiny-llama", "tp-synthetic");
     const ss::NpyArray tp_bf16 = logits(tp, base + "bf16", "tp-from-bf16");
     if (QTest::currentTestFailed()) return;
-    QVERIFY2(tp_bf16.data == tp_synthetic.data, "sliced bf16 loading differs from the synthetic weights");
+    QVERIFY2(tp_bf16.data == tp_synthetic.data,
+             "sliced bf16 loading differs from the synthetic weights");
   }
 
   void unknownDtypeRefused_data() {
     QTest::addColumn<QStringList>("args");
-    QTest::newRow("run --dtype fp8") << QStringList{"run", "--model", "tiny-llama", "--prompt-len", "4", "--dtype", "fp8"};
-    QTest::newRow("simulate --kv-dtype int8")
-        << QStringList{"simulate", "--model", "tiny-llama", "--prompt-len", "4", "--kv-dtype", "int8"};
+    QTest::newRow("run --dtype fp8")
+        << QStringList{"run", "--model", "tiny-llama", "--prompt-len", "4", "--dtype", "fp8"};
+    QTest::newRow("simulate --kv-dtype int8") << QStringList{
+        "simulate", "--model", "tiny-llama", "--prompt-len", "4", "--kv-dtype", "int8"};
   }
   void unknownDtypeRefused() {
     QFETCH(QStringList, args);

@@ -507,6 +507,8 @@ void TestKernels::attention_data() {
       {"prefill 600, MHA", {600, 600, 2, 2, 16, "prefill", false}},
       {"prefill 150, packed qkv", {150, 150, 4, 1, 16, "prefill", true}},
       {"decode Tq=1 Tk=777, MQA", {1, 777, 8, 1, 64, "suffix", false}},
+      {"decode Tq=3 Tk=600, head_dim 128", {3, 600, 4, 2, 128, "suffix", false}},
+      {"decode Tq=2 Tk=70, head_dim 24", {2, 70, 2, 1, 24, "suffix", false}},
       {"chunk Tq=37 Tk=1100", {37, 1100, 4, 2, 32, "suffix", false}},
       {"zigzag rank 1 of 3, L=1200", {400, 1200, 4, 2, 32, "zigzag", false}},
       {"shuffled keys 300/700", {300, 700, 2, 1, 16, "shuffled", false}},

@@ -12,20 +12,28 @@ namespace ss {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "f16";
+    case DType::I32:
+      return "i32";
   }
   return "?";
 }
 
 std::string_view compute_dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "fp16";
-    case DType::I32: return "i32";
+    case DType::F32:
+      return "fp32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "fp16";
+    case DType::I32:
+      return "i32";
   }
   return "?";
 }
@@ -39,9 +47,12 @@ DType parse_compute_dtype(const std::string& text, const std::string& option) {
 
 Precision precision_of(DType t) {
   switch (t) {
-    case DType::BF16: return Precision::BF16;
-    case DType::F16: return Precision::FP16;
-    default: return Precision::FP32;
+    case DType::BF16:
+      return Precision::BF16;
+    case DType::F16:
+      return Precision::FP16;
+    default:
+      return Precision::FP32;
   }
 }
 
@@ -90,12 +101,21 @@ uint16_t f32_to_f16(float f) {
 std::string QuantSpec::str() const {
   std::string s;
   switch (precision) {
-    case Precision::FP32: return "fp32";
-    case Precision::BF16: return "bf16";
-    case Precision::FP16: return "fp16";
-    case Precision::INT8: s = "int8"; break;
-    case Precision::INT4: s = "int4"; break;
-    case Precision::FP8: s = "fp8"; break;
+    case Precision::FP32:
+      return "fp32";
+    case Precision::BF16:
+      return "bf16";
+    case Precision::FP16:
+      return "fp16";
+    case Precision::INT8:
+      s = "int8";
+      break;
+    case Precision::INT4:
+      s = "int4";
+      break;
+    case Precision::FP8:
+      s = "fp8";
+      break;
   }
   s += ":" + std::to_string(block);
   if (rounding == Rounding::Stochastic) s += ":sr";
@@ -104,12 +124,16 @@ std::string QuantSpec::str() const {
 
 double value_bytes(Precision p) {
   switch (p) {
-    case Precision::FP32: return 4;
+    case Precision::FP32:
+      return 4;
     case Precision::BF16:
-    case Precision::FP16: return 2;
+    case Precision::FP16:
+      return 2;
     case Precision::INT8:
-    case Precision::FP8: return 1;
-    case Precision::INT4: return 0.5;
+    case Precision::FP8:
+      return 1;
+    case Precision::INT4:
+      return 0.5;
   }
   return 4;
 }
@@ -127,11 +151,12 @@ namespace {
 // f32_to_bf16 lane by lane, as int32 holding the 16-bit pattern.
 inline __m256i bf16_nearest8(const float* x) {
   const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  const __m256i is_nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                            _mm256_set1_epi32(0x7f800000));
   const __m256i r = _mm256_srli_epi32(
-      _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                           _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)))),
+      _mm256_add_epi32(
+          u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                              _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)))),
       16);
   const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
   return _mm256_blendv_epi8(r, nan, is_nan);
@@ -183,9 +208,14 @@ void narrow(const float* src, int64_t n, DType to, void* dst) {
     case DType::F32:
       if (dst != src) std::memmove(dst, src, size_t(n) * 4);
       return;
-    case DType::BF16: narrow_bf16(src, n, static_cast<uint16_t*>(dst)); return;
-    case DType::F16: narrow_f16(src, n, static_cast<uint16_t*>(dst)); return;
-    case DType::I32: break;
+    case DType::BF16:
+      narrow_bf16(src, n, static_cast<uint16_t*>(dst));
+      return;
+    case DType::F16:
+      narrow_f16(src, n, static_cast<uint16_t*>(dst));
+      return;
+    case DType::I32:
+      break;
   }
   throw std::logic_error("narrow: i32 is not a float format");
 }
@@ -208,7 +238,8 @@ void widen(const void* src, DType from, int64_t n, float* dst, bool accumulate) 
       const uint16_t* s = static_cast<const uint16_t*>(src);
 #if defined(__AVX2__)
       for (; i + 8 <= n; i += 8) {
-        const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+        const __m256i h =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
         put8(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)), accumulate);
       }
 #endif
@@ -219,12 +250,14 @@ void widen(const void* src, DType from, int64_t n, float* dst, bool accumulate) 
       const uint16_t* s = static_cast<const uint16_t*>(src);
 #if defined(__AVX2__) && defined(__F16C__)
       for (; i + 8 <= n; i += 8)
-        put8(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))), accumulate);
+        put8(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))),
+             accumulate);
 #endif
       for (; i < n; ++i) put(dst[i], f16_to_f32(s[i]));
       return;
     }
-    case DType::I32: break;
+    case DType::I32:
+      break;
   }
   throw std::logic_error("widen: i32 is not a float format");
 }

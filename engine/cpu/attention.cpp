@@ -1,4 +1,5 @@
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,8 +17,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Rows [r0, r0 + n) and columns [c0, c0 + w) of a 2-D tensor as fp32: a
 // pointer into the tensor when f32 (leading dimension its ld), else the tile
 // widened into `buf` (leading dimension w).
-const float* tile_f32(const Tensor& t, int64_t r0, int64_t n, int64_t c0, int64_t w, std::vector<float>& buf,
-                      int64_t& ld) {
+const float* tile_f32(const Tensor& t, int64_t r0, int64_t n, int64_t c0, int64_t w,
+                      std::vector<float>& buf, int64_t& ld) {
   if (t.dtype() == DType::F32) {
     ld = t.ld();
     return t.data<float>() + r0 * t.ld() + c0;
@@ -29,19 +30,77 @@ const float* tile_f32(const Tensor& t, int64_t r0, int64_t n, int64_t c0, int64_
   ld = w;
   return buf.data();
 }
+// Decode's inner loops for a head width that is a multiple of 8 (AVX2): the
+// scores of one query head over a block of keys, four keys a reduction; and
+// the output's update acc = corr acc + sum_j p_j v_j with acc in registers.
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline __m256 load8(const uint16_t* p) {  // bf16, widened in registers
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline float load1(const float* p) {
+  return *p;
+}
+inline float load1(const uint16_t* p) {
+  return bf16_to_f32(*p);
+}
+
+template <int HD, class E>
+void block_scores(const float* q, const E* const* krow, int64_t off, int nb, float scale,
+                  float* sc) {
+  __m256 qv[HD / 8];
+  for (int d = 0; d < HD / 8; ++d) qv[d] = _mm256_loadu_ps(q + 8 * d);
+  int j = 0;
+  for (; j + 4 <= nb; j += 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int d = 0; d < HD / 8; ++d) {
+      a0 = _mm256_fmadd_ps(qv[d], load8(krow[j] + off + 8 * d), a0);
+      a1 = _mm256_fmadd_ps(qv[d], load8(krow[j + 1] + off + 8 * d), a1);
+      a2 = _mm256_fmadd_ps(qv[d], load8(krow[j + 2] + off + 8 * d), a2);
+      a3 = _mm256_fmadd_ps(qv[d], load8(krow[j + 3] + off + 8 * d), a3);
+    }
+    // Per 128-bit lane, hadd(hadd(a0, a1), hadd(a2, a3)) holds the lane sums of a0..a3.
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(sc + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+  }
+  for (; j < nb; ++j) {
+    float dot = 0;
+    for (int d = 0; d < HD; ++d) dot += q[d] * load1(krow[j] + off + d);
+    sc[j] = dot * scale;
+  }
+}
+template <int HD, class E>
+void block_accumulate(float* acc, float corr, const float* p, const E* const* vrow, int64_t off,
+                      int nb) {
+  __m256 av[HD / 8];
+  const __m256 c = _mm256_set1_ps(corr);
+  for (int d = 0; d < HD / 8; ++d) av[d] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * d), c);
+  for (int j = 0; j < nb; ++j) {
+    if (p[j] == 0.0f) continue;  // masked
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (int d = 0; d < HD / 8; ++d)
+      av[d] = _mm256_fmadd_ps(pj, load8(vrow[j] + off + 8 * d), av[d]);
+  }
+  for (int d = 0; d < HD / 8; ++d) _mm256_storeu_ps(acc + 8 * d, av[d]);
+}
+
 }  // namespace
 
 // A few queries (decode) over many keys, split over the keys as
 // flash-decoding does: each thread takes a range of keys, reads every K and V
 // row of it once (widened once for all heads), keeps per (query, head) a
 // running max, sum and output, and the partials are merged by log-sum-exp.
-static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const AttentionArgs& a, const Tensor& lse) {
+static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const AttentionArgs& a, const Tensor& lse) {
   const int64_t Tq = q.rows(), Tk = k.rows();
   const int nh = a.n_heads, hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
   const int64_t pairs = Tq * nh;
   std::vector<float> qf(size_t(pairs * hd));
-  for (int64_t i = 0; i < Tq; ++i) widen(q.row_ptr(i), q.dtype(), int64_t(nh) * hd, qf.data() + i * nh * hd);
+  for (int64_t i = 0; i < Tq; ++i)
+    widen(q.row_ptr(i), q.dtype(), int64_t(nh) * hd, qf.data() + i * nh * hd);
   const int parts = int(std::max<int64_t>(1, std::min<int64_t>(threads(), Tk / 64)));
   // Per part and (query, head): max, sum, and the unnormalised output.
   std::vector<float> pm(size_t(parts * pairs), kNegInf), pl(size_t(parts * pairs), 0.0f),
@@ -58,9 +117,15 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
     // block, one softmax correction per block, the exponentials vectorised.
     constexpr int kBlock = 32;
     const bool f32 = k.dtype() == DType::F32 && v.dtype() == DType::F32;
-    std::vector<float> kb(f32 ? 0 : static_cast<size_t>(kBlock * hkv)), vb(kb.size());
+    // bf16 K and V at the head widths with a register kernel are read in
+    // place; other dtypes and widths are widened a block at a time.
+    const bool raw16 =
+        k.dtype() == DType::BF16 && v.dtype() == DType::BF16 && (hd == 64 || hd == 128);
+    std::vector<float> kb(f32 || raw16 ? 0 : static_cast<size_t>(kBlock * hkv)), vb(kb.size());
     const float* krow[kBlock];
     const float* vrow[kBlock];
+    const uint16_t* krow16[kBlock];
+    const uint16_t* vrow16[kBlock];
     alignas(32) float sc[kBlock];
     for (int64_t b0 = j0; b0 < j1; b0 += kBlock) {
       const int nb = int(std::min<int64_t>(kBlock, j1 - b0));
@@ -68,6 +133,11 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
         if (f32) {
           krow[jj] = k.data<float>() + (b0 + jj) * k.ld();
           vrow[jj] = v.data<float>() + (b0 + jj) * v.ld();
+          continue;
+        }
+        if (raw16) {
+          krow16[jj] = static_cast<const uint16_t*>(k.row_ptr(b0 + jj));
+          vrow16[jj] = static_cast<const uint16_t*>(v.row_ptr(b0 + jj));
           continue;
         }
         widen(k.row_ptr(b0 + jj), k.dtype(), hkv, kb.data() + jj * hkv);
@@ -80,16 +150,26 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
           const int64_t ih = i * nh + h, off = int64_t(h / group) * hd;
           const float* qh = qf.data() + ih * hd;
           float mx = m[ih];
+          if (raw16 && hd == 64)
+            block_scores<64>(qh, krow16, off, nb, a.scale, sc);
+          else if (raw16)
+            block_scores<128>(qh, krow16, off, nb, a.scale, sc);
+          else if (hd == 64)
+            block_scores<64>(qh, krow, off, nb, a.scale, sc);
+          else if (hd == 128)
+            block_scores<128>(qh, krow, off, nb, a.scale, sc);
           for (int jj = 0; jj < nb; ++jj) {
             if (a.k_pos[b0 + jj] > a.q_pos[i]) {
               sc[jj] = kNegInf;
               continue;
             }
-            const float* kh = krow[jj] + off;
-            float dot = 0;
+            if (hd != 64 && hd != 128) {
+              const float* kh = krow[jj] + off;
+              float dot = 0;
 #pragma omp simd reduction(+ : dot)
-            for (int d = 0; d < hd; ++d) dot += qh[d] * kh[d];
-            sc[jj] = dot * a.scale;
+              for (int d = 0; d < hd; ++d) dot += qh[d] * kh[d];
+              sc[jj] = dot * a.scale;
+            }
             mx = std::max(mx, sc[jj]);
           }
           if (mx == kNegInf) continue;  // nothing visible yet
@@ -103,12 +183,22 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
           m[ih] = mx;
           l[ih] = l[ih] * corr + sum;
           float* ar = acc + ih * hd;
-          for (int d = 0; d < hd; ++d) ar[d] *= corr;
-          for (int jj = 0; jj < nb; ++jj) {
-            const float p = sc[jj];
-            const float* vh = vrow[jj] + off;
+          if (raw16 && hd == 64) {
+            block_accumulate<64>(ar, corr, sc, vrow16, off, nb);
+          } else if (raw16) {
+            block_accumulate<128>(ar, corr, sc, vrow16, off, nb);
+          } else if (hd == 64) {
+            block_accumulate<64>(ar, corr, sc, vrow, off, nb);
+          } else if (hd == 128) {
+            block_accumulate<128>(ar, corr, sc, vrow, off, nb);
+          } else {
+            for (int d = 0; d < hd; ++d) ar[d] *= corr;
+            for (int jj = 0; jj < nb; ++jj) {
+              const float p = sc[jj];
+              const float* vh = vrow[jj] + off;
 #pragma omp simd
-            for (int d = 0; d < hd; ++d) ar[d] += p * vh[d];
+              for (int d = 0; d < hd; ++d) ar[d] += p * vh[d];
+            }
           }
         }
     }
@@ -124,7 +214,9 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
       float sum = 0;
       if (mx != kNegInf)
         for (int part = 0; part < parts; ++part) {
-          const float w = pl[size_t(part * pairs + ih)] > 0 ? std::exp(pm[size_t(part * pairs + ih)] - mx) : 0.0f;
+          const float w = pl[size_t(part * pairs + ih)] > 0
+                              ? std::exp(pm[size_t(part * pairs + ih)] - mx)
+                              : 0.0f;
           sum += w * pl[size_t(part * pairs + ih)];
           const float* ar = pacc.data() + (part * pairs + ih) * hd;
           for (int d = 0; d < hd; ++d) orow[d] += w * ar[d];
@@ -144,8 +236,8 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
 // when Q, K and V are bf16, else on OpenBLAS over fp32 tiles (fp16 tiles
 // widened). The softmax and its statistics are fp32 whatever the dtype; a
 // few queries (decode) take the key-split path above.
-void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
-               const Tensor& lse) {
+void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+               const AttentionArgs& a, const Tensor& lse) {
   const int64_t Tq = q.rows(), Tk = k.rows();
   if (Tq <= 4) {
     attention_few_queries(o, q, k, v, a, lse);
@@ -155,7 +247,8 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
   // Smallest key position per key block, to skip blocks entirely in the future.
   const int64_t n_kb = (Tk + kKeyBlock - 1) / kKeyBlock;
   std::vector<int32_t> kb_min(n_kb, std::numeric_limits<int32_t>::max());
-  for (int64_t j = 0; j < Tk; ++j) kb_min[j / kKeyBlock] = std::min(kb_min[j / kKeyBlock], a.k_pos[j]);
+  for (int64_t j = 0; j < Tk; ++j)
+    kb_min[j / kKeyBlock] = std::min(kb_min[j / kKeyBlock], a.k_pos[j]);
 
   // (head, query block) tiles run in parallel, each with single-threaded
   // GEMMs: many small GEMMs use the cores better side by side than one after
@@ -168,11 +261,13 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
 #pragma omp parallel if (parallel)
   {
     std::vector<float> S(size_t(kQueryBlock) * kKeyBlock), acc(size_t(kQueryBlock) * hd);
-    std::vector<float> m(kQueryBlock), l(kQueryBlock), qbuf, kbuf, vbuf, obuf(static_cast<size_t>(hd));
+    std::vector<float> m(kQueryBlock), l(kQueryBlock), qbuf, kbuf, vbuf,
+        obuf(static_cast<size_t>(hd));
     // bf16 Q, K and V: both tile GEMMs on the bf16 kernel, the probabilities
     // rounded to bf16 for the second as FlashAttention does (P·V in bf16,
     // accumulated in fp32).
-    const bool bf16 = q.dtype() == DType::BF16 && k.dtype() == DType::BF16 && v.dtype() == DType::BF16;
+    const bool bf16 =
+        q.dtype() == DType::BF16 && k.dtype() == DType::BF16 && v.dtype() == DType::BF16;
     std::vector<uint16_t> P(bf16 ? size_t(kQueryBlock) * kKeyBlock : 0);
     auto at = [](const Tensor& t, int64_t r, int64_t c) {
       return static_cast<const char*>(t.row_ptr(r)) + c * dtype_size(t.dtype());
@@ -195,12 +290,13 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
         const int64_t j0 = kb * kKeyBlock;
         const int bk = int(std::min<int64_t>(kKeyBlock, Tk - j0));
         if (bf16) {
-          tile_gemm_bf16(bq, bk, hd, at(q, i0, int64_t(h) * hd), q.ld(), false, at(k, j0, int64_t(kvh) * hd), k.ld(),
-                         true, S.data(), kKeyBlock, a.scale, false);
+          tile_gemm_bf16(bq, bk, hd, at(q, i0, int64_t(h) * hd), q.ld(), false,
+                         at(k, j0, int64_t(kvh) * hd), k.ld(), true, S.data(), kKeyBlock, a.scale,
+                         false);
         } else {
           const float* kh = tile_f32(k, j0, bk, int64_t(kvh) * hd, hd, kbuf, ldk);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, hd, a.scale, qh, int(ldq), kh, int(ldk), 0.0f,
-                      S.data(), kKeyBlock);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, hd, a.scale, qh, int(ldq),
+                      kh, int(ldk), 0.0f, S.data(), kKeyBlock);
         }
         for (int i = 0; i < bq; ++i) {
           float* s = S.data() + size_t(i) * kKeyBlock;
@@ -228,13 +324,14 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
         }
         if (bf16) {
           for (int i = 0; i < bq; ++i)
-            narrow(S.data() + size_t(i) * kKeyBlock, bk, DType::BF16, P.data() + size_t(i) * kKeyBlock);
-          tile_gemm_bf16(bq, hd, bk, P.data(), kKeyBlock, false, at(v, j0, int64_t(kvh) * hd), v.ld(), false, acc.data(),
-                         hd, 1.0f, true);
+            narrow(S.data() + size_t(i) * kKeyBlock, bk, DType::BF16,
+                   P.data() + size_t(i) * kKeyBlock);
+          tile_gemm_bf16(bq, hd, bk, P.data(), kKeyBlock, false, at(v, j0, int64_t(kvh) * hd),
+                         v.ld(), false, acc.data(), hd, 1.0f, true);
         } else {
           const float* vh = tile_f32(v, j0, bk, int64_t(kvh) * hd, hd, vbuf, ldv);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, hd, bk, 1.0f, S.data(), kKeyBlock, vh, int(ldv),
-                      1.0f, acc.data(), hd);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, hd, bk, 1.0f, S.data(),
+                      kKeyBlock, vh, int(ldv), 1.0f, acc.data(), hd);
         }
       }
       for (int i = 0; i < bq; ++i) {
@@ -255,8 +352,8 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
 
 // Combines two partial attentions over disjoint key sets:
 // o = (e^{lse1} o1 + e^{lse2} o2) / (e^{lse1} + e^{lse2}), lse = log(e^{lse1} + e^{lse2}).
-void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2, int n_heads,
-                     int head_dim) {
+void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2,
+                     int n_heads, int head_dim) {
   const int64_t T = o.rows();
   for (int64_t t = 0; t < T; ++t) {
     float* orow = row_out(o, t, 3);

@@ -9,11 +9,12 @@ namespace ss::cpu {
 // earlier tokens in decode, or the previous rank's halo in sequence sharding).
 // The state is kept in the compute dtype (as mamba_ssm keeps conv_state);
 // the sums run in fp32.
-void conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
-                   bool silu_out) {
+void conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                   const Tensor& state, bool silu_out) {
   const int64_t T = x.rows(), C = x.cols(), K = w.cols(), H = K - 1;
   constexpr int64_t kMaxKernel = 7;  // scratch slots 0..6 hold input rows, 7 the output
-  if (K > kMaxKernel) throw std::logic_error("conv1d: kernel width " + std::to_string(K) + " is over 7");
+  if (K > kMaxKernel)
+    throw std::logic_error("conv1d: kernel width " + std::to_string(K) + " is over 7");
   std::vector<float> W(size_t(C * K)), bias, st;
   widen(w.raw(), w.dtype(), C * K, W.data());
   if (b.defined()) {

@@ -18,8 +18,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <tuple>
 
 #include "cpu/kernels.h"
@@ -33,9 +33,12 @@ constexpr int64_t kGemvRows = 4;
 // ---- oneDNN matmul, primitives cached per shape ----------------------------
 dnnl::memory::data_type dnnl_type(DType t) {
   switch (t) {
-    case DType::BF16: return dnnl::memory::data_type::bf16;
-    case DType::F16: return dnnl::memory::data_type::f16;
-    default: return dnnl::memory::data_type::f32;
+    case DType::BF16:
+      return dnnl::memory::data_type::bf16;
+    case DType::F16:
+      return dnnl::memory::data_type::f16;
+    default:
+      return dnnl::memory::data_type::f32;
   }
 }
 
@@ -57,7 +60,10 @@ struct MatmulCall {
   DType dc;
   float alpha = 1.0f;
   bool acc = false;
-  auto key() const { return std::make_tuple(M, N, K, lda, a_trans, int(da), ldb, b_trans, int(db), ldc, int(dc), alpha, acc); }
+  auto key() const {
+    return std::make_tuple(M, N, K, lda, a_trans, int(da), ldb, b_trans, int(db), ldc, int(dc),
+                           alpha, acc);
+  }
 };
 
 // Primitives are made once per shape and kept; each call runs on a stream
@@ -72,8 +78,10 @@ void run_matmul(const MatmulCall& c) {
   static std::map<decltype(c.key()), std::pair<dnnl::matmul, dnnl::memory::desc>> cache;
   thread_local dnnl::stream stream(eng);
   thread_local std::vector<uint8_t> pad;
-  const dnnl::memory::desc am(dims{c.M, c.K}, dnnl_type(c.da), c.a_trans ? dims{1, c.lda} : dims{c.lda, 1});
-  const dnnl::memory::desc bm(dims{c.K, c.N}, dnnl_type(c.db), c.b_trans ? dims{1, c.ldb} : dims{c.ldb, 1});
+  const dnnl::memory::desc am(dims{c.M, c.K}, dnnl_type(c.da),
+                              c.a_trans ? dims{1, c.lda} : dims{c.lda, 1});
+  const dnnl::memory::desc bm(dims{c.K, c.N}, dnnl_type(c.db),
+                              c.b_trans ? dims{1, c.ldb} : dims{c.ldb, 1});
   const dnnl::memory::desc cm(dims{c.M, c.N}, dnnl_type(c.dc), dims{c.ldc, 1});
   std::unique_lock lock(mutex);
   auto it = cache.find(c.key());
@@ -93,14 +101,17 @@ void run_matmul(const MatmulCall& c) {
   const dnnl::memory::desc sm = it->second.second;
   lock.unlock();
   if (pad.size() < sm.get_size()) pad.resize(sm.get_size());
-  dnnl::memory a(am, eng, const_cast<void*>(c.A)), b(bm, eng, const_cast<void*>(c.B)), out(cm, eng, c.C),
-      scratch(sm, eng, pad.data());
+  dnnl::memory a(am, eng, const_cast<void*>(c.A)), b(bm, eng, const_cast<void*>(c.B)),
+      out(cm, eng, c.C), scratch(sm, eng, pad.data());
 #ifdef _OPENMP
   const bool alone = !omp_in_parallel() && c.M * c.N * c.K < (int64_t(1) << 18);
   const int before = omp_get_max_threads();
   if (alone) omp_set_num_threads(1);
 #endif
-  prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, out}, {DNNL_ARG_SCRATCHPAD, scratch}});
+  prim.execute(stream, {{DNNL_ARG_SRC, a},
+                        {DNNL_ARG_WEIGHTS, b},
+                        {DNNL_ARG_DST, out},
+                        {DNNL_ARG_SCRATCHPAD, scratch}});
   stream.wait();
 #ifdef _OPENMP
   if (alone) omp_set_num_threads(before);
@@ -109,8 +120,8 @@ void run_matmul(const MatmulCall& c) {
 
 // y = x wᵀ (+ y) for tensors: w [N,K] is read transposed in place.
 void dnnl_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
-  run_matmul({x.rows(), w.rows(), x.cols(), x.raw(), x.ld(), false, x.dtype(), w.raw(), w.ld(), true, w.dtype(),
-              y.raw(), y.ld(), y.dtype(), 1.0f, accumulate});
+  run_matmul({x.rows(), w.rows(), x.cols(), x.raw(), x.ld(), false, x.dtype(), w.raw(), w.ld(),
+              true, w.dtype(), y.raw(), y.ld(), y.dtype(), 1.0f, accumulate});
 }
 
 // ---- GEMV-shaped path for a few rows ---------------------------------------
@@ -120,17 +131,27 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
-inline __m256 load8_f32(const void* p, int64_t k) { return _mm256_loadu_ps(static_cast<const float*>(p) + k); }
-inline float load1_f32(const void* p, int64_t k) { return static_cast<const float*>(p)[k]; }
+inline __m256 load8_f32(const void* p, int64_t k) {
+  return _mm256_loadu_ps(static_cast<const float*>(p) + k);
+}
+inline float load1_f32(const void* p, int64_t k) {
+  return static_cast<const float*>(p)[k];
+}
 inline __m256 load8_bf16(const void* p, int64_t k) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + k));
+  const __m128i h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + k));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline float load1_bf16(const void* p, int64_t k) { return bf16_to_f32(static_cast<const uint16_t*>(p)[k]); }
-inline __m256 load8_f16(const void* p, int64_t k) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + k)));
+inline float load1_bf16(const void* p, int64_t k) {
+  return bf16_to_f32(static_cast<const uint16_t*>(p)[k]);
 }
-inline float load1_f16(const void* p, int64_t k) { return f16_to_f32(static_cast<const uint16_t*>(p)[k]); }
+inline __m256 load8_f16(const void* p, int64_t k) {
+  return _mm256_cvtph_ps(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + k)));
+}
+inline float load1_f16(const void* p, int64_t k) {
+  return f16_to_f32(static_cast<const uint16_t*>(p)[k]);
+}
 
 // One input row with one weight row: four accumulator chains, 32 values an
 // iteration (measured here: interleaving several weight rows is slower; one
@@ -152,8 +173,8 @@ inline float dot1(const float* x, const void* wr, int64_t K, Load8 load8, Load1 
 
 // Dot products of `rows` (up to kGemvRows) fp32 input rows with one weight row.
 template <class Load8, class Load1>
-inline void dot_rows(const float* const* xr, int rows, const void* wr, int64_t K, float* out, Load8 load8,
-                     Load1 load1) {
+inline void dot_rows(const float* const* xr, int rows, const void* wr, int64_t K, float* out,
+                     Load8 load8, Load1 load1) {
   __m256 acc[kGemvRows][2];
   for (int m = 0; m < rows; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   int64_t k = 0;
@@ -197,19 +218,22 @@ void gemv(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
         d[0] = wt == DType::BF16  ? dot1(xr[0], wr, K, load8_bf16, load1_bf16)
                : wt == DType::F16 ? dot1(xr[0], wr, K, load8_f16, load1_f16)
                                   : dot1(xr[0], wr, K, load8_f32, load1_f32);
-      } else if (wt == DType::BF16) dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_bf16, load1_bf16);
-      else if (wt == DType::F16) dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_f16, load1_f16);
-      else dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_f32, load1_f32);
+      } else if (wt == DType::BF16)
+        dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_bf16, load1_bf16);
+      else if (wt == DType::F16)
+        dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_f16, load1_f16);
+      else
+        dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_f32, load1_f32);
       for (int64_t m = 0; m < M; ++m) out.row(m)[n] = accumulate ? out.row(m)[n] + d[m] : d[m];
     }
   }
   out.commit();
 }
 
-void sgemm(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy, int64_t M, int64_t N,
-           int64_t K, bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.0f, x, int(ldx), w, int(ldw),
-              accumulate ? 1.0f : 0.0f, y, int(ldy));
+void sgemm(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy,
+           int64_t M, int64_t N, int64_t K, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.0f, x, int(ldx), w,
+              int(ldw), accumulate ? 1.0f : 0.0f, y, int(ldy));
 }
 
 }  // namespace
@@ -225,7 +249,8 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
     return;
   }
   if (dx == DType::F32 && dw == DType::F32 && y.dtype() == DType::F32) {
-    sgemm(x.data<float>(), x.ld(), w.data<float>(), w.ld(), y.data<float>(), y.ld(), M, N, K, accumulate);
+    sgemm(x.data<float>(), x.ld(), w.data<float>(), w.ld(), y.data<float>(), y.ld(), M, N, K,
+          accumulate);
     return;
   }
   if (dx == DType::BF16 && dw == DType::BF16) {
@@ -247,10 +272,11 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
   yf.commit();
 }
 
-void tile_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, bool a_transposed, const void* B,
-                    int64_t ldb, bool b_transposed, float* C, int64_t ldc, float alpha, bool accumulate) {
-  run_matmul({M, N, K, A, lda, a_transposed, DType::BF16, B, ldb, b_transposed, DType::BF16, C, ldc, DType::F32, alpha,
-              accumulate});
+void tile_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, bool a_transposed,
+                    const void* B, int64_t ldb, bool b_transposed, float* C, int64_t ldc,
+                    float alpha, bool accumulate) {
+  run_matmul({M, N, K, A, lda, a_transposed, DType::BF16, B, ldb, b_transposed, DType::BF16, C, ldc,
+              DType::F32, alpha, accumulate});
 }
 
 double library_gemm_seconds(int64_t M, int64_t N, int64_t K, DType dtype, int count) {
@@ -269,8 +295,8 @@ double library_gemm_seconds(int64_t M, int64_t N, int64_t K, DType dtype, int co
   std::optional<dnnl::memory> a, b, c;
   if (dt == DType::BF16) {
     using dims = dnnl::memory::dims;
-    const dnnl::memory::desc xm(dims{M, K}, dnnl_type(dt), dims{K, 1}), wm(dims{K, N}, dnnl_type(dt), dims{1, K}),
-        ym(dims{M, N}, dnnl_type(dt), dims{N, 1});
+    const dnnl::memory::desc xm(dims{M, K}, dnnl_type(dt), dims{K, 1}),
+        wm(dims{K, N}, dnnl_type(dt), dims{1, K}), ym(dims{M, N}, dnnl_type(dt), dims{N, 1});
     prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(xm, wm, ym), eng));
     a.emplace(xm, eng, xa.data());
     b.emplace(wm, eng, wa.data());
@@ -281,8 +307,8 @@ double library_gemm_seconds(int64_t M, int64_t N, int64_t K, DType dtype, int co
     };
   } else {
     call = [&] {
-      sgemm(reinterpret_cast<const float*>(xa.data()), K, reinterpret_cast<const float*>(wa.data()), K,
-            reinterpret_cast<float*>(ya.data()), N, M, N, K, false);
+      sgemm(reinterpret_cast<const float*>(xa.data()), K, reinterpret_cast<const float*>(wa.data()),
+            K, reinterpret_cast<float*>(ya.data()), N, M, N, K, false);
     };
   }
   call();  // warm up: page in the buffers, build the kernel
@@ -298,6 +324,8 @@ void set_threads(int n) {
 #endif
 }
 
-int threads() { return openblas_get_num_threads(); }
+int threads() {
+  return openblas_get_num_threads();
+}
 
 }  // namespace ss::cpu

@@ -10,7 +10,8 @@ namespace ss::cpu {
 // RMSNorm over groups of `group` columns; with z, the Mamba2 gated form
 // rmsnorm(x * silu(z)) (norm_before_gate = False). w may be undefined.
 // Statistics in fp32 whatever the dtype.
-void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group) {
+void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+             int64_t group) {
   const int64_t T = x.rows(), n = x.cols();
   const float* W = vec_f32(w, 4);  // read by every thread
 #pragma omp parallel for schedule(static) if (T * n > (1 << 16))
@@ -64,7 +65,8 @@ void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> p
 
 // Gated norm whose groups span ranks, step 1: this rank's share of each
 // group's sum of squares of x * silu(z), in fp32 (ss is f32).
-void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group, int64_t slot0) {
+void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_t local_group,
+                      int64_t slot0) {
   const int64_t T = x.rows(), n = x.cols(), slots = ss.cols();
   for (int64_t t = 0; t < T; ++t) {
     float* out = ss.data<float>() + t * slots;
@@ -79,8 +81,9 @@ void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_
 }
 
 // Step 2, after the sums are reduced over the ranks sharing a group.
-void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss, float eps,
-                         int64_t local_group, int64_t total_group, int64_t slot0) {
+void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
+                         const Tensor& ss, float eps, int64_t local_group, int64_t total_group,
+                         int64_t slot0) {
   const int64_t T = x.rows(), n = x.cols(), slots = ss.cols();
   const float* W = vec_f32(w, 4);
   for (int64_t t = 0; t < T; ++t) {

@@ -11,14 +11,21 @@ float* scratch(int slot, int64_t n) {
 }
 
 namespace {
-int64_t rows_of(const Tensor& t) { return t.ndim() == 1 ? 1 : t.rows(); }
-int64_t cols_of(const Tensor& t) { return t.ndim() == 1 ? t.numel() : t.cols(); }
-int64_t ld_of(const Tensor& t) { return t.ndim() == 1 ? t.numel() : t.ld(); }
+int64_t rows_of(const Tensor& t) {
+  return t.ndim() == 1 ? 1 : t.rows();
+}
+int64_t cols_of(const Tensor& t) {
+  return t.ndim() == 1 ? t.numel() : t.cols();
+}
+int64_t ld_of(const Tensor& t) {
+  return t.ndim() == 1 ? t.numel() : t.ld();
+}
 }  // namespace
 
 F32Rows::F32Rows(const Tensor& t) {
   if (!t.defined()) return;
-  if (t.ndim() > 2 && !t.is_contiguous()) throw std::logic_error("F32Rows takes 2-D or contiguous tensors");
+  if (t.ndim() > 2 && !t.is_contiguous())
+    throw std::logic_error("F32Rows takes 2-D or contiguous tensors");
   const Tensor v = t.ndim() > 2 ? t.reshape({t.numel()}) : t;
   if (v.dtype() == DType::F32) {
     p = v.data<float>();
@@ -42,7 +49,8 @@ F32Out::F32Out(const Tensor& tensor, bool read) : t(tensor) {
   const int64_t R = rows_of(t), C = cols_of(t);
   own.assign(size_t(R * C), 0.0f);
   if (read)
-    for (int64_t r = 0; r < R; ++r) widen(t.ndim() == 1 ? t.raw() : t.row_ptr(r), t.dtype(), C, own.data() + r * C);
+    for (int64_t r = 0; r < R; ++r)
+      widen(t.ndim() == 1 ? t.raw() : t.row_ptr(r), t.dtype(), C, own.data() + r * C);
   p = own.data();
   ld = C;
 }
@@ -50,7 +58,8 @@ F32Out::F32Out(const Tensor& tensor, bool read) : t(tensor) {
 void F32Out::commit() {
   if (t.dtype() == DType::F32) return;
   const int64_t R = rows_of(t), C = cols_of(t);
-  for (int64_t r = 0; r < R; ++r) narrow(own.data() + r * C, C, t.dtype(), t.ndim() == 1 ? t.raw() : t.row_ptr(r));
+  for (int64_t r = 0; r < R; ++r)
+    narrow(own.data() + r * C, C, t.dtype(), t.ndim() == 1 ? t.raw() : t.row_ptr(r));
 }
 
 }  // namespace ss::cpu

@@ -40,18 +40,23 @@ int64_t weight_bytes_per_rank(const ModelConfig& cfg, const RunOptions& o) {
   return Model(c, meta, par).local_parameter_count() * dtype_size(o.dtype);
 }
 
-void check_host_memory(const ModelConfig& cfg, const RunOptions& o, int ranks_here, int64_t available) {
-  if (available <= 0 || o.capacity > 0) return;  // unknown, or the person set a capacity of their own
-  const int64_t per_rank = available / std::max(ranks_here, 1), weights = weight_bytes_per_rank(cfg, o);
+void check_host_memory(const ModelConfig& cfg, const RunOptions& o, int ranks_here,
+                       int64_t available) {
+  if (available <= 0 || o.capacity > 0)
+    return;  // unknown, or the person set a capacity of their own
+  const int64_t per_rank = available / std::max(ranks_here, 1),
+                weights = weight_bytes_per_rank(cfg, o);
   if (weights <= per_rank) return;
-  throw UsageError("the weights alone need " + format_bytes(weights) + " per device, but this host has " +
-                   format_bytes(available) + " available" +
-                   (ranks_here > 1 ? " for its " + std::to_string(ranks_here) + " ranks (" + format_bytes(per_rank) +
-                                         " each)"
-                                   : std::string()) +
-                   "; choose a smaller model, " + (o.dtype == DType::F32 ? std::string("--dtype bf16, ") : std::string()) +
-                   "a strategy that shards weights over more devices or hosts (--hostfile), or the simulator "
-                   "(`shardscope-engine simulate`)");
+  throw UsageError(
+      "the weights alone need " + format_bytes(weights) + " per device, but this host has " +
+      format_bytes(available) + " available" +
+      (ranks_here > 1 ? " for its " + std::to_string(ranks_here) + " ranks (" +
+                            format_bytes(per_rank) + " each)"
+                      : std::string()) +
+      "; choose a smaller model, " +
+      (o.dtype == DType::F32 ? std::string("--dtype bf16, ") : std::string()) +
+      "a strategy that shards weights over more devices or hosts (--hostfile), or the simulator "
+      "(`shardscope-engine simulate`)");
 }
 
 }  // namespace ss

@@ -21,6 +21,7 @@ int64_t weight_bytes_per_rank(const ModelConfig& cfg, const RunOptions& o);
 
 // Refuses (UsageError, one line naming the bytes and what to change) a cpu
 // setup whose weights alone exceed `available` shared by `ranks_here` ranks.
-void check_host_memory(const ModelConfig& cfg, const RunOptions& o, int ranks_here, int64_t available);
+void check_host_memory(const ModelConfig& cfg, const RunOptions& o, int ranks_here,
+                       int64_t available);
 
 }  // namespace ss
