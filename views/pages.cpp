@@ -210,8 +210,8 @@ void MemoryPage::drawOverTime(int rank) {
   if (capacity > 0 && !capacityOnScale) {
     auto* note = new QCPItemText(m_plot);
     note->position->setType(QCPItemPosition::ptAxisRectRatio);
-    note->position->setCoords(0.99, 0.02);
-    note->setPositionAlignment(Qt::AlignRight | Qt::AlignTop);
+    note->position->setCoords(0.5, 0.02);  // top centre: clear of the legend and the peak label
+    note->setPositionAlignment(Qt::AlignHCenter | Qt::AlignTop);
     note->setText(tr("capacity %1, above the scale").arg(bytesText(capacity)));
     note->setColor(Qt::red);
   }

@@ -51,35 +51,36 @@ double bare_gemm_gflops(const std::map<GemmShape, int>& shapes, DType dtype) {
   return secs > 0 ? flops / secs * 1e-9 : 0;
 }
 
-// Bytes per second of a streaming read (a sum over 512 MiB on every thread)
-// and of a copy (read + write bytes of 64 MiB, split over the threads): the
-// memory roofline of this machine, measured in this run. Best of three.
-double stream_read_bytes_per_s() {
-  const int64_t n = (int64_t(512) << 20) / 4;
-  std::vector<float> a(size_t(n), 1.0f);
+// Bytes per second of a streaming read of `a` (a sum on every thread, bound
+// by loads): the memory roofline of this machine, at this moment.
+double stream_read_bytes_per_s(const std::vector<float>& a) {
+  const int64_t n = int64_t(a.size());
   const int threads = cpu::threads();
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = Clock::now();
-    double total = 0;
+  const auto t0 = Clock::now();
+  double total = 0;
 #pragma omp parallel for reduction(+ : total) schedule(static)
-    for (int k = 0; k < threads; ++k) {
-      // Sixteen independent partial sums: the loop is bound by loads, not adds.
-      float part[16] = {};
-      const int64_t i0 = n * k / threads, i1 = n * (k + 1) / threads;
-      int64_t i = i0;
-      for (; i + 16 <= i1; i += 16)
+  for (int k = 0; k < threads; ++k) {
+    // Sixteen independent partial sums: the loop is bound by loads, not adds.
+    float part[16] = {};
+    const int64_t i0 = n * k / threads, i1 = n * (k + 1) / threads;
+    int64_t i = i0;
+    for (; i + 16 <= i1; i += 16)
 #pragma omp simd
-        for (int j = 0; j < 16; ++j) part[j] += a[size_t(i + j)];
-      for (; i < i1; ++i) part[0] += a[size_t(i)];
-      for (float p : part) total += p;
-    }
-    const double t = seconds_since(t0);
-    if (total != double(n)) return 0;  // every value read (and the loop kept)
-    best = std::max(best, 4.0 * double(n) / t);
+      for (int j = 0; j < 16; ++j) part[j] += a[size_t(i + j)];
+    for (; i < i1; ++i) part[0] += a[size_t(i)];
+    for (float p : part) total += p;
   }
-  return best;
+  const double t = seconds_since(t0);
+  if (total != double(n)) return 0;  // every value read (and the loop kept)
+  return 4.0 * double(n) / t;
 }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The bandwidth of a copy (read + write bytes of 64 MiB, split over the threads). Best of four.
 double copy_bytes_per_s() {
   const int64_t n = int64_t(64) << 20;
   std::vector<char> src(size_t(n), 1), dst(size_t(n), 0);
@@ -111,7 +112,8 @@ struct Row {
   double fwd_gflops = 0, gemm_gflops = 0, bare_gflops = 0, sgemm_gflops = 0;
   double attn_share = 0, scan_share = 0;
   double weight_read_per_token = 0;  // bytes of weights one decode step's GEMMs read
-  double read_bytes_per_s = 0;       // streaming read, measured right after this row's decode
+  double read_bytes_per_s = 0;       // streaming read, median of samples between decode steps
+  double decode_step_median_s = 0;   // decode step, median of the steps those samples sit between
   double elementwise_bytes_per_s = 0;
   int64_t weight_bytes = 0, param_bytes = 0, peak_accounted = 0, peak_rss = 0, base_rss = 0;
   bool rss_reset = false;
@@ -148,7 +150,7 @@ Row measure(const std::string& preset, int64_t P, int decode, int repeat, DType 
   double best_prefill = 1e30, best_decode = 1e30;
   std::vector<proto::Span> best_spans, step_spans;
   for (int rep = 0; rep < repeat; ++rep) {
-    Cache cache = model.make_cache(P + decode);
+    Cache cache = model.make_cache(P + 2 * decode);
     rec.clear();
     const auto t0 = Clock::now();
     int32_t next;
@@ -174,9 +176,30 @@ Row measure(const std::string& preset, int64_t P, int decode, int repeat, DType 
   }
   r.peak_accounted = alloc.state().peak_total;
   r.peak_rss = peak_rss_bytes();
-  // The machine is shared: the bandwidth this decode is held against is
-  // measured under the same conditions, right after it.
-  r.read_bytes_per_s = stream_read_bytes_per_s();
+  // The machine is shared and its memory bandwidth moves with its
+  // neighbours: decode is held against a streaming read measured between its
+  // steps (256 MiB after each), the medians of both. The cache of the last
+  // repeat goes on for these steps.
+  {
+    std::vector<float> stream(size_t(64) << 20, 1.0f);
+    Cache cache = model.make_cache(P + 2 * decode);
+    int32_t next = 0;
+    {
+      Tensor logits = model.forward(prompt, pos, cache, false);
+      next = be.argmax_row(logits, 0);
+    }
+    std::vector<double> step_s, read;
+    for (int k = 0; k < decode; ++k) {
+      const int32_t p1 = int32_t(P + k);
+      const auto t0 = Clock::now();
+      Tensor logits = model.forward(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&p1, 1), cache, false);
+      next = be.argmax_row(logits, 0);
+      step_s.push_back(seconds_since(t0));
+      read.push_back(stream_read_bytes_per_s(stream));
+    }
+    r.decode_step_median_s = median(step_s);
+    r.read_bytes_per_s = median(read);
+  }
 
   double flops = 0, gemm_flops = 0, gemm_ns = 0, attn_ns = 0, scan_ns = 0, ew_bytes = 0, ew_ns = 0;
   std::map<GemmShape, int> shapes;
@@ -250,8 +273,8 @@ int run_bench(const BenchOptions& o, std::ostream& out) {
       rows.push_back(r);
     }
   out << "\nPrefill against fp32 prefill of the same model and prompt (this run); decode per token against the "
-         "weight-bandwidth limit (the weight bytes one step's GEMMs read / a streaming read of 512 MiB, measured "
-         "right after the row's decode); memory-bound kernels (norms, activations, adds, rope, conv) against a "
+         "weight-bandwidth limit (the weight bytes one step's GEMMs read / a streaming read of 256 MiB: medians of "
+         "decode steps and of reads taken between them); memory-bound kernels (norms, activations, adds, rope, conv) against a "
          "copy of 64 MiB (read + write bytes).\n";
   std::snprintf(line, sizeof line, "%-13s %6s %6s %12s %9s %10s %9s %10s %10s %9s %9s %8s\n", "model", "prompt",
                 "dtype", "fp32/prefill", "decode ms", "read/token", "read GB/s", "limit ms", "limit/dec", "ew GB/s",
@@ -259,13 +282,13 @@ int run_bench(const BenchOptions& o, std::ostream& out) {
   out << line;
   for (const Row& r : rows) {
     const double limit = r.weight_read_per_token / r.read_bytes_per_s;
+    const double step = r.decode_step_median_s;
     std::snprintf(line, sizeof line, "%-13s %6lld %6s %12s %9.2f %10s %9.1f %10.2f %10.2f %9.1f %9.1f %8.2f\n",
                   r.model.c_str(), static_cast<long long>(r.prompt), dt.c_str(),
                   r.fp32_prefill_s > 0 ? (std::to_string(r.fp32_prefill_s / r.prefill_s).substr(0, 5) + "x").c_str()
                                        : "-",
-                  r.decode_s_per_token * 1e3, mib(r.weight_read_per_token).c_str(), r.read_bytes_per_s * 1e-9,
-                  limit * 1e3,
-                  limit / r.decode_s_per_token, r.elementwise_bytes_per_s * 1e-9, copy_bw * 1e-9,
+                  step * 1e3, mib(r.weight_read_per_token).c_str(), r.read_bytes_per_s * 1e-9, limit * 1e3,
+                  limit / step, r.elementwise_bytes_per_s * 1e-9, copy_bw * 1e-9,
                   r.elementwise_bytes_per_s / copy_bw);
     out << line;
   }
