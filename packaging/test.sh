@@ -11,3 +11,9 @@ build="${SHARDSCOPE_BUILD_DIR:-$root/build}"
 export QT_QPA_PLATFORM=offscreen
 # Two test processes at a time: several suites start MPI ranks of their own.
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 900
+
+# The sanitizer leg (ASan + UBSan, a build of its own): on CI, or when asked
+# with SHARDSCOPE_SANITIZE=1; SHARDSCOPE_SANITIZE=0 skips it.
+if [[ "${SHARDSCOPE_SANITIZE:-}" == 1 || ( -z "${SHARDSCOPE_SANITIZE:-}" && "${CI:-}" == true ) ]]; then
+  "$root/packaging/sanitize.sh"
+fi
