@@ -25,7 +25,10 @@ double fbytes(const Tensor& t) { return t.defined() ? double(t.nbytes()) : 0.0; 
 }  // namespace
 
 Tensor Backend::alloc(const Shape& shape, Category cat, std::string label, DType dtype) {
-  const int64_t bytes = numel(shape) * dtype_size(dtype);
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(numel(shape), dtype_size(dtype), &bytes))
+    throw UsageError(label + ": " + ss::shape_str(shape) + " of " + std::string(dtype_name(dtype)) +
+                     " is more than 2^63 bytes");
   m_alloc.charge(cat, bytes, label);  // throws OomError before anything is allocated
   void* data = nullptr;
   if (has_data() && bytes > 0) {

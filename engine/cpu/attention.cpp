@@ -267,7 +267,7 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
     // rounded to bf16 for the second as FlashAttention does (P·V in bf16,
     // accumulated in fp32).
     const bool bf16 =
-        q.dtype() == DType::BF16 && k.dtype() == DType::BF16 && v.dtype() == DType::BF16;
+        q.dtype() == DType::BF16 && k.dtype() == DType::BF16 && v.dtype() == DType::BF16 && bf16_gemm_available();
     std::vector<uint16_t> P(bf16 ? size_t(kQueryBlock) * kKeyBlock : 0);
     auto at = [](const Tensor& t, int64_t r, int64_t c) {
       return static_cast<const char*>(t.row_ptr(r)) + c * dtype_size(t.dtype());

@@ -146,10 +146,15 @@ void CpuBackend::k_copy(const Tensor& dst, const Tensor& src) {
   if (dst.is_contiguous() && src.is_contiguous()) {
     if (same) {
       std::memcpy(dst.raw(), src.raw(), size_t(dst.nbytes()));
-    } else {
-      std::vector<float> buf(size_t(src.numel()));
-      widen(src.raw(), src.dtype(), src.numel(), buf.data());
-      narrow(buf.data(), src.numel(), dst.dtype(), dst.raw());
+      return;
+    }
+    constexpr int64_t kBlock = 4096;  // staged a block at a time
+    float buf[kBlock];
+    const int64_t n = src.numel(), ss = dtype_size(src.dtype()), ds = dtype_size(dst.dtype());
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t m = std::min(kBlock, n - i);
+      widen(static_cast<const char*>(src.raw()) + i * ss, src.dtype(), m, buf);
+      narrow(buf, m, dst.dtype(), static_cast<char*>(dst.raw()) + i * ds);
     }
     return;
   }

@@ -86,6 +86,9 @@ void run_matmul(const MatmulCall& c) {
   std::unique_lock lock(mutex);
   auto it = cache.find(c.key());
   if (it == cache.end()) {
+    // Shapes vary with prompt lengths and tails: keep the cache bounded (a
+    // primitive still running elsewhere holds its own reference).
+    if (cache.size() >= 4096) cache.clear();
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (c.alpha != 1.0f) attr.set_output_scales(0, {c.alpha});
@@ -117,6 +120,30 @@ void run_matmul(const MatmulCall& c) {
   if (alone) omp_set_num_threads(before);
 #endif
 }
+
+}  // namespace
+
+// Whether oneDNN can run a bf16 matmul on this CPU: version 2.6 needs
+// AVX-512 for any bf16 primitive (its AVX512-BF16 kernel where the CPU has
+// that too). Asked once; without it bf16 operands are widened to fp32 for
+// sgemm, which is slower but the same arithmetic.
+bool bf16_gemm_available() {
+  static const bool ok = [] {
+    try {
+      using dims = dnnl::memory::dims;
+      const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+      const dnnl::memory::desc a(dims{16, 16}, dnnl::memory::data_type::bf16, dims{16, 1});
+      const dnnl::memory::desc c(dims{16, 16}, dnnl::memory::data_type::f32, dims{16, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), eng);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+namespace {
 
 // y = x wᵀ (+ y) for tensors: w [N,K] is read transposed in place.
 void dnnl_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
@@ -253,7 +280,7 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
           accumulate);
     return;
   }
-  if (dx == DType::BF16 && dw == DType::BF16) {
+  if (dx == DType::BF16 && dw == DType::BF16 && bf16_gemm_available()) {
     dnnl_matmul(y, x, w, accumulate);
     return;
   }
@@ -262,7 +289,7 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
   // next to the weight itself (a 32000-row LM head would need 4 bytes a value).
   const F32Rows xf(x);
   F32Out yf(y, accumulate);
-  constexpr int64_t kRows = 4096;
+  const int64_t kRows = std::max<int64_t>(64, (int64_t(4) << 20) / std::max<int64_t>(K, 1));  // 16 MiB
   std::vector<float> wb(size_t(std::min(N, kRows) * K));
   for (int64_t n0 = 0; n0 < N; n0 += kRows) {
     const int64_t n = std::min(kRows, N - n0);
@@ -281,7 +308,7 @@ void tile_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
 
 double library_gemm_seconds(int64_t M, int64_t N, int64_t K, DType dtype, int count) {
   // fp16 has no library GEMM on this CPU: the library call is the fp32 sgemm it widens into.
-  const DType dt = dtype == DType::BF16 ? DType::BF16 : DType::F32;
+  const DType dt = dtype == DType::BF16 && bf16_gemm_available() ? DType::BF16 : DType::F32;
   const int64_t es = dtype_size(dt);
   std::vector<uint8_t> xa(size_t(M * K * es)), wa(size_t(N * K * es)), ya(size_t(M * N * es));
   std::vector<float> one(size_t(std::max(M * K, N * K)), 0.01f);

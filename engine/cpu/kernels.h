@@ -104,11 +104,14 @@ struct F32Out {
   float* p = nullptr;
   int64_t ld = 0;
   std::vector<float> own;
-  const Tensor& t;
+  const Tensor t;  // the output (a view; more than 2-D contiguous ones flattened)
   F32Out(const Tensor& t, bool read);
   float* row(int64_t r) const { return p + r * ld; }
   void commit();
 };
+
+// Whether bf16 GEMMs run on the library's bf16 kernels here (see gemm.cpp).
+bool bf16_gemm_available();
 
 // C[M,N] (fp32, ldc) = alpha A B (+ C when accumulate) for bf16 tiles of the
 // kernels (attention, the SSD scan): A [M,K] row-major (lda), or stored [K,M]

@@ -26,7 +26,7 @@ struct ScanOperands {
     // costs more than the arithmetic: those widen to fp32 instead.
     constexpr int64_t kMinRows = 32;
     bf16 = x.dtype() == DType::BF16 && B.dtype() == DType::BF16 && C.dtype() == DType::BF16 &&
-           x.rows() >= kMinRows;
+           x.rows() >= kMinRows && bf16_gemm_available();
     const Tensor* t[3] = {&x, &B, &C};
     for (int i = 0; i < 3; ++i) {
       if (bf16) {

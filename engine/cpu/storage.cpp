@@ -40,7 +40,8 @@ F32Rows::F32Rows(const Tensor& t) {
   ld = C;
 }
 
-F32Out::F32Out(const Tensor& tensor, bool read) : t(tensor) {
+F32Out::F32Out(const Tensor& tensor, bool read)
+    : t(tensor.ndim() > 2 ? tensor.reshape({tensor.numel()}) : tensor) {
   if (t.dtype() == DType::F32) {
     p = t.data<float>();
     ld = ld_of(t);

@@ -49,6 +49,7 @@ struct Group {
   std::unique_ptr<Communicator> telemetry, tp, sp;
   int rank = 0, size = 1;
   std::vector<std::string> hosts = {host_name()};
+  int64_t host_available = -1;  // measured as the ranks start (-1: not yet)
   bool root() const { return rank == 0; }
 };
 
@@ -319,7 +320,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       // ranks start, before any has loaded): a setup whose weights cannot fit
       // is refused here, and an allocation past the share is an oom.
       const int ranks_here = int(std::count(g.hosts.begin(), g.hosts.end(), g.hosts[size_t(g.rank)]));
-      const int64_t available = host_available_bytes();
+      const int64_t available = g.host_available >= 0 ? g.host_available : host_available_bytes();
       check_host_memory(cfg, o, ranks_here, available);
       if (o.capacity <= 0 && available > 0) capacity = available / std::max(ranks_here, 1);
     }
@@ -619,6 +620,9 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out) {
       throw UsageError("this process is one of " + std::to_string(g.size) + " MPI ranks but --devices is " +
                        std::to_string(o.devices) + "; start runs with `shardscope-engine launch --devices N ...`");
     g.hosts = g.mpi->hostnames();
+    // Host memory is read before the start barrier, so no rank reads it
+    // after another has begun to load.
+    g.host_available = host_available_bytes();
     // One clock per run: every rank starts counting when all have arrived,
     // so spans of different ranks line up on the timeline (to the barrier's
     // exit skew, microseconds on one host).
