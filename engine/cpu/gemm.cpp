@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -129,6 +130,9 @@ void run_matmul(const MatmulCall& c) {
 // sgemm, which is slower but the same arithmetic.
 bool bf16_gemm_available() {
   static const bool ok = [] {
+    // SHARDSCOPE_NO_BF16_GEMM=1 takes the fallback on any CPU (to test it).
+    if (const char* no = std::getenv("SHARDSCOPE_NO_BF16_GEMM"); no && *no && std::string(no) != "0")
+      return false;
     try {
       using dims = dnnl::memory::dims;
       const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
