@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include <cmath>
+#include <iterator>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -10,33 +11,16 @@
 
 namespace ss {
 
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "f32";
-    case DType::BF16:
-      return "bf16";
-    case DType::F16:
-      return "f16";
-    case DType::I32:
-      return "i32";
-  }
-  return "?";
-}
+namespace {
+// Per dtype (in enum order): the safetensors-style name and the run-facing one.
+struct DTypeNames {
+  std::string_view file, run;
+};
+constexpr DTypeNames kNames[] = {{"f32", "fp32"}, {"bf16", "bf16"}, {"f16", "fp16"}, {"i32", "i32"}};
+}  // namespace
 
-std::string_view compute_dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "fp32";
-    case DType::BF16:
-      return "bf16";
-    case DType::F16:
-      return "fp16";
-    case DType::I32:
-      return "i32";
-  }
-  return "?";
-}
+std::string_view dtype_name(DType t) { return size_t(t) < std::size(kNames) ? kNames[size_t(t)].file : "?"; }
+std::string_view compute_dtype_name(DType t) { return size_t(t) < std::size(kNames) ? kNames[size_t(t)].run : "?"; }
 
 DType parse_compute_dtype(const std::string& text, const std::string& option) {
   if (text == "fp32" || text == "f32" || text == "float32") return DType::F32;
