@@ -48,18 +48,19 @@ inline float load1(const uint16_t* p) {
 }
 
 template <int HD, class E>
-void block_scores(const float* q, const E* const* krow, int64_t off, int nb, float scale,
+void block_scores(const float* q, const void* const* rows, int64_t off, int nb, float scale,
                   float* sc) {
+  auto krow = [rows](int j) { return static_cast<const E*>(rows[j]); };
   __m256 qv[HD / 8];
   for (int d = 0; d < HD / 8; ++d) qv[d] = _mm256_loadu_ps(q + 8 * d);
   int j = 0;
   for (; j + 4 <= nb; j += 4) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int d = 0; d < HD / 8; ++d) {
-      a0 = _mm256_fmadd_ps(qv[d], load8(krow[j] + off + 8 * d), a0);
-      a1 = _mm256_fmadd_ps(qv[d], load8(krow[j + 1] + off + 8 * d), a1);
-      a2 = _mm256_fmadd_ps(qv[d], load8(krow[j + 2] + off + 8 * d), a2);
-      a3 = _mm256_fmadd_ps(qv[d], load8(krow[j + 3] + off + 8 * d), a3);
+      a0 = _mm256_fmadd_ps(qv[d], load8(krow(j) + off + 8 * d), a0);
+      a1 = _mm256_fmadd_ps(qv[d], load8(krow(j + 1) + off + 8 * d), a1);
+      a2 = _mm256_fmadd_ps(qv[d], load8(krow(j + 2) + off + 8 * d), a2);
+      a3 = _mm256_fmadd_ps(qv[d], load8(krow(j + 3) + off + 8 * d), a3);
     }
     // Per 128-bit lane, hadd(hadd(a0, a1), hadd(a2, a3)) holds the lane sums of a0..a3.
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -68,12 +69,12 @@ void block_scores(const float* q, const E* const* krow, int64_t off, int nb, flo
   }
   for (; j < nb; ++j) {
     float dot = 0;
-    for (int d = 0; d < HD; ++d) dot += q[d] * load1(krow[j] + off + d);
+    for (int d = 0; d < HD; ++d) dot += q[d] * load1(krow(j) + off + d);
     sc[j] = dot * scale;
   }
 }
 template <int HD, class E>
-void block_accumulate(float* acc, float corr, const float* p, const E* const* vrow, int64_t off,
+void block_accumulate(float* acc, float corr, const float* p, const void* const* rows, int64_t off,
                       int nb) {
   __m256 av[HD / 8];
   const __m256 c = _mm256_set1_ps(corr);
@@ -82,9 +83,26 @@ void block_accumulate(float* acc, float corr, const float* p, const E* const* vr
     if (p[j] == 0.0f) continue;  // masked
     const __m256 pj = _mm256_set1_ps(p[j]);
     for (int d = 0; d < HD / 8; ++d)
-      av[d] = _mm256_fmadd_ps(pj, load8(vrow[j] + off + 8 * d), av[d]);
+      av[d] = _mm256_fmadd_ps(pj, load8(static_cast<const E*>(rows[j]) + off + 8 * d), av[d]);
   }
   for (int d = 0; d < HD / 8; ++d) _mm256_storeu_ps(acc + 8 * d, av[d]);
+}
+
+// The register kernels for a head width and the K/V rows' storage (fp32, or
+// bf16 read in place), chosen once per call; empty for other widths, which
+// take the generic loops over fp32 rows.
+struct DecodeKernels {
+  void (*scores)(const float*, const void* const*, int64_t, int, float, float*) = nullptr;
+  void (*accumulate)(float*, float, const float*, const void* const*, int64_t, int) = nullptr;
+};
+template <int HD, class E>
+DecodeKernels kernels_for() {
+  return {&block_scores<HD, E>, &block_accumulate<HD, E>};
+}
+DecodeKernels decode_kernels(int hd, bool bf16_rows) {
+  if (hd == 64) return bf16_rows ? kernels_for<64, uint16_t>() : kernels_for<64, float>();
+  if (hd == 128) return bf16_rows ? kernels_for<128, uint16_t>() : kernels_for<128, float>();
+  return {};
 }
 
 }  // namespace
@@ -119,25 +137,19 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
     const bool f32 = k.dtype() == DType::F32 && v.dtype() == DType::F32;
     // bf16 K and V at the head widths with a register kernel are read in
     // place; other dtypes and widths are widened a block at a time.
-    const bool raw16 =
-        k.dtype() == DType::BF16 && v.dtype() == DType::BF16 && (hd == 64 || hd == 128);
+    const bool bf16_rows = k.dtype() == DType::BF16 && v.dtype() == DType::BF16;
+    const DecodeKernels kern = decode_kernels(hd, bf16_rows);
+    const bool raw16 = bf16_rows && kern.scores;  // read in place
     std::vector<float> kb(f32 || raw16 ? 0 : static_cast<size_t>(kBlock * hkv)), vb(kb.size());
-    const float* krow[kBlock];
-    const float* vrow[kBlock];
-    const uint16_t* krow16[kBlock];
-    const uint16_t* vrow16[kBlock];
+    const void* krow[kBlock];
+    const void* vrow[kBlock];
     alignas(32) float sc[kBlock];
     for (int64_t b0 = j0; b0 < j1; b0 += kBlock) {
       const int nb = int(std::min<int64_t>(kBlock, j1 - b0));
       for (int jj = 0; jj < nb; ++jj) {
-        if (f32) {
-          krow[jj] = k.data<float>() + (b0 + jj) * k.ld();
-          vrow[jj] = v.data<float>() + (b0 + jj) * v.ld();
-          continue;
-        }
-        if (raw16) {
-          krow16[jj] = static_cast<const uint16_t*>(k.row_ptr(b0 + jj));
-          vrow16[jj] = static_cast<const uint16_t*>(v.row_ptr(b0 + jj));
+        if (f32 || raw16) {
+          krow[jj] = k.row_ptr(b0 + jj);
+          vrow[jj] = v.row_ptr(b0 + jj);
           continue;
         }
         widen(k.row_ptr(b0 + jj), k.dtype(), hkv, kb.data() + jj * hkv);
@@ -150,21 +162,14 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
           const int64_t ih = i * nh + h, off = int64_t(h / group) * hd;
           const float* qh = qf.data() + ih * hd;
           float mx = m[ih];
-          if (raw16 && hd == 64)
-            block_scores<64>(qh, krow16, off, nb, a.scale, sc);
-          else if (raw16)
-            block_scores<128>(qh, krow16, off, nb, a.scale, sc);
-          else if (hd == 64)
-            block_scores<64>(qh, krow, off, nb, a.scale, sc);
-          else if (hd == 128)
-            block_scores<128>(qh, krow, off, nb, a.scale, sc);
+          if (kern.scores) kern.scores(qh, krow, off, nb, a.scale, sc);
           for (int jj = 0; jj < nb; ++jj) {
             if (a.k_pos[b0 + jj] > a.q_pos[i]) {
               sc[jj] = kNegInf;
               continue;
             }
-            if (hd != 64 && hd != 128) {
-              const float* kh = krow[jj] + off;
+            if (!kern.scores) {
+              const float* kh = static_cast<const float*>(krow[jj]) + off;
               float dot = 0;
 #pragma omp simd reduction(+ : dot)
               for (int d = 0; d < hd; ++d) dot += qh[d] * kh[d];
@@ -183,19 +188,13 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
           m[ih] = mx;
           l[ih] = l[ih] * corr + sum;
           float* ar = acc + ih * hd;
-          if (raw16 && hd == 64) {
-            block_accumulate<64>(ar, corr, sc, vrow16, off, nb);
-          } else if (raw16) {
-            block_accumulate<128>(ar, corr, sc, vrow16, off, nb);
-          } else if (hd == 64) {
-            block_accumulate<64>(ar, corr, sc, vrow, off, nb);
-          } else if (hd == 128) {
-            block_accumulate<128>(ar, corr, sc, vrow, off, nb);
+          if (kern.accumulate) {
+            kern.accumulate(ar, corr, sc, vrow, off, nb);
           } else {
             for (int d = 0; d < hd; ++d) ar[d] *= corr;
             for (int jj = 0; jj < nb; ++jj) {
               const float p = sc[jj];
-              const float* vh = vrow[jj] + off;
+              const float* vh = static_cast<const float*>(vrow[jj]) + off;
 #pragma omp simd
               for (int d = 0; d < hd; ++d) ar[d] += p * vh[d];
             }
