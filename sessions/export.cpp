@@ -13,8 +13,6 @@
 using namespace ss::proto;
 
 namespace {
-constexpr const char* kCategories[kCategoryCount] = {"weights",      "activations", "kv_cache",
-                                                     "ssm_state",    "comm_buffers", "workspace"};
 int tidOf(const std::string& stream) { return stream == "comm" ? 2 : 1; }
 
 // CSV field: quoted when it holds a separator, quote or line break.
@@ -64,7 +62,7 @@ QByteArray perfettoTrace(const std::vector<Event>& events) {
       devices.emplace(m->rank, std::string());
       QByteArray args = "{";
       for (int c = 0; c < kCategoryCount; ++c)
-        args += (c ? ",\"" : "\"") + QByteArray(kCategories[c]) + "\":" + num(m->bytes[size_t(c)]);
+        args += (c ? ",\"" : "\"") + QByteArray(kCategoryNames[c]) + "\":" + num(m->bytes[size_t(c)]);
       args += "}";
       add("{\"name\":\"memory (bytes)\",\"ph\":\"C\",\"ts\":" + us(m->t) + ",\"pid\":" + num(int64_t(m->rank)) +
           ",\"args\":" + args + "}");
@@ -157,7 +155,7 @@ QString exportCsv(const std::vector<Event>& events, const QString& dir) {
   if (!QDir().mkpath(dir)) return QStringLiteral("cannot create the folder %1").arg(dir);
   QByteArray spans = "rank,stream,op,site,layer,phase,t0_ns,t1_ns,flops,bytes,peers,dims\n";
   QByteArray mem = "rank,t_ns";
-  for (const char* c : kCategories) mem += QByteArray(",") + c + "_bytes";
+  for (const char* c : kCategoryNames) mem += QByteArray(",") + c + "_bytes";
   mem += ",peak_bytes\n";
   QByteArray metrics = "rank,name,value,unit\n";
   QByteArray accuracy = "metric,site,layer,value,config\n";

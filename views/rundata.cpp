@@ -5,9 +5,7 @@
 #include <set>
 
 double peakBytes(const RankData& d, int category) {
-  static const char* const names[ss::proto::kCategoryCount] = {"weights",   "activations",  "kv_cache",
-                                                                "ssm_state", "comm_buffers", "workspace"};
-  auto it = d.metrics.find(std::string("peak_") + names[category] + "_bytes");
+  auto it = d.metrics.find(std::string("peak_") + ss::proto::kCategoryNames[category] + "_bytes");
   if (it != d.metrics.end()) return it->second;
   double peak = 0;
   for (auto& m : d.mem) peak = std::max(peak, double(m.bytes[size_t(category)]));

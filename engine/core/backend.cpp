@@ -4,25 +4,11 @@
 #include <vector>
 #include <stdexcept>
 
+#include "core/backend_checks.h"
 #include "core/error.h"
 
 namespace ss {
-namespace {
-
-void require(bool ok, const char* op, const std::string& what) {
-  if (!ok) throw std::logic_error(std::string(op) + ": " + what);
-}
-void require_2d(const Tensor& t, const char* op, const char* name) {
-  require(t.defined() && t.ndim() == 2 && t.stride(1) == 1, op,
-          std::string(name) + " must be a 2-D tensor with unit column stride");
-}
-double fbytes(const Tensor& t) { return t.defined() ? double(t.nbytes()) : 0.0; }
-
-[[noreturn]] void no_kernel(const char* op) {
-  throw std::logic_error(std::string("kernel ") + op + " is not available on this backend");
-}
-
-}  // namespace
+using namespace detail;
 
 Tensor Backend::alloc(const Shape& shape, Category cat, std::string label, DType dtype) {
   int64_t bytes = 0;

@@ -56,6 +56,16 @@ struct SelectiveScanArgs {
   Tensor dt_sum;        // out, optional [channels]: sum_t dt_t (the chunk's decay is exp(A * dt_sum))
 };
 
+// One AdamW step (Loshchilov & Hutter 2019, decoupled weight decay) on one
+// parameter tensor, with the bias corrections of Kingma & Ba (2015):
+//   g = grad_scale * grad;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p -= lr * (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + weight_decay * p)
+// grad_scale carries the clipping factor (and any averaging).
+struct AdamWArgs {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, grad_scale = 1;
+  int64_t step = 1;
+};
+
 class Backend {
  public:
   Backend(Allocator& alloc, Recorder& rec) : m_alloc(alloc), m_rec(rec) {}
@@ -134,6 +144,38 @@ class Backend {
   // Index of the largest value in row `row` of a 2-D tensor (greedy decoding).
   int32_t argmax_row(const Tensor& x, int64_t row);
 
+  // ---- Training: backward kernels and the optimizer (core/backend_train.cpp).
+  // Gradients are written (=) or, where said, added (+=) into their tensors.
+  // matmul's data gradient: dx[M,K] = dy[M,N] · w[N,K] (+ dx when accumulate).
+  void matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate);
+  // matmul's weight gradient: dw[N,K] = dy[M,N]^T · x[M,K] (+ dw when accumulate).
+  void matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate);
+  // dtable[tokens[t], :] += dy[t, :].
+  void embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens);
+  // RMSNorm (per group of columns): dx += ∂L/∂x; dw += ∂L/∂w when w is defined.
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                        float eps, int64_t group);
+  // Rotary embedding's backward in place on dx: the inverse rotation.
+  void rope_backward(const Tensor& dx, int n_heads, int head_dim, std::span<const int32_t> pos, float theta);
+  // y = silu(gate) * up: dgate = ∂L/∂gate, dup = ∂L/∂up.
+  void silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                         const Tensor& up);
+  // Causal attention's backward from the forward's o and log-sum-exp (the
+  // flash-style backward: block scores recomputed, never a Tq×Tk matrix).
+  // dq is written; dk and dv [Tk, kv heads*hd] are written with the
+  // gradient from these queries (summed over the heads sharing a kv head).
+  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                          const AttentionArgs& a);
+  // Softmax cross-entropy over fp32 logits [R, V], in place: row r becomes
+  // scale * (softmax(row) - onehot(targets[r])) and loss[r] = lse - row[target]
+  // (fp32 [R]). A target < 0 leaves a zero row and a zero loss.
+  void cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets, float scale);
+  // out[0] (fp32) += the sum of squares of t (any dtype, any shape, contiguous).
+  void sum_squares(const Tensor& out, const Tensor& t);
+  void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const AdamWArgs& a);
+
  protected:
   // Runs (or, for sim, costs) one kernel and records its span. `dtype` is the
   // dtype its arithmetic runs in (GEMM-shaped kernels: the operands'), which
@@ -178,6 +220,21 @@ class Backend {
   virtual void k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
                                      const Tensor& ss, float eps, int64_t local_group, int64_t total_group,
                                      int64_t slot0);
+  virtual void k_matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate);
+  virtual void k_matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate);
+  virtual void k_embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens);
+  virtual void k_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                  const Tensor& w, float eps, int64_t group);
+  virtual void k_silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                                   const Tensor& up);
+  virtual void k_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                    const Tensor& lse, const AttentionArgs& a);
+  virtual void k_cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets,
+                               float scale);
+  virtual void k_sum_squares(const Tensor& out, const Tensor& t);
+  virtual void k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+                       const Tensor& v, const AdamWArgs& a);
 
  private:
   Allocator& m_alloc;

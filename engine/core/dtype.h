@@ -32,10 +32,11 @@ DType parse_compute_dtype(const std::string& text, const std::string& option = "
 constexpr bool is_float(DType t) { return t != DType::I32; }
 
 // Memory categories (DESIGN.md, "Event stream"): the order is the protocol's.
-enum class Category : uint8_t { Weights, Activations, KvCache, SsmState, CommBuffers, Workspace };
-inline constexpr int kCategoryCount = 6;
+// Grads and OptimizerState (fp32 master weights and Adam moments) are training's.
+enum class Category : uint8_t { Weights, Activations, KvCache, SsmState, CommBuffers, Workspace, Grads, OptimizerState };
+inline constexpr int kCategoryCount = 8;
 inline constexpr std::array<std::string_view, kCategoryCount> kCategoryNames = {
-    "weights", "activations", "kv_cache", "ssm_state", "comm_buffers", "workspace"};
+    "weights", "activations", "kv_cache", "ssm_state", "comm_buffers", "workspace", "grads", "optimizer_state"};
 constexpr std::string_view category_name(Category c) { return kCategoryNames[int(c)]; }
 
 // bf16 / fp16 <-> fp32 conversions used by checkpoint I/O.

@@ -233,4 +233,37 @@ int32_t CpuBackend::k_argmax_row(const Tensor& x, int64_t row) {
   return int32_t(best);
 }
 
+// Training kernels (cpu/train_kernels.cpp, cpu/attention_backward.cpp, cpu/gemm.cpp).
+void CpuBackend::k_matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool acc) {
+  cpu::matmul_dx(dx, dy, w, acc);
+}
+void CpuBackend::k_matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool acc) {
+  cpu::matmul_dw(dw, dy, x, acc);
+}
+void CpuBackend::k_embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens) {
+  cpu::embedding_backward(dtable, dy, tokens);
+}
+void CpuBackend::k_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                    const Tensor& w, float eps, int64_t group) {
+  cpu::rmsnorm_backward(dx, dw, dy, x, w, eps, group);
+}
+void CpuBackend::k_silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                                     const Tensor& up) {
+  cpu::silu_mul_backward(dgate, dup, dy, gate, up);
+}
+void CpuBackend::k_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                      const Tensor& lse, const AttentionArgs& a) {
+  cpu::attention_backward(dq, dk, dv, dout, q, k, v, o, lse, a);
+}
+void CpuBackend::k_cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets,
+                                 float scale) {
+  cpu::cross_entropy(logits, loss, targets, scale);
+}
+void CpuBackend::k_sum_squares(const Tensor& out, const Tensor& t) { cpu::sum_squares(out, t); }
+void CpuBackend::k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+                         const Tensor& v, const AdamWArgs& a) {
+  cpu::adamw(param, master, grad, m, v, a);
+}
+
 }  // namespace ss

@@ -47,6 +47,21 @@ class CpuBackend final : public Backend {
                           int64_t slot0) override;
   void k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss,
                              float eps, int64_t local_group, int64_t total_group, int64_t slot0) override;
+  void k_matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate) override;
+  void k_matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate) override;
+  void k_embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens) override;
+  void k_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                          float eps, int64_t group) override;
+  void k_silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                           const Tensor& up) override;
+  void k_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                            const AttentionArgs& a) override;
+  void k_cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets,
+                       float scale) override;
+  void k_sum_squares(const Tensor& out, const Tensor& t) override;
+  void k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+               const AdamWArgs& a) override;
 };
 
 }  // namespace ss

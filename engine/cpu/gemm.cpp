@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -301,6 +302,39 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
     sgemm(xf.p, xf.ld, wb.data(), K, yf.p + n0, yf.ld, M, n, K, accumulate);
   }
   yf.commit();
+}
+
+// The backward GEMMs. dx[M,K] = dy[M,N] · w[N,K] and dw[N,K] = dy^T · x[M,K]:
+// the same libraries as the forward (sgemm for fp32, oneDNN for bf16, which
+// reads a transposed operand in place), fp16 and mixed dtypes through fp32.
+namespace {
+void grad_gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool accumulate) {
+  // c[rows, cols] = op(a) · b, op(a) = a or a^T; b is [inner, cols] row-major.
+  const int64_t rows = c.rows(), cols = c.cols(), inner = b.rows();
+  if (rows == 0 || cols == 0) return;
+  if (inner == 0) {
+    if (!accumulate) for (int64_t r = 0; r < rows; ++r) std::memset(c.row_ptr(r), 0, size_t(cols * dtype_size(c.dtype())));
+    return;
+  }
+  const DType da = a.dtype(), db = b.dtype(), dc = c.dtype();
+  if (da == DType::BF16 && db == DType::BF16 && bf16_gemm_available()) {
+    run_matmul({rows, cols, inner, a.raw(), a.ld(), a_trans, da, b.raw(), b.ld(), false, db, c.raw(), c.ld(), dc,
+                1.0f, accumulate});
+    return;
+  }
+  const F32Rows af(a), bf(b);
+  F32Out cf(c, accumulate);
+  cblas_sgemm(CblasRowMajor, a_trans ? CblasTrans : CblasNoTrans, CblasNoTrans, int(rows), int(cols), int(inner),
+              1.0f, af.p, int(af.ld), bf.p, int(bf.ld), accumulate ? 1.0f : 0.0f, cf.p, int(cf.ld));
+  cf.commit();
+}
+}  // namespace
+
+void matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate) {
+  grad_gemm(dx, dy, false, w, accumulate);
+}
+void matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate) {
+  grad_gemm(dw, dy, true, x, accumulate);
 }
 
 void tile_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, bool a_transposed,

@@ -14,6 +14,19 @@
 namespace ss::cpu {
 
 void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate);
+// Training (gemm.cpp, train_kernels.cpp, attention_backward.cpp).
+void matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate);
+void matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate);
+void embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens);
+void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                      float eps, int64_t group);
+void silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up);
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const AttentionArgs& a);
+void cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets, float scale);
+void sum_squares(const Tensor& out, const Tensor& t);
+void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+           const AdamWArgs& a);
 void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group);
 void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta);
 void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,

@@ -75,12 +75,9 @@ RunStats analyze(const std::vector<Event>& events) {
         continue;
       }
       // Exact per-rank peaks reported by the allocator supersede samples.
-      static const std::array<std::string, kCategoryCount> names = {
-          "peak_weights_bytes", "peak_activations_bytes", "peak_kv_cache_bytes",
-          "peak_ssm_state_bytes", "peak_comm_buffers_bytes", "peak_workspace_bytes"};
       RankStats& r = st.ranks[mt->rank];
       for (int c = 0; c < kCategoryCount; ++c)
-        if (mt->name == names[size_t(c)]) {
+        if (mt->name == std::string("peak_") + kCategoryNames[c] + "_bytes") {
           if (!peak_from_metrics[mt->rank]) r.peak = {};
           peak_from_metrics[mt->rank] = true;
           r.peak[size_t(c)] = int64_t(mt->value);

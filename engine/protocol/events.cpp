@@ -8,8 +8,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::array<const char*, kCategoryCount> kCategories = {
-    "weights", "activations", "kv_cache", "ssm_state", "comm_buffers", "workspace"};
 
 [[noreturn]] void bad(const std::string& field, const char* want) {
   throw std::runtime_error("field '" + field + "' " + want);
@@ -114,7 +112,7 @@ struct ToJson {
   }
   json operator()(const Mem& e) const {
     json b = json::object();
-    for (int c = 0; c < kCategoryCount; ++c) b[kCategories[c]] = e.bytes[c];
+    for (int c = 0; c < kCategoryCount; ++c) b[kCategoryNames[c]] = e.bytes[c];
     return {{"type", "mem"}, {"rank", e.rank}, {"t", e.t}, {"bytes", b}, {"peak", e.peak}};
   }
   json operator()(const Metric& e) const {
@@ -267,7 +265,7 @@ Event from_json(const json& j) {
     const json* b = find(j, "bytes", true);
     if (!b->is_object()) bad("bytes", "must be an object of category: bytes");
     for (int c = 0; c < kCategoryCount; ++c)
-      if (auto it = b->find(kCategories[c]); it != b->end()) e.bytes[c] = as_i64(*it, kCategories[c]);
+      if (auto it = b->find(kCategoryNames[c]); it != b->end()) e.bytes[c] = as_i64(*it, kCategoryNames[c]);
     e.peak = get_i64(j, "peak", false);
     return e;
   }

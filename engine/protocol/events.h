@@ -19,7 +19,11 @@ namespace ss::proto {
 
 inline constexpr std::string_view kProtocolName = "shardscope-events";
 inline constexpr int kVersion = 1;
-inline constexpr int kCategoryCount = 6;  // weights, activations, kv_cache, ssm_state, comm_buffers, workspace
+// Memory categories, in the engine's order (core/dtype.h's Category). Training
+// adds grads and optimizer_state (fp32 master weights and Adam moments).
+inline constexpr int kCategoryCount = 8;
+inline constexpr const char* kCategoryNames[kCategoryCount] = {
+    "weights", "activations", "kv_cache", "ssm_state", "comm_buffers", "workspace", "grads", "optimizer_state"};
 
 struct Hello {
   int version = kVersion;

@@ -1,0 +1,159 @@
+// The Backend's training methods: shape checks, FLOP and byte counts, then
+// the backend's kernel (or the simulator's cost). Backward FLOPs follow the
+// forward's: a GEMM's data and weight gradients are one GEMM each; the
+// attention backward recomputes the scores (QK^T) and does four more
+// products of the forward's size (dV, dP, dQ, dK): 2.5 times its FLOPs.
+#include <algorithm>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/backend_checks.h"
+
+namespace ss {
+using namespace detail;
+
+void Backend::matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate) {
+  require_2d(dx, "matmul_dx", "dx");
+  require_2d(dy, "matmul_dx", "dy");
+  require_2d(w, "matmul_dx", "w");
+  const int64_t M = dy.rows(), N = dy.cols(), K = w.cols();
+  require(w.rows() == N && dx.rows() == M && dx.cols() == K, "matmul_dx",
+          "shapes dx" + dx.shape_str() + " = dy" + dy.shape_str() + " · w" + w.shape_str() + " do not match");
+  const double bytes = fbytes(dy) + fbytes(w) + fbytes(dx) * (accumulate ? 2 : 1);
+  execute("gemm", 2.0 * M * N * K, bytes, {M, K, N}, [&] { k_matmul_dx(dx, dy, w, accumulate); }, dy.dtype());
+}
+
+void Backend::matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate) {
+  require_2d(dw, "matmul_dw", "dw");
+  require_2d(dy, "matmul_dw", "dy");
+  require_2d(x, "matmul_dw", "x");
+  const int64_t M = dy.rows(), N = dy.cols(), K = x.cols();
+  require(x.rows() == M && dw.rows() == N && dw.cols() == K, "matmul_dw",
+          "shapes dw" + dw.shape_str() + " = dy" + dy.shape_str() + "^T · x" + x.shape_str() + " do not match");
+  const double bytes = fbytes(dy) + fbytes(x) + fbytes(dw) * (accumulate ? 2 : 1);
+  execute("gemm", 2.0 * M * N * K, bytes, {N, K, M}, [&] { k_matmul_dw(dw, dy, x, accumulate); }, dy.dtype());
+}
+
+void Backend::embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens) {
+  require_2d(dtable, "embedding_backward", "dtable");
+  require_2d(dy, "embedding_backward", "dy");
+  require(dy.rows() == int64_t(tokens.size()) && dy.cols() == dtable.cols(), "embedding_backward", "shape mismatch");
+  for (int32_t t : tokens)
+    require(t >= 0 && t < dtable.rows(), "embedding_backward", "token id " + std::to_string(t) + " outside the table");
+  execute("embedding_backward", double(dy.numel()), 3.0 * fbytes(dy), {dy.rows(), dy.cols()},
+          [&] { k_embedding_backward(dtable, dy, tokens); });
+}
+
+void Backend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                               const Tensor& w, float eps, int64_t group) {
+  for (auto* t : {&dx, &dy, &x}) require_2d(*t, "rmsnorm_backward", "dx, dy and x");
+  require(dx.rows() == x.rows() && dy.rows() == x.rows() && dx.cols() == x.cols() && dy.cols() == x.cols() &&
+              group > 0 && x.cols() % group == 0,
+          "rmsnorm_backward", "shape mismatch or group does not divide the columns");
+  require(w.defined() == dw.defined() && (!w.defined() || (w.numel() == x.cols() && dw.numel() == x.cols() &&
+                                                           dw.is_contiguous())),
+          "rmsnorm_backward", "weight and its gradient");
+  execute("rmsnorm_backward", 10.0 * x.numel(), fbytes(x) + fbytes(dy) + 2 * fbytes(dx) + 2 * fbytes(dw),
+          {x.rows(), x.cols()}, [&] { k_rmsnorm_backward(dx, dw, dy, x, w, eps, group); });
+}
+
+void Backend::rope_backward(const Tensor& dx, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) {
+  // A rotation's transpose is the rotation by the opposite angle.
+  std::vector<int32_t> back(pos.size());
+  std::transform(pos.begin(), pos.end(), back.begin(), [](int32_t p) { return -p; });
+  require_2d(dx, "rope_backward", "dx");
+  require(dx.cols() == int64_t(n_heads) * head_dim && head_dim % 2 == 0 && dx.rows() == int64_t(pos.size()),
+          "rope_backward", "shape mismatch");
+  execute("rope_backward", 6.0 * dx.numel(), 2.0 * fbytes(dx), {dx.rows(), dx.cols()},
+          [&] { k_rope(dx, n_heads, head_dim, back, theta); });
+}
+
+void Backend::silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                                const Tensor& up) {
+  for (auto* t : {&dgate, &dup, &dy, &gate, &up}) require_2d(*t, "silu_mul_backward", "every operand");
+  for (auto* t : {&dgate, &dup, &gate, &up})
+    require(t->rows() == dy.rows() && t->cols() == dy.cols(), "silu_mul_backward", "shape mismatch");
+  execute("silu_mul_backward", 12.0 * dy.numel(), 5.0 * fbytes(dy), {dy.rows(), dy.cols()},
+          [&] { k_silu_mul_backward(dgate, dup, dy, gate, up); });
+}
+
+void Backend::attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                 const Tensor& lse, const AttentionArgs& a) {
+  for (auto* t : {&dq, &dk, &dv, &dout, &q, &k, &v, &o}) require_2d(*t, "attention_backward", "every operand");
+  const int64_t hq = int64_t(a.n_heads) * a.head_dim, hkv = int64_t(a.n_kv_heads) * a.head_dim;
+  require(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "attention_backward",
+          "heads must be a multiple of kv heads");
+  const int64_t Tq = q.rows(), Tk = k.rows();
+  require(q.cols() == hq && o.cols() == hq && dout.cols() == hq && dq.cols() == hq && k.cols() == hkv &&
+              v.cols() == hkv && dk.cols() == hkv && dv.cols() == hkv && o.rows() == Tq && dout.rows() == Tq &&
+              dq.rows() == Tq && v.rows() == Tk && dk.rows() == Tk && dv.rows() == Tk &&
+              int64_t(a.q_pos.size()) == Tq && int64_t(a.k_pos.size()) == Tk,
+          "attention_backward", "shape mismatch");
+  require(lse.defined() && lse.is_contiguous() && lse.dtype() == DType::F32 && lse.numel() == Tq * a.n_heads,
+          "attention_backward", "needs the forward's fp32 lse [Tq, heads]");
+  std::vector<int32_t> keys(a.k_pos.begin(), a.k_pos.end());
+  std::sort(keys.begin(), keys.end());
+  double pairs = 0;
+  for (int32_t p : a.q_pos) pairs += double(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
+  const double flops = pairs * a.n_heads * 10.0 * a.head_dim;
+  execute("attention_backward", flops,
+          fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o) + fbytes(dout) + fbytes(dq) + fbytes(dk) + fbytes(dv),
+          {Tq, Tk, a.n_heads, a.head_dim}, [&] { k_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, a); },
+          q.dtype());
+}
+
+void Backend::cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets, float scale) {
+  require_2d(logits, "cross_entropy", "logits");
+  require(logits.dtype() == DType::F32 && loss.dtype() == DType::F32 && loss.is_contiguous() &&
+              loss.numel() == logits.rows() && int64_t(targets.size()) == logits.rows(),
+          "cross_entropy", "fp32 logits [R, V], fp32 loss [R] and R targets");
+  for (int32_t t : targets)
+    require(t < logits.cols(), "cross_entropy", "target " + std::to_string(t) + " outside the vocabulary");
+  execute("cross_entropy", 6.0 * logits.numel(), 2.0 * fbytes(logits), {logits.rows(), logits.cols()},
+          [&] { k_cross_entropy(logits, loss, targets, scale); });
+}
+
+void Backend::sum_squares(const Tensor& out, const Tensor& t) {
+  require(out.dtype() == DType::F32 && out.numel() >= 1 && t.is_contiguous(), "sum_squares",
+          "fp32 out and a contiguous tensor");
+  execute("sum_squares", 2.0 * double(t.numel()), fbytes(t), {t.numel()}, [&] { k_sum_squares(out, t); });
+}
+
+void Backend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                    const AdamWArgs& a) {
+  const int64_t n = param.numel();
+  require(param.is_contiguous() && grad.is_contiguous() && grad.numel() == n && m.numel() == n && v.numel() == n &&
+              m.dtype() == DType::F32 && v.dtype() == DType::F32 &&
+              (!master.defined() || (master.numel() == n && master.dtype() == DType::F32)) &&
+              (master.defined() || param.dtype() == DType::F32),
+          "adamw", "param, grad and fp32 moments of one size (and fp32 master weights for a 16-bit param)");
+  const double bytes = fbytes(param) * 2 + fbytes(grad) + 2 * (fbytes(m) + fbytes(v) + fbytes(master));
+  execute("adamw", 12.0 * double(n), bytes, {n}, [&] { k_adamw(param, master, grad, m, v, a); });
+}
+
+void Backend::k_matmul_dx(const Tensor&, const Tensor&, const Tensor&, bool) { no_kernel("matmul_dx"); }
+void Backend::k_matmul_dw(const Tensor&, const Tensor&, const Tensor&, bool) { no_kernel("matmul_dw"); }
+void Backend::k_embedding_backward(const Tensor&, const Tensor&, std::span<const int32_t>) {
+  no_kernel("embedding_backward");
+}
+void Backend::k_rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
+                                 int64_t) {
+  no_kernel("rmsnorm_backward");
+}
+void Backend::k_silu_mul_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_kernel("silu_mul_backward");
+}
+void Backend::k_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionArgs&) {
+  no_kernel("attention_backward");
+}
+void Backend::k_cross_entropy(const Tensor&, const Tensor&, std::span<const int32_t>, float) {
+  no_kernel("cross_entropy");
+}
+void Backend::k_sum_squares(const Tensor&, const Tensor&) { no_kernel("sum_squares"); }
+void Backend::k_adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWArgs&) {
+  no_kernel("adamw");
+}
+
+}  // namespace ss

@@ -1,0 +1,337 @@
+// Every backward kernel of the cpu backend against a float64 gradient that
+// knows nothing of the kernel's formulas: the central finite difference, one
+// input element at a time, of L = <dy, f(x)> with f the naive float64 forward
+// of reference.h and dy a fixed random cotangent. In double, with step 1e-6,
+// the difference's truncation error is ~1e-12 and its rounding ~1e-10
+// relative, far below the 1e-5 bound the kernels (fp32 arithmetic) are held
+// to. The optimizer step is checked against a float64 AdamW written from the
+// paper's formulas.
+#include <QtTest>
+
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/backend.h"
+#include "cpu/cpu_backend.h"
+#include "reference.h"
+
+using ss::Category;
+using ss::Tensor;
+using ref::Vec;
+
+namespace {
+
+constexpr double kTol = 1e-5;
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// dL/dx by central differences, L(x) = <dy, f(x)>, f in float64.
+Vec finite_difference(const std::function<Vec(const Vec&)>& f, Vec x, const Vec& dy) {
+  constexpr double h = 1e-6;
+  Vec g(x.size());
+  auto loss = [&](const Vec& at) {
+    const Vec y = f(at);
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += y[i] * dy[i];
+    return s;
+  };
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + h;
+    const double up = loss(x);
+    x[i] = keep - h;
+    const double down = loss(x);
+    x[i] = keep;
+    g[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+#define VERIFY_GRAD(got, want, what)                                                   \
+  do {                                                                                 \
+    const double err_ = ref::rel_l2(got, want);                                        \
+    QVERIFY2(err_ <= kTol, qPrintable(QStringLiteral("%1: relative L2 error %2 > %3")  \
+                                          .arg(QStringLiteral(what))                   \
+                                          .arg(err_)                                   \
+                                          .arg(kTol)));                                \
+  } while (0)
+
+}  // namespace
+
+class TestBackward : public QObject {
+  Q_OBJECT
+  ss::Allocator m_alloc;
+  ss::Recorder m_rec;
+  ss::CpuBackend m_be{m_alloc, m_rec};
+
+  Tensor make(const std::vector<float>& v, ss::Shape shape) {
+    Tensor t = m_be.alloc(shape, Category::Activations, "t");
+    m_be.upload(t, v.data(), ss::DType::F32);
+    return t;
+  }
+  std::vector<float> read(const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    m_be.download(t, v.data());
+    return v;
+  }
+
+ private slots:
+  void matmulGradients() {
+    const int64_t M = 37, N = 29, K = 53;
+    const auto x = random_vec(size_t(M * K), 1), w = random_vec(size_t(N * K), 2), dy = random_vec(size_t(M * N), 3);
+    const Vec xd = ref::to_double(x), wd = ref::to_double(w), dyd = ref::to_double(dy);
+    const Vec want_dx = finite_difference([&](const Vec& a) { return ref::matmul(a, wd, M, N, K); }, xd, dyd);
+    const Vec want_dw = finite_difference([&](const Vec& b) { return ref::matmul(xd, b, M, N, K); }, wd, dyd);
+    Tensor tx = make(x, {M, K}), tw = make(w, {N, K}), tdy = make(dy, {M, N});
+    Tensor dx = m_be.alloc({M, K}, Category::Activations, "dx"), dw = m_be.alloc({N, K}, Category::Grads, "dw");
+    m_be.matmul_dx(dx, tdy, tw, false);
+    m_be.matmul_dw(dw, tdy, tx, false);
+    VERIFY_GRAD(read(dx), want_dx, "matmul dx");
+    VERIFY_GRAD(read(dw), want_dw, "matmul dw");
+    // Accumulating forms add to what is there (micro-batches, residual gradients).
+    m_be.matmul_dw(dw, tdy, tx, true);
+    Vec twice = want_dw;
+    for (auto& v : twice) v *= 2;
+    VERIFY_GRAD(read(dw), twice, "matmul dw accumulated");
+  }
+
+  void embeddingGradient() {
+    const int64_t V = 11, d = 7;
+    const std::vector<int32_t> tokens = {3, 5, 3, 0, 10, 3};
+    const int64_t T = int64_t(tokens.size());
+    const auto table = random_vec(size_t(V * d), 4), dy = random_vec(size_t(T * d), 5);
+    auto f = [&](const Vec& tab) {
+      Vec y(size_t(T * d));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < d; ++c) y[size_t(t * d + c)] = tab[size_t(tokens[size_t(t)] * d + c)];
+      return y;
+    };
+    const Vec want = finite_difference(f, ref::to_double(table), ref::to_double(dy));
+    Tensor dtab = m_be.alloc({V, d}, Category::Grads, "dtable");
+    m_be.fill(dtab, 0.0f);
+    m_be.embedding_backward(dtab, make(dy, {T, d}), tokens);
+    VERIFY_GRAD(read(dtab), want, "embedding");
+  }
+
+  void rmsnormGradients_data() {
+    QTest::addColumn<int>("group");
+    QTest::addColumn<bool>("weighted");
+    QTest::newRow("whole row, weighted") << 24 << true;
+    QTest::newRow("groups of 8, weighted") << 8 << true;
+    QTest::newRow("whole row, no weight") << 24 << false;
+  }
+  void rmsnormGradients() {
+    QFETCH(int, group);
+    QFETCH(bool, weighted);
+    const int64_t T = 9, n = 24;
+    const double eps = 1e-5;
+    const auto x = random_vec(size_t(T * n), 6), w = random_vec(size_t(n), 7), dy = random_vec(size_t(T * n), 8);
+    const Vec xd = ref::to_double(x), wd = ref::to_double(w), dyd = ref::to_double(dy);
+    const Vec want_dx = finite_difference(
+        [&](const Vec& a) { return ref::rmsnorm(a, nullptr, weighted ? &wd : nullptr, T, n, group, eps); }, xd, dyd);
+    const Vec want_dw =
+        finite_difference([&](const Vec& b) { return ref::rmsnorm(xd, nullptr, &b, T, n, group, eps); }, wd, dyd);
+    // dx accumulates into a residual gradient that already holds a value.
+    const auto base = random_vec(size_t(T * n), 9);
+    Tensor dx = make(base, {T, n});
+    Tensor tw = weighted ? make(w, {n}) : Tensor{};
+    Tensor dw = weighted ? m_be.alloc({n}, Category::Grads, "dw") : Tensor{};
+    if (weighted) m_be.fill(dw, 0.0f);
+    m_be.rmsnorm_backward(dx, dw, make(dy, {T, n}), make(x, {T, n}), tw, float(eps), group);
+    Vec want_acc = want_dx;
+    for (size_t i = 0; i < want_acc.size(); ++i) want_acc[i] += base[i];
+    VERIFY_GRAD(read(dx), want_acc, "rmsnorm dx (accumulated)");
+    if (weighted) VERIFY_GRAD(read(dw), want_dw, "rmsnorm dw");
+  }
+
+  void ropeGradient() {
+    const int64_t T = 6;
+    const int nh = 3, hd = 8;
+    const std::vector<int32_t> pos = {0, 7, 2, 13, 4, 100};
+    const auto x = random_vec(size_t(T * nh * hd), 10), dy = random_vec(x.size(), 11);
+    const Vec want = finite_difference([&](const Vec& a) { return ref::rope(a, T, nh, hd, pos, 10000.0); },
+                                       ref::to_double(x), ref::to_double(dy));
+    Tensor g = make(dy, {T, nh * hd});
+    m_be.rope_backward(g, nh, hd, pos, 10000.0f);
+    VERIFY_GRAD(read(g), want, "rope");
+  }
+
+  void siluMulGradients() {
+    const int64_t T = 5, n = 33;
+    const auto g = random_vec(size_t(T * n), 12, 2.0f), u = random_vec(size_t(T * n), 13), dy = random_vec(g.size(), 14);
+    const Vec gd = ref::to_double(g), ud = ref::to_double(u), dyd = ref::to_double(dy);
+    auto f = [&](const Vec& a, const Vec& b) {
+      Vec y(a.size());
+      for (size_t i = 0; i < y.size(); ++i) y[i] = ref::silu(a[i]) * b[i];
+      return y;
+    };
+    const Vec want_dg = finite_difference([&](const Vec& a) { return f(a, ud); }, gd, dyd);
+    const Vec want_du = finite_difference([&](const Vec& b) { return f(gd, b); }, ud, dyd);
+    Tensor dg = m_be.alloc({T, n}, Category::Activations, "dg"), du = m_be.alloc({T, n}, Category::Activations, "du");
+    m_be.silu_mul_backward(dg, du, make(dy, {T, n}), make(g, {T, n}), make(u, {T, n}));
+    VERIFY_GRAD(read(dg), want_dg, "silu_mul dgate");
+    VERIFY_GRAD(read(du), want_du, "silu_mul dup");
+  }
+
+  // Causal attention by position: blocks of 64 crossed (70 queries), grouped
+  // kv heads, keys in zigzag order and more keys than queries (a sequence
+  // rank's queries over gathered keys).
+  void attentionGradients_data() {
+    QTest::addColumn<int>("Tq");
+    QTest::addColumn<int>("Tk");
+    QTest::addColumn<bool>("zigzag");
+    QTest::newRow("square, 70 tokens") << 70 << 70 << false;
+    QTest::newRow("20 queries over 80 zigzag keys") << 20 << 80 << true;
+  }
+  void attentionGradients() {
+    QFETCH(int, Tq);
+    QFETCH(int, Tk);
+    QFETCH(bool, zigzag);
+    const int nh = 4, nkv = 2, hd = 8;
+    const int64_t hq = nh * hd, hkv = nkv * hd;
+    std::vector<int32_t> k_pos(static_cast<size_t>(Tk)), q_pos(static_cast<size_t>(Tq));
+    std::iota(k_pos.begin(), k_pos.end(), 0);
+    if (zigzag) {  // chunks {0, 3} then {1, 2} of four
+      const int c = Tk / 4;
+      std::vector<int32_t> z;
+      for (int chunk : {0, 3, 1, 2})
+        for (int i = 0; i < c; ++i) z.push_back(chunk * c + i);
+      k_pos = z;
+      for (int i = 0; i < Tq; ++i) q_pos[size_t(i)] = i < Tq / 2 ? i : 3 * c + (i - Tq / 2);
+    } else {
+      std::iota(q_pos.begin(), q_pos.end(), 0);
+    }
+    const double scale = 1.0 / std::sqrt(double(hd));
+    const auto q = random_vec(size_t(Tq * hq), 15), k = random_vec(size_t(Tk * hkv), 16),
+               v = random_vec(size_t(Tk * hkv), 17), dy = random_vec(size_t(Tq * hq), 18);
+    const Vec qd = ref::to_double(q), kd = ref::to_double(k), vd = ref::to_double(v), dyd = ref::to_double(dy);
+    auto f = [&](const Vec& a, const Vec& b, const Vec& c) {
+      return ref::attention(a, b, c, Tq, Tk, nh, nkv, hd, scale, q_pos, k_pos);
+    };
+    const Vec want_dq = finite_difference([&](const Vec& a) { return f(a, kd, vd); }, qd, dyd);
+    const Vec want_dk = finite_difference([&](const Vec& b) { return f(qd, b, vd); }, kd, dyd);
+    const Vec want_dv = finite_difference([&](const Vec& c) { return f(qd, kd, c); }, vd, dyd);
+
+    Tensor tq = make(q, {Tq, hq}), tk = make(k, {Tk, hkv}), tv = make(v, {Tk, hkv});
+    Tensor o = m_be.alloc({Tq, hq}, Category::Activations, "o");
+    Tensor lse = m_be.alloc({Tq, nh}, Category::Activations, "lse");
+    ss::AttentionArgs a;
+    a.n_heads = nh;
+    a.n_kv_heads = nkv;
+    a.head_dim = hd;
+    a.scale = float(scale);
+    a.q_pos = q_pos;
+    a.k_pos = k_pos;
+    m_be.attention(o, tq, tk, tv, a, lse);
+    Tensor dq = m_be.alloc({Tq, hq}, Category::Activations, "dq");
+    Tensor dk = m_be.alloc({Tk, hkv}, Category::Activations, "dk"), dv = m_be.alloc({Tk, hkv}, Category::Activations, "dv");
+    m_be.attention_backward(dq, dk, dv, make(dy, {Tq, hq}), tq, tk, tv, o, lse, a);
+    VERIFY_GRAD(read(dq), want_dq, "attention dq");
+    VERIFY_GRAD(read(dk), want_dk, "attention dk");
+    VERIFY_GRAD(read(dv), want_dv, "attention dv");
+  }
+
+  // Mean cross-entropy over rows: the gradient of the logits and the loss
+  // itself, one row ignored (target -1).
+  void crossEntropy() {
+    const int64_t R = 6, V = 50;
+    const std::vector<int32_t> targets = {3, 49, 0, -1, 17, 3};
+    const auto x = random_vec(size_t(R * V), 19, 3.0f);
+    const double scale = 1.0 / 5;  // the mean over the 5 counted rows
+    auto loss_of = [&](const Vec& l) {
+      double total = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        if (targets[size_t(r)] < 0) continue;
+        double mx = -INFINITY, s = 0;
+        for (int64_t c = 0; c < V; ++c) mx = std::max(mx, l[size_t(r * V + c)]);
+        for (int64_t c = 0; c < V; ++c) s += std::exp(l[size_t(r * V + c)] - mx);
+        total += mx + std::log(s) - l[size_t(r * V + targets[size_t(r)])];
+      }
+      return Vec{total * scale};
+    };
+    const Vec want = finite_difference(loss_of, ref::to_double(x), Vec{1.0});
+    Tensor logits = make(x, {R, V});
+    Tensor loss = m_be.alloc({R}, Category::Activations, "loss");
+    m_be.cross_entropy(logits, loss, targets, float(scale));
+    VERIFY_GRAD(read(logits), want, "cross-entropy dlogits");
+    const auto per_row = read(loss);
+    const double got = std::accumulate(per_row.begin(), per_row.end(), 0.0) * scale;
+    const double want_loss = loss_of(ref::to_double(x))[0];
+    QVERIFY2(std::abs(got - want_loss) <= kTol * want_loss, qPrintable(QString("loss %1 vs %2").arg(got).arg(want_loss)));
+    QCOMPARE(per_row[3], 0.0f);
+  }
+
+  void sumSquares() {
+    const auto x = random_vec(100003, 20);
+    double want = 0;
+    for (float v : x) want += double(v) * v;
+    Tensor out = m_be.alloc({1}, Category::Workspace, "ss");
+    m_be.fill(out, 1.0f);
+    m_be.sum_squares(out, make(x, {int64_t(x.size())}));
+    QVERIFY(std::abs(read(out)[0] - (want + 1)) <= kTol * want);
+  }
+
+  // Three AdamW steps against float64, for an fp32 parameter (updated in
+  // place) and a bf16 one with fp32 master weights.
+  void adamwSteps() {
+    const int64_t n = 10007;
+    const auto p0 = random_vec(size_t(n), 21);
+    std::vector<std::vector<float>> grads = {random_vec(size_t(n), 22), random_vec(size_t(n), 23),
+                                             random_vec(size_t(n), 24)};
+    ss::AdamWArgs a;
+    a.lr = 1e-2f;
+    a.beta1 = 0.9f;
+    a.beta2 = 0.95f;
+    a.eps = 1e-8f;
+    a.weight_decay = 0.1f;
+    a.grad_scale = 0.5f;
+    Vec p(p0.begin(), p0.end()), m(size_t(n), 0.0), v(size_t(n), 0.0);
+    for (int s = 1; s <= 3; ++s)
+      for (int64_t i = 0; i < n; ++i) {
+        const double g = double(grads[size_t(s - 1)][size_t(i)]) * a.grad_scale;
+        m[size_t(i)] = a.beta1 * m[size_t(i)] + (1 - a.beta1) * g;
+        v[size_t(i)] = a.beta2 * v[size_t(i)] + (1 - a.beta2) * g * g;
+        const double mh = m[size_t(i)] / (1 - std::pow(double(a.beta1), s));
+        const double vh = v[size_t(i)] / (1 - std::pow(double(a.beta2), s));
+        p[size_t(i)] -= a.lr * (mh / (std::sqrt(vh) + a.eps) + a.weight_decay * p[size_t(i)]);
+      }
+    Tensor param = make(p0, {n});
+    Tensor tm = m_be.alloc({n}, Category::OptimizerState, "m"), tv = m_be.alloc({n}, Category::OptimizerState, "v");
+    m_be.fill(tm, 0.0f);
+    m_be.fill(tv, 0.0f);
+    for (int s = 1; s <= 3; ++s) {
+      a.step = s;
+      m_be.adamw(param, Tensor{}, make(grads[size_t(s - 1)], {n}), tm, tv, a);
+    }
+    VERIFY_GRAD(read(param), p, "adamw fp32 parameter");
+    VERIFY_GRAD(read(tm), m, "adamw first moment");
+    VERIFY_GRAD(read(tv), v, "adamw second moment");
+
+    // bf16 parameter, fp32 master: the master follows float64; the parameter is its rounding.
+    Tensor p16 = m_be.alloc({n}, Category::Weights, "p16", ss::DType::BF16);
+    m_be.upload(p16, p0.data(), ss::DType::F32);
+    Tensor master = make(p0, {n});
+    m_be.fill(tm, 0.0f);
+    m_be.fill(tv, 0.0f);
+    for (int s = 1; s <= 3; ++s) {
+      a.step = s;
+      m_be.adamw(p16, master, make(grads[size_t(s - 1)], {n}), tm, tv, a);
+    }
+    VERIFY_GRAD(read(master), p, "adamw master weights");
+    const auto rounded = read(p16), mw = read(master);
+    for (int64_t i = 0; i < n; ++i)
+      QCOMPARE(ss::bf16_to_f32(ss::f32_to_bf16(mw[size_t(i)])), rounded[size_t(i)]);
+  }
+};
+
+QTEST_APPLESS_MAIN(TestBackward)
+#include "tst_backward.moc"
