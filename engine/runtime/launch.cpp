@@ -117,6 +117,10 @@ int launch(const RunOptions& o, const LaunchOptions& l) {
     // Every rank on this host (with a hostfile, each rank checks its own host as it starts).
     if (l.hostfile.empty()) check_host_memory(cfg, o, o.devices, host_available_bytes());
   }
+  return start_ranks(o.devices, l, "run");
+}
+
+int start_ranks(int devices, const LaunchOptions& l, const std::string& subcommand) {
   if (!l.hostfile.empty() && !std::filesystem::exists(l.hostfile))
     throw UsageError("--hostfile " + l.hostfile + " does not exist");
 
@@ -130,11 +134,11 @@ int launch(const RunOptions& o, const LaunchOptions& l) {
   if (tmpfd < 0) throw std::runtime_error("cannot create a temporary stream file in /tmp");
   const std::string stream_path = tmpl;
 
-  std::vector<std::string> argv = {mpirun_program(), "-np", std::to_string(o.devices), "--tag-output"};
-  if (needs_oversubscribe(o.devices) || !l.hostfile.empty())
+  std::vector<std::string> argv = {mpirun_program(), "-np", std::to_string(devices), "--tag-output"};
+  if (needs_oversubscribe(devices) || !l.hostfile.empty())
     argv.push_back("--oversubscribe");
   if (!l.hostfile.empty()) argv.insert(argv.end(), {"--hostfile", l.hostfile});
-  argv.insert(argv.end(), {self_exe(), "run"});
+  argv.insert(argv.end(), {self_exe(), subcommand});
   argv.insert(argv.end(), l.run_args.begin(), l.run_args.end());
   argv.insert(argv.end(), {"--events", stream_path});
 

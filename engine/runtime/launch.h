@@ -21,5 +21,8 @@ struct LaunchOptions {
 
 // Returns the exit code: the ranks' (0 ok, 2 usage, 3 oom) or 1 when a rank died.
 int launch(const RunOptions& o, const LaunchOptions& l);
+// The process part of launch, for runs validated by their caller: mpirun of
+// `shardscope-engine SUBCOMMAND run_args... --events TMP` on `devices` ranks.
+int start_ranks(int devices, const LaunchOptions& l, const std::string& subcommand);
 
 }  // namespace ss

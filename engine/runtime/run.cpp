@@ -17,6 +17,7 @@
 #include "io/npy.h"
 #include "model/model.h"
 #include "runtime/host_memory.h"
+#include "runtime/rank.h"
 #include "sim/meta_backend.h"
 #include "sim/sim_comm.h"
 
@@ -39,41 +40,7 @@ int64_t status_field(const char* key) {
   return 0;
 }
 
-// The ranks of a run and their communicators. A single-device run has no MPI
-// at all; every other strategy runs one MPI process per device.
-struct Group {
-  std::unique_ptr<MpiWorld> mpi;
-  std::shared_ptr<CommStream> stream;
-  std::unique_ptr<MpiCommunicator> mpi_world;
-  Communicator* world = nullptr;  // MPI or simulated; null for a single device
-  std::unique_ptr<Communicator> telemetry, tp, sp;
-  int rank = 0, size = 1;
-  std::vector<std::string> hosts = {host_name()};
-  int64_t host_available = -1;  // measured as the ranks start (-1: not yet)
-  bool root() const { return rank == 0; }
-};
 
-// Everything a rank records between two step boundaries, as JSON lines.
-std::string take_records(Recorder& rec, std::vector<std::string>& extra) {
-  std::string blob;
-  for (auto& l : extra) (blob += l) += '\n';
-  extra.clear();
-  for (auto& m : rec.take_mem_samples()) (blob += proto::to_line(m)) += '\n';
-  for (auto& s : rec.take_spans()) (blob += proto::to_line(s)) += '\n';
-  return blob;
-}
-
-// A step boundary: rank 0 writes its own records and gathers every other
-// rank's on the telemetry communicator; no other rank writes to stdout.
-void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, proto::Writer* out) {
-  std::string mine = take_records(rec, extra);
-  std::vector<std::string> all;
-  if (g.telemetry) all = g.telemetry->gather_blobs(mine, 0);
-  else all.push_back(std::move(mine));
-  if (!g.root() || !out) return;
-  for (auto& blob : all) out->write_raw(blob);
-  out->flush();
-}
 
 // What `w` places on `rank` (one record per range of a split), at `step`.
 void add_placements(std::vector<proto::Placement>& out, const WeightSpec& w, int rank, int step,
@@ -226,64 +193,11 @@ void validate(const RunOptions& o, const std::string& backend) {
                      std::to_string(o.decode) + "; give one per decode step");
 }
 
-// How a rank joins its world and makes its backend: MPI + cpu, or the
-// simulator's threads + sim. Everything else a rank does is the same code.
-struct RankSetup {
-  std::string backend = "cpu";
-  std::function<void(Group&, Recorder&)> connect;  // multi-device: sets rank, size, hosts, world
-  std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)> make_backend;
-  std::function<void(int)> abort;  // ends every rank after a failure
-  // Shared failure record (simulator): claim returns false when another rank
-  // failed first; first_failure gives that rank's error and exit code.
-  std::function<bool(const proto::Error&, int)> claim_failure;
-  std::function<std::pair<proto::Error, int>()> first_failure;
-  int64_t default_capacity = 0;
-  nlohmann::json config;  // extra config fields (the hardware profile)
-};
 
 static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Recorder& rec,
                           const RankSetup& setup) {
-  RunResult res;
-  // Every stream opens with hello, also one that fails before the setup
-  // records: a reader rejects records that come before it.
-  bool said_hello = false;
-  auto hello = [&] {
-    if (said_hello) return;
-    out->write(proto::Hello{proto::kVersion, engine_version(), host_name()});
-    said_hello = true;
-  };
-
-  auto report = [&](const char* code, const std::string& msg, int exit_code, nlohmann::json detail = {}) {
-    proto::Error err{code, g.rank, msg, std::move(detail)};
-    // The first rank to fail is the one reported; ranks woken by its abort
-    // (simulator threads) report that failure rather than their own.
-    const bool first = !setup.claim_failure || setup.claim_failure(err, exit_code);
-    if (!first) std::tie(err, exit_code) = setup.first_failure();
-    if (g.root()) {
-      hello();
-      for (auto& m : rec.take_mem_samples()) out->write(m);
-      for (auto& s : rec.take_spans()) out->write(s);
-      out->write(err);
-      const char* status = exit_code == kExitOom ? "oom" : "failed";
-      out->write(proto::Done{status, rec.now(), exit_code});
-      out->flush();
-    }
-    res.exit_code = exit_code;
-    res.status = exit_code == kExitOom ? "oom" : "failed";
-    res.error = err.message;
-    res.error_code = err.code;
-    res.rank = err.rank;
-    if (!first) return res;
-    // One line a person (and the launcher) can read: which rank, what, why.
-    if (g.size > 1) std::fprintf(stderr, "shardscope-engine: error [rank %d, %s]: %s\n", g.rank, code, msg.c_str());
-    else std::fprintf(stderr, "shardscope-engine: error: %s\n", msg.c_str());
-    std::fflush(stderr);
-    // Other ranks may wait in a collective for this one: end them all.
-    if (g.size > 1 && setup.abort) setup.abort(exit_code);
-    return res;
-  };
-
-  try {
+  return guarded_rank(out, g, rec, setup, [&, out](const std::function<void()>& hello) mutable {
+    RunResult res;
     validate(o, setup.backend);
     const Strategy strategy = parse_strategy(o.strategy);
     const bool distributed = strategy != Strategy::Single;
@@ -296,61 +210,22 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     const auto [T, S] = mesh_of(o);
     const bool zigzag = o.split == "zigzag";
     validate_parallel(cfg, strategy, o.devices, T, S, P, zigzag, o.batch);
-
-    if (distributed) {
-      setup.connect(g, rec);
-      g.telemetry = g.world->split(0, g.rank, "telemetry");
-      // Rank = sp_rank * T + tp_rank: tensor-parallel groups are neighbours.
-      if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
-        g.tp = g.world->split(g.rank / T, g.rank % T, "tp");
-        g.sp = g.world->split(g.rank % T, g.rank / T, "sp");
-      } else if (strategy == Strategy::TSP) {
-        g.sp = g.world->split(0, g.rank, "tsp");
-      }
-    }
+    join_group(g, rec, setup, strategy, T);
     if (!g.root()) out = nullptr;
     if (setup.backend == "cpu") {
       if (o.threads > 0) cpu::set_threads(o.threads);
       else if (distributed) cpu::set_threads(1);  // ranks share the host's cores
     }
 
-    int64_t capacity = o.capacity > 0 ? o.capacity : setup.default_capacity;
-    if (setup.backend == "cpu") {
-      // A cpu device's memory is its share of the host's (measured as the
-      // ranks start, before any has loaded): a setup whose weights cannot fit
-      // is refused here, and an allocation past the share is an oom.
-      const int ranks_here = int(std::count(g.hosts.begin(), g.hosts.end(), g.hosts[size_t(g.rank)]));
-      const int64_t available = g.host_available >= 0 ? g.host_available : host_available_bytes();
-      check_host_memory(cfg, o, ranks_here, available);
-      if (o.capacity <= 0 && available > 0) capacity = available / std::max(ranks_here, 1);
-    }
+    const int64_t capacity = device_capacity(g, setup, cfg, o);
     Allocator alloc(capacity);
     alloc.set_listener([&](const MemState& m) { rec.mem_sample(rec.now(), m); });
     std::unique_ptr<Backend> backend = setup.make_backend(alloc, rec);
     Backend& be = *backend;
-
-    Parallel par;
-    par.strategy = strategy;
-    par.world_rank = g.rank;
-    par.world_size = g.size;
-    par.zigzag = zigzag;
+    Parallel par = make_parallel(g, strategy, T, S, zigzag);
     par.ring_attention = o.attention == "ring";
     par.comm_precision = parse_comm_precision(o.comm_precision);
     par.measure_sites = o.measure_sites;
-    par.world = g.world;
-    if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
-      par.tp_size = T;
-      par.sp_size = S;
-      par.tp_rank = g.rank % T;
-      par.sp_rank = g.rank / T;
-      par.tp = g.tp.get();
-      par.sp = g.sp.get();
-    } else if (strategy == Strategy::TSP) {
-      // Folded: D weight shards and D token shards on the same D ranks.
-      par.tp_size = par.sp_size = g.size;
-      par.tp_rank = par.sp_rank = g.rank;
-      par.sp = g.sp.get();
-    }
 
     Model model(cfg, be, par);
     std::unique_ptr<TensorSource> src;
@@ -588,51 +463,14 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     if (g.world) g.world->barrier();
     res.status = "ok";
     return res;
-  } catch (const OomError& e) {
-    return report("oom", e.what(), kExitOom,
-                  {{"category", e.category}, {"requested", e.requested}, {"in_use", e.in_use}, {"capacity", e.capacity}});
-  } catch (const std::bad_alloc&) {
-    return report("oom", "the host ran out of memory outside the accounted tensors (an allocation of the runtime failed)",
-                  kExitOom, {{"category", "host"}});
-  } catch (const UsageError& e) {
-    return report("usage", e.what(), kExitUsage);
-  } catch (const FormatError& e) {
-    return report("format", e.what(), kExitUsage);
-  } catch (const std::exception& e) {
-    return report("internal", e.what(), kExitFailure);
-  }
+  });
 }
 
 RunResult run_inference(const RunOptions& o, proto::Writer& out) {
   Recorder rec(0);  // outlives the communicators, which record into it
   rec.set_origin(std::chrono::steady_clock::now());
   Group g;
-  RankSetup setup;
-  setup.backend = "cpu";
-  setup.make_backend = [](Allocator& a, Recorder& r) { return std::make_unique<CpuBackend>(a, r); };
-  setup.abort = [](int code) { MPI_Abort(MPI_COMM_WORLD, code); };
-  setup.connect = [&o](Group& g, Recorder& rec) {
-    g.mpi = std::make_unique<MpiWorld>();
-    g.rank = g.mpi->rank();
-    g.size = g.mpi->size();
-    rec.set_rank(g.rank);
-    if (g.size != o.devices)
-      throw UsageError("this process is one of " + std::to_string(g.size) + " MPI ranks but --devices is " +
-                       std::to_string(o.devices) + "; start runs with `shardscope-engine launch --devices N ...`");
-    g.hosts = g.mpi->hostnames();
-    // Host memory is read before the start barrier, so no rank reads it
-    // after another has begun to load.
-    g.host_available = host_available_bytes();
-    // One clock per run: every rank starts counting when all have arrived,
-    // so spans of different ranks line up on the timeline (to the barrier's
-    // exit skew, microseconds on one host).
-    MPI_Barrier(MPI_COMM_WORLD);
-    rec.set_origin(std::chrono::steady_clock::now());
-    g.stream = std::make_shared<CommStream>();
-    g.mpi_world = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
-    g.world = g.mpi_world.get();
-  };
-  return run_rank(o, &out, g, rec, setup);
+  return run_rank(o, &out, g, rec, mpi_rank_setup(o.devices));
 }
 
 RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, int replicas, proto::Writer& out) {
@@ -652,58 +490,12 @@ RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, in
     const int64_t P = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
     validate_parallel(cfg, parse_strategy(o.strategy), o.devices, T, S, P, o.split == "zigzag", o.batch);
   }
-  SimNetwork net(hw, o.devices, per_node);
-  std::vector<RunResult> results(size_t(o.devices));
-  std::atomic<bool> failed{false};
-  std::mutex failure_mutex;
-  std::optional<std::pair<proto::Error, int>> failure;
-  auto rank_main = [&](int r) {
-    Recorder rec(r);
-    SimClock clock;
-    rec.set_clock([&clock] { return int64_t(clock.compute_ns); });
-    std::vector<int> all(size_t(o.devices));
-    std::iota(all.begin(), all.end(), 0);
-    SimCommunicator world(net, 0, all, r, rec, clock, "world");
-    Group g;
-    g.rank = r;  // known before connect: only rank 0 ever writes the stream
-    g.size = o.devices;
-    RankSetup setup;
-    setup.backend = "sim";
-    setup.default_capacity = hw.memory_bytes;
-    setup.config = {{"hardware", hw.source}, {"hardware_file", hw.file}, {"nodes", nodes}};
-    if (replicas > 1) setup.config["replicas"] = replicas;
-    setup.make_backend = [&](Allocator& a, Recorder& rr) { return std::make_unique<SimBackend>(a, rr, hw, clock); };
-    setup.abort = [&](int) {
-      failed = true;
-      net.abort();
-    };
-    setup.claim_failure = [&](const proto::Error& e, int code) {
-      std::lock_guard lock(failure_mutex);
-      if (failure) return false;
-      failure = std::make_pair(e, code);
-      return true;
-    };
-    setup.first_failure = [&] {
-      std::lock_guard lock(failure_mutex);
-      return *failure;
-    };
-    setup.connect = [&](Group& gg, Recorder&) {
-      gg.rank = r;
-      gg.size = o.devices;
-      gg.hosts.clear();
-      for (int i = 0; i < o.devices; ++i) gg.hosts.push_back("node" + std::to_string(net.node_of(i)));
-      gg.world = &world;
-    };
-    results[size_t(r)] = run_rank(o, r == 0 ? &out : nullptr, g, rec, setup);
-  };
-  if (o.devices == 1 || parse_strategy(o.strategy) == Strategy::Single) {
-    rank_main(0);
-  } else {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < o.devices; ++r) threads.emplace_back(rank_main, r);
-    for (auto& t : threads) t.join();
-  }
-  return results[0];  // the root reports the first failure, if any
+  nlohmann::json config = {{"hardware", hw.source}, {"hardware_file", hw.file}, {"nodes", nodes}};
+  if (replicas > 1) config["replicas"] = replicas;
+  return simulate_ranks(o.devices, parse_strategy(o.strategy) == Strategy::Single, hw, nodes, config, out,
+                        [&](proto::Writer* w, Group& g, Recorder& rec, const RankSetup& setup) {
+                          return run_rank(o, w, g, rec, setup);
+                        });
 }
 
 }  // namespace ss

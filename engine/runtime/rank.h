@@ -1,0 +1,86 @@
+// What every rank path (inference and training, on cpu ranks or simulated
+// ones) shares: the group of ranks and its communicators, how a rank joins it
+// and makes its backend, step boundaries that gather every rank's records to
+// the root, and the failure handling that turns an exception on any rank into
+// one error event, one stderr line and an exit code.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/mpi_communicator.h"
+#include "core/allocator.h"
+#include "core/backend.h"
+#include "core/trace.h"
+#include "model/config.h"
+#include "model/parallel.h"
+#include "protocol/events.h"
+#include "runtime/run.h"
+
+namespace ss {
+
+struct HardwareProfile;
+
+// The ranks of a run and their communicators. A single-device run has no MPI
+// at all; every other strategy runs one MPI process per device.
+struct Group {
+  std::unique_ptr<MpiWorld> mpi;
+  std::shared_ptr<CommStream> stream;
+  std::unique_ptr<MpiCommunicator> mpi_world;
+  Communicator* world = nullptr;  // MPI or simulated; null for a single device
+  std::unique_ptr<Communicator> telemetry, tp, sp;
+  int rank = 0, size = 1;
+  std::vector<std::string> hosts = {host_name()};
+  int64_t host_available = -1;  // measured as the ranks start (-1: not yet)
+  bool root() const { return rank == 0; }
+};
+
+// How a rank joins its world and makes its backend: MPI + cpu, or the
+// simulator's threads + sim. Everything else a rank does is the same code.
+struct RankSetup {
+  std::string backend = "cpu";
+  std::function<void(Group&, Recorder&)> connect;  // multi-device: sets rank, size, hosts, world
+  std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)> make_backend;
+  std::function<void(int)> abort;  // ends every rank after a failure
+  // Shared failure record (simulator): claim returns false when another rank
+  // failed first; first_failure gives that rank's error and exit code.
+  std::function<bool(const proto::Error&, int)> claim_failure;
+  std::function<std::pair<proto::Error, int>()> first_failure;
+  int64_t default_capacity = 0;
+  nlohmann::json config;  // extra config fields (the hardware profile)
+};
+
+// A cpu rank of an MPI job of `devices` ranks (or one process alone).
+RankSetup mpi_rank_setup(int devices);
+
+// Runs `rank_main(out, group, recorder, setup)` on `devices` simulated ranks
+// (threads) of `hw` over `nodes` nodes; rank 0 writes to `out`. Returns rank
+// 0's result, which reports the first failure of any rank.
+using RankMain = std::function<RunResult(proto::Writer*, Group&, Recorder&, const RankSetup&)>;
+RunResult simulate_ranks(int devices, bool single, const HardwareProfile& hw, int nodes, nlohmann::json config,
+                         proto::Writer& out, const RankMain& rank_main);
+
+// Joins the world (multi-device strategies) and splits it: rank = sp_rank·T +
+// tp_rank, so tensor-parallel groups are neighbours; tsp is one group.
+void join_group(Group& g, Recorder& rec, const RankSetup& setup, Strategy s, int T);
+// This rank's place in the strategy's mesh, with its communicators.
+Parallel make_parallel(const Group& g, Strategy s, int T, int S, bool zigzag);
+// Memory of this rank's device: --capacity, the profile's, or (cpu) its share
+// of the host's, after refusing a setup whose weights cannot fit.
+int64_t device_capacity(const Group& g, const RankSetup& setup, const ModelConfig& cfg, const RunOptions& o);
+
+// A step boundary: rank 0 writes its own records (and `extra` lines) and
+// gathers every other rank's on the telemetry communicator.
+void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, proto::Writer* out);
+
+// Runs a rank's body and turns what it throws (usage, format, oom, host
+// allocation, internal) into the error event, the exit code and the
+// abort of the other ranks. `hello` writes the stream's first record once.
+RunResult guarded_rank(proto::Writer* out, Group& g, Recorder& rec, const RankSetup& setup,
+                       const std::function<RunResult(const std::function<void()>& hello)>& body);
+
+}  // namespace ss
