@@ -18,6 +18,7 @@
 #include "runtime/run.h"
 #include "runtime/summary.h"
 #include "runtime/sweep.h"
+#include "runtime/train.h"
 #include "model/parallel.h"
 #include "sim/hardware.h"
 #include <fstream>
@@ -101,6 +102,47 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--threads", o.threads, "threads for kernels and OpenBLAS (0 = all cores)")->capture_default_str();
 }
 
+// `train` and `train-rank` (what each rank of a multi-device `train` runs).
+void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, std::string& capacity) {
+  ss::RunOptions& r = o.run;
+  cmd->add_option("--model", r.model, "preset name (see `presets`) or a Hugging Face model folder")->capture_default_str();
+  cmd->add_option("--set", r.overrides, "override a config.json field, e.g. --set n_layer=4 (repeatable)");
+  cmd->add_option("--backend", r.backend, "cpu or sim (with --hardware)")->capture_default_str();
+  cmd->add_option("--hardware", o.hardware, "sim backend: profile name in resources/hardware, or a JSON file");
+  cmd->add_option("--nodes", o.nodes, "sim backend: nodes the devices are spread over")->capture_default_str();
+  cmd->add_option("--strategy", r.strategy, "single, dp, tp, sp or tp_sp")->capture_default_str();
+  cmd->add_option("--devices", r.devices, "devices (ranks) of the run")->capture_default_str();
+  cmd->add_option("--mesh", r.mesh, "tp_sp mesh TxS, e.g. 2x2");
+  cmd->add_option("--split", r.split, "sequence split for sp/tp_sp: zigzag or contiguous")->capture_default_str();
+  add_dtype_options(cmd, r.dtype, nullptr);
+  cmd->add_option("--seed", r.seed, "seed of synthetic weights and the synthetic corpus")->capture_default_str();
+  cmd->add_option("--capacity", capacity, "memory per device, e.g. 2GiB (over it: an oom error event)");
+  cmd->add_option("--threads", r.threads, "threads for kernels and OpenBLAS (0 = all cores)")->capture_default_str();
+  cmd->add_option("--seq-len", o.seq_len, "input tokens per sequence");
+  cmd->add_option("--micro-batch", o.micro_batch, "sequences per micro-batch per data-parallel replica")
+      ->capture_default_str();
+  cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  cmd->add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "steps of linear warmup, then cosine decay")->capture_default_str();
+  cmd->add_option("--min-lr-ratio", o.min_lr_ratio, "the cosine decay's end, as a fraction of --lr")
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "decoupled weight decay of matrices (not norms)")
+      ->capture_default_str();
+  cmd->add_option("--clip", o.clip, "clip the gradient to this global L2 norm (0 = no clipping)")
+      ->capture_default_str();
+  cmd->add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--recompute", o.recompute, "activation recomputation: none, selective or full")
+      ->capture_default_str();
+  cmd->add_option("--data", o.data, "synthetic, or a FILE whose bytes are the tokens")->capture_default_str();
+  cmd->add_option("--tokens", tokens, "one explicit sequence, comma separated: inputs all but the last id, targets "
+                                      "all but the first");
+  cmd->add_option("--save", o.save, "write a checkpoint folder (HF layout + optimizer state) after the last step");
+  cmd->add_option("--resume", o.resume, "continue from a folder --save wrote (its model, weights and optimizer state)");
+  cmd->add_option("--dump-grads", o.dump_grads, "write step 1's whole gradient as DIR/gradients.safetensors");
+}
+
 int run_command(ss::RunOptions& o, const std::string& tokens, const std::string& capacity,
                 const std::string& events) {
   std::FILE* f = stdout;
@@ -146,6 +188,21 @@ int main(int argc, char** argv) {
   launch->add_option("--events", launch_cfg.events, "write the event stream to FILE instead of stdout");
   launch->add_option("--hostfile", launch_cfg.hostfile, "OpenMPI hostfile for runs over several hosts");
   launch->add_option("--timeout", launch_cfg.timeout_s, "stop the run after this many seconds (0 = never)");
+
+  ss::TrainOptions train_opts;
+  std::string train_tokens, train_capacity;
+  ss::LaunchOptions train_cfg;
+  auto* train = app.add_subcommand("train", "train a model under a strategy: forward, loss, backward, gradient "
+                                            "communication, AdamW (one MPI rank per cpu device)");
+  add_train_options(train, train_opts, train_tokens, train_capacity);
+  train->add_option("--events", train_cfg.events, "write the event stream to FILE instead of stdout");
+  train->add_option("--hostfile", train_cfg.hostfile, "OpenMPI hostfile for runs over several hosts");
+  train->add_option("--timeout", train_cfg.timeout_s, "stop the run after this many seconds (0 = never)");
+  std::string rank_events;
+  auto* train_rank = app.add_subcommand("train-rank", "one rank of a multi-device `train` (started by train)");
+  add_train_options(train_rank, train_opts, train_tokens, train_capacity);
+  train_rank->add_option("--events", rank_events, "write the event stream to FILE instead of stdout");
+  train_rank->group("");  // not listed: train starts it
 
   ss::RunOptions sim_opts;
   std::string sim_tokens, sim_capacity, sim_events, sim_hardware = "h100-sxm";
@@ -261,6 +318,29 @@ int main(int argc, char** argv) {
 
   try {
     if (*run) return run_command(run_opts, tokens, capacity, events);
+    if (*train || *train_rank) {
+      if (!train_tokens.empty()) train_opts.tokens = parse_tokens(train_tokens);
+      if (!train_capacity.empty()) train_opts.run.capacity = ss::parse_bytes(train_capacity);
+      if (*train_rank) {
+        std::FILE* f = rank_events.empty() || rank_events == "-" ? stdout : std::fopen(rank_events.c_str(), "w");
+        if (!f) throw ss::UsageError("--events " + rank_events + ": cannot create the file");
+        ss::proto::Writer w(f);
+        const int code = ss::run_training(train_opts, w).exit_code;
+        if (f != stdout) std::fclose(f);
+        return code;
+      }
+      // Every rank gets the same options, less those the launcher keeps.
+      int at = 1;
+      while (at < argc && std::string(argv[at]) != "train") ++at;
+      for (int i = at + 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        const bool own = a == "--events" || a == "--hostfile" || a == "--timeout";
+        const bool own_eq = a.rfind("--events=", 0) == 0 || a.rfind("--hostfile=", 0) == 0 || a.rfind("--timeout=", 0) == 0;
+        if (own) ++i;
+        else if (!own_eq) train_cfg.run_args.push_back(a);
+      }
+      return ss::train_command(train_opts, train_cfg);
+    }
     if (*check) {
       // The same checks launch and simulate make before anything starts.
       if (!check_tokens.empty()) check_opts.tokens = parse_tokens(check_tokens);

@@ -131,6 +131,12 @@ struct ToJson {
     if (!e.config.empty()) j["config"] = e.config;
     return j;
   }
+  json operator()(const TrainStep& e) const {
+    json peak = json::object();
+    for (int c = 0; c < kCategoryCount; ++c) peak[kCategoryNames[c]] = e.peak[size_t(c)];
+    return {{"type", "train_step"}, {"step", e.step}, {"loss", e.loss}, {"grad_norm", e.grad_norm}, {"lr", e.lr},
+            {"tokens", e.tokens}, {"tokens_per_s", e.tokens_per_s}, {"peak", peak}};
+  }
   json operator()(const Error& e) const {
     json j = {{"type", "error"}, {"code", e.code}, {"rank", e.rank}, {"message", e.message}};
     if (!e.detail.is_null()) j["detail"] = e.detail;
@@ -153,6 +159,7 @@ struct TypeName {
   std::string_view operator()(const Phase&) const { return "phase"; }
   std::string_view operator()(const Accuracy&) const { return "accuracy"; }
   std::string_view operator()(const Generation&) const { return "generation"; }
+  std::string_view operator()(const TrainStep&) const { return "train_step"; }
   std::string_view operator()(const Error&) const { return "error"; }
   std::string_view operator()(const Done&) const { return "done"; }
 };
@@ -281,6 +288,21 @@ Event from_json(const json& j) {
     Phase e;
     e.name = get_str(j, "name");
     e.t = get_i64(j, "t");
+    return e;
+  }
+  if (type == "train_step") {
+    TrainStep e;
+    e.step = get_int(j, "step");
+    e.loss = get_num(j, "loss");
+    e.grad_norm = get_num(j, "grad_norm", false);
+    e.lr = get_num(j, "lr", false);
+    e.tokens = get_i64(j, "tokens", false);
+    e.tokens_per_s = get_num(j, "tokens_per_s", false);
+    if (const json* p = find(j, "peak", false)) {
+      if (!p->is_object()) bad("peak", "must be an object of category: bytes");
+      for (int c = 0; c < kCategoryCount; ++c)
+        if (auto it = p->find(kCategoryNames[c]); it != p->end()) e.peak[size_t(c)] = as_i64(*it, kCategoryNames[c]);
+    }
     return e;
   }
   if (type == "accuracy") {

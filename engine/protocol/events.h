@@ -114,6 +114,16 @@ struct Generation {
   std::vector<int64_t> tokens;
 };
 
+// One training step (optimizer update): the mean loss over the step's
+// tokens, the global gradient norm before clipping, the learning rate used,
+// throughput, and the highest bytes any rank held per category so far.
+struct TrainStep {
+  int step = 0;
+  double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0;
+  int64_t tokens = 0;
+  std::array<int64_t, kCategoryCount> peak{};
+};
+
 struct Error {
   std::string code;  // usage, format, oom, rank_died, internal
   int rank = -1;
@@ -128,7 +138,7 @@ struct Done {
 };
 
 using Event = std::variant<Hello, Config, Device, Placement, Tokens, Span, Mem, Metric, Phase, Accuracy, Generation,
-                           Error, Done>;
+                           TrainStep, Error, Done>;
 
 std::string_view type_name(const Event& e);
 nlohmann::json to_json(const Event& e);

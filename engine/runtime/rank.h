@@ -73,6 +73,11 @@ Parallel make_parallel(const Group& g, Strategy s, int T, int S, bool zigzag);
 // of the host's, after refusing a setup whose weights cannot fit.
 int64_t device_capacity(const Group& g, const RankSetup& setup, const ModelConfig& cfg, const RunOptions& o);
 
+class Model;
+// The resident placement of every weight on `rank`; under tsp also, for each
+// ring or broadcast step, the shard each rank holds while it computes it.
+std::vector<proto::Placement> placements(const Model& model, int rank);
+
 // A step boundary: rank 0 writes its own records (and `extra` lines) and
 // gathers every other rank's on the telemetry communicator.
 void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, proto::Writer* out);

@@ -42,58 +42,6 @@ int64_t status_field(const char* key) {
 
 
 
-// What `w` places on `rank` (one record per range of a split), at `step`.
-void add_placements(std::vector<proto::Placement>& out, const WeightSpec& w, int rank, int step,
-                    int64_t bytes_per_value) {
-  proto::Placement p;
-  p.rank = rank;
-  p.tensor = w.name;
-  p.layer = w.layer;
-  p.shape = w.shape;
-  p.step = step;
-  if (w.slice.mirrored()) {
-    p.mode = "mirrored";
-    p.bytes = numel(w.shape) * bytes_per_value;
-    out.push_back(p);
-    return;
-  }
-  const int64_t per_index = numel(w.shape) / w.shape[size_t(w.slice.axis)];
-  for (auto& [a, b] : w.slice.ranges) {
-    p.mode = "split";
-    p.axis = w.slice.axis;
-    p.start = a;
-    p.end = b;
-    p.bytes = (b - a) * per_index * bytes_per_value;
-    out.push_back(p);
-  }
-}
-
-// The resident placement of every weight; under tsp also, for each ring or
-// broadcast step, the shard each rank holds while it computes that step.
-std::vector<proto::Placement> placements(const Model& model, int rank) {
-  std::vector<proto::Placement> out;
-  const int64_t bpv = dtype_size(model.config().dtype);
-  for (const WeightSpec& w : model.weights()) add_placements(out, w, rank, -1, bpv);
-  const Parallel& par = model.parallel();
-  if (!par.folded()) return out;
-  const int D = par.sp_size;
-  Allocator none;
-  Recorder quiet;
-  MetaBackend meta(none, quiet);
-  std::vector<std::vector<WeightSpec>> by_shard;
-  for (int j = 0; j < D; ++j) {
-    Parallel pj = par;
-    pj.tp_rank = pj.sp_rank = j;
-    by_shard.push_back(Model(model.config(), meta, pj).weights());
-  }
-  for (const WeightPack& p : model.packs())
-    for (int t = 0; t < D; ++t) {
-      const int shard = p.ring ? (rank - t + D) % D : t;
-      for (size_t m : p.members) add_placements(out, by_shard[size_t(shard)][m], rank, t, bpv);
-    }
-  return out;
-}
-
 std::vector<Range> merge_ranges(std::vector<Range> r) {
   std::sort(r.begin(), r.end());
   std::vector<Range> out;

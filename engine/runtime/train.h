@@ -1,0 +1,44 @@
+// `shardscope-engine train`: training steps (forward, next-token
+// cross-entropy, backward, gradient communication, clipping, AdamW) of a
+// model under a strategy, on cpu ranks (MPI) or simulated devices, writing
+// the event stream with `train_step` records.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/launch.h"
+#include "runtime/run.h"
+
+namespace ss {
+
+struct TrainOptions {
+  // model, overrides, backend, strategy, devices, mesh, split, dtype, seed, capacity, threads
+  RunOptions run;
+  int64_t seq_len = 0;      // inputs per sequence (0 with --tokens: the sequence's length - 1)
+  int micro_batch = 1;      // sequences per micro-batch per data-parallel replica
+  int grad_accum = 1;       // micro-batches per step
+  int steps = 1;
+  double lr = 1e-3, min_lr_ratio = 0.1;  // cosine from lr to lr * ratio after the warmup
+  int warmup = 0;           // steps of linear warmup
+  double weight_decay = 0, clip = 1.0, beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
+  std::string recompute = "none";   // none | selective | full
+  std::string data = "synthetic";   // synthetic | FILE (bytes as tokens)
+  std::vector<int32_t> tokens;      // one explicit sequence instead of --data
+  std::string save, resume, dump_grads;
+  std::string hardware;             // sim backend: the profile
+  int nodes = 1;
+};
+
+// Refuses what cannot run before anything starts (one line naming the number to change).
+void validate_train(const TrainOptions& o);
+
+// One rank of a cpu run (the whole run when --devices 1); writes the stream on rank 0.
+RunResult run_training(const TrainOptions& o, proto::Writer& out);
+// The same on simulated devices of o.hardware.
+RunResult simulate_training(const TrainOptions& o, proto::Writer& out);
+// `train`: validates, then runs in-process (one device, or sim) or starts
+// one MPI rank per device (`train-rank`) and forwards rank 0's stream.
+int train_command(const TrainOptions& o, const LaunchOptions& l);
+
+}  // namespace ss

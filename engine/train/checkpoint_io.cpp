@@ -1,0 +1,88 @@
+#include "train/checkpoint_io.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <cstring>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace ss {
+namespace fs = std::filesystem;
+
+std::vector<float> gather_whole(Backend& be, Communicator* telemetry, const WeightSpec& w, const Tensor& local,
+                                bool sender) {
+  // Blob: axis, range count, the ranges (int64), then the slice's fp32 values.
+  std::string blob;
+  if (sender) {
+    std::vector<int64_t> head = {int64_t(w.slice.axis), int64_t(w.slice.ranges.size())};
+    for (auto& [a, b] : w.slice.ranges) head.insert(head.end(), {a, b});
+    std::vector<float> values(size_t(local.numel()), 0.0f);
+    be.download(local, values.data());
+    blob.assign(reinterpret_cast<const char*>(head.data()), head.size() * 8);
+    blob.append(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  }
+  std::vector<std::string> all = telemetry ? telemetry->gather_blobs(blob, 0) : std::vector<std::string>{blob};
+  if (telemetry && telemetry->rank() != 0) return {};
+  std::vector<float> whole(size_t(numel(w.shape)), 0.0f);
+  for (const std::string& b : all) {
+    if (b.empty()) continue;
+    const int64_t* h = reinterpret_cast<const int64_t*>(b.data());
+    WeightSlice slice;
+    slice.axis = int(h[0]);
+    for (int64_t r = 0; r < h[1]; ++r) slice.ranges.push_back({h[2 + 2 * r], h[3 + 2 * r]});
+    const float* v = reinterpret_cast<const float*>(b.data() + 8 * (2 + 2 * h[1]));
+    for_each_slice_element(w.shape, slice, [&](int64_t li, int64_t gi) { whole[size_t(gi)] = v[li]; });
+  }
+  return whole;
+}
+
+TensorBlob make_blob(const std::string& name, const Shape& shape, const std::vector<float>& values, DType dtype) {
+  TensorBlob b;
+  b.name = name;
+  b.dtype = dtype;
+  b.shape = shape;
+  b.bytes.resize(values.size() * size_t(dtype_size(dtype)));
+  if (dtype == DType::F32) std::memcpy(b.bytes.data(), values.data(), values.size() * 4);
+  else narrow(values.data(), int64_t(values.size()), dtype, b.bytes.data());
+  return b;
+}
+
+void write_checkpoint_dir(const fs::path& dir, const nlohmann::json& config, const std::vector<TensorBlob>& weights,
+                          const std::vector<TensorBlob>& optimizer, const nlohmann::json& state) {
+  if (fs::exists(dir) && !fs::is_directory(dir))
+    throw UsageError("--save " + dir.string() + " is a file, not a folder; give a folder to write");
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  fs::create_directories(parent);
+  const std::string tag = "." + dir.filename().string() + ".saving-" + std::to_string(::getpid());
+  const fs::path tmp = parent / tag;
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "config.json") << config.dump(2) << "\n";
+  write_checkpoint_tensors(tmp, weights, 1);
+  std::vector<const TensorBlob*> opt;
+  for (auto& b : optimizer) opt.push_back(&b);
+  if (!opt.empty()) write_safetensors(tmp / "optimizer.safetensors", opt);
+  {
+    std::ofstream st(tmp / "trainer_state.json");
+    st << state.dump(2) << "\n";
+    if (!st) throw std::runtime_error("cannot write " + (tmp / "trainer_state.json").string());
+  }
+  // The swap: one atomic exchange of the two folders (Linux renameat2), so
+  // `dir` is at every instant either the old checkpoint or the new one; then
+  // the old one, now under the temporary name, goes.
+  if (fs::exists(dir)) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0)
+      throw std::runtime_error("cannot replace " + dir.string() + ": " + std::strerror(errno) +
+                               "; the new checkpoint is in " + tmp.string());
+    fs::remove_all(tmp);
+  } else {
+    fs::rename(tmp, dir);
+  }
+}
+
+}  // namespace ss

@@ -1,0 +1,98 @@
+#include "train/data.h"
+
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+
+namespace ss {
+namespace {
+
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+class Fixed final : public Corpus {
+ public:
+  explicit Fixed(std::vector<int32_t> t) : m_tokens(std::move(t)) {}
+  std::vector<int32_t> sequence(int64_t, int64_t len) const override {
+    return std::vector<int32_t>(m_tokens.begin(), m_tokens.begin() + std::min<int64_t>(len, int64_t(m_tokens.size())));
+  }
+  std::string describe() const override { return "tokens (" + std::to_string(m_tokens.size()) + ")"; }
+
+ private:
+  std::vector<int32_t> m_tokens;
+};
+
+class Synthetic final : public Corpus {
+ public:
+  Synthetic(uint64_t seed, int64_t vocab) : m_seed(seed) {
+    uint64_t x = mix(seed ^ 0x5eed);
+    for (int p = 0; p < kPhrases; ++p) {
+      x = mix(x);
+      const int len = 4 + int(x % 9);
+      std::vector<int32_t> phrase;
+      for (int i = 0; i < len; ++i) phrase.push_back(int32_t((x = mix(x)) % uint64_t(vocab)));
+      m_phrases.push_back(std::move(phrase));
+    }
+  }
+  std::vector<int32_t> sequence(int64_t index, int64_t len) const override {
+    std::vector<int32_t> out;
+    uint64_t x = mix(m_seed * 0x100000001b3ull + uint64_t(index));
+    // Start inside a phrase, then whole phrases in a drawn order.
+    const auto& first = m_phrases[size_t((x = mix(x)) % kPhrases)];
+    for (size_t i = size_t((x = mix(x)) % first.size()); i < first.size(); ++i) out.push_back(first[i]);
+    while (int64_t(out.size()) < len) {
+      const auto& p = m_phrases[size_t((x = mix(x)) % kPhrases)];
+      out.insert(out.end(), p.begin(), p.end());
+    }
+    out.resize(size_t(len));
+    return out;
+  }
+  std::string describe() const override { return "synthetic phrases (seed " + std::to_string(m_seed) + ")"; }
+
+ private:
+  static constexpr int kPhrases = 8;
+  uint64_t m_seed;
+  std::vector<std::vector<int32_t>> m_phrases;
+};
+
+class Bytes final : public Corpus {
+ public:
+  Bytes(std::string path, std::vector<uint8_t> data) : m_path(std::move(path)), m_data(std::move(data)) {}
+  std::vector<int32_t> sequence(int64_t index, int64_t len) const override {
+    std::vector<int32_t> out(static_cast<size_t>(len));
+    const uint64_t n = m_data.size(), start = uint64_t(index) * uint64_t(len) % n;
+    for (int64_t i = 0; i < len; ++i) out[size_t(i)] = m_data[size_t((start + uint64_t(i)) % n)];
+    return out;
+  }
+  std::string describe() const override { return m_path + " (" + std::to_string(m_data.size()) + " bytes)"; }
+
+ private:
+  std::string m_path;
+  std::vector<uint8_t> m_data;
+};
+
+}  // namespace
+
+std::unique_ptr<Corpus> fixed_corpus(std::vector<int32_t> tokens) { return std::make_unique<Fixed>(std::move(tokens)); }
+
+std::unique_ptr<Corpus> synthetic_corpus(uint64_t seed, int64_t vocab) {
+  return std::make_unique<Synthetic>(seed, vocab);
+}
+
+std::unique_ptr<Corpus> file_corpus(const std::string& path, int64_t vocab) {
+  if (vocab < 256)
+    throw UsageError("--data " + path + " reads bytes as tokens, which needs a vocabulary of at least 256; this model's is " +
+                     std::to_string(vocab));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("--data " + path + ": cannot open the file");
+  std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (data.size() < 2) throw UsageError("--data " + path + " holds fewer than 2 bytes");
+  return std::make_unique<Bytes>(path, std::move(data));
+}
+
+}  // namespace ss

@@ -1,0 +1,471 @@
+// Llama's training forward and backward (see train_model.h). Per layer, the
+// forward keeps (category activations, R = this rank's rows, b = bytes a
+// value, hq/hkv = this rank's query/kv width, F its MLP width):
+//   x_in, x_mid             2 R d        the residual before attention and before the MLP
+//   h1, h2                  2 R d        the two RMSNorm outputs (inputs of the projections)
+//   q, k, v                 R (hq + 2 hkv)   (q and k after RoPE)
+//   o                       R hq         attention's output (input of o_proj)
+//   lse                     R heads · 4  fp32, for the backward's recomputed scores
+//   g, u, a                 3 R F        gate, up and silu(g)·u
+// Selective recomputation drops h1, h2 and a (recomputed from x_in, x_mid,
+// g and u: elementwise work, no GEMM); full recomputation keeps only x_in
+// and reruns the layer's forward in its backward. train/memory.cpp turns this
+// list into the closed form the tests compare the allocator's peak with.
+#include "train/train_model.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ss {
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  throw UsageError("--recompute must be none, selective or full (got " + s + ")");
+}
+const char* recompute_name(Recompute r) {
+  return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
+}
+
+void TrainModel::check_supported(const ModelConfig& cfg, Strategy s) {
+  for (int i = 0; i < cfg.n_layers; ++i)
+    if (cfg.layer_kind(i) != LayerKind::Attention)
+      throw UsageError("training runs Llama (attention) layers so far; layer " + std::to_string(i) + " of this " +
+                       cfg.family_name() + " model is an SSM layer, whose backward is not built yet: choose a Llama "
+                       "model (e.g. --model tiny-llama)");
+  if (s == Strategy::TSP)
+    throw UsageError("training under tsp is not built yet; choose single, dp, tp, sp or tp_sp");
+}
+
+TrainModel::TrainModel(Model& model, Recompute recompute)
+    : m_model(model), m_be(model.backend()), m_cfg(model.config()), m_par(model.parallel()), m_rc(recompute) {
+  check_supported(m_cfg, m_par.strategy);
+  m_shard = attention_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
+}
+
+Tensor TrainModel::act(const Shape& s, const char* label, DType dt) const {
+  return m_be.alloc(s, Category::Activations, label, dt);
+}
+Tensor TrainModel::work(const Shape& s, const char* label, DType dt) const {
+  return m_be.alloc(s, Category::Workspace, label, dt);
+}
+
+static size_t find_spec(const std::vector<WeightSpec>& specs, const std::string& suffix, int layer) {
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].layer == layer && specs[i].name.size() >= suffix.size() &&
+        specs[i].name.compare(specs[i].name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return i;
+  throw std::logic_error("no weight ending in " + suffix + " in layer " + std::to_string(layer));
+}
+Tensor TrainModel::weight_of(const std::string& suffix, int layer) const {
+  return *m_model.weights()[find_spec(m_model.weights(), suffix, layer)].slot;
+}
+Tensor TrainModel::grad_of(const std::string& suffix, int layer) const {
+  return m_grads[find_spec(m_model.weights(), suffix, layer)];
+}
+
+void TrainModel::allocate_grads() {
+  const auto& specs = m_model.weights();
+  m_grads.clear();
+  for (const WeightSpec& w : specs)
+    m_grads.push_back(m_be.alloc(w.local_shape(), Category::Grads, "grad." + w.name, m_cfg.dtype));
+  zero_grads();
+  m_layers.assign(size_t(m_cfg.n_layers), {});
+  for (int i = 0; i < m_cfg.n_layers; ++i) {
+    Layer& L = m_layers[size_t(i)];
+    const std::pair<Tensor*, Tensor*> slots[] = {
+        {&L.in_norm, &L.g_in_norm}, {&L.q, &L.gq}, {&L.k, &L.gk}, {&L.v, &L.gv}, {&L.o, &L.go},
+        {&L.post_norm, &L.g_post_norm}, {&L.gate, &L.g_gate}, {&L.up, &L.g_up}, {&L.down, &L.g_down}};
+    const char* names[] = {"input_layernorm.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
+                           "o_proj.weight", "post_attention_layernorm.weight", "gate_proj.weight", "up_proj.weight",
+                           "down_proj.weight"};
+    for (size_t k = 0; k < 9; ++k) {
+      *slots[k].first = weight_of(names[k], i);
+      *slots[k].second = grad_of(names[k], i);
+    }
+  }
+  m_embed = weight_of("embed_tokens.weight", -1);
+  m_gembed = grad_of("embed_tokens.weight", -1);
+  m_final_norm = weight_of("norm.weight", -1);
+  m_gfinal_norm = grad_of("norm.weight", -1);
+  m_head = m_cfg.tie_embeddings ? m_embed : weight_of("lm_head.weight", -1);
+  m_ghead = m_cfg.tie_embeddings ? m_gembed : grad_of("lm_head.weight", -1);
+}
+
+void TrainModel::zero_grads() {
+  for (const Tensor& g : m_grads) m_be.fill(g, 0.0f);
+}
+
+void TrainModel::tp_sum(const Tensor& t, int layer, const char* site) {
+  if (m_par.tp_size <= 1) return;
+  SiteScope s(m_be.recorder(), layer, site);
+  m_par.tp->all_reduce(t);
+}
+
+namespace {
+
+// Positions of sp rank r's rows of a sequence, in its local order.
+std::vector<int32_t> positions_of(const StepLayout& l, int r) {
+  std::vector<int32_t> pos;
+  for (auto& [range, owner] : l.chunks)
+    if (owner == r)
+      for (int64_t p = range.first; p < range.second; ++p) pos.push_back(int32_t(p));
+  return pos;
+}
+
+}  // namespace
+
+// Causal attention of each sequence's rows: over its own rows, or (sequence
+// parallel) over the K/V of every rank of the group, all-gathered.
+void TrainModel::attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const TrainBatch& b, int layer) {
+  const int64_t Tl = int64_t(b.positions.size()), hkv = k.cols();
+  const int S = m_par.sp_size;
+  AttentionArgs a;
+  a.n_heads = m_shard.heads;
+  a.n_kv_heads = m_shard.kv_heads;
+  a.head_dim = m_cfg.head_dim;
+  a.scale = 1.0f / std::sqrt(float(m_cfg.head_dim));
+  a.q_pos = b.positions;
+  std::vector<int32_t> k_pos;
+  if (S > 1)
+    for (int r = 0; r < S; ++r) {
+      const auto p = positions_of(b.layout, r);
+      k_pos.insert(k_pos.end(), p.begin(), p.end());
+    }
+  a.k_pos = S > 1 ? std::span<const int32_t>(k_pos) : std::span<const int32_t>(b.positions);
+  Recorder& rec = m_be.recorder();
+  for (int s = 0; s < b.sequences; ++s) {
+    const Tensor qs = q.slice(0, s * Tl, Tl), ks = k.slice(0, s * Tl, Tl), vs = v.slice(0, s * Tl, Tl);
+    const Tensor os = o.slice(0, s * Tl, Tl), ls = lse.slice(0, s * Tl, Tl);
+    if (S == 1) {
+      SiteScope sc(rec, layer, "attn.core");
+      m_be.attention(os, qs, ks, vs, a, ls);
+      continue;
+    }
+    Tensor k_all = m_be.alloc({S * Tl, hkv}, Category::CommBuffers, "attn.k_gathered", m_cfg.dtype);
+    Tensor v_all = m_be.alloc({S * Tl, hkv}, Category::CommBuffers, "attn.v_gathered", m_cfg.dtype);
+    {
+      SiteScope sc(rec, layer, "attn.kv_all_gather");
+      m_par.sp->all_gather(k_all, ks);
+      m_par.sp->all_gather(v_all, vs);
+    }
+    SiteScope sc(rec, layer, "attn.core");
+    m_be.attention(os, qs, k_all, v_all, a, ls);
+  }
+}
+
+// Its backward: under sequence parallelism the K/V are gathered again, the
+// gradient of every gathered row is computed from this rank's queries, and a
+// reduce-scatter returns to each rank the sum over all queries for its rows.
+void TrainModel::attention_grad(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                                const TrainBatch& b, int layer) {
+  const int64_t Tl = int64_t(b.positions.size()), hkv = k.cols();
+  const int S = m_par.sp_size;
+  AttentionArgs a;
+  a.n_heads = m_shard.heads;
+  a.n_kv_heads = m_shard.kv_heads;
+  a.head_dim = m_cfg.head_dim;
+  a.scale = 1.0f / std::sqrt(float(m_cfg.head_dim));
+  a.q_pos = b.positions;
+  std::vector<int32_t> k_pos;
+  if (S > 1)
+    for (int r = 0; r < S; ++r) {
+      const auto p = positions_of(b.layout, r);
+      k_pos.insert(k_pos.end(), p.begin(), p.end());
+    }
+  a.k_pos = S > 1 ? std::span<const int32_t>(k_pos) : std::span<const int32_t>(b.positions);
+  Recorder& rec = m_be.recorder();
+  for (int s = 0; s < b.sequences; ++s) {
+    auto rows = [&](const Tensor& t) { return t.slice(0, s * Tl, Tl); };
+    if (S == 1) {
+      SiteScope sc(rec, layer, "attn.core_backward");
+      m_be.attention_backward(rows(dq), rows(dk), rows(dv), rows(dout), rows(q), rows(k), rows(v), rows(o), rows(lse),
+                              a);
+      continue;
+    }
+    Tensor k_all = m_be.alloc({S * Tl, hkv}, Category::CommBuffers, "attn.k_gathered", m_cfg.dtype);
+    Tensor v_all = m_be.alloc({S * Tl, hkv}, Category::CommBuffers, "attn.v_gathered", m_cfg.dtype);
+    {
+      SiteScope sc(rec, layer, "attn.kv_all_gather");
+      m_par.sp->all_gather(k_all, rows(k));
+      m_par.sp->all_gather(v_all, rows(v));
+    }
+    Tensor dk_all = m_be.alloc({S * Tl, hkv}, Category::CommBuffers, "attn.dk_gathered", m_cfg.dtype);
+    Tensor dv_all = m_be.alloc({S * Tl, hkv}, Category::CommBuffers, "attn.dv_gathered", m_cfg.dtype);
+    {
+      SiteScope sc(rec, layer, "attn.core_backward");
+      m_be.attention_backward(rows(dq), dk_all, dv_all, rows(dout), rows(q), k_all, v_all, rows(o), rows(lse), a);
+    }
+    SiteScope sc(rec, layer, "attn.dkv_reduce_scatter");
+    m_par.sp->reduce_scatter(rows(dk), dk_all);
+    m_par.sp->reduce_scatter(rows(dv), dv_all);
+  }
+}
+
+// x_out = x_mid + mlp(norm(x_mid)), x_mid = x_in + attn(norm(x_in)). Under
+// tensor parallelism o_proj and down_proj are row-parallel: their partial
+// outputs are all-reduced over the tp group before the residual add.
+void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
+                               bool keep) {
+  const ModelConfig& c = m_cfg;
+  const Layer& L = m_layers[size_t(i)];
+  Recorder& rec = m_be.recorder();
+  const int64_t R = x_in.rows(), d = c.d_model, hd = c.head_dim;
+  const int64_t hq = m_shard.heads * hd, hkv = m_shard.kv_heads * hd, F = m_shard.ffn;
+  const DType dt = c.dtype;
+  std::vector<int32_t> pos_rows;
+  for (int q = 0; q < b.sequences; ++q) pos_rows.insert(pos_rows.end(), b.positions.begin(), b.positions.end());
+  // Row-parallel output: a partial sum, all-reduced under tp, added to the residual.
+  auto project_out = [&](const Tensor& out, const Tensor& in, const Tensor& w, const char* site) {
+    SiteScope sc(rec, i, site);
+    if (m_par.tp_size <= 1) {
+      m_be.matmul(out, in, w, true);
+      return;
+    }
+    Tensor partial = m_be.alloc({R, d}, Category::CommBuffers, "partial", dt);
+    m_be.matmul(partial, in, w);
+    m_par.tp->all_reduce(partial);
+    m_be.add(out, out, partial);
+  };
+  s.x_in = x_in;
+  s.h1 = act({R, d}, "attn.norm", dt);
+  {
+    SiteScope sc(rec, i, "attn.norm");
+    m_be.rmsnorm(s.h1, x_in, L.in_norm, c.norm_eps, d);
+  }
+  s.q = act({R, hq}, "attn.q", dt);
+  s.k = act({R, hkv}, "attn.k", dt);
+  s.v = act({R, hkv}, "attn.v", dt);
+  {
+    SiteScope sc(rec, i, "attn.qkv");
+    m_be.matmul(s.q, s.h1, L.q);
+    m_be.matmul(s.k, s.h1, L.k);
+    m_be.matmul(s.v, s.h1, L.v);
+  }
+  {
+    SiteScope sc(rec, i, "attn.rope");
+    m_be.rope(s.q, m_shard.heads, int(hd), pos_rows, c.rope_theta);
+    m_be.rope(s.k, m_shard.kv_heads, int(hd), pos_rows, c.rope_theta);
+  }
+  s.o = act({R, hq}, "attn.out", dt);
+  s.lse = act({R, m_shard.heads}, "attn.lse", DType::F32);
+  attention(s.o, s.lse, s.q, s.k, s.v, b, i);
+  s.x_mid = act({R, d}, "residual.mid", c.residual_dtype());
+  m_be.copy(s.x_mid, x_in);
+  project_out(s.x_mid, s.o, L.o, "attn.o_proj");
+
+  s.h2 = act({R, d}, "mlp.norm", dt);
+  {
+    SiteScope sc(rec, i, "mlp.norm");
+    m_be.rmsnorm(s.h2, s.x_mid, L.post_norm, c.norm_eps, d);
+  }
+  s.g = act({R, F}, "mlp.gate", dt);
+  s.u = act({R, F}, "mlp.up", dt);
+  {
+    SiteScope sc(rec, i, "mlp.gate_up");
+    m_be.matmul(s.g, s.h2, L.gate);
+    m_be.matmul(s.u, s.h2, L.up);
+  }
+  s.a = act({R, F}, "mlp.act", dt);
+  {
+    SiteScope sc(rec, i, "mlp.act");
+    m_be.silu_mul(s.a, s.g, s.u);
+  }
+  m_be.copy(x_out, s.x_mid);
+  project_out(x_out, s.a, L.down, "mlp.down");
+  if (!keep) {
+    const Tensor x = s.x_in;
+    s = Saved{};
+    s.x_in = x;
+  } else if (m_rc == Recompute::Selective) {
+    s.h1 = s.h2 = s.a = Tensor{};
+  }
+}
+
+// On entry dx holds dL/dx_out; on return dL/dx_in. Weight gradients are added.
+void TrainModel::layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
+  const ModelConfig& c = m_cfg;
+  const Layer& L = m_layers[size_t(i)];
+  Recorder& rec = m_be.recorder();
+  const int64_t R = dx.rows(), d = c.d_model, hd = c.head_dim;
+  const int64_t hq = m_shard.heads * hd, hkv = m_shard.kv_heads * hd, F = m_shard.ffn;
+  const DType dt = c.dtype;
+  std::vector<int32_t> pos_rows;
+  for (int q = 0; q < b.sequences; ++q) pos_rows.insert(pos_rows.end(), b.positions.begin(), b.positions.end());
+  if (m_rc == Recompute::Full) {
+    SiteScope sc(rec, i, "recompute");
+    Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
+    layer_forward(i, s.x_in, out, b, s, true);
+  } else if (m_rc == Recompute::Selective) {
+    SiteScope sc(rec, i, "recompute");
+    s.h1 = act({R, d}, "attn.norm", dt);
+    m_be.rmsnorm(s.h1, s.x_in, L.in_norm, c.norm_eps, d);
+    s.h2 = act({R, d}, "mlp.norm", dt);
+    m_be.rmsnorm(s.h2, s.x_mid, L.post_norm, c.norm_eps, d);
+    s.a = act({R, F}, "mlp.act", dt);
+    m_be.silu_mul(s.a, s.g, s.u);
+  }
+  // MLP: x_out = x_mid + down(silu(gate h2) * up h2).
+  {
+    Tensor dh2 = work({R, d}, "grad.mlp.norm", dt);
+    {
+      Tensor da = work({R, F}, "grad.mlp.act", dt);
+      {
+        SiteScope sc(rec, i, "mlp.down.backward");
+        m_be.matmul_dx(da, dx, L.down, false);
+        m_be.matmul_dw(L.g_down, dx, s.a, true);
+      }
+      s.a = Tensor{};
+      Tensor dg = work({R, F}, "grad.mlp.gate", dt), du = work({R, F}, "grad.mlp.up", dt);
+      {
+        SiteScope sc(rec, i, "mlp.act.backward");
+        m_be.silu_mul_backward(dg, du, da, s.g, s.u);
+      }
+      da = Tensor{};
+      s.g = s.u = Tensor{};
+      SiteScope sc(rec, i, "mlp.gate_up.backward");
+      m_be.matmul_dx(dh2, dg, L.gate, false);
+      m_be.matmul_dx(dh2, du, L.up, true);
+      m_be.matmul_dw(L.g_gate, dg, s.h2, true);
+      m_be.matmul_dw(L.g_up, du, s.h2, true);
+    }
+    s.h2 = Tensor{};
+    tp_sum(dh2, i, "mlp.grad_all_reduce");  // the conjugate of the column-parallel input's identity
+    SiteScope sc(rec, i, "mlp.norm.backward");
+    m_be.rmsnorm_backward(dx, L.g_post_norm, dh2, s.x_mid, L.post_norm, c.norm_eps, d);
+  }
+  s.x_mid = Tensor{};
+  // Attention: x_mid = x_in + o_proj(attention(rope(q h1), rope(k h1), v h1)).
+  Tensor dh1 = work({R, d}, "grad.attn.norm", dt);
+  {
+    Tensor dout = work({R, hq}, "grad.attn.out", dt);
+    {
+      SiteScope sc(rec, i, "attn.o_proj.backward");
+      m_be.matmul_dx(dout, dx, L.o, false);
+      m_be.matmul_dw(L.go, dx, s.o, true);
+    }
+    Tensor dq = work({R, hq}, "grad.attn.q", dt), dk = work({R, hkv}, "grad.attn.k", dt),
+           dv = work({R, hkv}, "grad.attn.v", dt);
+    attention_grad(dq, dk, dv, dout, s.q, s.k, s.v, s.o, s.lse, b, i);
+    dout = Tensor{};
+    s.q = s.k = s.v = s.o = s.lse = Tensor{};
+    {
+      SiteScope sc(rec, i, "attn.rope.backward");
+      m_be.rope_backward(dq, m_shard.heads, int(hd), pos_rows, c.rope_theta);
+      m_be.rope_backward(dk, m_shard.kv_heads, int(hd), pos_rows, c.rope_theta);
+    }
+    SiteScope sc(rec, i, "attn.qkv.backward");
+    m_be.matmul_dx(dh1, dq, L.q, false);
+    m_be.matmul_dx(dh1, dk, L.k, true);
+    m_be.matmul_dx(dh1, dv, L.v, true);
+    m_be.matmul_dw(L.gq, dq, s.h1, true);
+    m_be.matmul_dw(L.gk, dk, s.h1, true);
+    m_be.matmul_dw(L.gv, dv, s.h1, true);
+  }
+  s.h1 = Tensor{};
+  tp_sum(dh1, i, "attn.grad_all_reduce");
+  SiteScope sc(rec, i, "attn.norm.backward");
+  m_be.rmsnorm_backward(dx, L.g_in_norm, dh1, s.x_in, L.in_norm, c.norm_eps, d);
+}
+
+bool TrainModel::layer_has_nonfinite(const Tensor& x) {
+  Tensor ss = work({1}, "finite_check", DType::F32);
+  m_be.fill(ss, 0.0f);
+  m_be.sum_squares(ss, x);
+  float v = 0;
+  m_be.download(ss, &v);
+  return !std::isfinite(v);
+}
+
+double TrainModel::forward_backward(const TrainBatch& b, float scale, const std::function<void(int)>& layer_done) {
+  const ModelConfig& c = m_cfg;
+  Recorder& rec = m_be.recorder();
+  const int64_t R = int64_t(b.tokens.size()), d = c.d_model, V = c.vocab;
+  if (R != int64_t(b.positions.size()) * b.sequences || b.targets.size() != b.tokens.size())
+    throw std::logic_error("forward_backward: tokens, targets and positions disagree");
+  m_nonfinite_layer = -2;
+  rec.set_phase("forward");
+  std::vector<Saved> saved(size_t(c.n_layers));
+  Tensor x = act({R, d}, "residual", c.residual_dtype());
+  {
+    SiteScope sc(rec, -1, "embed");
+    m_be.embedding(x, m_embed, b.tokens);
+  }
+  for (int i = 0; i < c.n_layers; ++i) {
+    Tensor y = act({R, d}, "residual", c.residual_dtype());
+    layer_forward(i, x, y, b, saved[size_t(i)], m_rc != Recompute::Full);
+    x = y;
+  }
+  // The LM head and the loss, a block of rows at a time: only one
+  // [rows, vocab] fp32 block of logits exists (about 16 MiB).
+  Tensor hf = act({R, d}, "final_norm", c.dtype);
+  {
+    SiteScope sc(rec, -1, "final_norm");
+    m_be.rmsnorm(hf, x, m_final_norm, c.norm_eps, d);
+  }
+  Tensor dhf = work({R, d}, "grad.final_norm", c.dtype);
+  const int64_t block = std::max<int64_t>(1, std::min<int64_t>(R, (int64_t(16) << 20) / (4 * V)));
+  double loss_sum = 0;
+  {
+    SiteScope sc(rec, -1, "lm_head.loss");
+    Tensor logits = work({block, V}, "logits", DType::F32);
+    Tensor loss = work({block}, "loss", DType::F32);
+    Tensor dl16 = c.dtype == DType::F32 ? Tensor{} : work({block, V}, "grad.logits", c.dtype);
+    std::vector<float> host(size_t(block), 0.0f);
+    for (int64_t r0 = 0; r0 < R; r0 += block) {
+      const int64_t n = std::min(block, R - r0);
+      const Tensor lg = logits.slice(0, 0, n), h = hf.slice(0, r0, n);
+      m_be.matmul(lg, h, m_head);
+      m_be.cross_entropy(lg, loss.slice(0, 0, n), std::span<const int32_t>(b.targets).subspan(size_t(r0), size_t(n)),
+                         scale);
+      m_be.download(loss.slice(0, 0, n), host.data());
+      for (int64_t k = 0; k < n; ++k) loss_sum += host[size_t(k)];
+      // The logits' gradient in the compute dtype for the two GEMMs (as GPU frameworks keep it).
+      Tensor dl = lg;
+      if (dl16.defined()) {
+        dl = dl16.slice(0, 0, n);
+        m_be.copy(dl, lg);
+      }
+      m_be.matmul_dx(dhf.slice(0, r0, n), dl, m_head, false);
+      m_be.matmul_dw(m_ghead, dl, h, true);
+    }
+  }
+  if (!std::isfinite(loss_sum)) {
+    // Which layer's output first went non-finite (-1: the embeddings).
+    m_nonfinite_layer = c.n_layers;  // only the head
+    for (int i = 0; i < c.n_layers; ++i) {
+      const Tensor& in = saved[size_t(i)].x_in;
+      if (layer_has_nonfinite(in)) {
+        m_nonfinite_layer = i - 1;
+        break;
+      }
+    }
+    if (m_nonfinite_layer == c.n_layers && layer_has_nonfinite(x)) m_nonfinite_layer = c.n_layers - 1;
+    return loss_sum;
+  }
+  rec.set_phase("backward");
+  Tensor dx = work({R, d}, "grad.residual", c.residual_dtype());
+  m_be.fill(dx, 0.0f);
+  {
+    SiteScope sc(rec, -1, "final_norm.backward");
+    m_be.rmsnorm_backward(dx, m_gfinal_norm, dhf, x, m_final_norm, c.norm_eps, d);
+  }
+  hf = dhf = x = Tensor{};
+  for (int i = c.n_layers - 1; i >= 0; --i) {
+    layer_backward(i, dx, b, saved[size_t(i)]);
+    saved[size_t(i)] = Saved{};
+    if (layer_done) layer_done(i);
+  }
+  {
+    SiteScope sc(rec, -1, "embed.backward");
+    m_be.embedding_backward(m_gembed, dx, b.tokens);
+  }
+  if (layer_done) layer_done(-1);
+  return loss_sum;
+}
+
+}  // namespace ss

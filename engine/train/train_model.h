@@ -1,0 +1,96 @@
+// The training forward and backward of a Model, written against the Backend
+// and the Communicator like inference: each layer's forward keeps what its
+// backward needs (category activations), the backward walks the layers in
+// reverse and adds every weight's gradient into its tensor (category grads),
+// and the strategy's collectives are the conjugates of the forward's
+// (engine/README.md, "Training").
+//
+// Families: Llama (attention + SwiGLU MLP) layers under single, dp, tp, sp
+// and tp_sp. Mamba, Mamba2 and the hybrid's SSM layers, and tsp, are refused
+// with a UsageError until their backward exists.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace ss {
+
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& s);  // none | selective | full
+const char* recompute_name(Recompute r);
+
+// This rank's rows of one micro-batch: `sequences` sequences, each with this
+// rank's tokens of it (all of them, or its chunks under sequence
+// parallelism), in the same local order for every sequence.
+struct TrainBatch {
+  int sequences = 1;
+  std::vector<int32_t> tokens, targets;  // [sequences * local], target < 0: not counted
+  std::vector<int32_t> positions;        // [local]: the positions of one sequence's local rows
+  StepLayout layout;                     // chunks and owners (sequence parallel)
+};
+
+class TrainModel {
+ public:
+  TrainModel(Model& model, Recompute recompute);
+
+  // Refuses a model or strategy training cannot run yet (one line, before anything starts).
+  static void check_supported(const ModelConfig& cfg, Strategy s);
+
+  // Allocates the gradients (one per weight of the weight list, in its dtype and local shape).
+  void allocate_grads();
+  void zero_grads();
+  const std::vector<Tensor>& grads() const { return m_grads; }
+
+  // Forward, loss and backward of one micro-batch; gradients are added to
+  // grads(). The loss of each target is multiplied by `scale` (1 / the step's
+  // target tokens, so grads are those of the step's mean loss). Returns this
+  // rank's unscaled loss sum. `layer_done(layer)` is called when a layer's
+  // gradients are complete (-1: embeddings, final norm and head), so their
+  // communication can start while backward goes on.
+  double forward_backward(const TrainBatch& b, float scale, const std::function<void(int)>& layer_done = {});
+
+  // Throws UsageError naming the step and the first layer whose output is
+  // not finite, when the last forward's loss was not.
+  int first_nonfinite_layer() const { return m_nonfinite_layer; }
+
+ private:
+  // What a layer's forward keeps for its backward (train_model.cpp lists the sizes).
+  struct Saved {
+    Tensor x_in, h1, q, k, v, o, lse, x_mid, h2, g, u, a;
+  };
+  // A layer's weights and their gradients.
+  struct Layer {
+    Tensor in_norm, q, k, v, o, post_norm, gate, up, down;
+    Tensor g_in_norm, gq, gk, gv, go, g_post_norm, g_gate, g_up, g_down;
+  };
+  void layer_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
+  void layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
+  void attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const TrainBatch& b, int layer);
+  void attention_grad(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                      const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const TrainBatch& b,
+                      int layer);
+  void tp_sum(const Tensor& t, int layer, const char* site);
+  Tensor act(const Shape& s, const char* label, DType dt) const;
+  Tensor work(const Shape& s, const char* label, DType dt) const;
+  Tensor grad_of(const std::string& suffix, int layer) const;
+  Tensor weight_of(const std::string& suffix, int layer) const;
+  bool layer_has_nonfinite(const Tensor& x);
+
+  Model& m_model;
+  Backend& m_be;
+  const ModelConfig& m_cfg;
+  const Parallel& m_par;
+  Recompute m_rc;
+  AttentionShard m_shard;
+  std::vector<Tensor> m_grads;  // by weight-list index
+  std::vector<Layer> m_layers;
+  Tensor m_embed, m_final_norm, m_head, m_gembed, m_gfinal_norm, m_ghead;
+  int m_nonfinite_layer = -2;  // -2: finite
+};
+
+}  // namespace ss
