@@ -278,6 +278,15 @@ class TestBackward : public QObject {
     m_be.fill(out, 1.0f);
     m_be.sum_squares(out, make(x, {int64_t(x.size())}));
     QVERIFY(std::abs(read(out)[0] - (want + 1)) <= kTol * want);
+    // Non-finite values are counted one by one (a sum of squares would overflow on large finite ones).
+    std::vector<float> y(5000, 1e30f);
+    y[7] = INFINITY;
+    y[4999] = -INFINITY;
+    y[123] = std::nanf("");
+    Tensor count = m_be.alloc({1}, Category::Workspace, "count");
+    m_be.fill(count, 0.0f);
+    m_be.count_nonfinite(count, make(y, {int64_t(y.size())}));
+    QCOMPARE(read(count)[0], 3.0f);
   }
 
   // Three AdamW steps against float64, for an fp32 parameter (updated in

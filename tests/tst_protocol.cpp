@@ -49,6 +49,9 @@ auto fields(const Error& e) {
   return std::tie(e.code, e.rank, e.message, e.detail);
 }
 auto fields(const Generation& e) { return std::tie(e.config, e.tokens); }
+auto fields(const TrainStep& e) {
+  return std::tie(e.step, e.loss, e.grad_norm, e.lr, e.tokens, e.tokens_per_s, e.peak);
+}
 auto fields(const Done& e) {
   return std::tie(e.status, e.t, e.exit_code);
 }
@@ -118,8 +121,17 @@ std::vector<std::pair<const char*, Event>> samples() {
   Mem mem;
   mem.rank = 5;
   mem.t = 987654321;
-  mem.bytes = {1, 2, 3, 4, 5, int64_t(1) << 50};
+  mem.bytes = {1, 2, 3, 4, 5, int64_t(1) << 50, 7, 8};
   mem.peak = (int64_t(1) << 50) + 15;
+
+  TrainStep step;
+  step.step = 200;
+  step.loss = 1.0 / 3.0;
+  step.grad_norm = 0.75;
+  step.lr = 3e-4;
+  step.tokens = 8192;
+  step.tokens_per_s = 12345.5;
+  step.peak = {10, 20, 0, 0, 30, 40, 50, int64_t(1) << 40};
 
   Error oom{
       "oom", 2, "out of memory: kv cache needs 2.00 GiB",
@@ -148,6 +160,7 @@ std::vector<std::pair<const char*, Event>> samples() {
       {"accuracy", Accuracy{"rel_l2", "mlp.down", 3, 1.5e-4, "mlp=int8:128"}},
       {"generation", Generation{"mlp=int8:128", {17, 4, 255, 0}}},
       {"generation empty", Generation{"", {}}},
+      {"train_step", step},
       {"error with detail", oom},
       {"error without detail", plain},
       {"done ok", Done{"ok", 99999, 0}},

@@ -122,6 +122,8 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
   cmd->add_option("--micro-batch", o.micro_batch, "sequences per micro-batch per data-parallel replica")
       ->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->capture_default_str();
+  cmd->add_option("--global-batch", o.global_batch,
+                  "sequences per step (instead of --grad-accum): a multiple of --micro-batch x replicas");
   cmd->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   cmd->add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "steps of linear warmup, then cosine decay")->capture_default_str();

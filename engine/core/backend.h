@@ -173,6 +173,8 @@ class Backend {
   void cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets, float scale);
   // out[0] (fp32) += the sum of squares of t (any dtype, any shape, contiguous).
   void sum_squares(const Tensor& out, const Tensor& t);
+  // out[0] (fp32) += how many values of t are infinite or NaN.
+  void count_nonfinite(const Tensor& out, const Tensor& t);
   void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
              const AdamWArgs& a);
 
@@ -233,6 +235,7 @@ class Backend {
   virtual void k_cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets,
                                float scale);
   virtual void k_sum_squares(const Tensor& out, const Tensor& t);
+  virtual void k_count_nonfinite(const Tensor& out, const Tensor& t);
   virtual void k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
                        const Tensor& v, const AdamWArgs& a);
 

@@ -120,6 +120,12 @@ void Backend::sum_squares(const Tensor& out, const Tensor& t) {
   execute("sum_squares", 2.0 * double(t.numel()), fbytes(t), {t.numel()}, [&] { k_sum_squares(out, t); });
 }
 
+void Backend::count_nonfinite(const Tensor& out, const Tensor& t) {
+  require(out.dtype() == DType::F32 && out.numel() >= 1 && t.is_contiguous(), "count_nonfinite",
+          "fp32 out and a contiguous tensor");
+  execute("count_nonfinite", double(t.numel()), fbytes(t), {t.numel()}, [&] { k_count_nonfinite(out, t); });
+}
+
 void Backend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const AdamWArgs& a) {
   const int64_t n = param.numel();
@@ -152,6 +158,7 @@ void Backend::k_cross_entropy(const Tensor&, const Tensor&, std::span<const int3
   no_kernel("cross_entropy");
 }
 void Backend::k_sum_squares(const Tensor&, const Tensor&) { no_kernel("sum_squares"); }
+void Backend::k_count_nonfinite(const Tensor&, const Tensor&) { no_kernel("count_nonfinite"); }
 void Backend::k_adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWArgs&) {
   no_kernel("adamw");
 }

@@ -261,6 +261,7 @@ void CpuBackend::k_cross_entropy(const Tensor& logits, const Tensor& loss, std::
   cpu::cross_entropy(logits, loss, targets, scale);
 }
 void CpuBackend::k_sum_squares(const Tensor& out, const Tensor& t) { cpu::sum_squares(out, t); }
+void CpuBackend::k_count_nonfinite(const Tensor& out, const Tensor& t) { cpu::count_nonfinite(out, t); }
 void CpuBackend::k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
                          const Tensor& v, const AdamWArgs& a) {
   cpu::adamw(param, master, grad, m, v, a);

@@ -60,6 +60,7 @@ class CpuBackend final : public Backend {
   void k_cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets,
                        float scale) override;
   void k_sum_squares(const Tensor& out, const Tensor& t) override;
+  void k_count_nonfinite(const Tensor& out, const Tensor& t) override;
   void k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                const AdamWArgs& a) override;
 };

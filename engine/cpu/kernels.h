@@ -25,6 +25,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const AttentionArgs& a);
 void cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets, float scale);
 void sum_squares(const Tensor& out, const Tensor& t);
+void count_nonfinite(const Tensor& out, const Tensor& t);
 void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
            const AdamWArgs& a);
 void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group);

@@ -142,6 +142,22 @@ void sum_squares(const Tensor& out, const Tensor& t) {
   out.data<float>()[0] += float(total);
 }
 
+void count_nonfinite(const Tensor& out, const Tensor& t) {
+  const int64_t n = t.numel();
+  constexpr int64_t kBlock = 4096;
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad) if (n > (1 << 16))
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - i0);
+    float buf[kBlock];
+    const float* p = buf;
+    if (t.dtype() == DType::F32) p = t.data<float>() + i0;
+    else widen(static_cast<const char*>(t.raw()) + i0 * dtype_size(t.dtype()), t.dtype(), len, buf);
+    for (int64_t i = 0; i < len; ++i) bad += !std::isfinite(p[i]);
+  }
+  out.data<float>()[0] += float(bad);
+}
+
 // AdamW on fp32 values: the master copy when the parameter is 16-bit (the
 // parameter then receives the rounded result), else the parameter itself.
 void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -35,6 +35,11 @@ namespace {
 
 int replicas_of(const TrainOptions& o) { return parse_strategy(o.run.strategy) == Strategy::DP ? o.run.devices : 1; }
 
+// Micro-batches per step: --grad-accum, or what --global-batch asks for.
+int grad_accum_of(const TrainOptions& o) {
+  return o.global_batch > 0 ? o.global_batch / (o.micro_batch * replicas_of(o)) : o.grad_accum;
+}
+
 int64_t seq_len_of(const TrainOptions& o) {
   return o.tokens.empty() ? o.seq_len : int64_t(o.tokens.size()) - 1;
 }
@@ -79,6 +84,15 @@ void validate_train(const TrainOptions& o) {
   if (o.steps < 1) throw UsageError("--steps must be >= 1");
   if (o.micro_batch < 1) throw UsageError("--micro-batch must be >= 1");
   if (o.grad_accum < 1) throw UsageError("--grad-accum must be >= 1");
+  if (o.global_batch < 0) throw UsageError("--global-batch must be >= 1");
+  if (o.global_batch > 0) {
+    const int per = o.micro_batch * replicas_of(o);
+    if (o.global_batch % per)
+      throw UsageError("--global-batch " + std::to_string(o.global_batch) + " does not split into micro-batches of " +
+                       std::to_string(o.micro_batch) + " sequences on " + std::to_string(replicas_of(o)) +
+                       " replica(s); make it a multiple of " + std::to_string(per) + " or change --micro-batch");
+    if (o.grad_accum != 1) throw UsageError("give --global-batch or --grad-accum, not both");
+  }
   if (!(o.lr >= 0) || !(o.weight_decay >= 0) || !(o.clip >= 0) || o.warmup < 0)
     throw UsageError("--lr, --weight-decay, --clip and --warmup must be >= 0");
   if (!o.tokens.empty()) {
@@ -148,7 +162,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
                                                              : file_corpus(o.data, cfg.vocab);
 
     // This rank's rows of every sequence, and the groups its gradients and loss are summed over.
-    const int replicas = replicas_of(o), B = o.micro_batch, K = o.grad_accum;
+    const int replicas = replicas_of(o), B = o.micro_batch, K = grad_accum_of(o);
     const int64_t global_targets = L * B * replicas * K;
     StepLayout layout;
     layout.sequence_sharded = par.sp_size > 1;
@@ -281,7 +295,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
           const int l = tm.first_nonfinite_layer();
           throw UsageError("step " + std::to_string(step) + ": the loss is not finite; the first non-finite output is " +
                            (l < 0 ? std::string("the embeddings'") : "layer " + std::to_string(l) + "'s") +
-                           " (lower --lr, or raise --clip's strictness); nothing was saved");
+                           "; lower --lr or clip the gradient with --clip (nothing was saved)");
         }
       }
       {

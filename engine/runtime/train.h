@@ -17,7 +17,8 @@ struct TrainOptions {
   RunOptions run;
   int64_t seq_len = 0;      // inputs per sequence (0 with --tokens: the sequence's length - 1)
   int micro_batch = 1;      // sequences per micro-batch per data-parallel replica
-  int grad_accum = 1;       // micro-batches per step
+  int grad_accum = 1;       // micro-batches per step ...
+  int global_batch = 0;     // ... or sequences per step (0: micro_batch x replicas x grad_accum)
   int steps = 1;
   double lr = 1e-3, min_lr_ratio = 0.1;  // cosine from lr to lr * ratio after the warmup
   int warmup = 0;           // steps of linear warmup

@@ -373,12 +373,12 @@ void TrainModel::layer_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
 }
 
 bool TrainModel::layer_has_nonfinite(const Tensor& x) {
-  Tensor ss = work({1}, "finite_check", DType::F32);
+  Tensor ss = work({1}, "nonfinite_count", DType::F32);
   m_be.fill(ss, 0.0f);
-  m_be.sum_squares(ss, x);
+  m_be.count_nonfinite(ss, x);
   float v = 0;
   m_be.download(ss, &v);
-  return !std::isfinite(v);
+  return v > 0;
 }
 
 double TrainModel::forward_backward(const TrainBatch& b, float scale, const std::function<void(int)>& layer_done) {
