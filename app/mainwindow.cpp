@@ -30,6 +30,7 @@
 
 #include "compare.h"
 #include "pages.h"
+#include "training.h"
 #include "sessionrecorder.h"
 #include "sessionspage.h"
 #include "sessionstore.h"
@@ -131,6 +132,13 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
 
   auto* setup = new QWidget(central);
   auto* form = new QFormLayout(setup);
+  m_form = form;
+  m_mode = new QComboBox(setup);
+  m_mode->addItem(tr("Inference"), QStringLiteral("inference"));
+  m_mode->addItem(tr("Training"), QStringLiteral("train"));
+  m_mode->setToolTip(tr("Inference: prefill a prompt, then decode greedily. Training: forward, loss, backward, "
+                        "gradient communication and AdamW steps on a synthetic corpus (Llama models; single, dp, tp, "
+                        "sp, tp_sp)"));
   m_model = new QComboBox(setup);
   for (const QFileInfo& f : QDir(resourcesDir() + "/models").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
     m_model->addItem(f.completeBaseName());
@@ -179,6 +187,22 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_capacity = new QLineEdit(setup);
   m_capacity->setPlaceholderText(tr("unlimited, or e.g. 512MiB"));
   m_capacity->setToolTip(tr("Memory per device: going over it ends the run with an out-of-memory result"));
+  m_seqLen = new QSpinBox(setup);
+  m_seqLen->setRange(2, 1 << 20);
+  m_seqLen->setValue(256);
+  m_seqLen->setToolTip(tr("Input tokens of each training sequence"));
+  m_microBatch = new QSpinBox(setup);
+  m_microBatch->setRange(1, 256);
+  m_microBatch->setToolTip(tr("Sequences per micro-batch (dp: per device)"));
+  m_steps = new QSpinBox(setup);
+  m_steps->setRange(1, 100000);
+  m_steps->setValue(20);
+  m_lr = new QLineEdit(QStringLiteral("3e-3"), setup);
+  m_lr->setToolTip(tr("Peak learning rate of AdamW (linear warmup, then cosine decay)"));
+  m_recompute = new QComboBox(setup);
+  m_recompute->addItems({"none", "selective", "full"});
+  m_recompute->setToolTip(tr("Activation recomputation: selective recomputes the norm outputs and the MLP "
+                             "activation, full keeps only each layer's input and reruns its forward in backward"));
   auto* folder = new QPushButton(tr("Folder..."), setup);
   folder->setToolTip(tr("Use a Hugging Face model folder"));
   auto* modelRow = new QHBoxLayout;
@@ -188,6 +212,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
     const QString dir = QFileDialog::getExistingDirectory(this, tr("A Hugging Face model folder"));
     if (!dir.isEmpty()) m_model->setCurrentText(dir);
   });
+  form->addRow(tr("Mode"), m_mode);
   form->addRow(tr("Model"), modelRow);
   form->addRow(tr("Dimensions"), m_overrides);
   form->addRow(tr("Backend"), m_backend);
@@ -199,6 +224,11 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   form->addRow(tr("Prompt tokens"), m_prompt);
   form->addRow(tr("Decode tokens"), m_decode);
   form->addRow(tr("Batch"), m_batch);
+  form->addRow(tr("Sequence length"), m_seqLen);
+  form->addRow(tr("Micro-batch"), m_microBatch);
+  form->addRow(tr("Steps"), m_steps);
+  form->addRow(tr("Learning rate"), m_lr);
+  form->addRow(tr("Recomputation"), m_recompute);
   form->addRow(tr("All-reduce precision"), m_precision);
   form->addRow(tr("Capacity per device"), m_capacity);
   m_run = new QPushButton(tr("Run"), setup);
@@ -232,6 +262,8 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_tabs->addTab(m_memory, tr("Memory"));
   m_tabs->addTab(m_placement, tr("Shard placement"));
   m_tabs->addTab(m_timeline, tr("Timeline"));
+  m_training = new TrainingPage(m_data, m_tabs);
+  m_tabs->addTab(m_training, tr("Training"));
   m_quant = new QuantizationPage(m_data, m_tabs);
   m_tabs->addTab(m_quant, tr("Quantization"));
   openDatabase(dbPath.isEmpty() ? defaultDatabasePath() : dbPath);
@@ -296,8 +328,9 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
     m_run->setEnabled(false);
     m_checkDelay->start();
   };
-  for (QComboBox* c : {m_model, m_backend, m_strategy, m_precision, m_dtype})
+  for (QComboBox* c : {m_model, m_backend, m_strategy, m_precision, m_dtype, m_mode, m_recompute})
     connect(c, &QComboBox::currentTextChanged, this, changed);
+  connect(m_mode, &QComboBox::currentIndexChanged, this, &MainWindow::updateSetupState);
   // The default number format follows the backend (bf16 on simulated GPUs,
   // fp32 on CPU devices) until the person picks one.
   connect(m_dtype, &QComboBox::activated, this, [this] { m_dtypeChosen = true; });
@@ -306,10 +339,10 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
     const bool sim = m_backend->currentData().toString().startsWith(QLatin1String("sim:"));
     m_dtype->setCurrentIndex(m_dtype->findData(sim ? QStringLiteral("bf16") : QStringLiteral("fp32")));
   });
-  for (QSpinBox* b : {m_devices, m_prompt, m_decode, m_batch, m_nodes})
+  for (QSpinBox* b : {m_devices, m_prompt, m_decode, m_batch, m_nodes, m_seqLen, m_microBatch, m_steps})
     connect(b, &QSpinBox::valueChanged, this, changed);
   connect(m_backend, &QComboBox::currentIndexChanged, this, &MainWindow::updateSetupState);
-  for (QLineEdit* e : {m_mesh, m_overrides, m_capacity}) connect(e, &QLineEdit::textChanged, this, changed);
+  for (QLineEdit* e : {m_mesh, m_overrides, m_capacity, m_lr}) connect(e, &QLineEdit::textChanged, this, changed);
   updateSetupState();
   changed();
 }
@@ -326,8 +359,12 @@ void MainWindow::checkSetup() {
     m_check->deleteLater();
   }
   QStringList args = engineArguments();
-  args.removeFirst();  // run, launch or simulate: check takes the same options
-  args.prepend(QStringLiteral("check"));
+  if (training()) {
+    args << QStringLiteral("--check-only");  // train checks its own options
+  } else {
+    args.removeFirst();  // run, launch or simulate: check takes the same options
+    args.prepend(QStringLiteral("check"));
+  }
   m_check = new QProcess(this);
   connect(m_check, &QProcess::finished, this, [this, p = m_check](int code, QProcess::ExitStatus status) {
     if (p != m_check) return;
@@ -343,7 +380,27 @@ void MainWindow::checkSetup() {
   m_check->start(EngineClient::enginePath(), args);
 }
 
+bool MainWindow::training() const { return m_mode->currentData().toString() == QLatin1String("train"); }
+
+void MainWindow::setTraining(bool on, int seqLen, int microBatch, int steps, const QString& recompute) {
+  m_mode->setCurrentIndex(on ? 1 : 0);
+  m_seqLen->setValue(seqLen);
+  m_microBatch->setValue(microBatch);
+  m_steps->setValue(steps);
+  m_recompute->setCurrentText(recompute);
+}
+
 void MainWindow::updateSetupState() {
+  // Inference and training ask for different workloads.
+  const bool train = training();
+  for (QWidget* w : {static_cast<QWidget*>(m_prompt), static_cast<QWidget*>(m_decode), static_cast<QWidget*>(m_batch),
+                     static_cast<QWidget*>(m_precision)})
+    m_form->setRowVisible(w, !train);
+  for (QWidget* w : {static_cast<QWidget*>(m_seqLen), static_cast<QWidget*>(m_microBatch),
+                     static_cast<QWidget*>(m_steps), static_cast<QWidget*>(m_lr), static_cast<QWidget*>(m_recompute)})
+    m_form->setRowVisible(w, train);
+  m_compare->setVisible(!train);
+  m_sweep->setVisible(!train);
   const bool single = m_strategy->currentText() == QLatin1String("single");
   m_devices->setEnabled(!single);
   m_mesh->setEnabled(m_strategy->currentText() == QLatin1String("tp_sp"));
@@ -369,6 +426,22 @@ QString MainWindow::setSetup(const QString& model, const QString& backend, const
 QStringList MainWindow::engineArguments() const {
   const QString backend = m_backend->currentData().toString(), strategy = m_strategy->currentText();
   QStringList args;
+  if (training()) {
+    args << "train" << "--model" << m_model->currentText() << "--strategy" << strategy << "--dtype"
+         << m_dtype->currentData().toString() << "--seq-len" << QString::number(m_seqLen->value()) << "--micro-batch"
+         << QString::number(m_microBatch->value()) << "--steps" << QString::number(m_steps->value()) << "--lr"
+         << m_lr->text().trimmed() << "--warmup" << QString::number(std::min(10, m_steps->value() / 10))
+         << "--recompute" << m_recompute->currentText();
+    if (backend.startsWith(QLatin1String("sim:"))) {
+      args << "--backend" << "sim" << "--hardware" << backend.mid(4);
+      if (m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());
+    }
+    if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
+    if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
+    for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
+    if (!m_capacity->text().trimmed().isEmpty()) args << "--capacity" << m_capacity->text().trimmed();
+    return args;
+  }
   if (backend.startsWith(QLatin1String("sim:"))) args << "simulate" << "--hardware" << backend.mid(4);
   else args << (strategy == QLatin1String("single") ? "run" : "launch");
   args << "--model" << m_model->currentText() << "--strategy" << strategy << "--prompt-len"
@@ -420,6 +493,10 @@ void MainWindow::runOnce() {
                    .arg(QFileInfo(m_model->currentText()).fileName(), m_strategy->currentText(),
                         m_strategy->currentText() == QLatin1String("single") ? QStringLiteral("1")
                                                                              : QString::number(m_devices->value()));
+  if (training()) {
+    m_lastName += tr(" · training %1 steps").arg(m_steps->value());
+    m_tabs->setCurrentWidget(m_training);
+  }
   if (m_precision->currentText().trimmed() != QLatin1String("fp32") && !m_precision->currentText().trimmed().isEmpty())
     m_lastName += QStringLiteral(" · ") + m_precision->currentText().trimmed();
   startRecording(m_lastName);
@@ -459,6 +536,7 @@ void MainWindow::refreshPages() {
   m_memory->refresh();
   m_placement->refresh();
   m_summary->refresh();
+  m_training->refresh();
   m_timeline->resetZoom();
 }
 
@@ -555,6 +633,7 @@ static QString exportWidget(QWidget* page, const QString& path, const QString& t
 void MainWindow::showBestPage() {
   const bool sweep = m_data.ranks().empty() && m_quant->points() > 0;
   if (sweep) m_tabs->setCurrentWidget(m_quant);
+  else if (isTraining(m_data) && m_tabs->currentWidget() != m_summary) m_tabs->setCurrentWidget(m_training);
   else if (m_tabs->currentWidget() == m_sessions || m_tabs->currentWidget() == m_quant) m_tabs->setCurrentWidget(m_summary);
 }
 

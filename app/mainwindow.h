@@ -26,6 +26,8 @@ class TimelineView;
 class PlacementPage;
 class SummaryPage;
 class QuantizationPage;
+class TrainingPage;
+class QFormLayout;
 class SessionStore;
 class SessionsPage;
 class SessionRecorder;
@@ -65,6 +67,10 @@ class MainWindow : public QMainWindow {
   QTabWidget* pages() { return m_tabs; }
   // The engine arguments the setup describes.
   QStringList engineArguments() const;
+  // Whether the setup is in Training mode (the engine's `train`) rather than Inference.
+  bool training() const;
+  // Selects Inference or Training and the training fields (screenshots, tests).
+  void setTraining(bool on, int seqLen = 256, int microBatch = 1, int steps = 20, const QString& recompute = "none");
   // The last check's verdict: whether Run is allowed, and the reason shown.
   bool setupValid() const { return m_valid; }
   QString verdictText() const;
@@ -101,6 +107,8 @@ class MainWindow : public QMainWindow {
 
   EngineClient* m_client;
   RunData m_data;
+  QFormLayout* m_form;
+  QComboBox* m_mode;            // Inference or Training
   QComboBox* m_model;
   QComboBox* m_backend;
   QComboBox* m_strategy;
@@ -115,6 +123,12 @@ class MainWindow : public QMainWindow {
   QLineEdit* m_overrides;   // --set key=value, ...
   QComboBox* m_precision;   // --comm-precision
   QLineEdit* m_capacity;    // --capacity
+  // Training: --seq-len, --micro-batch, --steps, --lr, --recompute.
+  QSpinBox* m_seqLen;
+  QSpinBox* m_microBatch;
+  QSpinBox* m_steps;
+  QLineEdit* m_lr;
+  QComboBox* m_recompute;
   QPushButton* m_run;
   QPushButton* m_again;
   QStringList m_lastArgs;   // what Run again repeats
@@ -127,6 +141,7 @@ class MainWindow : public QMainWindow {
   PlacementPage* m_placement;
   SummaryPage* m_summary;
   QuantizationPage* m_quant;
+  TrainingPage* m_training;
   QPushButton* m_sweep;
   QTimer* m_redraw;
   QTimer* m_checkDelay;

@@ -353,6 +353,45 @@ class TestExplorer : public QObject {
     page->grab().save(QDir::temp().filePath("shardscope-quantization.png"));
   }
 
+  // Training mode: the setup becomes `train` (checked by train --check-only),
+  // the run draws its loss curve, the Summary sets the measured training
+  // memory beside its closed form, and the Memory page stacks grads and
+  // optimizer state.
+  void trainingModeRunsAndDrawsTheLossCurve() {
+    MainWindow w;
+    w.resize(1400, 820);
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 2);
+    w.setTraining(true, 32, 2, 6, "selective");
+    QVERIFY(w.training());
+    const QStringList args = w.engineArguments();
+    QCOMPARE(args.first(), QStringLiteral("train"));
+    for (const char* flag : {"--seq-len", "--micro-batch", "--steps", "--recompute", "--devices"})
+      QVERIFY2(args.contains(flag), flag);
+    QVERIFY(!args.contains("--prompt-len"));
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
+    // A strategy training does not run yet is refused by the check, with the engine's reason.
+    w.setSetup("tiny-llama", "cpu", "tsp", 2, 24, 2);
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY(!w.setupValid());
+    QVERIFY2(w.verdictText().contains(QStringLiteral("tsp")), qPrintable(w.verdictText()));
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 2);
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QSignalSpy done(&w, &MainWindow::runFinished);
+    w.runOnce();
+    QVERIFY(done.wait(120000));
+    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 0);
+    QCOMPARE(w.data().trainSteps().size(), size_t(6));
+    auto* page = w.pages()->currentWidget();
+    QCOMPARE(w.pages()->tabText(w.pages()->currentIndex()), QStringLiteral("Training"));
+    page->grab().save(QDir::temp().filePath("shardscope-training.png"));
+    w.grab().save(QDir::temp().filePath("shardscope-training-window.png"));
+    const QString summary = w.summaryText();
+    QVERIFY2(summary.contains(QStringLiteral("= formula")), qPrintable(summary));
+    QVERIFY(summary.contains(QStringLiteral("Korthikanti")));
+    QVERIFY(summary.contains(QStringLiteral("optimizer_state")));
+  }
+
   void pagesShowTheRun() {
     MainWindow w;
     w.resize(1400, 820);

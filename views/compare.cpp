@@ -201,7 +201,7 @@ void ComparePage::drawMemory() {
     }
     QCPBars* below = nullptr;
     std::vector<double> stacked(size_t(devices), 0.0);
-    for (int c = 0; c < 6; ++c) {
+    for (int c = 0; c < ss::proto::kCategoryCount; ++c) {
       QVector<double> k, v;
       bool any = false;
       int d = 0;

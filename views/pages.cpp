@@ -27,6 +27,7 @@
 #include <cmath>
 
 #include "palette.h"
+#include "training.h"
 
 namespace {
 
@@ -167,7 +168,7 @@ void MemoryPage::drawOverTime(int rank) {
       ss::proto::Mem sum;
       sum.t = t;
       for (auto& [r, m] : latest)
-        for (int c = 0; c < 6; ++c) sum.bytes[size_t(c)] += m.bytes[size_t(c)];
+        for (int c = 0; c < ss::proto::kCategoryCount; ++c) sum.bytes[size_t(c)] += m.bytes[size_t(c)];
       mem.push_back(sum);
     }
   }
@@ -178,8 +179,12 @@ void MemoryPage::drawOverTime(int rank) {
   QCPGraph* below = nullptr;
   std::vector<double> base(mem.size(), 0.0);
   double peak = 0, peak_t = 0;
-  const int firstCategory = m_hideWeights->isChecked() ? 1 : 0;
-  for (int c = firstCategory; c < 6; ++c) {
+  // What a run holds throughout (weights, their gradients and optimizer
+  // state, caches) at the bottom, what comes and goes on top.
+  static constexpr int kStack[] = {0, 6, 7, 2, 3, 1, 4, 5};
+  static_assert(std::size(kStack) == ss::proto::kCategoryCount);
+  for (int c : kStack) {
+    if (c == 0 && m_hideWeights->isChecked()) continue;
     QVector<double> x, y;
     bool any = false;
     for (size_t i = 0; i < mem.size(); ++i) {
@@ -187,7 +192,7 @@ void MemoryPage::drawOverTime(int rank) {
       any |= mem[i].bytes[size_t(c)] != 0;
       x << mem[i].t * 1e-6;
       y << base[i];
-      if (c == 5 && base[i] > peak) {
+      if (c == kStack[std::size(kStack) - 1] && base[i] > peak) {
         peak = base[i];
         peak_t = mem[i].t * 1e-6;
       }
@@ -229,6 +234,7 @@ void MemoryPage::drawOverTime(int rank) {
   // Where load, prefill and decode begin.
   for (const auto& ph : m_data.phases()) {
     if (ph.name == "load") continue;  // the axis starts there
+    if (isTraining(m_data)) break;    // every step repeats its phases: the timeline marks them
     auto* line = new QCPItemStraightLine(m_plot);
     line->point1->setCoords(ph.t * 1e-6, 0);
     line->point2->setCoords(ph.t * 1e-6, 1);
@@ -249,7 +255,7 @@ void MemoryPage::drawOverTime(int rank) {
   auto* text = new QCPItemText(m_plot);
   text->position->setCoords(peak_t, peak);
   text->setPositionAlignment(Qt::AlignHCenter | Qt::AlignBottom);
-  text->setText(firstCategory ? tr("peak %1 without weights").arg(bytesText(peak)) : tr("peak %1").arg(bytesText(peak)));
+  text->setText(m_hideWeights->isChecked() ? tr("peak %1 without weights").arg(bytesText(peak)) : tr("peak %1").arg(bytesText(peak)));
   text->setPadding(QMargins(0, 0, 0, 6));
   for (const auto& e : m_data.errors())
     if (e.code == "oom" && (rank < 0 || e.rank == rank))
@@ -277,7 +283,7 @@ void MemoryPage::drawAllDevices() {
     labels << tr("rank %1").arg(r);
   }
   double top = 1;
-  for (int c = m_hideWeights->isChecked() ? 1 : 0; c < 6; ++c) {
+  for (int c = m_hideWeights->isChecked() ? 1 : 0; c < ss::proto::kCategoryCount; ++c) {
     QVector<double> values;
     bool any = false;
     for (auto& [r, d] : ranks) {
@@ -734,6 +740,7 @@ void SummaryPage::refresh() {
   }
   h += tr("</table><p><small>Each category's column is its own peak; the total is the highest the categories "
           "reached together, so it can be less than their sum.</small></p>");
+  if (isTraining(m_data)) h += trainingSummaryHtml(m_data);
   // For teaching: what the strategy does, and the textbook expectation beside
   // what rank 0 measured.
   const QString strategy = QString::fromStdString(c.value("strategy", "single"));
@@ -755,7 +762,7 @@ void SummaryPage::refresh() {
   const double D = c.value("devices", 1), T = mesh.value("tp", 1), S = mesh.value("sp", 1);
   const double shards = strategy == "tsp" ? D : (strategy == "tp" || strategy == "tp_sp") ? T : 1;
   const double params = c.value("parameters", 0.0);
-  if (params > 0 && !m_data.ranks().empty()) {
+  if (params > 0 && !m_data.ranks().empty() && !isTraining(m_data)) {  // inference's textbook terms
     const auto& r0 = m_data.ranks().begin()->second.metrics;
     auto measured = [&](const char* k) { auto it = r0.find(k); return it == r0.end() ? 0.0 : it->second; };
     h += tr("<h4>Expected (textbook) against measured, rank 0</h4><table cellpadding=3>"

@@ -48,6 +48,8 @@ class RunData {
   const std::vector<ss::proto::Generation>& generations() const { return m_generations; }
   // Where each phase (load, prefill, decode) began, on the run's clock.
   const std::vector<ss::proto::Phase>& phases() const { return m_phases; }
+  // A training run's steps, in order.
+  const std::vector<ss::proto::TrainStep>& trainSteps() const { return m_trainSteps; }
   QString status() const { return m_status; }
   int64_t end_time() const { return m_end; }  // the latest timestamp seen (ns)
   uint64_t revision() const { return m_revision; }
@@ -68,6 +70,7 @@ class RunData {
   std::vector<ss::proto::Accuracy> m_accuracy;
   std::vector<ss::proto::Generation> m_generations;
   std::vector<ss::proto::Phase> m_phases;
+  std::vector<ss::proto::TrainStep> m_trainSteps;
   QString m_status;
   int64_t m_end = 0;
   uint64_t m_revision = 0;

@@ -102,6 +102,22 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--threads", o.threads, "threads for kernels and OpenBLAS (0 = all cores)")->capture_default_str();
 }
 
+// What every rank of `launch` or `train` gets: the command's options, less
+// those the launcher keeps (--events, --hostfile, --timeout, --check-only).
+std::vector<std::string> rank_arguments(int argc, char** argv, const std::string& command) {
+  std::vector<std::string> out;
+  int at = 1;
+  while (at < argc && std::string(argv[at]) != command) ++at;
+  for (int i = at + 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool own = a == "--events" || a == "--hostfile" || a == "--timeout";
+    const bool own_eq = a.rfind("--events=", 0) == 0 || a.rfind("--hostfile=", 0) == 0 || a.rfind("--timeout=", 0) == 0;
+    if (own) ++i;
+    else if (!own_eq && a != "--check-only") out.push_back(a);
+  }
+  return out;
+}
+
 // `train` and `train-rank` (what each rank of a multi-device `train` runs).
 void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, std::string& capacity) {
   ss::RunOptions& r = o.run;
@@ -200,6 +216,7 @@ int main(int argc, char** argv) {
   train->add_option("--events", train_cfg.events, "write the event stream to FILE instead of stdout");
   train->add_option("--hostfile", train_cfg.hostfile, "OpenMPI hostfile for runs over several hosts");
   train->add_option("--timeout", train_cfg.timeout_s, "stop the run after this many seconds (0 = never)");
+  train->add_flag("--check-only", train_opts.check_only, "validate the setup, print ok and start nothing");
   std::string rank_events;
   auto* train_rank = app.add_subcommand("train-rank", "one rank of a multi-device `train` (started by train)");
   add_train_options(train_rank, train_opts, train_tokens, train_capacity);
@@ -331,16 +348,7 @@ int main(int argc, char** argv) {
         if (f != stdout) std::fclose(f);
         return code;
       }
-      // Every rank gets the same options, less those the launcher keeps.
-      int at = 1;
-      while (at < argc && std::string(argv[at]) != "train") ++at;
-      for (int i = at + 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        const bool own = a == "--events" || a == "--hostfile" || a == "--timeout";
-        const bool own_eq = a.rfind("--events=", 0) == 0 || a.rfind("--hostfile=", 0) == 0 || a.rfind("--timeout=", 0) == 0;
-        if (own) ++i;
-        else if (!own_eq) train_cfg.run_args.push_back(a);
-      }
+      train_cfg.run_args = rank_arguments(argc, argv, "train");
       return ss::train_command(train_opts, train_cfg);
     }
     if (*check) {
@@ -385,16 +393,7 @@ int main(int argc, char** argv) {
     if (*launch) {
       if (!launch_tokens.empty()) launch_opts.tokens = parse_tokens(launch_tokens);
       if (!launch_capacity.empty()) launch_opts.capacity = ss::parse_bytes(launch_capacity);
-      // Every rank gets the same options, less those the launcher keeps.
-      int at = 1;
-      while (at < argc && std::string(argv[at]) != "launch") ++at;
-      for (int i = at + 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        const bool own = a == "--events" || a == "--hostfile" || a == "--timeout";
-        const bool own_eq = a.rfind("--events=", 0) == 0 || a.rfind("--hostfile=", 0) == 0 || a.rfind("--timeout=", 0) == 0;
-        if (own) ++i;
-        else if (!own_eq) launch_cfg.run_args.push_back(a);
-      }
+      launch_cfg.run_args = rank_arguments(argc, argv, "launch");
       return ss::launch(launch_opts, launch_cfg);
     }
     if (*info) return ss::print_info(std::cout);

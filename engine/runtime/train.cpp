@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <numbers>
@@ -180,8 +181,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
     if (g.root()) {
       nlohmann::json conf = {
           {"mode", "train"},
-          {"model", cfg.name},
-          {"family", cfg.family_name()},
+          {"model", cfg.to_json()},
           {"weights", src->describe()},
           {"parameters", model.parameter_count()},
           {"backend", setup.backend},
@@ -213,6 +213,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
 
     TrainModel tm(model, rc);
     tm.allocate_grads();
+    if (g.root()) tm.on_phase([&](const char* name, int64_t t) { extra.push_back(proto::to_line(proto::Phase{name, t})); });
     const std::vector<WeightSpec>& specs = model.weights();
     // Optimizer state: Adam's moments, and fp32 master weights for a 16-bit model.
     std::vector<Tensor> master(specs.size()), m1(specs.size()), m2(specs.size());
@@ -267,7 +268,6 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
     double last_loss = 0, tokens_per_s_sum = 0;
     for (int step = step0 + 1; step <= step0 + o.steps; ++step) {
       const int64_t t0 = rec.now();
-      if (g.root()) extra.push_back(proto::to_line(proto::Phase{"forward", t0}));
       tm.zero_grads();
       double loss_sum = 0;
       std::vector<Request> pending;
@@ -452,6 +452,10 @@ RunResult simulate_training(const TrainOptions& o, proto::Writer& out) {
 
 int train_command(const TrainOptions& o, const LaunchOptions& l) {
   validate_train(o);
+  if (o.check_only) {
+    std::printf("ok\n");
+    return 0;
+  }
   if (o.run.backend == "cpu" && o.run.devices > 1) return start_ranks(o.run.devices, l, "train-rank");
   std::FILE* f = stdout;
   if (!l.events.empty() && l.events != "-") {

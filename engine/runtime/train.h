@@ -29,6 +29,7 @@ struct TrainOptions {
   std::string save, resume, dump_grads;
   std::string hardware;             // sim backend: the profile
   int nodes = 1;
+  bool check_only = false;          // validate, print ok, start nothing (the explorer's check)
 };
 
 // Refuses what cannot run before anything starts (one line naming the number to change).

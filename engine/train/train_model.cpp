@@ -389,6 +389,7 @@ double TrainModel::forward_backward(const TrainBatch& b, float scale, const std:
     throw std::logic_error("forward_backward: tokens, targets and positions disagree");
   m_nonfinite_layer = -2;
   rec.set_phase("forward");
+  if (m_on_phase) m_on_phase("forward", rec.now());
   std::vector<Saved> saved(size_t(c.n_layers));
   Tensor x = act({R, d}, "residual", c.residual_dtype());
   {
@@ -448,6 +449,7 @@ double TrainModel::forward_backward(const TrainBatch& b, float scale, const std:
     return loss_sum;
   }
   rec.set_phase("backward");
+  if (m_on_phase) m_on_phase("backward", rec.now());
   Tensor dx = work({R, d}, "grad.residual", c.residual_dtype());
   m_be.fill(dx, 0.0f);
   {

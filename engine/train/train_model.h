@@ -53,9 +53,11 @@ class TrainModel {
   // communication can start while backward goes on.
   double forward_backward(const TrainBatch& b, float scale, const std::function<void(int)>& layer_done = {});
 
-  // Throws UsageError naming the step and the first layer whose output is
-  // not finite, when the last forward's loss was not.
+  // After a forward whose loss was not finite: the first layer whose output
+  // is not (-1: the embeddings); -2 when the loss was finite.
   int first_nonfinite_layer() const { return m_nonfinite_layer; }
+  // Called with "forward" and "backward" and the recorder's time as each begins.
+  void on_phase(std::function<void(const char*, int64_t)> fn) { m_on_phase = std::move(fn); }
 
  private:
   // What a layer's forward keeps for its backward (train_model.cpp lists the sizes).
@@ -91,6 +93,7 @@ class TrainModel {
   std::vector<Layer> m_layers;
   Tensor m_embed, m_final_norm, m_head, m_gembed, m_gfinal_norm, m_ghead;
   int m_nonfinite_layer = -2;  // -2: finite
+  std::function<void(const char*, int64_t)> m_on_phase;
 };
 
 }  // namespace ss
