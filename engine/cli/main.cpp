@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "runtime/bench.h"
 #include "runtime/bench_parallel.h"
+#include "runtime/bench_train.h"
 #include "runtime/calibrate.h"
 #include "runtime/host_memory.h"
 #include "runtime/launch.h"
@@ -300,6 +301,12 @@ int main(int argc, char** argv) {
   bench->add_flag("--comm", bench_comm, "quantized all-reduce against bare MPI, and quantize/dequantize throughput");
   auto* comm_rank = app.add_subcommand("bench-comm-rank", "(internal) one rank of bench --comm");
   comm_rank->group("");
+  bool bench_train = false;
+  ss::TrainBenchOptions tb;
+  bench->add_flag("--train", bench_train,
+                  "training: one device's step against bare sgemm, then each strategy on --devices ranks");
+  bench->add_option("--seq-len", tb.seq_len, "--train: tokens per sequence")->capture_default_str();
+  bench->add_option("--steps", tb.steps, "--train: steps per run (the first is not counted)")->capture_default_str();
   bool bench_sim = false;
   ss::SimBenchOptions simb;
   bench->add_flag("--sim", bench_sim, "simulator speed, and simulated vs measured per-op time on this machine");
@@ -425,6 +432,12 @@ int main(int argc, char** argv) {
     }
     if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);
     if (*bench && bench_sim) return ss::run_sim_bench(simb, std::cout);
+    if (*bench && bench_train) {
+      tb.devices = bench_devices;
+      if (bench->count("--models")) tb.model = bench_opts.models.front();
+      if (!bench_strategies.empty()) tb.strategies = bench_strategies;
+      return ss::run_train_bench(tb, std::cout);
+    }
     if (*bench && bench_cache) return ss::run_cache_bench(std::cout);
     if (*bench && bench_comm) return ss::run_comm_bench(std::cout);
     if (*comm_rank)
