@@ -240,6 +240,150 @@ class TestBackward : public QObject {
     VERIFY_GRAD(read(dv), want_dv, "attention dv");
   }
 
+  // Depthwise causal conv (with SiLU, bias and a state of the K-1 rows before
+  // x, as a sequence rank's halo): dx, dw, db and the state's gradient.
+  void conv1dGradients() {
+    const int64_t T = 13, C = 6, K = 4;
+    const auto x = random_vec(size_t(T * C), 30), w = random_vec(size_t(C * K), 31), b = random_vec(size_t(C), 32),
+               st = random_vec(size_t((K - 1) * C), 33), dy = random_vec(size_t(T * C), 34);
+    const Vec xd = ref::to_double(x), wd = ref::to_double(w), bd = ref::to_double(b), sd = ref::to_double(st),
+              dyd = ref::to_double(dy);
+    auto f = [&](const Vec& xx, const Vec& ww, const Vec& bb, const Vec& ss) {
+      return ref::conv1d_causal(xx, ww, &bb, &ss, T, C, K, true);
+    };
+    const Vec want_dx = finite_difference([&](const Vec& v) { return f(v, wd, bd, sd); }, xd, dyd);
+    const Vec want_dw = finite_difference([&](const Vec& v) { return f(xd, v, bd, sd); }, wd, dyd);
+    const Vec want_db = finite_difference([&](const Vec& v) { return f(xd, wd, v, sd); }, bd, dyd);
+    const Vec want_ds = finite_difference([&](const Vec& v) { return f(xd, wd, bd, v); }, sd, dyd);
+    Tensor dx = m_be.alloc({T, C}, Category::Activations, "dx"), dw = m_be.alloc({C, K}, Category::Grads, "dw");
+    Tensor db = m_be.alloc({C}, Category::Grads, "db"), ds = m_be.alloc({K - 1, C}, Category::Activations, "ds");
+    m_be.fill(dw, 0.0f);
+    m_be.fill(db, 0.0f);
+    m_be.conv1d_backward(dx, dw, db, ds, make(dy, {T, C}), make(x, {T, C}), make(w, {C, K}), make(b, {C}),
+                         make(st, {K - 1, C}), true);
+    VERIFY_GRAD(read(dx), want_dx, "conv1d dx");
+    VERIFY_GRAD(read(dw), want_dw, "conv1d dw");
+    VERIFY_GRAD(read(db), want_db, "conv1d db");
+    VERIFY_GRAD(read(ds), want_ds, "conv1d dstate");
+  }
+
+  void gatedNormGradients() {
+    const int64_t T = 7, n = 16, group = 8;
+    const double eps = 1e-5;
+    const auto x = random_vec(size_t(T * n), 35), z = random_vec(size_t(T * n), 36), w = random_vec(size_t(n), 37),
+               dy = random_vec(size_t(T * n), 38);
+    const Vec xd = ref::to_double(x), zd = ref::to_double(z), wd = ref::to_double(w), dyd = ref::to_double(dy);
+    const Vec want_dx =
+        finite_difference([&](const Vec& v) { return ref::rmsnorm(v, &zd, &wd, T, n, group, eps); }, xd, dyd);
+    const Vec want_dz =
+        finite_difference([&](const Vec& v) { return ref::rmsnorm(xd, &v, &wd, T, n, group, eps); }, zd, dyd);
+    const Vec want_dw =
+        finite_difference([&](const Vec& v) { return ref::rmsnorm(xd, &zd, &v, T, n, group, eps); }, wd, dyd);
+    Tensor dx = m_be.alloc({T, n}, Category::Activations, "dx"), dz = m_be.alloc({T, n}, Category::Activations, "dz");
+    Tensor dw = m_be.alloc({n}, Category::Grads, "dw");
+    m_be.fill(dw, 0.0f);
+    m_be.gated_rmsnorm_backward(dx, dz, dw, make(dy, {T, n}), make(x, {T, n}), make(z, {T, n}), make(w, {n}),
+                                float(eps), group);
+    VERIFY_GRAD(read(dx), want_dx, "gated norm dx");
+    VERIFY_GRAD(read(dz), want_dz, "gated norm dz");
+    VERIFY_GRAD(read(dw), want_dw, "gated norm dw");
+  }
+
+  // The SSD scan's chunked backward against finite differences of the
+  // sequential float64 recurrence, for chunk sizes that divide the length,
+  // do not, and exceed it; with an initial state and a gradient arriving at
+  // the final state (both of which sequence parallelism passes between ranks).
+  void ssdScanGradients_data() {
+    QTest::addColumn<int>("T");
+    QTest::addColumn<int>("chunk");
+    QTest::newRow("T 12, chunk 4") << 12 << 4;
+    QTest::newRow("T 13, chunk 5 (a short last chunk)") << 13 << 5;
+    QTest::newRow("T 7, chunk 16 (one chunk)") << 7 << 16;
+    QTest::newRow("T 21, chunk 1") << 21 << 1;
+  }
+  void ssdScanGradients() {
+    QFETCH(int, T);
+    QFETCH(int, chunk);
+    const int H = 4, P = 3, G = 2, N = 5;
+    ref::SsdProblem p;
+    p.T = T;
+    p.n_heads = H;
+    p.head_dim = P;
+    p.n_groups = G;
+    p.d_state = N;
+    const auto x = random_vec(size_t(T * H * P), 40), dt = random_vec(size_t(T * H), 41, 0.5f),
+               bias = random_vec(size_t(H), 42, 0.5f), alog = random_vec(size_t(H), 43, 0.5f),
+               d = random_vec(size_t(H), 44), B = random_vec(size_t(T * G * N), 45), C = random_vec(size_t(T * G * N), 46),
+               s0 = random_vec(size_t(H * P * N), 47), dy = random_vec(size_t(T * H * P), 48),
+               dsT = random_vec(size_t(H * P * N), 49);
+    p.x = ref::to_double(x);
+    p.dt = ref::to_double(dt);
+    p.dt_bias = ref::to_double(bias);
+    p.A_log = ref::to_double(alog);
+    p.D = ref::to_double(d);
+    p.B = ref::to_double(B);
+    p.C = ref::to_double(C);
+    // L = <dy, y> + <dS_T, S_T>: y and the final state, one vector.
+    Vec cot = ref::to_double(dy);
+    const Vec dsd = ref::to_double(dsT);
+    cot.insert(cot.end(), dsd.begin(), dsd.end());
+    auto run = [&](const ref::SsdProblem& q, Vec state) {
+      Vec y = ref::ssd_scan(q, state);
+      y.insert(y.end(), state.begin(), state.end());
+      return y;
+    };
+    const Vec s0d = ref::to_double(s0);
+    auto grad_of = [&](Vec ref::SsdProblem::*field) {
+      return finite_difference(
+          [&](const Vec& v) {
+            ref::SsdProblem q = p;
+            q.*field = v;
+            return run(q, s0d);
+          },
+          p.*field, cot);
+    };
+    const Vec want_dx = grad_of(&ref::SsdProblem::x), want_ddt = grad_of(&ref::SsdProblem::dt),
+              want_dB = grad_of(&ref::SsdProblem::B), want_dC = grad_of(&ref::SsdProblem::C),
+              want_bias = grad_of(&ref::SsdProblem::dt_bias), want_alog = grad_of(&ref::SsdProblem::A_log),
+              want_D = grad_of(&ref::SsdProblem::D);
+    const Vec want_ds0 = finite_difference([&](const Vec& v) { return run(p, v); }, s0d, cot);
+
+    ss::SsdArgs a;
+    a.x = make(x, {T, H * P});
+    a.dt = make(dt, {T, H});
+    a.dt_bias = make(bias, {H});
+    a.A_log = make(alog, {H});
+    a.D = make(d, {H});
+    a.B = make(B, {T, G * N});
+    a.C = make(C, {T, G * N});
+    a.state = make(s0, {H, P, N});
+    a.n_heads = H;
+    a.head_dim = P;
+    a.n_groups = G;
+    a.d_state = N;
+    a.chunk = chunk;
+    ss::SsdGrads g;
+    g.dx = m_be.alloc({T, H * P}, Category::Activations, "dx");
+    g.ddt = m_be.alloc({T, H}, Category::Activations, "ddt");
+    g.dB = m_be.alloc({T, G * N}, Category::Activations, "dB");
+    g.dC = m_be.alloc({T, G * N}, Category::Activations, "dC");
+    for (Tensor* t : {&g.d_dt_bias, &g.dA_log, &g.dD}) {
+      *t = m_be.alloc({H}, Category::Grads, "dparam");
+      m_be.fill(*t, 0.0f);
+    }
+    g.dstate_out = make(dsT, {H, P, N});
+    g.dstate_in = m_be.alloc({H, P, N}, Category::Activations, "ds0");
+    m_be.ssd_scan_backward(a, make(dy, {T, H * P}), g);
+    VERIFY_GRAD(read(g.dx), want_dx, "ssd dx");
+    VERIFY_GRAD(read(g.ddt), want_ddt, "ssd ddt");
+    VERIFY_GRAD(read(g.dB), want_dB, "ssd dB");
+    VERIFY_GRAD(read(g.dC), want_dC, "ssd dC");
+    VERIFY_GRAD(read(g.d_dt_bias), want_bias, "ssd d dt_bias");
+    VERIFY_GRAD(read(g.dA_log), want_alog, "ssd dA_log");
+    VERIFY_GRAD(read(g.dD), want_D, "ssd dD");
+    VERIFY_GRAD(read(g.dstate_in), want_ds0, "ssd d initial state");
+  }
+
   // Mean cross-entropy over rows: the gradient of the logits and the loss
   // itself, one row ignored (target -1).
   void crossEntropy() {

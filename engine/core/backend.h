@@ -56,6 +56,17 @@ struct SelectiveScanArgs {
   Tensor dt_sum;        // out, optional [channels]: sum_t dt_t (the chunk's decay is exp(A * dt_sum))
 };
 
+// Gradients of ssd_scan (SsdArgs's inputs, its `state` the initial state):
+// dx, ddt (of the raw dt, before bias and softplus), dB, dC are written;
+// the per-head parameters' gradients are added. dstate_out (optional, in)
+// is the gradient of the final state; dstate_in (optional, out) receives
+// the gradient of the initial state (sequence parallelism's state passing).
+struct SsdGrads {
+  Tensor dx, ddt, dB, dC;
+  Tensor d_dt_bias, dA_log, dD;
+  Tensor dstate_out, dstate_in;  // fp32 [n_heads, head_dim, d_state]
+};
+
 // One AdamW step (Loshchilov & Hutter 2019, decoupled weight decay) on one
 // parameter tensor, with the bias corrections of Kingma & Ba (2015):
 //   g = grad_scale * grad;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
@@ -171,6 +182,15 @@ class Backend {
   // scale * (softmax(row) - onehot(targets[r])) and loss[r] = lse - row[target]
   // (fp32 [R]). A target < 0 leaves a zero row and a zero loss.
   void cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets, float scale);
+  // Depthwise causal conv's backward (conv1d_causal with `state` the rows
+  // before x, zeros when undefined): dx written; dw [C, K] and db added;
+  // dstate (optional) receives the gradient of the state rows.
+  void conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate, const Tensor& dy,
+                       const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state, bool silu);
+  void ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g);
+  // Gated RMSNorm's backward (y = rmsnorm(x silu(z)) w per group): dx, dz written, dw added.
+  void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                              const Tensor& z, const Tensor& w, float eps, int64_t group);
   // out[0] (fp32) += the sum of squares of t (any dtype, any shape, contiguous).
   void sum_squares(const Tensor& out, const Tensor& t);
   // out[0] (fp32) += how many values of t are infinite or NaN.
@@ -235,6 +255,12 @@ class Backend {
   virtual void k_cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets,
                                float scale);
   virtual void k_sum_squares(const Tensor& out, const Tensor& t);
+  virtual void k_conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate,
+                                 const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                                 const Tensor& state, bool silu);
+  virtual void k_ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g);
+  virtual void k_gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
+                                        const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group);
   virtual void k_count_nonfinite(const Tensor& out, const Tensor& t);
   virtual void k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
                        const Tensor& v, const AdamWArgs& a);

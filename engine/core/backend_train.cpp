@@ -114,6 +114,59 @@ void Backend::cross_entropy(const Tensor& logits, const Tensor& loss, std::span<
           [&] { k_cross_entropy(logits, loss, targets, scale); });
 }
 
+void Backend::conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate,
+                              const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,
+                              bool silu) {
+  for (auto* t : {&dx, &dy, &x}) require_2d(*t, "conv1d_backward", "dx, dy and x");
+  const int64_t T = x.rows(), C = x.cols(), K = w.cols();
+  require(w.ndim() == 2 && w.rows() == C && dw.numel() == C * K && dw.is_contiguous() && dx.rows() == T &&
+              dx.cols() == C && dy.rows() == T && dy.cols() == C && b.defined() == db.defined() &&
+              (!b.defined() || (b.numel() == C && db.numel() == C)),
+          "conv1d_backward", "shape mismatch");
+  require(!state.defined() || (state.is_contiguous() && state.numel() == (K - 1) * C), "conv1d_backward", "state");
+  require(!dstate.defined() || (dstate.is_contiguous() && dstate.numel() == (K - 1) * C), "conv1d_backward",
+          "dstate");
+  execute("conv1d_backward", 6.0 * T * C * K, fbytes(x) + fbytes(dy) + fbytes(dx), {T, C, K},
+          [&] { k_conv1d_backward(dx, dw, db, dstate, dy, x, w, b, state, silu); });
+}
+
+void Backend::ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g) {
+  const int64_t T = a.x.rows(), P = a.head_dim, N = a.d_state, H = a.n_heads, G = a.n_groups;
+  require(H > 0 && G > 0 && H % G == 0 && a.chunk > 0, "ssd_scan_backward", "heads must be a multiple of groups");
+  for (auto* t : {&a.x, &a.dt, &a.B, &a.C, &dy, &g.dx, &g.ddt, &g.dB, &g.dC})
+    require_2d(*t, "ssd_scan_backward", "x, dt, B, C, dy and their gradients");
+  require(a.x.cols() == H * P && dy.rows() == T && dy.cols() == H * P && g.dx.rows() == T && g.dx.cols() == H * P &&
+              a.dt.rows() == T && a.dt.cols() == H && g.ddt.rows() == T && g.ddt.cols() == H && a.B.rows() == T &&
+              a.C.rows() == T && a.B.cols() == G * N && a.C.cols() == G * N && g.dB.rows() == T &&
+              g.dC.rows() == T && g.dB.cols() == G * N && g.dC.cols() == G * N && a.dt_bias.numel() == H &&
+              a.A_log.numel() == H && a.D.numel() == H && g.d_dt_bias.numel() == H && g.dA_log.numel() == H &&
+              g.dD.numel() == H,
+          "ssd_scan_backward", "shape mismatch");
+  for (auto* t : {&a.state, &g.dstate_out, &g.dstate_in})
+    require(!t->defined() || (t->is_contiguous() && t->dtype() == DType::F32 && t->numel() == H * P * N),
+            "ssd_scan_backward", "states are fp32 [heads, head_dim, d_state]");
+  // About three times the forward's work: the chunk states recomputed, then
+  // the quadratic intra-chunk form and the state terms in reverse.
+  double flops = 0;
+  for (int64_t c0 = 0; c0 < T; c0 += a.chunk) {
+    const double L = double(std::min<int64_t>(a.chunk, T - c0));
+    flops += 3 * (2.0 * H * L * L * N + 2.0 * H * L * L * P + 4.0 * H * L * P * N);
+  }
+  execute("ssd_scan_backward", flops, 2 * (fbytes(a.x) + fbytes(a.B) + fbytes(a.C)) + fbytes(dy), {T, H, P, N, G, a.chunk},
+          [&] { k_ssd_scan_backward(a, dy, g); }, a.x.dtype());
+}
+
+void Backend::gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
+                                     const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group) {
+  for (auto* t : {&dx, &dz, &dy, &x, &z}) require_2d(*t, "gated_rmsnorm_backward", "dx, dz, dy, x and z");
+  for (auto* t : {&dx, &dz, &dy, &z})
+    require(t->rows() == x.rows() && t->cols() == x.cols(), "gated_rmsnorm_backward", "shape mismatch");
+  require(group > 0 && x.cols() % group == 0 && w.numel() == x.cols() && dw.numel() == x.cols() && dw.is_contiguous(),
+          "gated_rmsnorm_backward", "weight, its gradient, or the group");
+  execute("gated_rmsnorm_backward", 16.0 * x.numel(), 3 * fbytes(x) + 2 * fbytes(dy), {x.rows(), x.cols()},
+          [&] { k_gated_rmsnorm_backward(dx, dz, dw, dy, x, z, w, eps, group); });
+}
+
 void Backend::sum_squares(const Tensor& out, const Tensor& t) {
   require(out.dtype() == DType::F32 && out.numel() >= 1 && t.is_contiguous(), "sum_squares",
           "fp32 out and a contiguous tensor");
@@ -158,6 +211,15 @@ void Backend::k_cross_entropy(const Tensor&, const Tensor&, std::span<const int3
   no_kernel("cross_entropy");
 }
 void Backend::k_sum_squares(const Tensor&, const Tensor&) { no_kernel("sum_squares"); }
+void Backend::k_conv1d_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) {
+  no_kernel("conv1d_backward");
+}
+void Backend::k_ssd_scan_backward(const SsdArgs&, const Tensor&, const SsdGrads&) { no_kernel("ssd_scan_backward"); }
+void Backend::k_gated_rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                       const Tensor&, const Tensor&, float, int64_t) {
+  no_kernel("gated_rmsnorm_backward");
+}
 void Backend::k_count_nonfinite(const Tensor&, const Tensor&) { no_kernel("count_nonfinite"); }
 void Backend::k_adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWArgs&) {
   no_kernel("adamw");

@@ -262,6 +262,19 @@ void CpuBackend::k_cross_entropy(const Tensor& logits, const Tensor& loss, std::
 }
 void CpuBackend::k_sum_squares(const Tensor& out, const Tensor& t) { cpu::sum_squares(out, t); }
 void CpuBackend::k_count_nonfinite(const Tensor& out, const Tensor& t) { cpu::count_nonfinite(out, t); }
+void CpuBackend::k_conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate,
+                                   const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                                   const Tensor& state, bool silu) {
+  cpu::conv1d_backward(dx, dw, db, dstate, dy, x, w, b, state, silu);
+}
+void CpuBackend::k_ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g) {
+  cpu::ssd_scan_backward(a, dy, g);
+}
+void CpuBackend::k_gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
+                                          const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                                          int64_t group) {
+  cpu::gated_rmsnorm_backward(dx, dz, dw, dy, x, z, w, eps, group);
+}
 void CpuBackend::k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
                          const Tensor& v, const AdamWArgs& a) {
   cpu::adamw(param, master, grad, m, v, a);

@@ -26,6 +26,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 void cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets, float scale);
 void sum_squares(const Tensor& out, const Tensor& t);
 void count_nonfinite(const Tensor& out, const Tensor& t);
+void conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate, const Tensor& dy,
+                     const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state, bool silu);
+void ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g);
+void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                            const Tensor& z, const Tensor& w, float eps, int64_t group);
 void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
            const AdamWArgs& a);
 void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group);

@@ -42,6 +42,7 @@ F32Rows::F32Rows(const Tensor& t) {
 
 F32Out::F32Out(const Tensor& tensor, bool read)
     : t(tensor.ndim() > 2 ? tensor.reshape({tensor.numel()}) : tensor) {
+  if (!t.defined()) return;  // an optional output that is not asked for
   if (t.dtype() == DType::F32) {
     p = t.data<float>();
     ld = ld_of(t);
@@ -57,7 +58,7 @@ F32Out::F32Out(const Tensor& tensor, bool read)
 }
 
 void F32Out::commit() {
-  if (t.dtype() == DType::F32) return;
+  if (!t.defined() || t.dtype() == DType::F32) return;
   const int64_t R = rows_of(t), C = cols_of(t);
   for (int64_t r = 0; r < R; ++r)
     narrow(own.data() + r * C, C, t.dtype(), t.ndim() == 1 ? t.raw() : t.row_ptr(r));

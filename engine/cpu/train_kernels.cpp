@@ -97,6 +97,94 @@ void silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy,
   }
 }
 
+// y = act(b + sum_j w[c][j] xp[t+j][c]) over xp = (K-1 state rows, then x),
+// act = silu or identity: the pre-activation is recomputed, then
+// dxp[m] = sum_j w[c][j] dpre[m-j], dw[c][j] += sum_t dpre[t] xp[t+j], db += sum_t dpre.
+void conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate, const Tensor& dy,
+                     const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state, bool silu_out) {
+  const int64_t T = x.rows(), C = x.cols(), K = w.cols();
+  const F32Rows X(x), DY(dy), W(w), Bv(b), St(state);
+  F32Out dX(dx, false), dW(dw, true), dB(db, true), dSt(dstate, false);
+  auto xp = [&](int64_t m, int64_t c) -> float {  // the padded input
+    if (m >= K - 1) return X.row(m - (K - 1))[c];
+    return state.defined() ? St.p[m * C + c] : 0.0f;
+  };
+#pragma omp parallel for schedule(static) if (T * C * K > (1 << 16))
+  for (int64_t c = 0; c < C; ++c) {
+    std::vector<float> dpre(static_cast<size_t>(T));
+    const float* wc = W.row(c);
+    double db_c = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      float pre = b.defined() ? Bv.p[c] : 0.0f;
+      for (int64_t j = 0; j < K; ++j) pre += wc[j] * xp(t + j, c);
+      float g = DY.row(t)[c];
+      if (silu_out) {
+        const float sg = 1.0f / (1.0f + std::exp(-pre));
+        g *= sg * (1.0f + pre * (1.0f - sg));
+      }
+      dpre[size_t(t)] = g;
+      db_c += g;
+    }
+    for (int64_t j = 0; j < K; ++j) {
+      double acc = 0;
+      for (int64_t t = 0; t < T; ++t) acc += double(dpre[size_t(t)]) * xp(t + j, c);
+      dW.row(c)[j] += float(acc);
+    }
+    if (b.defined()) dB.p[c] += float(db_c);
+    for (int64_t m = 0; m < T + K - 1; ++m) {
+      float acc = 0;
+      for (int64_t j = 0; j < K; ++j)
+        if (m - j >= 0 && m - j < T) acc += wc[j] * dpre[size_t(m - j)];
+      if (m >= K - 1) dX.row(m - (K - 1))[c] = acc;
+      else if (dstate.defined()) dSt.p[m * C + c] = acc;
+    }
+  }
+  for (F32Out* o : {&dX, &dW, &dB, &dSt})
+    if (o->t.defined()) o->commit();
+}
+
+// y = u r w with u = x silu(z), r = 1/sqrt(mean_g(u^2) + eps): du from the
+// RMSNorm backward, then dx = du silu(z), dz = du x silu'(z); dw += sum dy u r.
+void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                            const Tensor& z, const Tensor& w, float eps, int64_t group) {
+  const int64_t T = x.rows(), n = x.cols();
+  const F32Rows X(x), Z(z), DY(dy), W(w);
+  F32Out dX(dx, false), dZ(dz, false), dW(dw, true);
+  std::vector<double> dw_sum(static_cast<size_t>(n), 0.0);
+#pragma omp parallel if (T * n > (1 << 15))
+  {
+    std::vector<double> mine(static_cast<size_t>(n), 0.0);
+    std::vector<float> u(static_cast<size_t>(n)), sz(static_cast<size_t>(n));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      const float *xr = X.row(t), *zr = Z.row(t), *g = DY.row(t);
+      for (int64_t c = 0; c < n; ++c) {
+        sz[size_t(c)] = 1.0f / (1.0f + std::exp(-zr[c]));
+        u[size_t(c)] = xr[c] * zr[c] * sz[size_t(c)];
+      }
+      for (int64_t g0 = 0; g0 < n; g0 += group) {
+        float ss = 0, gu = 0;
+        for (int64_t c = g0; c < g0 + group; ++c) {
+          ss += u[size_t(c)] * u[size_t(c)];
+          gu += g[c] * W.p[c] * u[size_t(c)];
+        }
+        const float r = 1.0f / std::sqrt(ss / float(group) + eps), k = r * r * r * gu / float(group);
+        for (int64_t c = g0; c < g0 + group; ++c) {
+          const float du = r * g[c] * W.p[c] - k * u[size_t(c)];
+          const float s = sz[size_t(c)], silu_z = zr[c] * s;
+          dX.row(t)[c] = du * silu_z;
+          dZ.row(t)[c] = du * xr[c] * s * (1.0f + zr[c] * (1.0f - s));
+          mine[size_t(c)] += double(g[c]) * u[size_t(c)] * r;
+        }
+      }
+    }
+#pragma omp critical
+    for (int64_t c = 0; c < n; ++c) dw_sum[size_t(c)] += mine[size_t(c)];
+  }
+  for (int64_t c = 0; c < n; ++c) dW.p[c] += float(dw_sum[size_t(c)]);
+  for (F32Out* o : {&dX, &dZ, &dW}) o->commit();
+}
+
 // Per row: lse = log sum exp(x); loss = lse - x[target]; x <- scale (softmax(x) - onehot).
 void cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets, float scale) {
   const int64_t R = logits.rows(), V = logits.cols();

@@ -77,7 +77,8 @@ double kernel_seconds(const HardwareProfile& hw, const std::string& op, double f
   // fraction of the matmul rate (FlashAttention-2 reports 50-73% of peak on
   // GPUs; calibrate measures it on a CPU).
   else if (op == "attention" || op == "attention_backward") rate = matmul * hw.attention_efficiency;
-  else if (op == "ssd_scan" || op == "ssd_state_correction") rate = matmul * hw.scan_efficiency;
+  else if (op == "ssd_scan" || op == "ssd_state_correction" || op == "ssd_scan_backward")
+    rate = matmul * hw.scan_efficiency;
   // The Mamba selective scan is a per-channel recurrence: a fraction of the vector rate.
   else if (op == "selective_scan" || op == "selective_state_correction") rate = hw.fp32_flops * 0.25;
   const double compute = flops > 0 ? flops / rate : 0.0;
