@@ -8,7 +8,9 @@
 #include <QtTest>
 
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <random>
 
 #include "engine_process.h"
 #include "io/safetensors.h"
@@ -53,6 +55,11 @@ std::pair<double, std::string> worst(const Tensors& got, const Tensors& want) {
 }
 
 const QStringList kModel = {"--model", "tiny-llama", "--seq-len", "32", "--seed", "3"};
+// kModel with another --model when `extra` names one.
+QStringList model_and(const QStringList& extra) {
+  if (!extra.contains("--model")) return kModel + extra;
+  return QStringList{"--seq-len", "32", "--seed", "3"} + extra;
+}
 
 Ran train(const QStringList& args, int timeout_ms = 180000) { return engine(QStringList{"train"} + args, timeout_ms); }
 
@@ -87,17 +94,26 @@ class TestTrain : public QObject {
     QTest::newRow("tp 2, tied embeddings, 2 micro-batches")
         << QStringList{"--strategy", "tp", "--devices", "2", "--grad-accum", "2"} << 1
         << QStringList{"--set", "tie_word_embeddings=true"};
+    const QStringList mamba2 = {"--model", "tiny-mamba2"}, hybrid = {"--model", "tiny-hybrid"};
+    QTest::newRow("mamba2, dp 2") << QStringList{"--strategy", "dp", "--devices", "2"} << 2 << mamba2;
+    QTest::newRow("mamba2, tp 2") << QStringList{"--strategy", "tp", "--devices", "2", "--micro-batch", "2"} << 2
+                                  << mamba2;
+    QTest::newRow("mamba2, tp 4 (4 groups)") << QStringList{"--strategy", "tp", "--devices", "4"} << 1
+                                             << mamba2 + QStringList{"--set", "n_groups=4"};
+    QTest::newRow("hybrid, tp 2") << QStringList{"--strategy", "tp", "--devices", "2", "--micro-batch", "2"} << 2
+                                  << hybrid;
+    QTest::newRow("hybrid, dp 4") << QStringList{"--strategy", "dp", "--devices", "4"} << 4 << hybrid;
   }
   void gradientsEqualSingle() {
     QFETCH(QStringList, args);
     QFETCH(int, single_batch);
     QFETCH(QStringList, set);
     const QString tag = QString::fromLatin1(QTest::currentDataTag()).replace(' ', '_').replace(',', '_');
-    QStringList single_args = kModel + set + QStringList{"--steps", "1", "--micro-batch", QString::number(single_batch)};
+    QStringList single_args = model_and(set + QStringList{"--steps", "1", "--micro-batch", QString::number(single_batch)});
     if (args.contains("--grad-accum")) single_args += {"--grad-accum", args[args.indexOf("--grad-accum") + 1]};
     const Ran one = train(single_args + QStringList{"--dump-grads", path("single_" + tag)});
     VERIFY_RAN(one);
-    const Ran many = train(kModel + set + args + QStringList{"--steps", "1", "--dump-grads", path(tag)});
+    const Ran many = train(model_and(set + args + QStringList{"--steps", "1", "--dump-grads", path(tag)}));
     VERIFY_RAN(many);
     const Tensors want = load_tensors(path("single_" + tag + "/gradients.safetensors"));
     const Tensors got = load_tensors(path(tag + "/gradients.safetensors"));
@@ -110,6 +126,71 @@ class TestTrain : public QObject {
     QVERIFY2(std::abs(steps_many[0]->loss - steps_one[0]->loss) <= 1e-6 * steps_one[0]->loss,
              qPrintable(QString("loss %1 vs single %2").arg(steps_many[0]->loss).arg(steps_one[0]->loss)));
     QVERIFY(std::abs(steps_many[0]->grad_norm - steps_one[0]->grad_norm) <= 1e-5 * steps_one[0]->grad_norm);
+  }
+
+  // The whole model's gradient along a random direction v against the
+  // central difference (L(w + e v) - L(w - e v)) / 2e of the loss the engine
+  // computes at weights moved along v (fp32): this checks that the backward
+  // kernels are wired together as the forward composes them (each kernel
+  // meets its float64 reference in tst_backward). The difference's error is
+  // truncation, of order e^2 (measured: 2.4e-2, 3e-3, 2e-4 relative at e =
+  // 3e-3, 1e-3, 3e-4 on tiny-llama), plus the fp32 loss's rounding, about
+  // 1e-7 of it over 2e: at e = 3e-4 the bound is 2e-3 (measured 3e-5 to 3e-4).
+  void modelGradientMatchesFiniteDifference_data() {
+    QTest::addColumn<QString>("model");
+    QTest::newRow("llama") << "tiny-llama";
+    QTest::newRow("mamba2") << "tiny-mamba2";
+    QTest::newRow("hybrid") << "tiny-hybrid";
+  }
+  void modelGradientMatchesFiniteDifference() {
+    QFETCH(QString, model);
+    const QString base = path("fd_" + model);
+    QCOMPARE(engine({"export", "--model", model, "--seed", "5", "--out", base}).exit_code, 0);
+    const QStringList run = {"--seq-len", "32", "--seed", "3", "--steps", "1", "--lr", "0", "--micro-batch", "2"};
+    VERIFY_RAN(train(QStringList{"--model", base, "--dump-grads", base + "_grads"} + run));
+    const Tensors grads = load_tensors(base + "_grads/gradients.safetensors");
+    const Tensors weights = load_tensors(base + "/model.safetensors");
+    const double eps = 3e-4;
+    std::mt19937 gen(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::map<std::string, std::vector<float>> dir;
+    double analytic = 0;
+    for (auto& [name, w] : weights) {
+      auto& v = dir[name];
+      for (size_t i = 0; i < w.size(); ++i) {
+        v.push_back(normal(gen));
+        analytic += double(v.back()) * grads.at(name)[i];
+      }
+    }
+    double loss[2] = {0, 0};
+    for (int side = 0; side < 2; ++side) {
+      const QString moved = base + (side ? "_minus" : "_plus");
+      QDir().mkpath(moved);
+      QFile::copy(base + "/config.json", moved + "/config.json");
+      std::vector<ss::TensorBlob> blobs;
+      for (auto& [name, w] : weights) {
+        std::vector<float> m = w;
+        for (size_t i = 0; i < m.size(); ++i) m[i] += float((side ? -eps : eps) * dir[name][i]);
+        ss::TensorBlob b;
+        b.name = name;
+        b.shape = ss::SafetensorsIndex::open_file((base + "/model.safetensors").toStdString()).find(name)->shape;
+        b.bytes.resize(m.size() * 4);
+        std::memcpy(b.bytes.data(), m.data(), b.bytes.size());
+        blobs.push_back(std::move(b));
+      }
+      std::vector<const ss::TensorBlob*> ptrs;
+      for (auto& b : blobs) ptrs.push_back(&b);
+      ss::write_safetensors((moved + "/model.safetensors").toStdString(), ptrs);
+      const Ran r = train(QStringList{"--model", moved} + run);
+      VERIFY_RAN(r);
+      const Stream st = read_stream(r.out);
+      QCOMPARE(st.all<TrainStep>().size(), size_t(1));
+      loss[side] = st.all<TrainStep>().front()->loss;
+    }
+    const double numeric = (loss[0] - loss[1]) / (2 * eps);
+    const double err = std::abs(numeric - analytic) / std::abs(analytic);
+    qInfo("%s: <g, v> = %.6g, finite difference %.6g, relative difference %.2e", qPrintable(model), analytic, numeric, err);
+    QVERIFY2(err <= 2e-3, qPrintable(QString("relative difference %1").arg(err)));
   }
 
   // Three AdamW steps (warmup, clipping and weight decay on) end at the
@@ -166,6 +247,10 @@ class TestTrain : public QObject {
     QTest::addColumn<QStringList>("args");
     for (const char* rc : {"none", "selective", "full"}) {
       QTest::addRow("single, %s", rc) << QStringList{"--recompute", rc, "--micro-batch", "2"};
+      QTest::addRow("mamba2 tp 2, %s", rc)
+          << QStringList{"--recompute", rc, "--model", "tiny-mamba2", "--strategy", "tp", "--devices", "2"};
+      QTest::addRow("hybrid single, %s, bf16", rc)
+          << QStringList{"--recompute", rc, "--model", "tiny-hybrid", "--dtype", "bf16", "--micro-batch", "2"};
       QTest::addRow("tp 2, %s", rc) << QStringList{"--recompute", rc, "--strategy", "tp", "--devices", "2"};
       QTest::addRow("sp 2, %s, bf16", rc)
           << QStringList{"--recompute", rc, "--strategy", "sp", "--devices", "2", "--dtype", "bf16"};
@@ -173,7 +258,7 @@ class TestTrain : public QObject {
   }
   void memoryMatchesClosedForm() {
     QFETCH(QStringList, args);
-    const Ran r = train(kModel + args + QStringList{"--steps", "2"});
+    const Ran r = train(model_and(args + QStringList{"--steps", "2"}));
     VERIFY_RAN(r);
     const auto per_rank = read_stream(r.out).rank_metrics();
     QVERIFY(!per_rank.empty());
@@ -268,7 +353,10 @@ class TestTrain : public QObject {
         << QStringList{"--model", "tiny-llama", "--seq-len", "32", "--strategy", "dp", "--devices", "2",
                        "--global-batch", "3"}
         << "multiple of 2";
-    QTest::newRow("mamba") << QStringList{"--model", "tiny-mamba2", "--seq-len", "32"} << "Llama";
+    QTest::newRow("mamba v1") << QStringList{"--model", "tiny-mamba", "--seq-len", "32"} << "Mamba v1";
+    QTest::newRow("mamba2 under sp") << QStringList{"--model", "tiny-mamba2", "--seq-len", "32", "--strategy", "sp",
+                                                    "--devices", "2"}
+                                     << "sequence parallelism";
     QTest::newRow("tsp") << QStringList{"--model", "tiny-llama", "--seq-len", "32", "--strategy", "tsp", "--devices",
                                         "2"}
                          << "tsp";

@@ -1,6 +1,7 @@
 #include "train/memory.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace ss {
 
@@ -15,30 +16,45 @@ TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequence
   m.grads = params * b;
   m.optimizer_state = params * (8 + (c.dtype == DType::F32 ? 0 : 4));  // two fp32 moments (+ fp32 master)
 
-  const AttentionShard sh = attention_shard(c, par.shard_index(), par.shard_count());
-  const int64_t d = c.d_model, hq = int64_t(sh.heads) * c.head_dim, hkv = int64_t(sh.kv_heads) * c.head_dim;
-  const int64_t F = sh.ffn, L = c.n_layers;
-  // Per layer, besides its output (the next layer's x_in):
-  const int64_t norms = 2 * R * d * b;                      // h1, h2
-  const int64_t act = R * F * b;                            // silu(g) u
-  const int64_t full = norms + R * (hq + 2 * hkv) * b       // q, k, v
-                       + R * hq * b + R * sh.heads * 4      // o, lse
-                       + R * d * rb                         // x_mid
-                       + 2 * R * F * b + act;               // g, u, a
-  const int64_t selective = full - norms - act;
-  const int64_t residuals = (1 + L) * R * d * rb;           // the embedding output and every layer's
-  const int64_t head = R * d * b;                           // final norm output
-  switch (rc) {
-    case Recompute::None: m.activations = residuals + L * full + head; break;
-    case Recompute::Selective: m.activations = residuals + (L - 1) * selective + full; break;
-    case Recompute::Full: m.activations = residuals + full; break;
+  // What each layer keeps (`kept`, by recomputation mode) and holds at its
+  // forward's peak (`full`), besides its output; train_model.cpp and
+  // mamba2_train.cpp list the tensors.
+  const int64_t d = c.d_model, L = c.n_layers;
+  std::vector<int64_t> full(static_cast<size_t>(L)), kept(static_cast<size_t>(L));
+  for (int i = 0; i < c.n_layers; ++i) {
+    if (c.layer_kind(i) == LayerKind::Attention) {
+      const AttentionShard sh = attention_shard(c, par.shard_index(), par.shard_count());
+      const int64_t hq = int64_t(sh.heads) * c.head_dim, hkv = int64_t(sh.kv_heads) * c.head_dim, F = sh.ffn;
+      const int64_t norms = 2 * R * d * b, act = R * F * b;  // h1, h2; silu(g) u
+      full[size_t(i)] = norms + R * (hq + 2 * hkv) * b + R * hq * b + R * sh.heads * 4 + R * d * rb + 2 * R * F * b + act;
+      kept[size_t(i)] = rc == Recompute::Selective ? full[size_t(i)] - norms - act : full[size_t(i)];
+    } else {
+      const Mamba2Shard m2 = mamba2_shard(c, par.shard_index(), par.shard_count());
+      const int64_t Di = int64_t(m2.heads) * c.ssm_head_dim, GN = int64_t(m2.groups) * c.d_state;
+      const int64_t h = R * d * b, yn = R * Di * b;
+      full[size_t(i)] = h + R * (2 * Di + 2 * GN + m2.heads) * b + R * (Di + 2 * GN) * b + R * Di * b + yn;
+      kept[size_t(i)] = rc == Recompute::Selective ? full[size_t(i)] - h - yn : full[size_t(i)];
+    }
+    if (rc == Recompute::Full) kept[size_t(i)] = 0;
   }
+  // The forward holds the embedding output, every layer's output so far and
+  // the kept tensors of the layers before; the peak is reached inside some
+  // layer's forward, or at the end with the final norm's output. (Backward,
+  // recomputing a layer, holds no more than its forward did.)
+  const int64_t y = R * d * rb, head = R * d * b;
+  int64_t before = 0;
+  for (int i = 0; i < c.n_layers; ++i) {
+    m.activations = std::max(m.activations, y + (i + 1) * y + before + full[size_t(i)]);
+    before += kept[size_t(i)];
+  }
+  m.activations = std::max(m.activations, y + L * y + before + head);
   // Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
   // Transformer Models"), Table 2, GPT layer with tensor parallelism t, in
   // 2-byte activations: s b h (10 + 24/t + 5 a s / (h t)) without
   // recomputation, s b h (10 + 24/t) with selective recomputation, 2 s b h
-  // with full. s b = this rank's rows, s for the a s term = the sequence's keys.
-  const double t = double(std::max(1, par.tp_size)), h = double(d), a = double(c.n_heads);
+  // with full. s b = this rank's rows, s for the a s term = the sequence's
+  // keys; attention layers only.
+  const double t = double(std::max(1, par.tp_size)), h = double(d), a = double(std::max(1, c.n_heads));
   const double keys = double(local_tokens) * par.sp_size;
   const double per = double(R) * h;
   double layer = 0;
@@ -47,7 +63,9 @@ TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequence
     case Recompute::Selective: layer = per * (10 + 24 / t); break;
     case Recompute::Full: layer = 2 * per; break;
   }
-  m.korthikanti = int64_t(layer * double(L) * double(b) / 2.0);
+  int attention_layers = 0;  // the form is a transformer layer's: SSM layers are not counted
+  for (int i = 0; i < c.n_layers; ++i) attention_layers += c.layer_kind(i) == LayerKind::Attention;
+  m.korthikanti = int64_t(layer * attention_layers * double(b) / 2.0);
   return m;
 }
 

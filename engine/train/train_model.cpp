@@ -29,20 +29,28 @@ const char* recompute_name(Recompute r) {
   return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
 }
 
-void TrainModel::check_supported(const ModelConfig& cfg, Strategy s) {
-  for (int i = 0; i < cfg.n_layers; ++i)
-    if (cfg.layer_kind(i) != LayerKind::Attention)
-      throw UsageError("training runs Llama (attention) layers so far; layer " + std::to_string(i) + " of this " +
-                       cfg.family_name() + " model is an SSM layer, whose backward is not built yet: choose a Llama "
-                       "model (e.g. --model tiny-llama)");
-  if (s == Strategy::TSP)
-    throw UsageError("training under tsp is not built yet; choose single, dp, tp, sp or tp_sp");
+void TrainModel::check_supported(const ModelConfig& cfg, Strategy s, int tp) {
+  if (s == Strategy::TSP) throw UsageError("training under tsp is not built yet; choose single, dp, tp, sp or tp_sp");
+  for (int i = 0; i < cfg.n_layers; ++i) {
+    const LayerKind k = cfg.layer_kind(i);
+    if (k == LayerKind::Mamba)
+      throw UsageError("training " + cfg.family_name() + " (Mamba v1) layers is not built yet (the selective scan's "
+                       "backward); choose a Llama, Mamba2 or hybrid model");
+    if (k == LayerKind::Mamba2 && (s == Strategy::SP || s == Strategy::TPSP))
+      throw UsageError("training Mamba2 layers under sequence parallelism (the conv halo's and state passing's "
+                       "backward) is not built yet; choose single, dp or tp for this " + cfg.family_name() + " model");
+    if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
+      throw UsageError("training under tp needs n_groups (" + std::to_string(cfg.n_groups) + ") to be a multiple of "
+                       "the tp size " + std::to_string(tp) + " (a gated-norm group split over ranks has no backward "
+                       "yet); use --devices " + std::to_string(cfg.n_groups));
+  }
 }
 
 TrainModel::TrainModel(Model& model, Recompute recompute)
     : m_model(model), m_be(model.backend()), m_cfg(model.config()), m_par(model.parallel()), m_rc(recompute) {
-  check_supported(m_cfg, m_par.strategy);
-  m_shard = attention_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
+  check_supported(m_cfg, m_par.strategy, m_par.tp_size);
+  if (m_cfg.n_heads) m_shard = attention_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
+  if (m_cfg.ssm_heads) m_m2 = mamba2_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
 }
 
 Tensor TrainModel::act(const Shape& s, const char* label, DType dt) const {
@@ -75,6 +83,25 @@ void TrainModel::allocate_grads() {
   m_layers.assign(size_t(m_cfg.n_layers), {});
   for (int i = 0; i < m_cfg.n_layers; ++i) {
     Layer& L = m_layers[size_t(i)];
+    L.kind = m_cfg.layer_kind(i);
+    if (L.kind == LayerKind::Mamba2) {
+      const std::pair<Tensor*, Tensor*> m2[] = {
+          {&L.norm, &L.g_norm},           {&L.in_proj, &L.g_in_proj}, {&L.conv_w, &L.g_conv_w},
+          {&L.dt_bias, &L.g_dt_bias},     {&L.A_log, &L.g_A_log},     {&L.D, &L.g_D},
+          {&L.gated_norm, &L.g_gated_norm}, {&L.out_proj, &L.g_out_proj}};
+      const std::string own_norm = "layers." + std::to_string(i) + ".norm.weight";
+      const char* names[] = {own_norm.c_str(), "mixer.in_proj.weight", "mixer.conv1d.weight", "mixer.dt_bias",
+                             "mixer.A_log", "mixer.D", "mixer.norm.weight", "mixer.out_proj.weight"};
+      for (size_t k = 0; k < 8; ++k) {
+        *m2[k].first = weight_of(names[k], i);
+        *m2[k].second = grad_of(names[k], i);
+      }
+      if (m_cfg.conv_bias) {
+        L.conv_b = weight_of("mixer.conv1d.bias", i);
+        L.g_conv_b = grad_of("mixer.conv1d.bias", i);
+      }
+      continue;
+    }
     const std::pair<Tensor*, Tensor*> slots[] = {
         {&L.in_norm, &L.g_in_norm}, {&L.q, &L.gq}, {&L.k, &L.gk}, {&L.v, &L.gv}, {&L.o, &L.go},
         {&L.post_norm, &L.g_post_norm}, {&L.gate, &L.g_gate}, {&L.up, &L.g_up}, {&L.down, &L.g_down}};
@@ -86,10 +113,13 @@ void TrainModel::allocate_grads() {
       *slots[k].second = grad_of(names[k], i);
     }
   }
-  m_embed = weight_of("embed_tokens.weight", -1);
-  m_gembed = grad_of("embed_tokens.weight", -1);
-  m_final_norm = weight_of("norm.weight", -1);
-  m_gfinal_norm = grad_of("norm.weight", -1);
+  const bool backbone = m_cfg.family == Family::Mamba || m_cfg.family == Family::Mamba2;
+  const char* embed = backbone ? "embeddings.weight" : "embed_tokens.weight";
+  const char* final_norm = backbone ? "norm_f.weight" : "norm.weight";
+  m_embed = weight_of(embed, -1);
+  m_gembed = grad_of(embed, -1);
+  m_final_norm = weight_of(final_norm, -1);
+  m_gfinal_norm = grad_of(final_norm, -1);
   m_head = m_cfg.tie_embeddings ? m_embed : weight_of("lm_head.weight", -1);
   m_ghead = m_cfg.tie_embeddings ? m_gembed : grad_of("lm_head.weight", -1);
 }
@@ -211,6 +241,29 @@ void TrainModel::attention_grad(const Tensor& dq, const Tensor& dk, const Tensor
 // outputs are all-reduced over the tp group before the residual add.
 void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
                                bool keep) {
+  if (m_layers[size_t(i)].kind == LayerKind::Mamba2) mamba2_forward(i, x_in, x_out, b, s, keep);
+  else attention_forward(i, x_in, x_out, b, s, keep);
+}
+
+void TrainModel::layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
+  if (m_layers[size_t(i)].kind == LayerKind::Mamba2) mamba2_backward(i, dx, b, s);
+  else attention_backward(i, dx, b, s);
+}
+
+void TrainModel::project_out(int layer, const Tensor& out, const Tensor& in, const Tensor& w, const char* site) {
+  SiteScope sc(m_be.recorder(), layer, site);
+  if (m_par.tp_size <= 1) {
+    m_be.matmul(out, in, w, true);
+    return;
+  }
+  Tensor partial = m_be.alloc({out.rows(), out.cols()}, Category::CommBuffers, "partial", m_cfg.dtype);
+  m_be.matmul(partial, in, w);
+  m_par.tp->all_reduce(partial);
+  m_be.add(out, out, partial);
+}
+
+void TrainModel::attention_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
+                                   bool keep) {
   const ModelConfig& c = m_cfg;
   const Layer& L = m_layers[size_t(i)];
   Recorder& rec = m_be.recorder();
@@ -219,18 +272,6 @@ void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, c
   const DType dt = c.dtype;
   std::vector<int32_t> pos_rows;
   for (int q = 0; q < b.sequences; ++q) pos_rows.insert(pos_rows.end(), b.positions.begin(), b.positions.end());
-  // Row-parallel output: a partial sum, all-reduced under tp, added to the residual.
-  auto project_out = [&](const Tensor& out, const Tensor& in, const Tensor& w, const char* site) {
-    SiteScope sc(rec, i, site);
-    if (m_par.tp_size <= 1) {
-      m_be.matmul(out, in, w, true);
-      return;
-    }
-    Tensor partial = m_be.alloc({R, d}, Category::CommBuffers, "partial", dt);
-    m_be.matmul(partial, in, w);
-    m_par.tp->all_reduce(partial);
-    m_be.add(out, out, partial);
-  };
   s.x_in = x_in;
   s.h1 = act({R, d}, "attn.norm", dt);
   {
@@ -256,7 +297,7 @@ void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, c
   attention(s.o, s.lse, s.q, s.k, s.v, b, i);
   s.x_mid = act({R, d}, "residual.mid", c.residual_dtype());
   m_be.copy(s.x_mid, x_in);
-  project_out(s.x_mid, s.o, L.o, "attn.o_proj");
+  project_out(i, s.x_mid, s.o, L.o, "attn.o_proj");
 
   s.h2 = act({R, d}, "mlp.norm", dt);
   {
@@ -276,7 +317,7 @@ void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, c
     m_be.silu_mul(s.a, s.g, s.u);
   }
   m_be.copy(x_out, s.x_mid);
-  project_out(x_out, s.a, L.down, "mlp.down");
+  project_out(i, x_out, s.a, L.down, "mlp.down");
   if (!keep) {
     const Tensor x = s.x_in;
     s = Saved{};
@@ -287,7 +328,7 @@ void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, c
 }
 
 // On entry dx holds dL/dx_out; on return dL/dx_in. Weight gradients are added.
-void TrainModel::layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
+void TrainModel::attention_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
   const ModelConfig& c = m_cfg;
   const Layer& L = m_layers[size_t(i)];
   Recorder& rec = m_be.recorder();

@@ -6,8 +6,10 @@
 // (engine/README.md, "Training").
 //
 // Families: Llama (attention + SwiGLU MLP) layers under single, dp, tp, sp
-// and tp_sp. Mamba, Mamba2 and the hybrid's SSM layers, and tsp, are refused
-// with a UsageError until their backward exists.
+// and tp_sp; Mamba2 layers (Mamba2 and the hybrid) under single, dp and tp
+// (train/mamba2_train.cpp). Mamba and Falcon-Mamba, Mamba2 layers under
+// sequence parallelism, and tsp are refused with a UsageError until their
+// backward exists.
 #pragma once
 
 #include <functional>
@@ -38,7 +40,7 @@ class TrainModel {
   TrainModel(Model& model, Recompute recompute);
 
   // Refuses a model or strategy training cannot run yet (one line, before anything starts).
-  static void check_supported(const ModelConfig& cfg, Strategy s);
+  static void check_supported(const ModelConfig& cfg, Strategy s, int tp_size);
 
   // Allocates the gradients (one per weight of the weight list, in its dtype and local shape).
   void allocate_grads();
@@ -62,15 +64,25 @@ class TrainModel {
  private:
   // What a layer's forward keeps for its backward (train_model.cpp lists the sizes).
   struct Saved {
-    Tensor x_in, h1, q, k, v, o, lse, x_mid, h2, g, u, a;
+    Tensor x_in, h1, q, k, v, o, lse, x_mid, h2, g, u, a;  // attention layers (h1: Mamba2's norm output too)
+    Tensor zxbcdt, xbc, ys, yn;                            // Mamba2: in_proj's output, conv's, the scan's, the gated norm's
   };
-  // A layer's weights and their gradients.
+  // A layer's weights and their gradients (attention or Mamba2).
   struct Layer {
+    LayerKind kind = LayerKind::Attention;
     Tensor in_norm, q, k, v, o, post_norm, gate, up, down;
     Tensor g_in_norm, gq, gk, gv, go, g_post_norm, g_gate, g_up, g_down;
+    Tensor norm, in_proj, conv_w, conv_b, dt_bias, A_log, D, gated_norm, out_proj;
+    Tensor g_norm, g_in_proj, g_conv_w, g_conv_b, g_dt_bias, g_A_log, g_D, g_gated_norm, g_out_proj;
   };
   void layer_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
   void layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
+  void attention_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
+  void attention_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
+  void mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
+  void mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
+  // x_out += in · w^T for a row-parallel projection (all-reduced over tp).
+  void project_out(int layer, const Tensor& out, const Tensor& in, const Tensor& w, const char* site);
   void attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                  const TrainBatch& b, int layer);
   void attention_grad(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
@@ -89,6 +101,7 @@ class TrainModel {
   const Parallel& m_par;
   Recompute m_rc;
   AttentionShard m_shard;
+  Mamba2Shard m_m2;
   std::vector<Tensor> m_grads;  // by weight-list index
   std::vector<Layer> m_layers;
   Tensor m_embed, m_final_norm, m_head, m_gembed, m_gfinal_norm, m_ghead;

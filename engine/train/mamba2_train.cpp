@@ -1,0 +1,165 @@
+// Mamba2 layers' training forward and backward (see train_model.h):
+//   h = rmsnorm(x_in); [z | xBC | dt] = h in_proj^T; xBC' = silu(conv(xBC) + b);
+//   y = ssd(x = xBC'[x], dt, B = xBC'[B], C = xBC'[C]); yn = gated_norm(y, z);
+//   x_out = x_in + yn out_proj^T   (row-parallel: all-reduced under tp)
+// Kept for backward (R rows, b bytes a value; Di = local heads x head_dim,
+// GN = local groups x d_state, H local heads):
+//   h R d · b;  zxbcdt R (2 Di + 2 GN + H) · b;  xBC' R (Di + 2 GN) · b;  y, yn 2 R Di · b
+// (selective recomputation drops h and yn). The conv and the scan run per
+// sequence, from zero states: a sequence's first token sees nothing before it.
+#include "train/train_model.h"
+
+namespace ss {
+
+void TrainModel::mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
+                                bool keep) {
+  const ModelConfig& c = m_cfg;
+  const Layer& L = m_layers[size_t(i)];
+  Recorder& rec = m_be.recorder();
+  const int H = m_m2.heads, G = m_m2.groups, P = c.ssm_head_dim, N = c.d_state;
+  const int64_t R = x_in.rows(), d = c.d_model, Di = int64_t(H) * P, GN = int64_t(G) * N, conv = Di + 2 * GN;
+  const int64_t Tl = int64_t(b.positions.size());
+  const DType dt = c.dtype;
+  s.x_in = x_in;
+  s.h1 = act({R, d}, "mixer.norm", dt);
+  {
+    SiteScope sc(rec, i, "mixer.norm");
+    m_be.rmsnorm(s.h1, x_in, L.norm, c.norm_eps, d);
+  }
+  s.zxbcdt = act({R, 2 * Di + 2 * GN + H}, "mixer.in_proj", dt);
+  {
+    SiteScope sc(rec, i, "mixer.in_proj");
+    m_be.matmul(s.zxbcdt, s.h1, L.in_proj);
+  }
+  s.xbc = act({R, conv}, "mixer.conv", dt);
+  s.ys = act({R, Di}, "mixer.scan", dt);
+  const Tensor cw = L.conv_w.reshape({conv, c.d_conv});
+  for (int q = 0; q < b.sequences; ++q) {
+    const Tensor zx = s.zxbcdt.slice(0, q * Tl, Tl), xc = s.xbc.slice(0, q * Tl, Tl);
+    {
+      SiteScope sc(rec, i, "mixer.conv");
+      m_be.conv1d_causal(xc, zx.slice(1, Di, conv), cw, L.conv_b, Tensor{}, true);
+    }
+    SsdArgs a;
+    a.y = s.ys.slice(0, q * Tl, Tl);
+    a.x = xc.slice(1, 0, Di);
+    a.B = xc.slice(1, Di, GN);
+    a.C = xc.slice(1, Di + GN, GN);
+    a.dt = zx.slice(1, Di + conv, H);
+    a.dt_bias = L.dt_bias;
+    a.A_log = L.A_log;
+    a.D = L.D;
+    a.n_heads = H;
+    a.head_dim = P;
+    a.n_groups = G;
+    a.d_state = N;
+    a.chunk = c.chunk;
+    a.dt_min = c.dt_min;
+    a.dt_max = c.dt_max;
+    SiteScope sc(rec, i, "mixer.scan");
+    m_be.ssd_scan(a);
+  }
+  s.yn = act({R, Di}, "mixer.gated_norm", dt);
+  {
+    SiteScope sc(rec, i, "mixer.gated_norm");
+    m_be.gated_rmsnorm(s.yn, s.ys, s.zxbcdt.slice(1, 0, Di), L.gated_norm, c.norm_eps, Di / G);
+  }
+  m_be.copy(x_out, x_in);
+  project_out(i, x_out, s.yn, L.out_proj, "mixer.out_proj");
+  if (!keep) {
+    const Tensor x = s.x_in;
+    s = Saved{};
+    s.x_in = x;
+  } else if (m_rc == Recompute::Selective) {
+    s.h1 = s.yn = Tensor{};
+  }
+}
+
+void TrainModel::mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
+  const ModelConfig& c = m_cfg;
+  const Layer& L = m_layers[size_t(i)];
+  Recorder& rec = m_be.recorder();
+  const int H = m_m2.heads, G = m_m2.groups, P = c.ssm_head_dim, N = c.d_state;
+  const int64_t R = dx.rows(), d = c.d_model, Di = int64_t(H) * P, GN = int64_t(G) * N, conv = Di + 2 * GN;
+  const int64_t Tl = int64_t(b.positions.size());
+  const DType dt = c.dtype;
+  if (m_rc == Recompute::Full) {
+    SiteScope sc(rec, i, "recompute");
+    Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
+    mamba2_forward(i, s.x_in, out, b, s, true);
+  } else if (m_rc == Recompute::Selective) {
+    SiteScope sc(rec, i, "recompute");
+    s.h1 = act({R, d}, "mixer.norm", dt);
+    m_be.rmsnorm(s.h1, s.x_in, L.norm, c.norm_eps, d);
+    s.yn = act({R, Di}, "mixer.gated_norm", dt);
+    m_be.gated_rmsnorm(s.yn, s.ys, s.zxbcdt.slice(1, 0, Di), L.gated_norm, c.norm_eps, Di / G);
+  }
+  // dzxbcdt gathers the gradients of in_proj's output: z, xBC (through the conv), dt.
+  Tensor dz = work({R, 2 * Di + 2 * GN + H}, "grad.mixer.in_proj", dt);
+  {
+    Tensor dyn = work({R, Di}, "grad.mixer.gated_norm", dt);
+    {
+      SiteScope sc(rec, i, "mixer.out_proj.backward");
+      m_be.matmul_dx(dyn, dx, L.out_proj, false);
+      m_be.matmul_dw(L.g_out_proj, dx, s.yn, true);
+    }
+    s.yn = Tensor{};
+    Tensor dys = work({R, Di}, "grad.mixer.scan", dt);
+    {
+      SiteScope sc(rec, i, "mixer.gated_norm.backward");
+      m_be.gated_rmsnorm_backward(dys, dz.slice(1, 0, Di), L.g_gated_norm, dyn, s.ys, s.zxbcdt.slice(1, 0, Di),
+                                  L.gated_norm, c.norm_eps, Di / G);
+    }
+    dyn = Tensor{};
+    Tensor dxbc = work({R, conv}, "grad.mixer.conv", dt);
+    const Tensor cw = L.conv_w.reshape({conv, c.d_conv}), gcw = L.g_conv_w.reshape({conv, c.d_conv});
+    for (int q = 0; q < b.sequences; ++q) {
+      const Tensor zx = s.zxbcdt.slice(0, q * Tl, Tl), xc = s.xbc.slice(0, q * Tl, Tl);
+      const Tensor dzq = dz.slice(0, q * Tl, Tl), dxc = dxbc.slice(0, q * Tl, Tl);
+      SsdArgs a;
+      a.x = xc.slice(1, 0, Di);
+      a.B = xc.slice(1, Di, GN);
+      a.C = xc.slice(1, Di + GN, GN);
+      a.dt = zx.slice(1, Di + conv, H);
+      a.dt_bias = L.dt_bias;
+      a.A_log = L.A_log;
+      a.D = L.D;
+      a.n_heads = H;
+      a.head_dim = P;
+      a.n_groups = G;
+      a.d_state = N;
+      a.chunk = c.chunk;
+      a.dt_min = c.dt_min;
+      a.dt_max = c.dt_max;
+      SsdGrads g;
+      g.dx = dxc.slice(1, 0, Di);
+      g.dB = dxc.slice(1, Di, GN);
+      g.dC = dxc.slice(1, Di + GN, GN);
+      g.ddt = dzq.slice(1, Di + conv, H);
+      g.d_dt_bias = L.g_dt_bias;
+      g.dA_log = L.g_A_log;
+      g.dD = L.g_D;
+      {
+        SiteScope sc(rec, i, "mixer.scan.backward");
+        m_be.ssd_scan_backward(a, dys.slice(0, q * Tl, Tl), g);
+      }
+      SiteScope sc(rec, i, "mixer.conv.backward");
+      m_be.conv1d_backward(dzq.slice(1, Di, conv), gcw, L.g_conv_b, Tensor{}, dxc, zx.slice(1, Di, conv), cw,
+                           L.conv_b, Tensor{}, true);
+    }
+  }
+  s.ys = s.xbc = Tensor{};
+  Tensor dh = work({R, d}, "grad.mixer.norm", dt);
+  {
+    SiteScope sc(rec, i, "mixer.in_proj.backward");
+    m_be.matmul_dx(dh, dz, L.in_proj, false);
+    m_be.matmul_dw(L.g_in_proj, dz, s.h1, true);
+  }
+  dz = Tensor{};
+  s.zxbcdt = s.h1 = Tensor{};
+  tp_sum(dh, i, "mixer.grad_all_reduce");
+  SiteScope sc(rec, i, "mixer.norm.backward");
+  m_be.rmsnorm_backward(dx, L.g_norm, dh, s.x_in, L.norm, c.norm_eps, d);
+}
+
+}  // namespace ss
