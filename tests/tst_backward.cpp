@@ -384,6 +384,94 @@ class TestBackward : public QObject {
     VERIFY_GRAD(read(g.dstate_in), want_ds0, "ssd d initial state");
   }
 
+  // The selective scan's chunked backward (checkpoints every `chunk` tokens)
+  // against finite differences of the sequential float64 recurrence, gated
+  // and not, with an initial state and a final state's gradient.
+  void selectiveScanGradients_data() {
+    QTest::addColumn<int>("T");
+    QTest::addColumn<int>("chunk");
+    QTest::addColumn<bool>("gated");
+    QTest::newRow("T 12, chunk 4, gated") << 12 << 4 << true;
+    QTest::newRow("T 13, chunk 5, gated") << 13 << 5 << true;
+    QTest::newRow("T 9, chunk 256, no gate") << 9 << 256 << false;
+    QTest::newRow("T 10, chunk 1, gated") << 10 << 1 << true;
+  }
+  void selectiveScanGradients() {
+    QFETCH(int, T);
+    QFETCH(int, chunk);
+    QFETCH(bool, gated);
+    const int Ch = 5, N = 4;
+    ref::SelectiveProblem p;
+    p.T = T;
+    p.channels = Ch;
+    p.d_state = N;
+    const auto x = random_vec(size_t(T * Ch), 50), dt = random_vec(size_t(T * Ch), 51, 0.5f),
+               z = random_vec(size_t(T * Ch), 52), bias = random_vec(size_t(Ch), 53, 0.5f),
+               d = random_vec(size_t(Ch), 54), alog = random_vec(size_t(Ch * N), 55, 0.5f),
+               B = random_vec(size_t(T * N), 56), C = random_vec(size_t(T * N), 57), s0 = random_vec(size_t(Ch * N), 58),
+               dy = random_vec(size_t(T * Ch), 59), dsT = random_vec(size_t(Ch * N), 60);
+    p.x = ref::to_double(x);
+    p.dt = ref::to_double(dt);
+    if (gated) p.z = ref::to_double(z);
+    p.dt_bias = ref::to_double(bias);
+    p.D = ref::to_double(d);
+    p.A_log = ref::to_double(alog);
+    p.B = ref::to_double(B);
+    p.C = ref::to_double(C);
+    Vec cot = ref::to_double(dy);
+    const Vec dsd = ref::to_double(dsT);
+    cot.insert(cot.end(), dsd.begin(), dsd.end());
+    auto run = [&](const ref::SelectiveProblem& q, Vec state) {
+      Vec y = ref::selective_scan(q, state);
+      y.insert(y.end(), state.begin(), state.end());
+      return y;
+    };
+    const Vec s0d = ref::to_double(s0);
+    auto grad_of = [&](Vec ref::SelectiveProblem::*field) {
+      return finite_difference(
+          [&](const Vec& v) {
+            ref::SelectiveProblem q = p;
+            q.*field = v;
+            return run(q, s0d);
+          },
+          p.*field, cot);
+    };
+    ss::SelectiveScanArgs a;
+    a.x = make(x, {T, Ch});
+    a.dt = make(dt, {T, Ch});
+    if (gated) a.z = make(z, {T, Ch});
+    a.dt_bias = make(bias, {Ch});
+    a.D = make(d, {Ch});
+    a.A_log = make(alog, {Ch, N});
+    a.B = make(B, {T, N});
+    a.C = make(C, {T, N});
+    a.state = make(s0, {Ch, N});
+    a.chunk = chunk;
+    ss::SelectiveGrads g;
+    g.dx = m_be.alloc({T, Ch}, Category::Activations, "dx");
+    g.ddt = m_be.alloc({T, Ch}, Category::Activations, "ddt");
+    if (gated) g.dz = m_be.alloc({T, Ch}, Category::Activations, "dz");
+    g.dB = m_be.alloc({T, N}, Category::Activations, "dB");
+    g.dC = m_be.alloc({T, N}, Category::Activations, "dC");
+    g.d_dt_bias = m_be.alloc({Ch}, Category::Grads, "dbias");
+    g.dA_log = m_be.alloc({Ch, N}, Category::Grads, "dA_log");
+    g.dD = m_be.alloc({Ch}, Category::Grads, "dD");
+    for (Tensor* t : {&g.d_dt_bias, &g.dA_log, &g.dD}) m_be.fill(*t, 0.0f);
+    g.dstate_out = make(dsT, {Ch, N});
+    g.dstate_in = m_be.alloc({Ch, N}, Category::Activations, "ds0");
+    m_be.selective_scan_backward(a, make(dy, {T, Ch}), g);
+    VERIFY_GRAD(read(g.dx), grad_of(&ref::SelectiveProblem::x), "selective dx");
+    VERIFY_GRAD(read(g.ddt), grad_of(&ref::SelectiveProblem::dt), "selective ddt");
+    if (gated) VERIFY_GRAD(read(g.dz), grad_of(&ref::SelectiveProblem::z), "selective dz");
+    VERIFY_GRAD(read(g.dB), grad_of(&ref::SelectiveProblem::B), "selective dB");
+    VERIFY_GRAD(read(g.dC), grad_of(&ref::SelectiveProblem::C), "selective dC");
+    VERIFY_GRAD(read(g.d_dt_bias), grad_of(&ref::SelectiveProblem::dt_bias), "selective d dt_bias");
+    VERIFY_GRAD(read(g.dA_log), grad_of(&ref::SelectiveProblem::A_log), "selective dA_log");
+    VERIFY_GRAD(read(g.dD), grad_of(&ref::SelectiveProblem::D), "selective dD");
+    VERIFY_GRAD(read(g.dstate_in), finite_difference([&](const Vec& v) { return run(p, v); }, s0d, cot),
+                "selective d initial state");
+  }
+
   // Mean cross-entropy over rows: the gradient of the logits and the loss
   // itself, one row ignored (target -1).
   void crossEntropy() {

@@ -54,6 +54,7 @@ struct SelectiveScanArgs {
   Tensor B, C;          // [T, d_state]
   Tensor state;         // [channels, d_state] or undefined
   Tensor dt_sum;        // out, optional [channels]: sum_t dt_t (the chunk's decay is exp(A * dt_sum))
+  int chunk = 256;      // the backward's checkpoint interval (states kept at chunk starts)
 };
 
 // Gradients of ssd_scan (SsdArgs's inputs, its `state` the initial state):
@@ -65,6 +66,15 @@ struct SsdGrads {
   Tensor dx, ddt, dB, dC;
   Tensor d_dt_bias, dA_log, dD;
   Tensor dstate_out, dstate_in;  // fp32 [n_heads, head_dim, d_state]
+};
+
+// Gradients of selective_scan, like SsdGrads: dx, ddt (raw dt), dz, dB, dC
+// written; d_dt_bias [channels], dA_log [channels, d_state], dD added;
+// dstate_out / dstate_in the final and initial states' (fp32 [channels, d_state]).
+struct SelectiveGrads {
+  Tensor dx, ddt, dz, dB, dC;
+  Tensor d_dt_bias, dA_log, dD;
+  Tensor dstate_out, dstate_in;
 };
 
 // One AdamW step (Loshchilov & Hutter 2019, decoupled weight decay) on one
@@ -188,6 +198,7 @@ class Backend {
   void conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate, const Tensor& dy,
                        const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state, bool silu);
   void ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g);
+  void selective_scan_backward(const SelectiveScanArgs& a, const Tensor& dy, const SelectiveGrads& g);
   // Gated RMSNorm's backward (y = rmsnorm(x silu(z)) w per group): dx, dz written, dw added.
   void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,
                               const Tensor& z, const Tensor& w, float eps, int64_t group);
@@ -259,6 +270,7 @@ class Backend {
                                  const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
                                  const Tensor& state, bool silu);
   virtual void k_ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g);
+  virtual void k_selective_scan_backward(const SelectiveScanArgs& a, const Tensor& dy, const SelectiveGrads& g);
   virtual void k_gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
                                         const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group);
   virtual void k_count_nonfinite(const Tensor& out, const Tensor& t);

@@ -156,6 +156,25 @@ void Backend::ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGra
           [&] { k_ssd_scan_backward(a, dy, g); }, a.x.dtype());
 }
 
+void Backend::selective_scan_backward(const SelectiveScanArgs& a, const Tensor& dy, const SelectiveGrads& g) {
+  const int64_t T = a.x.rows(), Di = a.x.cols(), N = a.A_log.numel() / std::max<int64_t>(1, Di);
+  for (auto* t : {&a.x, &a.dt, &a.B, &a.C, &dy, &g.dx, &g.ddt, &g.dB, &g.dC})
+    require_2d(*t, "selective_scan_backward", "x, dt, B, C, dy and their gradients");
+  require(a.dt.rows() == T && a.dt.cols() == Di && a.A_log.numel() == Di * N && a.B.rows() == T && a.C.rows() == T &&
+              a.B.cols() == N && a.C.cols() == N && a.D.numel() == Di && a.dt_bias.numel() == Di &&
+              dy.rows() == T && dy.cols() == Di && g.dx.rows() == T && g.dx.cols() == Di && g.ddt.rows() == T &&
+              g.ddt.cols() == Di && g.dB.rows() == T && g.dB.cols() == N && g.dC.rows() == T && g.dC.cols() == N &&
+              g.d_dt_bias.numel() == Di && g.dA_log.numel() == Di * N && g.dD.numel() == Di &&
+              a.z.defined() == g.dz.defined() && (!a.z.defined() || (a.z.rows() == T && a.z.cols() == Di &&
+                                                                     g.dz.rows() == T && g.dz.cols() == Di)),
+          "selective_scan_backward", "shape mismatch");
+  for (auto* t : {&a.state, &g.dstate_out, &g.dstate_in})
+    require(!t->defined() || (t->is_contiguous() && t->dtype() == DType::F32 && t->numel() == Di * N),
+            "selective_scan_backward", "states are fp32 [channels, d_state]");
+  execute("selective_scan_backward", 3 * 7.0 * T * Di * N, 2 * (fbytes(a.x) + fbytes(a.dt) + fbytes(a.z)) + fbytes(dy),
+          {T, Di, N}, [&] { k_selective_scan_backward(a, dy, g); });
+}
+
 void Backend::gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
                                      const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group) {
   for (auto* t : {&dx, &dz, &dy, &x, &z}) require_2d(*t, "gated_rmsnorm_backward", "dx, dz, dy, x and z");
@@ -216,6 +235,9 @@ void Backend::k_conv1d_backward(const Tensor&, const Tensor&, const Tensor&, con
   no_kernel("conv1d_backward");
 }
 void Backend::k_ssd_scan_backward(const SsdArgs&, const Tensor&, const SsdGrads&) { no_kernel("ssd_scan_backward"); }
+void Backend::k_selective_scan_backward(const SelectiveScanArgs&, const Tensor&, const SelectiveGrads&) {
+  no_kernel("selective_scan_backward");
+}
 void Backend::k_gated_rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                        const Tensor&, const Tensor&, float, int64_t) {
   no_kernel("gated_rmsnorm_backward");

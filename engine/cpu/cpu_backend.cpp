@@ -270,6 +270,9 @@ void CpuBackend::k_conv1d_backward(const Tensor& dx, const Tensor& dw, const Ten
 void CpuBackend::k_ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g) {
   cpu::ssd_scan_backward(a, dy, g);
 }
+void CpuBackend::k_selective_scan_backward(const SelectiveScanArgs& a, const Tensor& dy, const SelectiveGrads& g) {
+  cpu::selective_scan_backward(a, dy, g);
+}
 void CpuBackend::k_gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
                                           const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                                           int64_t group) {

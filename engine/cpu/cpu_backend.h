@@ -64,6 +64,7 @@ class CpuBackend final : public Backend {
   void k_conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate, const Tensor& dy,
                          const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state, bool silu) override;
   void k_ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g) override;
+  void k_selective_scan_backward(const SelectiveScanArgs& a, const Tensor& dy, const SelectiveGrads& g) override;
   void k_gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
                                 const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group) override;
   void k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -29,6 +29,7 @@ void count_nonfinite(const Tensor& out, const Tensor& t);
 void conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate, const Tensor& dy,
                      const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state, bool silu);
 void ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g);
+void selective_scan_backward(const SelectiveScanArgs& a, const Tensor& dy, const SelectiveGrads& g);
 void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy, const Tensor& x,
                             const Tensor& z, const Tensor& w, float eps, int64_t group);
 void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -80,7 +80,8 @@ double kernel_seconds(const HardwareProfile& hw, const std::string& op, double f
   else if (op == "ssd_scan" || op == "ssd_state_correction" || op == "ssd_scan_backward")
     rate = matmul * hw.scan_efficiency;
   // The Mamba selective scan is a per-channel recurrence: a fraction of the vector rate.
-  else if (op == "selective_scan" || op == "selective_state_correction") rate = hw.fp32_flops * 0.25;
+  else if (op == "selective_scan" || op == "selective_state_correction" || op == "selective_scan_backward")
+    rate = hw.fp32_flops * 0.25;
   const double compute = flops > 0 ? flops / rate : 0.0;
   const double memory = bytes / bandwidth;
   return std::max(compute, memory) + hw.launch;
