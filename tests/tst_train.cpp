@@ -103,6 +103,10 @@ class TestTrain : public QObject {
     QTest::newRow("hybrid, tp 2") << QStringList{"--strategy", "tp", "--devices", "2", "--micro-batch", "2"} << 2
                                   << hybrid;
     QTest::newRow("hybrid, dp 4") << QStringList{"--strategy", "dp", "--devices", "4"} << 4 << hybrid;
+    const QStringList mamba = {"--model", "tiny-mamba"}, falcon = {"--model", "tiny-falcon-mamba"};
+    QTest::newRow("mamba, tp 2") << QStringList{"--strategy", "tp", "--devices", "2", "--micro-batch", "2"} << 2 << mamba;
+    QTest::newRow("mamba, dp 2") << QStringList{"--strategy", "dp", "--devices", "2"} << 2 << mamba;
+    QTest::newRow("falcon-mamba, tp 4") << QStringList{"--strategy", "tp", "--devices", "4"} << 1 << falcon;
   }
   void gradientsEqualSingle() {
     QFETCH(QStringList, args);
@@ -141,6 +145,8 @@ class TestTrain : public QObject {
     QTest::newRow("llama") << "tiny-llama";
     QTest::newRow("mamba2") << "tiny-mamba2";
     QTest::newRow("hybrid") << "tiny-hybrid";
+    QTest::newRow("mamba") << "tiny-mamba";
+    QTest::newRow("falcon-mamba") << "tiny-falcon-mamba";
   }
   void modelGradientMatchesFiniteDifference() {
     QFETCH(QString, model);
@@ -249,6 +255,8 @@ class TestTrain : public QObject {
       QTest::addRow("single, %s", rc) << QStringList{"--recompute", rc, "--micro-batch", "2"};
       QTest::addRow("mamba2 tp 2, %s", rc)
           << QStringList{"--recompute", rc, "--model", "tiny-mamba2", "--strategy", "tp", "--devices", "2"};
+      QTest::addRow("falcon-mamba tp 2, %s", rc)
+          << QStringList{"--recompute", rc, "--model", "tiny-falcon-mamba", "--strategy", "tp", "--devices", "2"};
       QTest::addRow("hybrid single, %s, bf16", rc)
           << QStringList{"--recompute", rc, "--model", "tiny-hybrid", "--dtype", "bf16", "--micro-batch", "2"};
       QTest::addRow("tp 2, %s", rc) << QStringList{"--recompute", rc, "--strategy", "tp", "--devices", "2"};
@@ -353,7 +361,9 @@ class TestTrain : public QObject {
         << QStringList{"--model", "tiny-llama", "--seq-len", "32", "--strategy", "dp", "--devices", "2",
                        "--global-batch", "3"}
         << "multiple of 2";
-    QTest::newRow("mamba v1") << QStringList{"--model", "tiny-mamba", "--seq-len", "32"} << "Mamba v1";
+    QTest::newRow("mamba under tp_sp") << QStringList{"--model", "tiny-mamba", "--seq-len", "32", "--strategy", "tp_sp",
+                                                      "--mesh", "2x2", "--devices", "4"}
+                                       << "sequence parallelism";
     QTest::newRow("mamba2 under sp") << QStringList{"--model", "tiny-mamba2", "--seq-len", "32", "--strategy", "sp",
                                                     "--devices", "2"}
                                      << "sequence parallelism";

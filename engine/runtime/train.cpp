@@ -343,7 +343,9 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
       {
         SiteScope sc(rec, -1, "adamw");
         for (size_t i = 0; i < specs.size(); ++i) {
-          a.weight_decay = specs[i].shape.size() >= 2 ? float(o.weight_decay) : 0.0f;  // no decay on norms
+          // Decay on the matrices (projections, embeddings), not on norms, biases, conv kernels, A_log or D.
+          const bool matrix = specs[i].shape.size() == 2 && specs[i].name.find("A_log") == std::string::npos;
+          a.weight_decay = matrix ? float(o.weight_decay) : 0.0f;
           be.adamw(*specs[i].slot, master[i], tm.grads()[i], m1[i], m2[i], a);
         }
       }

@@ -28,6 +28,11 @@ TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequence
       const int64_t norms = 2 * R * d * b, act = R * F * b;  // h1, h2; silu(g) u
       full[size_t(i)] = norms + R * (hq + 2 * hkv) * b + R * hq * b + R * sh.heads * 4 + R * d * rb + 2 * R * F * b + act;
       kept[size_t(i)] = rc == Recompute::Selective ? full[size_t(i)] - norms - act : full[size_t(i)];
+    } else if (c.layer_kind(i) == LayerKind::Mamba) {
+      const int64_t Di = mamba_shard(c, par.shard_index(), par.shard_count()).channels, x = c.dt_rank + 2 * c.d_state;
+      const int64_t h = R * d * b, normed = c.bcdt_rms ? R * x * b : 0;
+      full[size_t(i)] = h + 2 * R * Di * b + 3 * R * Di * b + R * x * b + normed;
+      kept[size_t(i)] = rc == Recompute::Selective ? full[size_t(i)] - h - normed : full[size_t(i)];
     } else {
       const Mamba2Shard m2 = mamba2_shard(c, par.shard_index(), par.shard_count());
       const int64_t Di = int64_t(m2.heads) * c.ssm_head_dim, GN = int64_t(m2.groups) * c.d_state;

@@ -33,11 +33,8 @@ void TrainModel::check_supported(const ModelConfig& cfg, Strategy s, int tp) {
   if (s == Strategy::TSP) throw UsageError("training under tsp is not built yet; choose single, dp, tp, sp or tp_sp");
   for (int i = 0; i < cfg.n_layers; ++i) {
     const LayerKind k = cfg.layer_kind(i);
-    if (k == LayerKind::Mamba)
-      throw UsageError("training " + cfg.family_name() + " (Mamba v1) layers is not built yet (the selective scan's "
-                       "backward); choose a Llama, Mamba2 or hybrid model");
-    if (k == LayerKind::Mamba2 && (s == Strategy::SP || s == Strategy::TPSP))
-      throw UsageError("training Mamba2 layers under sequence parallelism (the conv halo's and state passing's "
+    if (k != LayerKind::Attention && (s == Strategy::SP || s == Strategy::TPSP))
+      throw UsageError("training SSM layers under sequence parallelism (the conv halo's and state passing's "
                        "backward) is not built yet; choose single, dp or tp for this " + cfg.family_name() + " model");
     if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
       throw UsageError("training under tp needs n_groups (" + std::to_string(cfg.n_groups) + ") to be a multiple of "
@@ -51,6 +48,7 @@ TrainModel::TrainModel(Model& model, Recompute recompute)
   check_supported(m_cfg, m_par.strategy, m_par.tp_size);
   if (m_cfg.n_heads) m_shard = attention_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
   if (m_cfg.ssm_heads) m_m2 = mamba2_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
+  if (m_cfg.family == Family::Mamba) m_m1 = mamba_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
 }
 
 Tensor TrainModel::act(const Shape& s, const char* label, DType dt) const {
@@ -84,6 +82,25 @@ void TrainModel::allocate_grads() {
   for (int i = 0; i < m_cfg.n_layers; ++i) {
     Layer& L = m_layers[size_t(i)];
     L.kind = m_cfg.layer_kind(i);
+    if (L.kind == LayerKind::Mamba) {
+      const std::string own_norm = "layers." + std::to_string(i) + ".norm.weight";
+      const std::pair<Tensor*, Tensor*> m1[] = {
+          {&L.norm, &L.g_norm},       {&L.in_proj, &L.g_in_proj},     {&L.conv_w, &L.g_conv_w},
+          {&L.x_proj, &L.g_x_proj},   {&L.dt_proj_w, &L.g_dt_proj_w}, {&L.dt_proj_b, &L.g_dt_proj_b},
+          {&L.A_log, &L.g_A_log},     {&L.D, &L.g_D},                 {&L.out_proj, &L.g_out_proj}};
+      const char* names[] = {own_norm.c_str(),         "mixer.in_proj.weight", "mixer.conv1d.weight",
+                             "mixer.x_proj.weight",    "mixer.dt_proj.weight", "mixer.dt_proj.bias",
+                             "mixer.A_log",            "mixer.D",              "mixer.out_proj.weight"};
+      for (size_t k = 0; k < 9; ++k) {
+        *m1[k].first = weight_of(names[k], i);
+        *m1[k].second = grad_of(names[k], i);
+      }
+      if (m_cfg.conv_bias) {
+        L.conv_b = weight_of("mixer.conv1d.bias", i);
+        L.g_conv_b = grad_of("mixer.conv1d.bias", i);
+      }
+      continue;
+    }
     if (L.kind == LayerKind::Mamba2) {
       const std::pair<Tensor*, Tensor*> m2[] = {
           {&L.norm, &L.g_norm},           {&L.in_proj, &L.g_in_proj}, {&L.conv_w, &L.g_conv_w},
@@ -241,13 +258,19 @@ void TrainModel::attention_grad(const Tensor& dq, const Tensor& dk, const Tensor
 // outputs are all-reduced over the tp group before the residual add.
 void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
                                bool keep) {
-  if (m_layers[size_t(i)].kind == LayerKind::Mamba2) mamba2_forward(i, x_in, x_out, b, s, keep);
-  else attention_forward(i, x_in, x_out, b, s, keep);
+  switch (m_layers[size_t(i)].kind) {
+    case LayerKind::Attention: attention_forward(i, x_in, x_out, b, s, keep); break;
+    case LayerKind::Mamba2: mamba2_forward(i, x_in, x_out, b, s, keep); break;
+    case LayerKind::Mamba: mamba_forward(i, x_in, x_out, b, s, keep); break;
+  }
 }
 
 void TrainModel::layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
-  if (m_layers[size_t(i)].kind == LayerKind::Mamba2) mamba2_backward(i, dx, b, s);
-  else attention_backward(i, dx, b, s);
+  switch (m_layers[size_t(i)].kind) {
+    case LayerKind::Attention: attention_backward(i, dx, b, s); break;
+    case LayerKind::Mamba2: mamba2_backward(i, dx, b, s); break;
+    case LayerKind::Mamba: mamba_backward(i, dx, b, s); break;
+  }
 }
 
 void TrainModel::project_out(int layer, const Tensor& out, const Tensor& in, const Tensor& w, const char* site) {

@@ -6,10 +6,10 @@
 // (engine/README.md, "Training").
 //
 // Families: Llama (attention + SwiGLU MLP) layers under single, dp, tp, sp
-// and tp_sp; Mamba2 layers (Mamba2 and the hybrid) under single, dp and tp
-// (train/mamba2_train.cpp). Mamba and Falcon-Mamba, Mamba2 layers under
-// sequence parallelism, and tsp are refused with a UsageError until their
-// backward exists.
+// and tp_sp; Mamba2 layers (Mamba2 and the hybrid, train/mamba2_train.cpp)
+// and Mamba / Falcon-Mamba layers (train/mamba_train.cpp) under single, dp
+// and tp. SSM layers under sequence parallelism, and tsp, are refused with a
+// UsageError until their backward exists.
 #pragma once
 
 #include <functional>
@@ -65,7 +65,8 @@ class TrainModel {
   // What a layer's forward keeps for its backward (train_model.cpp lists the sizes).
   struct Saved {
     Tensor x_in, h1, q, k, v, o, lse, x_mid, h2, g, u, a;  // attention layers (h1: Mamba2's norm output too)
-    Tensor zxbcdt, xbc, ys, yn;                            // Mamba2: in_proj's output, conv's, the scan's, the gated norm's
+    Tensor zxbcdt, xbc, ys, yn;  // Mamba2: in_proj's output, conv's, the scan's, the gated norm's (Mamba: xz, xc, y)
+    Tensor dbc, dbc_n, dt;       // Mamba: x_proj's output, its normalised copy (Falcon-Mamba), dt_proj's
   };
   // A layer's weights and their gradients (attention or Mamba2).
   struct Layer {
@@ -74,6 +75,7 @@ class TrainModel {
     Tensor g_in_norm, gq, gk, gv, go, g_post_norm, g_gate, g_up, g_down;
     Tensor norm, in_proj, conv_w, conv_b, dt_bias, A_log, D, gated_norm, out_proj;
     Tensor g_norm, g_in_proj, g_conv_w, g_conv_b, g_dt_bias, g_A_log, g_D, g_gated_norm, g_out_proj;
+    Tensor x_proj, dt_proj_w, dt_proj_b, g_x_proj, g_dt_proj_w, g_dt_proj_b;  // Mamba
   };
   void layer_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
   void layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
@@ -81,6 +83,8 @@ class TrainModel {
   void attention_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
   void mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
   void mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
+  void mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
+  void mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
   // x_out += in · w^T for a row-parallel projection (all-reduced over tp).
   void project_out(int layer, const Tensor& out, const Tensor& in, const Tensor& w, const char* site);
   void attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -102,6 +106,7 @@ class TrainModel {
   Recompute m_rc;
   AttentionShard m_shard;
   Mamba2Shard m_m2;
+  MambaShard m_m1;
   std::vector<Tensor> m_grads;  // by weight-list index
   std::vector<Layer> m_layers;
   Tensor m_embed, m_final_norm, m_head, m_gembed, m_gfinal_norm, m_ghead;

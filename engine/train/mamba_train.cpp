@@ -1,0 +1,200 @@
+// Mamba (v1) and Falcon-Mamba layers' training forward and backward (see
+// train_model.h):
+//   h = rmsnorm(x_in); [x | z] = h in_proj^T; xc = silu(conv(x) + b);
+//   [dt_low | B | C] = xc x_proj^T (x_proj is split by channel: a partial sum,
+//   all-reduced under tp, whose backward is the identity; every rank's
+//   channels then use the whole of it, so its gradient is all-reduced); Falcon-Mamba
+//   RMS-normalises dt_low, B and C (no weights); dt = dt_low dt_proj^T;
+//   y = selective_scan(xc, dt, z, B, C); x_out = x_in + y out_proj^T.
+// Kept for backward (R rows, b bytes a value, Di this rank's channels,
+// r = dt_rank): h R d; xz 2 R Di; xc, dt, y 3 R Di; x_proj's output
+// R (r + 2N), and its normalised copy for Falcon-Mamba (all b bytes a value).
+// Selective recomputation drops h and the normalised copy.
+#include "train/train_model.h"
+
+namespace ss {
+
+void TrainModel::mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
+                               bool keep) {
+  const ModelConfig& c = m_cfg;
+  const Layer& L = m_layers[size_t(i)];
+  Recorder& rec = m_be.recorder();
+  const int64_t R = x_in.rows(), d = c.d_model, Di = m_m1.channels, N = c.d_state, r = c.dt_rank;
+  const int64_t Tl = int64_t(b.positions.size());
+  const DType dt = c.dtype;
+  s.x_in = x_in;
+  s.h1 = act({R, d}, "mixer.norm", dt);
+  {
+    SiteScope sc(rec, i, "mixer.norm");
+    m_be.rmsnorm(s.h1, x_in, L.norm, c.norm_eps, d);
+  }
+  s.zxbcdt = act({R, 2 * Di}, "mixer.in_proj", dt);
+  {
+    SiteScope sc(rec, i, "mixer.in_proj");
+    m_be.matmul(s.zxbcdt, s.h1, L.in_proj);
+  }
+  s.xbc = act({R, Di}, "mixer.conv", dt);
+  const Tensor cw = L.conv_w.reshape({Di, c.d_conv});
+  for (int q = 0; q < b.sequences; ++q) {
+    SiteScope sc(rec, i, "mixer.conv");
+    m_be.conv1d_causal(s.xbc.slice(0, q * Tl, Tl), s.zxbcdt.slice(0, q * Tl, Tl).slice(1, 0, Di), cw, L.conv_b,
+                       Tensor{}, true);
+  }
+  s.dbc = act({R, r + 2 * N}, "mixer.x_proj", dt);
+  {
+    SiteScope sc(rec, i, "mixer.x_proj");
+    if (m_par.tp_size > 1) {
+      Tensor partial = m_be.alloc({R, r + 2 * N}, Category::CommBuffers, "mixer.x_proj_partial", dt);
+      m_be.matmul(partial, s.xbc, L.x_proj);
+      m_par.tp->all_reduce(partial);
+      m_be.copy(s.dbc, partial);
+    } else {
+      m_be.matmul(s.dbc, s.xbc, L.x_proj);
+    }
+  }
+  s.dbc_n = s.dbc;
+  if (c.bcdt_rms) {
+    SiteScope sc(rec, i, "mixer.bcdt_norm");
+    s.dbc_n = act({R, r + 2 * N}, "mixer.bcdt_norm", dt);
+    for (auto [c0, n] : {std::pair{int64_t(0), r}, std::pair{r, N}, std::pair{r + N, N}})
+      m_be.rmsnorm(s.dbc_n.slice(1, c0, n), s.dbc.slice(1, c0, n), Tensor{}, c.mixer_rms_eps, n);
+  }
+  s.dt = act({R, Di}, "mixer.dt", dt);
+  {
+    SiteScope sc(rec, i, "mixer.dt_proj");
+    m_be.matmul(s.dt, s.dbc_n.slice(1, 0, r), L.dt_proj_w);
+  }
+  s.ys = act({R, Di}, "mixer.scan", dt);
+  for (int q = 0; q < b.sequences; ++q) {
+    auto rows = [&](const Tensor& t) { return t.slice(0, q * Tl, Tl); };
+    SelectiveScanArgs a;
+    a.y = rows(s.ys);
+    a.x = rows(s.xbc);
+    a.dt = rows(s.dt);
+    a.z = rows(s.zxbcdt).slice(1, Di, Di);
+    a.B = rows(s.dbc_n).slice(1, r, N);
+    a.C = rows(s.dbc_n).slice(1, r + N, N);
+    a.dt_bias = L.dt_proj_b;
+    a.A_log = L.A_log;
+    a.D = L.D;
+    SiteScope sc(rec, i, "mixer.scan");
+    m_be.selective_scan(a);
+  }
+  m_be.copy(x_out, x_in);
+  project_out(i, x_out, s.ys, L.out_proj, "mixer.out_proj");
+  if (!keep) {
+    const Tensor x = s.x_in;
+    s = Saved{};
+    s.x_in = x;
+  } else if (m_rc == Recompute::Selective) {
+    s.h1 = Tensor{};
+    if (c.bcdt_rms) s.dbc_n = Tensor{};
+  }
+}
+
+void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
+  const ModelConfig& c = m_cfg;
+  const Layer& L = m_layers[size_t(i)];
+  Recorder& rec = m_be.recorder();
+  const int64_t R = dx.rows(), d = c.d_model, Di = m_m1.channels, N = c.d_state, r = c.dt_rank;
+  const int64_t Tl = int64_t(b.positions.size());
+  const DType dt = c.dtype;
+  if (m_rc == Recompute::Full) {
+    SiteScope sc(rec, i, "recompute");
+    Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
+    mamba_forward(i, s.x_in, out, b, s, true);
+  } else if (m_rc == Recompute::Selective) {
+    SiteScope sc(rec, i, "recompute");
+    s.h1 = act({R, d}, "mixer.norm", dt);
+    m_be.rmsnorm(s.h1, s.x_in, L.norm, c.norm_eps, d);
+    if (c.bcdt_rms) {
+      s.dbc_n = act({R, r + 2 * N}, "mixer.bcdt_norm", dt);
+      for (auto [c0, n] : {std::pair{int64_t(0), r}, std::pair{r, N}, std::pair{r + N, N}})
+        m_be.rmsnorm(s.dbc_n.slice(1, c0, n), s.dbc.slice(1, c0, n), Tensor{}, c.mixer_rms_eps, n);
+    }
+  }
+  Tensor dxz = work({R, 2 * Di}, "grad.mixer.in_proj", dt);
+  Tensor dxc = work({R, Di}, "grad.mixer.conv", dt);
+  {
+    Tensor dys = work({R, Di}, "grad.mixer.scan", dt);
+    {
+      SiteScope sc(rec, i, "mixer.out_proj.backward");
+      m_be.matmul_dx(dys, dx, L.out_proj, false);
+      m_be.matmul_dw(L.g_out_proj, dx, s.ys, true);
+    }
+    Tensor ddt = work({R, Di}, "grad.mixer.dt", dt);
+    Tensor dn = work({R, r + 2 * N}, "grad.mixer.bcdt", dt);  // of dt_low, B, C as the scan saw them
+    for (int q = 0; q < b.sequences; ++q) {
+      auto rows = [&](const Tensor& t) { return t.slice(0, q * Tl, Tl); };
+      SelectiveScanArgs a;
+      a.x = rows(s.xbc);
+      a.dt = rows(s.dt);
+      a.z = rows(s.zxbcdt).slice(1, Di, Di);
+      a.B = rows(s.dbc_n).slice(1, r, N);
+      a.C = rows(s.dbc_n).slice(1, r + N, N);
+      a.dt_bias = L.dt_proj_b;
+      a.A_log = L.A_log;
+      a.D = L.D;
+      SelectiveGrads g;
+      g.dx = rows(dxc);
+      g.ddt = rows(ddt);
+      g.dz = rows(dxz).slice(1, Di, Di);
+      g.dB = rows(dn).slice(1, r, N);
+      g.dC = rows(dn).slice(1, r + N, N);
+      g.d_dt_bias = L.g_dt_proj_b;
+      g.dA_log = L.g_A_log;
+      g.dD = L.g_D;
+      SiteScope sc(rec, i, "mixer.scan.backward");
+      m_be.selective_scan_backward(a, rows(dys), g);
+    }
+    dys = Tensor{};
+    s.ys = Tensor{};
+    {
+      SiteScope sc(rec, i, "mixer.dt_proj.backward");
+      m_be.matmul_dx(dn.slice(1, 0, r), ddt, L.dt_proj_w, false);
+      m_be.matmul_dw(L.g_dt_proj_w, ddt, s.dbc_n.slice(1, 0, r), true);
+    }
+    ddt = Tensor{};
+    s.dt = Tensor{};
+    // dt_low, B and C are whole on every rank but each rank's channels used
+    // them: their gradient is the sum of every rank's share.
+    tp_sum(dn, i, "mixer.bcdt_grad_all_reduce");
+    // Through Falcon-Mamba's weightless norms, to x_proj's output.
+    Tensor draw = dn;
+    if (c.bcdt_rms) {
+      SiteScope sc(rec, i, "mixer.bcdt_norm.backward");
+      draw = work({R, r + 2 * N}, "grad.mixer.x_proj", dt);
+      m_be.fill(draw, 0.0f);
+      for (auto [c0, n] : {std::pair{int64_t(0), r}, std::pair{r, N}, std::pair{r + N, N}})
+        m_be.rmsnorm_backward(draw.slice(1, c0, n), Tensor{}, dn.slice(1, c0, n), s.dbc.slice(1, c0, n), Tensor{},
+                              c.mixer_rms_eps, n);
+    }
+    s.dbc_n = Tensor{};
+    // x_proj's forward all-reduce summed partials: its backward hands every rank that whole gradient.
+    SiteScope sc(rec, i, "mixer.x_proj.backward");
+    m_be.matmul_dx(dxc, draw, L.x_proj, true);
+    m_be.matmul_dw(L.g_x_proj, draw, s.xbc, true);
+  }
+  s.dbc = s.xbc = Tensor{};
+  {
+    const Tensor cw = L.conv_w.reshape({Di, c.d_conv}), gcw = L.g_conv_w.reshape({Di, c.d_conv});
+    SiteScope sc(rec, i, "mixer.conv.backward");
+    for (int q = 0; q < b.sequences; ++q)
+      m_be.conv1d_backward(dxz.slice(0, q * Tl, Tl).slice(1, 0, Di), gcw, L.g_conv_b, Tensor{}, dxc.slice(0, q * Tl, Tl),
+                           s.zxbcdt.slice(0, q * Tl, Tl).slice(1, 0, Di), cw, L.conv_b, Tensor{}, true);
+  }
+  dxc = Tensor{};
+  Tensor dh = work({R, d}, "grad.mixer.norm", dt);
+  {
+    SiteScope sc(rec, i, "mixer.in_proj.backward");
+    m_be.matmul_dx(dh, dxz, L.in_proj, false);
+    m_be.matmul_dw(L.g_in_proj, dxz, s.h1, true);
+  }
+  dxz = Tensor{};
+  s.zxbcdt = s.h1 = Tensor{};
+  tp_sum(dh, i, "mixer.grad_all_reduce");
+  SiteScope sc(rec, i, "mixer.norm.backward");
+  m_be.rmsnorm_backward(dx, L.g_norm, dh, s.x_in, L.norm, c.norm_eps, d);
+}
+
+}  // namespace ss
