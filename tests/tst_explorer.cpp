@@ -370,11 +370,11 @@ class TestExplorer : public QObject {
     QVERIFY(!args.contains("--prompt-len"));
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
-    // A strategy training does not run yet is refused by the check, with the engine's reason.
-    w.setSetup("tiny-llama", "cpu", "tsp", 2, 24, 2);
+    // What training does not run yet is refused by the check, with the engine's reason.
+    w.setSetup("tiny-mamba2", "cpu", "sp", 2, 24, 2);
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY(!w.setupValid());
-    QVERIFY2(w.verdictText().contains(QStringLiteral("tsp")), qPrintable(w.verdictText()));
+    QVERIFY2(w.verdictText().contains(QStringLiteral("sequence parallelism")), qPrintable(w.verdictText()));
     w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 2);
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QSignalSpy done(&w, &MainWindow::runFinished);

@@ -127,7 +127,7 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
   cmd->add_option("--backend", r.backend, "cpu or sim (with --hardware)")->capture_default_str();
   cmd->add_option("--hardware", o.hardware, "sim backend: profile name in resources/hardware, or a JSON file");
   cmd->add_option("--nodes", o.nodes, "sim backend: nodes the devices are spread over")->capture_default_str();
-  cmd->add_option("--strategy", r.strategy, "single, dp, tp, sp or tp_sp")->capture_default_str();
+  cmd->add_option("--strategy", r.strategy, "single, dp, tp, sp, tp_sp or tsp")->capture_default_str();
   cmd->add_option("--devices", r.devices, "devices (ranks) of the run")->capture_default_str();
   cmd->add_option("--mesh", r.mesh, "tp_sp mesh TxS, e.g. 2x2");
   cmd->add_option("--split", r.split, "sequence split for sp/tp_sp: zigzag or contiguous")->capture_default_str();

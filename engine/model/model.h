@@ -105,6 +105,12 @@ class Model {
   Tensor forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, Cache& cache, bool all_logits,
                  const StepLayout& layout = {});
 
+  // tsp: streams a pack, calling compute(shard index, member tensors of that
+  // shard) for every shard with the next transfer in flight during compute
+  // (training's forward uses it too); a pack's member views of a flat buffer.
+  void stream_pack(const WeightPack& p, const std::function<void(int, const std::vector<Tensor>&)>& compute);
+  std::vector<Tensor> pack_views(const WeightPack& p, const Tensor& flat) const;
+
  private:
   void build_specs();
   void build_packs();
@@ -140,10 +146,7 @@ class Model {
   void pass_states(int layer, const StepLayout& layout, int64_t state_numel, int64_t decay_numel,
                    const Tensor& final_state, const ChunkScan& scan, const ChunkCorrect& correct,
                    const StateAdvance& advance);
-  // Streams a pack: calls compute(shard index, member tensors of that shard)
-  // for every shard, with the next transfer in flight during compute.
-  void stream_pack(const WeightPack& p, const std::function<void(int, const std::vector<Tensor>&)>& compute);
-  std::vector<Tensor> pack_views(const WeightPack& p, const Tensor& flat) const;
+
   bool tp_active() const { return !m_par.folded() && m_par.tp_size > 1; }
   // Sums a row-parallel partial output over the tensor-parallel group into x,
   // at the precision the plan gives `site` (attn, mlp, mixer) of `layer`.

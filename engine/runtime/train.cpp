@@ -264,7 +264,10 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
       be.download(scalar, f);
       return double(f[0]);
     };
-    auto sender = [&](const WeightSpec& w) { return w.slice.mirrored() ? g.rank == 0 : par.sp_rank == 0; };
+    // Who sends a tensor when it is gathered: one rank per distinct copy.
+    auto sender = [&](const WeightSpec& w) {
+      return w.slice.mirrored() ? g.rank == 0 : par.folded() || par.sp_rank == 0;
+    };
     double last_loss = 0, tokens_per_s_sum = 0;
     for (int step = step0 + 1; step <= step0 + o.steps; ++step) {
       const int64_t t0 = rec.now();
@@ -288,7 +291,9 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
         if (grad_group && k == K - 1)
           done = [&](int layer) {
             SiteScope sc(rec, layer, "grad_sync");
-            for (size_t i : by_layer[layer]) pending.push_back(grad_group->iall_reduce(tm.grads()[i]));
+            for (size_t i : by_layer[layer])
+              // tsp: the shards' gradients reached their owners on the ring; the mirrored rest is summed.
+              if (!par.folded() || specs[i].slice.mirrored()) pending.push_back(grad_group->iall_reduce(tm.grads()[i]));
           };
         loss_sum += tm.forward_backward(b, float(1.0 / double(global_targets)), done);
         if (tm.first_nonfinite_layer() != -2) {
@@ -313,7 +318,8 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
       be.fill(ss_sharded, 0.0f);
       for (size_t i = 0; i < specs.size(); ++i)
         be.sum_squares(specs[i].slice.mirrored() ? ss_mirrored : ss_sharded, tm.grads()[i]);
-      if (par.tp_size > 1 && !par.folded()) par.tp->all_reduce(ss_sharded);
+      if (par.folded() && par.sp_size > 1) par.sp->all_reduce(ss_sharded);
+      else if (par.tp_size > 1) par.tp->all_reduce(ss_sharded);
       float sq[2] = {0, 0};
       be.download(ss_mirrored, &sq[0]);
       be.download(ss_sharded, &sq[1]);

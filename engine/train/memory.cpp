@@ -23,7 +23,8 @@ TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequence
   std::vector<int64_t> full(static_cast<size_t>(L)), kept(static_cast<size_t>(L));
   for (int i = 0; i < c.n_layers; ++i) {
     if (c.layer_kind(i) == LayerKind::Attention) {
-      const AttentionShard sh = attention_shard(c, par.shard_index(), par.shard_count());
+      const AttentionShard sh = par.folded() ? attention_shard(c, 0, 1)  // tsp: all heads of its own tokens
+                                             : attention_shard(c, par.shard_index(), par.shard_count());
       const int64_t hq = int64_t(sh.heads) * c.head_dim, hkv = int64_t(sh.kv_heads) * c.head_dim, F = sh.ffn;
       const int64_t norms = 2 * R * d * b, act = R * F * b;  // h1, h2; silu(g) u
       full[size_t(i)] = norms + R * (hq + 2 * hkv) * b + R * hq * b + R * sh.heads * 4 + R * d * rb + 2 * R * F * b + act;

@@ -30,12 +30,12 @@ const char* recompute_name(Recompute r) {
 }
 
 void TrainModel::check_supported(const ModelConfig& cfg, Strategy s, int tp) {
-  if (s == Strategy::TSP) throw UsageError("training under tsp is not built yet; choose single, dp, tp, sp or tp_sp");
   for (int i = 0; i < cfg.n_layers; ++i) {
     const LayerKind k = cfg.layer_kind(i);
-    if (k != LayerKind::Attention && (s == Strategy::SP || s == Strategy::TPSP))
+    if (k != LayerKind::Attention && (s == Strategy::SP || s == Strategy::TPSP || s == Strategy::TSP))
       throw UsageError("training SSM layers under sequence parallelism (the conv halo's and state passing's "
-                       "backward) is not built yet; choose single, dp or tp for this " + cfg.family_name() + " model");
+                       "backward) is not built yet; choose single, dp or tp for this " + cfg.family_name() + " model, "
+                       "or a Llama model for " + strategy_name(s));
     if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
       throw UsageError("training under tp needs n_groups (" + std::to_string(cfg.n_groups) + ") to be a multiple of "
                        "the tp size " + std::to_string(tp) + " (a gated-norm group split over ranks has no backward "
@@ -46,7 +46,9 @@ void TrainModel::check_supported(const ModelConfig& cfg, Strategy s, int tp) {
 TrainModel::TrainModel(Model& model, Recompute recompute)
     : m_model(model), m_be(model.backend()), m_cfg(model.config()), m_par(model.parallel()), m_rc(recompute) {
   check_supported(m_cfg, m_par.strategy, m_par.tp_size);
-  if (m_cfg.n_heads) m_shard = attention_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
+  // Under tsp every rank computes all heads of its own tokens (the shards stream past).
+  if (m_cfg.n_heads)
+    m_shard = m_par.folded() ? attention_shard(m_cfg, 0, 1) : attention_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
   if (m_cfg.ssm_heads) m_m2 = mamba2_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
   if (m_cfg.family == Family::Mamba) m_m1 = mamba_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
 }
@@ -74,9 +76,18 @@ Tensor TrainModel::grad_of(const std::string& suffix, int layer) const {
 
 void TrainModel::allocate_grads() {
   const auto& specs = m_model.weights();
-  m_grads.clear();
-  for (const WeightSpec& w : specs)
-    m_grads.push_back(m_be.alloc(w.local_shape(), Category::Grads, "grad." + w.name, m_cfg.dtype));
+  m_grads.assign(specs.size(), Tensor{});
+  // tsp: a pack's gradient is one flat buffer, as its weights are (the ring passes it whole).
+  for (const WeightPack& p : m_model.packs()) {
+    Tensor flat = m_be.alloc({p.numel}, Category::Grads, "grad.layers." + std::to_string(p.layer) + "." + p.name,
+                             m_cfg.dtype);
+    m_pack_grads[&p] = flat;
+    const std::vector<Tensor> views = m_model.pack_views(p, flat);
+    for (size_t k = 0; k < p.members.size(); ++k) m_grads[p.members[k]] = views[k];
+  }
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (!m_grads[i].defined())
+      m_grads[i] = m_be.alloc(specs[i].local_shape(), Category::Grads, "grad." + specs[i].name, m_cfg.dtype);
   zero_grads();
   m_layers.assign(size_t(m_cfg.n_layers), {});
   for (int i = 0; i < m_cfg.n_layers; ++i) {
@@ -258,6 +269,7 @@ void TrainModel::attention_grad(const Tensor& dq, const Tensor& dk, const Tensor
 // outputs are all-reduced over the tp group before the residual add.
 void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
                                bool keep) {
+  if (m_par.folded()) return folded_forward(i, x_in, x_out, b, s, keep);
   switch (m_layers[size_t(i)].kind) {
     case LayerKind::Attention: attention_forward(i, x_in, x_out, b, s, keep); break;
     case LayerKind::Mamba2: mamba2_forward(i, x_in, x_out, b, s, keep); break;
@@ -266,6 +278,7 @@ void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, c
 }
 
 void TrainModel::layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
+  if (m_par.folded()) return folded_backward(i, dx, b, s);
   switch (m_layers[size_t(i)].kind) {
     case LayerKind::Attention: attention_backward(i, dx, b, s); break;
     case LayerKind::Mamba2: mamba2_backward(i, dx, b, s); break;

@@ -8,11 +8,13 @@
 // Families: Llama (attention + SwiGLU MLP) layers under single, dp, tp, sp
 // and tp_sp; Mamba2 layers (Mamba2 and the hybrid, train/mamba2_train.cpp)
 // and Mamba / Falcon-Mamba layers (train/mamba_train.cpp) under single, dp
-// and tp. SSM layers under sequence parallelism, and tsp, are refused with a
-// UsageError until their backward exists.
+// and tp; Llama layers under tsp (train/folded_train.cpp). SSM layers under
+// sequence parallelism (sp, tp_sp, tsp) are refused with a UsageError until
+// the conv halo's and state passing's backward exist.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -85,6 +87,15 @@ class TrainModel {
   void mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
   void mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
   void mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
+  // tsp (train/folded_train.cpp): Llama layers with every projection streamed shard by shard.
+  void folded_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
+  void folded_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
+  const WeightPack& pack_of(int layer, const std::string& name) const;
+  // Streams a pack's shards on the ring with each shard's partial gradient
+  // travelling behind it; step(shard, weights, gradient views) adds this
+  // rank's contribution. The complete gradient lands in the owner's pack gradient.
+  using GradStep = std::function<void(int, const std::vector<Tensor>&, const std::vector<Tensor>&)>;
+  void ring_backward(const WeightPack& p, const GradStep& step);
   // x_out += in · w^T for a row-parallel projection (all-reduced over tp).
   void project_out(int layer, const Tensor& out, const Tensor& in, const Tensor& w, const char* site);
   void attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -108,6 +119,7 @@ class TrainModel {
   Mamba2Shard m_m2;
   MambaShard m_m1;
   std::vector<Tensor> m_grads;  // by weight-list index
+  std::map<const WeightPack*, Tensor> m_pack_grads;  // tsp: a pack's members' gradients in one flat buffer
   std::vector<Layer> m_layers;
   Tensor m_embed, m_final_norm, m_head, m_gembed, m_gfinal_norm, m_ghead;
   int m_nonfinite_layer = -2;  // -2: finite
