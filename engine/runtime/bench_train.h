@@ -15,7 +15,9 @@ struct TrainBenchOptions {
   int micro_batch = 1;
   int steps = 3;
   int devices = 4;
-  std::vector<std::string> strategies = {"dp", "tp", "sp", "tp_sp"};
+  std::vector<std::string> strategies = {"dp", "tp", "sp", "tp_sp", "tsp"};
+  int64_t long_seq = 4096;           // the memory comparison's sequence (simulated)
+  std::string hardware = "h100-sxm";
 };
 int run_train_bench(const TrainBenchOptions& o, std::ostream& out);
 

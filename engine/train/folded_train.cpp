@@ -21,6 +21,8 @@
 // summed over the group as under sp.
 #include "train/train_model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ss {
@@ -35,17 +37,26 @@ void TrainModel::ring_backward(const WeightPack& p, const GradStep& step) {
   Communicator* comm = m_par.sp;
   const int D = comm->size(), me = comm->rank();
   Recorder& rec = m_be.recorder();
-  const std::vector<Tensor> own_grad = m_model.pack_views(p, m_pack_grads.at(&p));
-  if (D == 1) {
-    step(0, m_model.pack_views(p, p.flat), own_grad);
+  if (D == 1) {  // one rank (a single-device tsp): the contribution is the gradient
+    const Tensor once = m_be.alloc({p.numel}, Category::Workspace, p.name + ".grad", m_cfg.dtype);
+    step(0, m_model.pack_views(p, p.flat), m_model.pack_views(p, once));
+    m_be.add(m_pack_grads.at(&p).reshape({1, p.numel}), m_pack_grads.at(&p).reshape({1, p.numel}),
+             once.reshape({1, p.numel}));
     return;
   }
   SiteScope site(rec, p.layer, p.name + ".ring_backward");
-  const Tensor wbuf[2] = {m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".shard_a", m_cfg.dtype),
-                          m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".shard_b", m_cfg.dtype)};
-  const Tensor mine[2] = {m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".grad_a", m_cfg.dtype),
-                          m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".grad_b", m_cfg.dtype)};
-  const Tensor incoming = m_be.alloc({p.numel}, Category::CommBuffers, p.name + ".grad_in", m_cfg.dtype);
+  // Five shard buffers (two weight shards, two partial gradients, one
+  // arriving partial), allocated once for the largest pack and kept: fresh
+  // pages at every pack would cost their first touch inside the ring.
+  if (!m_ring[0].defined() || m_ring[0].numel() < p.numel) {
+    int64_t most = 0;
+    for (const WeightPack& q : m_model.packs()) most = std::max(most, q.numel);
+    const char* names[5] = {"ring.shard_a", "ring.shard_b", "ring.grad_a", "ring.grad_b", "ring.grad_in"};
+    for (int k = 0; k < 5; ++k) m_ring[k] = m_be.alloc({most}, Category::CommBuffers, names[k], m_cfg.dtype);
+  }
+  const Tensor wbuf[2] = {m_ring[0].slice(0, 0, p.numel), m_ring[1].slice(0, 0, p.numel)};
+  const Tensor mine[2] = {m_ring[2].slice(0, 0, p.numel), m_ring[3].slice(0, 0, p.numel)};
+  const Tensor incoming = m_ring[4].slice(0, 0, p.numel);
   Tensor cur = p.flat;
   Request grad_req;  // the partial of this step's shard, arriving from rank me-1
   for (int t = 0; t < D; ++t) {
@@ -55,9 +66,9 @@ void TrainModel::ring_backward(const WeightPack& p, const GradStep& step) {
       next = wbuf[t % 2];
       wreq = comm->isendrecv(cur, (me + 1) % D, next, (me + D - 1) % D);
     }
-    const Tensor& g = mine[t % 2];
-    m_be.fill(g, 0.0f);
+    const Tensor& g = mine[t % 2];  // written whole by step: no clearing
     step((me - t + D) % D, m_model.pack_views(p, cur), m_model.pack_views(p, g));
+    if (t == 0) finish_ring();  // the previous pack's last partial arrived during this compute
     if (grad_req) {
       grad_req->wait();
       m_be.add(g.reshape({1, p.numel}), g.reshape({1, p.numel}), incoming.reshape({1, p.numel}));
@@ -70,9 +81,19 @@ void TrainModel::ring_backward(const WeightPack& p, const GradStep& step) {
       cur = next;
     }
   }
-  grad_req->wait();
-  const Tensor flat = m_pack_grads.at(&p);
-  m_be.add(flat.reshape({1, p.numel}), flat.reshape({1, p.numel}), incoming.reshape({1, p.numel}));
+  // The last transfer brings this rank its own shard's complete gradient; it
+  // is added when the next pack (or the end of backward) needs the buffer,
+  // so it travels during the compute that follows.
+  m_ring_pending = {grad_req, m_pack_grads.at(&p), incoming};
+}
+
+void TrainModel::finish_ring() {
+  if (!m_ring_pending.req) return;
+  m_ring_pending.req->wait();
+  const Tensor& flat = m_ring_pending.grad;
+  const int64_t n = flat.numel();
+  m_be.add(flat.reshape({1, n}), flat.reshape({1, n}), m_ring_pending.incoming.reshape({1, n}));
+  m_ring_pending = {};
 }
 
 void TrainModel::folded_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
@@ -175,12 +196,12 @@ void TrainModel::folded_backward(int i, const Tensor& dx, const TrainBatch& b, S
     ring_backward(pack_of(i, "mlp"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
       SiteScope sc(rec, i, "mlp.shard.backward");
       m_be.matmul_dx(da, dx, w[2], false);
-      m_be.matmul_dw(gw[2], dx, s.a.slice(1, j * fs, fs), true);
+      m_be.matmul_dw(gw[2], dx, s.a.slice(1, j * fs, fs), false);
       m_be.silu_mul_backward(dg, du, da, s.g.slice(1, j * fs, fs), s.u.slice(1, j * fs, fs));
       m_be.matmul_dx(dh2, dg, w[0], true);
       m_be.matmul_dx(dh2, du, w[1], true);
-      m_be.matmul_dw(gw[0], dg, s.h2, true);
-      m_be.matmul_dw(gw[1], du, s.h2, true);
+      m_be.matmul_dw(gw[0], dg, s.h2, false);
+      m_be.matmul_dw(gw[1], du, s.h2, false);
     });
     s.g = s.u = s.a = s.h2 = Tensor{};
     SiteScope sc(rec, i, "mlp.norm.backward");
@@ -193,7 +214,7 @@ void TrainModel::folded_backward(int i, const Tensor& dx, const TrainBatch& b, S
     ring_backward(pack_of(i, "attn.o"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
       SiteScope sc(rec, i, "attn.o_proj.backward");
       m_be.matmul_dx(dout.slice(1, j * qs, qs), dx, w[0], false);
-      m_be.matmul_dw(gw[0], dx, s.o.slice(1, j * qs, qs), true);
+      m_be.matmul_dw(gw[0], dx, s.o.slice(1, j * qs, qs), false);
     });
     Tensor dq = work({R, hq}, "grad.attn.q", dt), dk = work({R, hkv}, "grad.attn.k", dt),
            dv = work({R, hkv}, "grad.attn.v", dt);
@@ -212,9 +233,9 @@ void TrainModel::folded_backward(int i, const Tensor& dx, const TrainBatch& b, S
       m_be.matmul_dx(dh1, dqj, w[0], true);
       m_be.matmul_dx(dh1, dkj, w[1], true);
       m_be.matmul_dx(dh1, dvj, w[2], true);
-      m_be.matmul_dw(gw[0], dqj, s.h1, true);
-      m_be.matmul_dw(gw[1], dkj, s.h1, true);
-      m_be.matmul_dw(gw[2], dvj, s.h1, true);
+      m_be.matmul_dw(gw[0], dqj, s.h1, false);
+      m_be.matmul_dw(gw[1], dkj, s.h1, false);
+      m_be.matmul_dw(gw[2], dvj, s.h1, false);
     });
   }
   s.h1 = Tensor{};

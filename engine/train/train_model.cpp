@@ -539,6 +539,7 @@ double TrainModel::forward_backward(const TrainBatch& b, float scale, const std:
     saved[size_t(i)] = Saved{};
     if (layer_done) layer_done(i);
   }
+  finish_ring();
   {
     SiteScope sc(rec, -1, "embed.backward");
     m_be.embedding_backward(m_gembed, dx, b.tokens);

@@ -92,10 +92,13 @@ class TrainModel {
   void folded_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
   const WeightPack& pack_of(int layer, const std::string& name) const;
   // Streams a pack's shards on the ring with each shard's partial gradient
-  // travelling behind it; step(shard, weights, gradient views) adds this
-  // rank's contribution. The complete gradient lands in the owner's pack gradient.
+  // travelling behind it; step(shard, weights, gradient views) writes this
+  // rank's contribution into the views (=, not +=). The complete gradient is
+  // added to the owner's pack gradient.
   using GradStep = std::function<void(int, const std::vector<Tensor>&, const std::vector<Tensor>&)>;
   void ring_backward(const WeightPack& p, const GradStep& step);
+  // Adds the last ring's arriving gradient into its owner's buffer (waits for it).
+  void finish_ring();
   // x_out += in · w^T for a row-parallel projection (all-reduced over tp).
   void project_out(int layer, const Tensor& out, const Tensor& in, const Tensor& w, const char* site);
   void attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -120,6 +123,11 @@ class TrainModel {
   MambaShard m_m1;
   std::vector<Tensor> m_grads;  // by weight-list index
   std::map<const WeightPack*, Tensor> m_pack_grads;  // tsp: a pack's members' gradients in one flat buffer
+  Tensor m_ring[5];  // tsp: the backward ring's shard buffers (category comm_buffers)
+  struct PendingRing {
+    Request req;
+    Tensor grad, incoming;
+  } m_ring_pending;
   std::vector<Layer> m_layers;
   Tensor m_embed, m_final_norm, m_head, m_gembed, m_gfinal_norm, m_ghead;
   int m_nonfinite_layer = -2;  // -2: finite
