@@ -137,8 +137,8 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_mode->addItem(tr("Inference"), QStringLiteral("inference"));
   m_mode->addItem(tr("Training"), QStringLiteral("train"));
   m_mode->setToolTip(tr("Inference: prefill a prompt, then decode greedily. Training: forward, loss, backward, "
-                        "gradient communication and AdamW steps on a synthetic corpus (Llama under every strategy; "
-                        "Mamba, Mamba2 and hybrids under single, dp and tp)"));
+                        "gradient communication and AdamW steps on a synthetic corpus (every family and strategy, "
+                        "but tsp only for Llama)"));
   m_model = new QComboBox(setup);
   for (const QFileInfo& f : QDir(resourcesDir() + "/models").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
     m_model->addItem(f.completeBaseName());

@@ -109,6 +109,15 @@ class TestTrain : public QObject {
     QTest::newRow("mamba, tp 2") << QStringList{"--strategy", "tp", "--devices", "2", "--micro-batch", "2"} << 2 << mamba;
     QTest::newRow("mamba, dp 2") << QStringList{"--strategy", "dp", "--devices", "2"} << 2 << mamba;
     QTest::newRow("falcon-mamba, tp 4") << QStringList{"--strategy", "tp", "--devices", "4"} << 1 << falcon;
+    // Sequence parallel SSM layers: conv halos and state passing, forward and back.
+    QTest::newRow("mamba2, sp 2") << QStringList{"--strategy", "sp", "--devices", "2", "--micro-batch", "2"} << 2
+                                  << mamba2;
+    QTest::newRow("mamba2, sp 4 contiguous") << QStringList{"--strategy", "sp", "--devices", "4", "--split", "contiguous"}
+                                             << 1 << mamba2;
+    QTest::newRow("mamba, sp 4") << QStringList{"--strategy", "sp", "--devices", "4"} << 1 << mamba;
+    QTest::newRow("falcon-mamba, sp 2") << QStringList{"--strategy", "sp", "--devices", "2"} << 1 << falcon;
+    QTest::newRow("hybrid, tp_sp 2x2") << QStringList{"--strategy", "tp_sp", "--mesh", "2x2", "--devices", "4"} << 1
+                                       << hybrid;
   }
   void gradientsEqualSingle() {
     QFETCH(QStringList, args);
@@ -258,6 +267,10 @@ class TestTrain : public QObject {
       QTest::addRow("single, %s", rc) << QStringList{"--recompute", rc, "--micro-batch", "2"};
       QTest::addRow("mamba2 tp 2, %s", rc)
           << QStringList{"--recompute", rc, "--model", "tiny-mamba2", "--strategy", "tp", "--devices", "2"};
+      QTest::addRow("mamba2 sp 2, %s", rc)
+          << QStringList{"--recompute", rc, "--model", "tiny-mamba2", "--strategy", "sp", "--devices", "2"};
+      QTest::addRow("mamba tp_sp 2x2, %s", rc) << QStringList{"--recompute", rc, "--model", "tiny-mamba", "--strategy",
+                                                               "tp_sp", "--mesh", "2x2", "--devices", "4"};
       QTest::addRow("falcon-mamba tp 2, %s", rc)
           << QStringList{"--recompute", rc, "--model", "tiny-falcon-mamba", "--strategy", "tp", "--devices", "2"};
       QTest::addRow("hybrid single, %s, bf16", rc)
@@ -371,12 +384,6 @@ class TestTrain : public QObject {
         << QStringList{"--model", "tiny-llama", "--seq-len", "32", "--strategy", "dp", "--devices", "2",
                        "--global-batch", "3"}
         << "multiple of 2";
-    QTest::newRow("mamba under tp_sp") << QStringList{"--model", "tiny-mamba", "--seq-len", "32", "--strategy", "tp_sp",
-                                                      "--mesh", "2x2", "--devices", "4"}
-                                       << "sequence parallelism";
-    QTest::newRow("mamba2 under sp") << QStringList{"--model", "tiny-mamba2", "--seq-len", "32", "--strategy", "sp",
-                                                    "--devices", "2"}
-                                     << "sequence parallelism";
     QTest::newRow("mamba2 under tsp") << QStringList{"--model", "tiny-mamba2", "--seq-len", "32", "--strategy", "tsp",
                                                      "--devices", "2"}
                                       << "tsp";

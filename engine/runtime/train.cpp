@@ -406,7 +406,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
 
     // Per-rank peaks and the closed-form expectation of each category.
     const MemState& m = alloc.state();
-    const TrainMemory expect = expected_train_memory(model, rc, B, int64_t(local_pos.size()));
+    const TrainMemory expect = expected_train_memory(model, rc, B, int64_t(local_pos.size()), int(my_ranges.size()));
     for (int c = 0; c < kCategoryCount; ++c)
       extra.push_back(proto::to_line(proto::Metric{"peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes",
                                                    double(m.peak_bytes[size_t(c)]), "bytes", g.rank}));

@@ -11,6 +11,21 @@
 
 namespace ss {
 
+SsdArgs TrainModel::ssd_args(const Layer& L, int H, int G) const {
+  SsdArgs a;
+  a.dt_bias = L.dt_bias;
+  a.A_log = L.A_log;
+  a.D = L.D;
+  a.n_heads = H;
+  a.head_dim = m_cfg.ssm_head_dim;
+  a.n_groups = G;
+  a.d_state = m_cfg.d_state;
+  a.chunk = m_cfg.chunk;
+  a.dt_min = m_cfg.dt_min;
+  a.dt_max = m_cfg.dt_max;
+  return a;
+}
+
 void TrainModel::mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
                                 bool keep) {
   const ModelConfig& c = m_cfg;
@@ -34,30 +49,61 @@ void TrainModel::mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, 
   s.xbc = act({R, conv}, "mixer.conv", dt);
   s.ys = act({R, Di}, "mixer.scan", dt);
   const Tensor cw = L.conv_w.reshape({conv, c.d_conv});
+  const bool seq = m_par.sp_size > 1;
+  const int64_t K1 = c.d_conv - 1;
   for (int q = 0; q < b.sequences; ++q) {
-    const Tensor zx = s.zxbcdt.slice(0, q * Tl, Tl), xc = s.xbc.slice(0, q * Tl, Tl);
-    {
-      SiteScope sc(rec, i, "mixer.conv");
-      m_be.conv1d_causal(xc, zx.slice(1, Di, conv), cw, L.conv_b, Tensor{}, true);
+    const Tensor zx = s.zxbcdt.slice(0, q * Tl, Tl), xc = s.xbc.slice(0, q * Tl, Tl), ys = s.ys.slice(0, q * Tl, Tl);
+    auto args = [&](int64_t r0, int64_t n) {
+      SsdArgs a = ssd_args(L, H, G);
+      a.y = ys.slice(0, r0, n);
+      a.x = xc.slice(0, r0, n).slice(1, 0, Di);
+      a.B = xc.slice(0, r0, n).slice(1, Di, GN);
+      a.C = xc.slice(0, r0, n).slice(1, Di + GN, GN);
+      a.dt = zx.slice(0, r0, n).slice(1, Di + conv, H);
+      return a;
+    };
+    if (!seq) {
+      {
+        SiteScope sc(rec, i, "mixer.conv");
+        m_be.conv1d_causal(xc, zx.slice(1, Di, conv), cw, L.conv_b, Tensor{}, true);
+      }
+      SiteScope sc(rec, i, "mixer.scan");
+      m_be.ssd_scan(args(0, Tl));
+      continue;
     }
-    SsdArgs a;
-    a.y = s.ys.slice(0, q * Tl, Tl);
-    a.x = xc.slice(1, 0, Di);
-    a.B = xc.slice(1, Di, GN);
-    a.C = xc.slice(1, Di + GN, GN);
-    a.dt = zx.slice(1, Di + conv, H);
-    a.dt_bias = L.dt_bias;
-    a.A_log = L.A_log;
-    a.D = L.D;
-    a.n_heads = H;
-    a.head_dim = P;
-    a.n_groups = G;
-    a.d_state = N;
-    a.chunk = c.chunk;
-    a.dt_min = c.dt_min;
-    a.dt_max = c.dt_max;
-    SiteScope sc(rec, i, "mixer.scan");
-    m_be.ssd_scan(a);
+    // Sequence parallel: each chunk's conv starts from its halo, its scan
+    // from zero, then the states passed between chunks correct the outputs.
+    s.halos.push_back(conv_halos(i, zx.slice(1, Di, conv), b));
+    const std::vector<LocalChunk> chunks = local_chunks(b);
+    Tensor halo = m_be.alloc({K1, conv}, Category::Workspace, "mixer.conv_state", dt);
+    for (size_t j = 0; j < chunks.size(); ++j) {
+      const LocalChunk& ch = chunks[j];
+      m_be.copy(halo, s.halos.back().slice(0, int64_t(j) * K1, K1));  // the conv overwrites its state
+      SiteScope sc(rec, i, "mixer.conv");
+      m_be.conv1d_causal(xc.slice(0, ch.row, ch.len), zx.slice(0, ch.row, ch.len).slice(1, Di, conv), cw, L.conv_b,
+                         halo, true);
+    }
+    const int64_t HPN = int64_t(H) * P * N;
+    StateOps ops;
+    ops.state_numel = HPN;
+    ops.decay_numel = H;
+    ops.scan = [&](const LocalChunk& ch, const Tensor& state, const Tensor& decay) {
+      SsdArgs a = args(ch.row, ch.len);
+      a.state = state.reshape({H, P, N});
+      a.log_decay = decay.reshape({H});
+      SiteScope sc(rec, i, "mixer.scan");
+      m_be.ssd_scan(a);
+    };
+    ops.correct = [&](const LocalChunk& ch, const Tensor& incoming) {
+      SsdArgs a = args(ch.row, ch.len);
+      a.state = incoming.reshape({H, P, N});
+      SiteScope sc(rec, i, "mixer.state_correction");
+      m_be.ssd_state_correction(a);
+    };
+    ops.advance = [&](const Tensor& state, const Tensor& chunk_state, const Tensor& decay) {
+      m_be.ssd_state_advance(state.reshape({H, P, N}), chunk_state.reshape({H, P, N}), decay.reshape({H}));
+    };
+    s.passed.push_back(pass_states_forward(i, b, ops));
   }
   s.yn = act({R, Di}, "mixer.gated_norm", dt);
   {
@@ -113,42 +159,68 @@ void TrainModel::mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, S
     dyn = Tensor{};
     Tensor dxbc = work({R, conv}, "grad.mixer.conv", dt);
     const Tensor cw = L.conv_w.reshape({conv, c.d_conv}), gcw = L.g_conv_w.reshape({conv, c.d_conv});
+    const bool seq = m_par.sp_size > 1;
+    const int64_t K1 = c.d_conv - 1;
+    // Scratch for the parameter gradients of state passing's first backward.
+    Tensor scratch[3];
+    if (seq)
+      for (Tensor& t : scratch) t = work({H}, "grad.mixer.scratch", dt);
     for (int q = 0; q < b.sequences; ++q) {
       const Tensor zx = s.zxbcdt.slice(0, q * Tl, Tl), xc = s.xbc.slice(0, q * Tl, Tl);
-      const Tensor dzq = dz.slice(0, q * Tl, Tl), dxc = dxbc.slice(0, q * Tl, Tl);
-      SsdArgs a;
-      a.x = xc.slice(1, 0, Di);
-      a.B = xc.slice(1, Di, GN);
-      a.C = xc.slice(1, Di + GN, GN);
-      a.dt = zx.slice(1, Di + conv, H);
-      a.dt_bias = L.dt_bias;
-      a.A_log = L.A_log;
-      a.D = L.D;
-      a.n_heads = H;
-      a.head_dim = P;
-      a.n_groups = G;
-      a.d_state = N;
-      a.chunk = c.chunk;
-      a.dt_min = c.dt_min;
-      a.dt_max = c.dt_max;
-      SsdGrads g;
-      g.dx = dxc.slice(1, 0, Di);
-      g.dB = dxc.slice(1, Di, GN);
-      g.dC = dxc.slice(1, Di + GN, GN);
-      g.ddt = dzq.slice(1, Di + conv, H);
-      g.d_dt_bias = L.g_dt_bias;
-      g.dA_log = L.g_A_log;
-      g.dD = L.g_D;
-      {
+      const Tensor dzq = dz.slice(0, q * Tl, Tl), dxc = dxbc.slice(0, q * Tl, Tl), dyq = dys.slice(0, q * Tl, Tl);
+      auto scan_backward = [&](int64_t r0, int64_t n, const Tensor& state, const Tensor& dso, const Tensor& dsi,
+                               bool throwaway) {
+        SsdArgs a = ssd_args(L, H, G);
+        a.x = xc.slice(0, r0, n).slice(1, 0, Di);
+        a.B = xc.slice(0, r0, n).slice(1, Di, GN);
+        a.C = xc.slice(0, r0, n).slice(1, Di + GN, GN);
+        a.dt = zx.slice(0, r0, n).slice(1, Di + conv, H);
+        if (state.defined()) a.state = state.reshape({H, P, N});
+        SsdGrads g;
+        g.dx = dxc.slice(0, r0, n).slice(1, 0, Di);
+        g.dB = dxc.slice(0, r0, n).slice(1, Di, GN);
+        g.dC = dxc.slice(0, r0, n).slice(1, Di + GN, GN);
+        g.ddt = dzq.slice(0, r0, n).slice(1, Di + conv, H);
+        g.d_dt_bias = throwaway ? scratch[0] : L.g_dt_bias;
+        g.dA_log = throwaway ? scratch[1] : L.g_A_log;
+        g.dD = throwaway ? scratch[2] : L.g_D;
+        if (dso.defined()) g.dstate_out = dso.reshape({H, P, N});
+        if (dsi.defined()) g.dstate_in = dsi.reshape({H, P, N});
         SiteScope sc(rec, i, "mixer.scan.backward");
-        m_be.ssd_scan_backward(a, dys.slice(0, q * Tl, Tl), g);
+        m_be.ssd_scan_backward(a, dyq.slice(0, r0, n), g);
+      };
+      if (!seq) {
+        scan_backward(0, Tl, Tensor{}, Tensor{}, Tensor{}, false);
+        SiteScope sc(rec, i, "mixer.conv.backward");
+        m_be.conv1d_backward(dzq.slice(1, Di, conv), gcw, L.g_conv_b, Tensor{}, dxc, zx.slice(1, Di, conv), cw,
+                             L.conv_b, Tensor{}, true);
+        continue;
       }
-      SiteScope sc(rec, i, "mixer.conv.backward");
-      m_be.conv1d_backward(dzq.slice(1, Di, conv), gcw, L.g_conv_b, Tensor{}, dxc, zx.slice(1, Di, conv), cw,
-                           L.conv_b, Tensor{}, true);
+      StateOps ops;
+      ops.state_numel = int64_t(H) * P * N;
+      ops.decay_numel = H;
+      ops.advance = [&](const Tensor& state, const Tensor& chunk_state, const Tensor& decay) {
+        m_be.ssd_state_advance(state.reshape({H, P, N}), chunk_state.reshape({H, P, N}), decay.reshape({H}));
+      };
+      ops.backward = [&](const LocalChunk& ch, const Tensor& incoming, const Tensor& dso, const Tensor& dsi,
+                         bool throwaway) { scan_backward(ch.row, ch.len, incoming, dso, dsi, throwaway); };
+      pass_states_backward(i, b, ops, s.passed[size_t(q)]);
+      const std::vector<LocalChunk> chunks = local_chunks(b);
+      Tensor dhalos = work({int64_t(chunks.size()) * K1, conv}, "grad.mixer.conv_halo", dt);
+      for (size_t j = 0; j < chunks.size(); ++j) {
+        const LocalChunk& ch = chunks[j];
+        SiteScope sc(rec, i, "mixer.conv.backward");
+        m_be.conv1d_backward(dzq.slice(0, ch.row, ch.len).slice(1, Di, conv), gcw, L.g_conv_b,
+                             dhalos.slice(0, int64_t(j) * K1, K1), dxc.slice(0, ch.row, ch.len),
+                             zx.slice(0, ch.row, ch.len).slice(1, Di, conv), cw, L.conv_b,
+                             s.halos[size_t(q)].slice(0, int64_t(j) * K1, K1), true);
+      }
+      conv_halo_backward(i, dzq.slice(1, Di, conv), dhalos, b);
     }
   }
   s.ys = s.xbc = Tensor{};
+  s.halos.clear();
+  s.passed.clear();
   Tensor dh = work({R, d}, "grad.mixer.norm", dt);
   {
     SiteScope sc(rec, i, "mixer.in_proj.backward");

@@ -35,10 +35,25 @@ void TrainModel::mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, c
   }
   s.xbc = act({R, Di}, "mixer.conv", dt);
   const Tensor cw = L.conv_w.reshape({Di, c.d_conv});
+  const bool seq = m_par.sp_size > 1;
+  const int64_t K1 = c.d_conv - 1;
   for (int q = 0; q < b.sequences; ++q) {
-    SiteScope sc(rec, i, "mixer.conv");
-    m_be.conv1d_causal(s.xbc.slice(0, q * Tl, Tl), s.zxbcdt.slice(0, q * Tl, Tl).slice(1, 0, Di), cw, L.conv_b,
-                       Tensor{}, true);
+    const Tensor xq = s.zxbcdt.slice(0, q * Tl, Tl).slice(1, 0, Di), xc = s.xbc.slice(0, q * Tl, Tl);
+    if (!seq) {
+      SiteScope sc(rec, i, "mixer.conv");
+      m_be.conv1d_causal(xc, xq, cw, L.conv_b, Tensor{}, true);
+      continue;
+    }
+    // Sequence parallel: each chunk's conv starts from its halo (train/ssm_sequence.cpp).
+    s.halos.push_back(conv_halos(i, xq, b));
+    Tensor halo = m_be.alloc({K1, Di}, Category::Workspace, "mixer.conv_state", dt);
+    const std::vector<LocalChunk> chunks = local_chunks(b);
+    for (size_t j = 0; j < chunks.size(); ++j) {
+      m_be.copy(halo, s.halos.back().slice(0, int64_t(j) * K1, K1));  // the conv overwrites its state
+      SiteScope sc(rec, i, "mixer.conv");
+      m_be.conv1d_causal(xc.slice(0, chunks[j].row, chunks[j].len), xq.slice(0, chunks[j].row, chunks[j].len), cw,
+                         L.conv_b, halo, true);
+    }
   }
   s.dbc = act({R, r + 2 * N}, "mixer.x_proj", dt);
   {
@@ -66,19 +81,45 @@ void TrainModel::mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, c
   }
   s.ys = act({R, Di}, "mixer.scan", dt);
   for (int q = 0; q < b.sequences; ++q) {
-    auto rows = [&](const Tensor& t) { return t.slice(0, q * Tl, Tl); };
-    SelectiveScanArgs a;
-    a.y = rows(s.ys);
-    a.x = rows(s.xbc);
-    a.dt = rows(s.dt);
-    a.z = rows(s.zxbcdt).slice(1, Di, Di);
-    a.B = rows(s.dbc_n).slice(1, r, N);
-    a.C = rows(s.dbc_n).slice(1, r + N, N);
-    a.dt_bias = L.dt_proj_b;
-    a.A_log = L.A_log;
-    a.D = L.D;
-    SiteScope sc(rec, i, "mixer.scan");
-    m_be.selective_scan(a);
+    auto args = [&](int64_t r0, int64_t n) {
+      auto rows = [&](const Tensor& t) { return t.slice(0, q * Tl + r0, n); };
+      SelectiveScanArgs a;
+      a.y = rows(s.ys);
+      a.x = rows(s.xbc);
+      a.dt = rows(s.dt);
+      a.z = rows(s.zxbcdt).slice(1, Di, Di);
+      a.B = rows(s.dbc_n).slice(1, r, N);
+      a.C = rows(s.dbc_n).slice(1, r + N, N);
+      a.dt_bias = L.dt_proj_b;
+      a.A_log = L.A_log;
+      a.D = L.D;
+      return a;
+    };
+    if (!seq) {
+      SiteScope sc(rec, i, "mixer.scan");
+      m_be.selective_scan(args(0, Tl));
+      continue;
+    }
+    StateOps ops;
+    ops.state_numel = Di * N;
+    ops.decay_numel = Di;
+    ops.scan = [&](const LocalChunk& ch, const Tensor& state, const Tensor& dt_sum) {
+      SelectiveScanArgs a = args(ch.row, ch.len);
+      a.state = state.reshape({Di, N});
+      a.dt_sum = dt_sum.reshape({Di});
+      SiteScope sc(rec, i, "mixer.scan");
+      m_be.selective_scan(a);
+    };
+    ops.correct = [&](const LocalChunk& ch, const Tensor& incoming) {
+      SelectiveScanArgs a = args(ch.row, ch.len);
+      a.state = incoming.reshape({Di, N});
+      SiteScope sc(rec, i, "mixer.state_correction");
+      m_be.selective_state_correction(a);
+    };
+    ops.advance = [&](const Tensor& state, const Tensor& chunk_state, const Tensor& dt_sum) {
+      m_be.selective_state_advance(state.reshape({Di, N}), L.A_log, chunk_state.reshape({Di, N}), dt_sum.reshape({Di}));
+    };
+    s.passed.push_back(pass_states_forward(i, b, ops));
   }
   m_be.copy(x_out, x_in);
   project_out(i, x_out, s.ys, L.out_proj, "mixer.out_proj");
@@ -124,28 +165,55 @@ void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
     }
     Tensor ddt = work({R, Di}, "grad.mixer.dt", dt);
     Tensor dn = work({R, r + 2 * N}, "grad.mixer.bcdt", dt);  // of dt_low, B, C as the scan saw them
+    const bool seq = m_par.sp_size > 1;
+    Tensor scratch[3];  // parameter gradients of state passing's first backward
+    if (seq) {
+      scratch[0] = work({Di}, "grad.mixer.scratch", dt);
+      scratch[1] = work({Di, N}, "grad.mixer.scratch", dt);
+      scratch[2] = work({Di}, "grad.mixer.scratch", dt);
+    }
     for (int q = 0; q < b.sequences; ++q) {
-      auto rows = [&](const Tensor& t) { return t.slice(0, q * Tl, Tl); };
-      SelectiveScanArgs a;
-      a.x = rows(s.xbc);
-      a.dt = rows(s.dt);
-      a.z = rows(s.zxbcdt).slice(1, Di, Di);
-      a.B = rows(s.dbc_n).slice(1, r, N);
-      a.C = rows(s.dbc_n).slice(1, r + N, N);
-      a.dt_bias = L.dt_proj_b;
-      a.A_log = L.A_log;
-      a.D = L.D;
-      SelectiveGrads g;
-      g.dx = rows(dxc);
-      g.ddt = rows(ddt);
-      g.dz = rows(dxz).slice(1, Di, Di);
-      g.dB = rows(dn).slice(1, r, N);
-      g.dC = rows(dn).slice(1, r + N, N);
-      g.d_dt_bias = L.g_dt_proj_b;
-      g.dA_log = L.g_A_log;
-      g.dD = L.g_D;
-      SiteScope sc(rec, i, "mixer.scan.backward");
-      m_be.selective_scan_backward(a, rows(dys), g);
+      auto scan_backward = [&](int64_t r0, int64_t n, const Tensor& state, const Tensor& dso, const Tensor& dsi,
+                               bool throwaway) {
+        auto rows = [&](const Tensor& t) { return t.slice(0, q * Tl + r0, n); };
+        SelectiveScanArgs a;
+        a.x = rows(s.xbc);
+        a.dt = rows(s.dt);
+        a.z = rows(s.zxbcdt).slice(1, Di, Di);
+        a.B = rows(s.dbc_n).slice(1, r, N);
+        a.C = rows(s.dbc_n).slice(1, r + N, N);
+        a.dt_bias = L.dt_proj_b;
+        a.A_log = L.A_log;
+        a.D = L.D;
+        if (state.defined()) a.state = state.reshape({Di, N});
+        SelectiveGrads g;
+        g.dx = rows(dxc);
+        g.ddt = rows(ddt);
+        g.dz = rows(dxz).slice(1, Di, Di);
+        g.dB = rows(dn).slice(1, r, N);
+        g.dC = rows(dn).slice(1, r + N, N);
+        g.d_dt_bias = throwaway ? scratch[0] : L.g_dt_proj_b;
+        g.dA_log = throwaway ? scratch[1] : L.g_A_log;
+        g.dD = throwaway ? scratch[2] : L.g_D;
+        if (dso.defined()) g.dstate_out = dso.reshape({Di, N});
+        if (dsi.defined()) g.dstate_in = dsi.reshape({Di, N});
+        SiteScope sc(rec, i, "mixer.scan.backward");
+        m_be.selective_scan_backward(a, rows(dys), g);
+      };
+      if (!seq) {
+        scan_backward(0, Tl, Tensor{}, Tensor{}, Tensor{}, false);
+        continue;
+      }
+      StateOps ops;
+      ops.state_numel = Di * N;
+      ops.decay_numel = Di;
+      ops.advance = [&](const Tensor& state, const Tensor& chunk_state, const Tensor& dt_sum) {
+        m_be.selective_state_advance(state.reshape({Di, N}), L.A_log, chunk_state.reshape({Di, N}),
+                                     dt_sum.reshape({Di}));
+      };
+      ops.backward = [&](const LocalChunk& ch, const Tensor& incoming, const Tensor& dso, const Tensor& dsi,
+                         bool throwaway) { scan_backward(ch.row, ch.len, incoming, dso, dsi, throwaway); };
+      pass_states_backward(i, b, ops, s.passed[size_t(q)]);
     }
     dys = Tensor{};
     s.ys = Tensor{};
@@ -178,11 +246,29 @@ void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
   s.dbc = s.xbc = Tensor{};
   {
     const Tensor cw = L.conv_w.reshape({Di, c.d_conv}), gcw = L.g_conv_w.reshape({Di, c.d_conv});
-    SiteScope sc(rec, i, "mixer.conv.backward");
-    for (int q = 0; q < b.sequences; ++q)
-      m_be.conv1d_backward(dxz.slice(0, q * Tl, Tl).slice(1, 0, Di), gcw, L.g_conv_b, Tensor{}, dxc.slice(0, q * Tl, Tl),
-                           s.zxbcdt.slice(0, q * Tl, Tl).slice(1, 0, Di), cw, L.conv_b, Tensor{}, true);
+    const int64_t K1 = c.d_conv - 1;
+    for (int q = 0; q < b.sequences; ++q) {
+      const Tensor dxq = dxz.slice(0, q * Tl, Tl).slice(1, 0, Di), dyq = dxc.slice(0, q * Tl, Tl);
+      const Tensor xq = s.zxbcdt.slice(0, q * Tl, Tl).slice(1, 0, Di);
+      if (m_par.sp_size <= 1) {
+        SiteScope sc(rec, i, "mixer.conv.backward");
+        m_be.conv1d_backward(dxq, gcw, L.g_conv_b, Tensor{}, dyq, xq, cw, L.conv_b, Tensor{}, true);
+        continue;
+      }
+      const std::vector<LocalChunk> chunks = local_chunks(b);
+      Tensor dhalos = work({int64_t(chunks.size()) * K1, Di}, "grad.mixer.conv_halo", dt);
+      for (size_t j = 0; j < chunks.size(); ++j) {
+        const LocalChunk& ch = chunks[j];
+        SiteScope sc(rec, i, "mixer.conv.backward");
+        m_be.conv1d_backward(dxq.slice(0, ch.row, ch.len), gcw, L.g_conv_b, dhalos.slice(0, int64_t(j) * K1, K1),
+                             dyq.slice(0, ch.row, ch.len), xq.slice(0, ch.row, ch.len), cw, L.conv_b,
+                             s.halos[size_t(q)].slice(0, int64_t(j) * K1, K1), true);
+      }
+      conv_halo_backward(i, dxq, dhalos, b);
+    }
   }
+  s.halos.clear();
+  s.passed.clear();
   dxc = Tensor{};
   Tensor dh = work({R, d}, "grad.mixer.norm", dt);
   {

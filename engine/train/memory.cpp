@@ -5,7 +5,8 @@
 
 namespace ss {
 
-TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequences, int64_t local_tokens) {
+TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequences, int64_t local_tokens,
+                                  int b_chunks) {
   const int64_t R = sequences * local_tokens;
   const ModelConfig& c = model.config();
   const Parallel& par = model.parallel();
@@ -40,6 +41,25 @@ TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequence
       const int64_t h = R * d * b, yn = R * Di * b;
       full[size_t(i)] = h + R * (2 * Di + 2 * GN + m2.heads) * b + R * (Di + 2 * GN) * b + R * Di * b + yn;
       kept[size_t(i)] = rc == Recompute::Selective ? full[size_t(i)] - h - yn : full[size_t(i)];
+    }
+    // Sequence parallel SSM layers also keep, per sequence and local chunk,
+    // the conv halo (d_conv-1 rows), the state entering the chunk and its decay (fp32).
+    if (c.layer_kind(i) != LayerKind::Attention && par.sp_size > 1) {
+      const int64_t chunks = int64_t(b_chunks), K1 = c.d_conv - 1;
+      int64_t conv = 0, state = 0, decay = 0;
+      if (c.layer_kind(i) == LayerKind::Mamba2) {
+        const Mamba2Shard m2 = mamba2_shard(c, par.shard_index(), par.shard_count());
+        conv = int64_t(m2.heads) * c.ssm_head_dim + 2 * int64_t(m2.groups) * c.d_state;
+        state = int64_t(m2.heads) * c.ssm_head_dim * c.d_state;
+        decay = m2.heads;
+      } else {
+        conv = mamba_shard(c, par.shard_index(), par.shard_count()).channels;
+        state = conv * c.d_state;
+        decay = conv;
+      }
+      const int64_t extra = sequences * chunks * (K1 * conv * b + (state + decay) * 4);
+      full[size_t(i)] += extra;
+      kept[size_t(i)] += extra;
     }
     if (rc == Recompute::Full) kept[size_t(i)] = 0;
   }

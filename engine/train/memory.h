@@ -15,7 +15,8 @@ struct TrainMemory {
   int64_t korthikanti = 0;  // Korthikanti et al. (2022), Table 2, scaled to the dtype's bytes
 };
 
-// For micro-batches of `sequences` sequences of which this rank holds `local_tokens` each.
-TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequences, int64_t local_tokens);
+// For micro-batches of `sequences` sequences of which this rank holds
+// `local_tokens` each, in `chunks` chunks (sequence parallelism: 2 zigzag or 1 contiguous).
+TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequences, int64_t local_tokens, int chunks);
 
 }  // namespace ss

@@ -32,10 +32,10 @@ const char* recompute_name(Recompute r) {
 void TrainModel::check_supported(const ModelConfig& cfg, Strategy s, int tp) {
   for (int i = 0; i < cfg.n_layers; ++i) {
     const LayerKind k = cfg.layer_kind(i);
-    if (k != LayerKind::Attention && (s == Strategy::SP || s == Strategy::TPSP || s == Strategy::TSP))
-      throw UsageError("training SSM layers under sequence parallelism (the conv halo's and state passing's "
-                       "backward) is not built yet; choose single, dp or tp for this " + cfg.family_name() + " model, "
-                       "or a Llama model for " + strategy_name(s));
+    if (k != LayerKind::Attention && s == Strategy::TSP)
+      throw UsageError("training SSM layers under tsp (their projections streamed shard by shard) is not built yet; "
+                       "choose single, dp, tp, sp or tp_sp for this " + cfg.family_name() + " model, or a Llama "
+                       "model for tsp");
     if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
       throw UsageError("training under tp needs n_groups (" + std::to_string(cfg.n_groups) + ") to be a multiple of "
                        "the tp size " + std::to_string(tp) + " (a gated-norm group split over ranks has no backward "

@@ -5,12 +5,12 @@
 // and the strategy's collectives are the conjugates of the forward's
 // (engine/README.md, "Training").
 //
-// Families: Llama (attention + SwiGLU MLP) layers under single, dp, tp, sp
-// and tp_sp; Mamba2 layers (Mamba2 and the hybrid, train/mamba2_train.cpp)
-// and Mamba / Falcon-Mamba layers (train/mamba_train.cpp) under single, dp
-// and tp; Llama layers under tsp (train/folded_train.cpp). SSM layers under
-// sequence parallelism (sp, tp_sp, tsp) are refused with a UsageError until
-// the conv halo's and state passing's backward exist.
+// Families: Llama (attention + SwiGLU MLP) layers, Mamba2 layers (Mamba2 and
+// the hybrid, train/mamba2_train.cpp) and Mamba / Falcon-Mamba layers
+// (train/mamba_train.cpp) under single, dp, tp, sp and tp_sp (sequence
+// parallel SSM layers: train/ssm_sequence.cpp); Llama layers under tsp
+// (train/folded_train.cpp). SSM layers under tsp are refused with a
+// UsageError until their streamed projections have a backward.
 #pragma once
 
 #include <functional>
@@ -64,11 +64,19 @@ class TrainModel {
   void on_phase(std::function<void(const char*, int64_t)> fn) { m_on_phase = std::move(fn); }
 
  private:
+  // Sequence parallel SSM layers: the states entering this rank's chunks of a sequence, and the chunks' decays.
+  struct PassedStates {
+    std::vector<Tensor> incoming;  // per local chunk, [1, state numel] fp32
+    Tensor decays;                 // [chunks, decay numel] fp32
+  };
   // What a layer's forward keeps for its backward (train_model.cpp lists the sizes).
   struct Saved {
     Tensor x_in, h1, q, k, v, o, lse, x_mid, h2, g, u, a;  // attention layers (h1: Mamba2's norm output too)
     Tensor zxbcdt, xbc, ys, yn;  // Mamba2: in_proj's output, conv's, the scan's, the gated norm's (Mamba: xz, xc, y)
     Tensor dbc, dbc_n, dt;       // Mamba: x_proj's output, its normalised copy (Falcon-Mamba), dt_proj's
+    // Sequence parallel SSM layers, per sequence: conv halos, the states entering this rank's chunks, their decays.
+    std::vector<Tensor> halos;
+    std::vector<PassedStates> passed;
   };
   // A layer's weights and their gradients (attention or Mamba2).
   struct Layer {
@@ -85,6 +93,7 @@ class TrainModel {
   void attention_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
   void mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
   void mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
+  SsdArgs ssd_args(const Layer& L, int H, int G) const;  // a Mamba2 layer's scan parameters
   void mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
   void mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
   // tsp (train/folded_train.cpp): Llama layers with every projection streamed shard by shard.
@@ -99,6 +108,26 @@ class TrainModel {
   void ring_backward(const WeightPack& p, const GradStep& step);
   // Adds the last ring's arriving gradient into its owner's buffer (waits for it).
   void finish_ring();
+  // Sequence-parallel SSM layers (train/ssm_sequence.cpp).
+  std::vector<LocalChunk> local_chunks(const TrainBatch& b) const;
+  // The conv halos of this rank's chunks of one sequence's conv input x: [chunks * (d_conv-1), C].
+  Tensor conv_halos(int layer, const Tensor& x, const TrainBatch& b);
+  // Adds the halos' gradients (all-gathered) into the rows of dx they came from.
+  void conv_halo_backward(int layer, const Tensor& dx, const Tensor& dhalos, const TrainBatch& b);
+  // One scan family's kernels for state passing; states and decays are [1, numel] fp32 views.
+  struct StateOps {
+    int64_t state_numel = 0, decay_numel = 0;
+    std::function<void(const LocalChunk&, const Tensor& state_out, const Tensor& decay_out)> scan;  // from zero
+    std::function<void(const LocalChunk&, const Tensor& incoming)> correct;
+    std::function<void(const Tensor& state, const Tensor& chunk_state, const Tensor& decay)> advance;
+    // The chunk's backward from its initial state; dstate_out (or none) in, dstate_in (or none) out;
+    // scratch: parameter gradients go to a throwaway buffer.
+    std::function<void(const LocalChunk&, const Tensor& incoming, const Tensor& dstate_out, const Tensor& dstate_in,
+                       bool scratch)>
+        backward;
+  };
+  PassedStates pass_states_forward(int layer, const TrainBatch& b, const StateOps& ops);
+  void pass_states_backward(int layer, const TrainBatch& b, const StateOps& ops, const PassedStates& passed);
   // x_out += in · w^T for a row-parallel projection (all-reduced over tp).
   void project_out(int layer, const Tensor& out, const Tensor& in, const Tensor& w, const char* site);
   void attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
