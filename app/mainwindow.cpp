@@ -137,8 +137,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_mode->addItem(tr("Inference"), QStringLiteral("inference"));
   m_mode->addItem(tr("Training"), QStringLiteral("train"));
   m_mode->setToolTip(tr("Inference: prefill a prompt, then decode greedily. Training: forward, loss, backward, "
-                        "gradient communication and AdamW steps on a synthetic corpus (every family and strategy, "
-                        "but tsp only for Llama)"));
+                        "gradient communication and AdamW steps on a synthetic corpus, for every family and strategy"));
   m_model = new QComboBox(setup);
   for (const QFileInfo& f : QDir(resourcesDir() + "/models").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
     m_model->addItem(f.completeBaseName());

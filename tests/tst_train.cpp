@@ -118,6 +118,14 @@ class TestTrain : public QObject {
     QTest::newRow("falcon-mamba, sp 2") << QStringList{"--strategy", "sp", "--devices", "2"} << 1 << falcon;
     QTest::newRow("hybrid, tp_sp 2x2") << QStringList{"--strategy", "tp_sp", "--mesh", "2x2", "--devices", "4"} << 1
                                        << hybrid;
+    // tsp for SSM layers: their projections streamed, their scans sequence parallel.
+    QTest::newRow("mamba2, tsp 2") << QStringList{"--strategy", "tsp", "--devices", "2", "--micro-batch", "2"} << 2
+                                   << mamba2;
+    QTest::newRow("mamba2, tsp 4 (4 groups)") << QStringList{"--strategy", "tsp", "--devices", "4"} << 1
+                                              << mamba2 + QStringList{"--set", "n_groups=4"};
+    QTest::newRow("mamba, tsp 4") << QStringList{"--strategy", "tsp", "--devices", "4"} << 1 << mamba;
+    QTest::newRow("falcon-mamba, tsp 2") << QStringList{"--strategy", "tsp", "--devices", "2"} << 1 << falcon;
+    QTest::newRow("hybrid, tsp 2") << QStringList{"--strategy", "tsp", "--devices", "2"} << 1 << hybrid;
   }
   void gradientsEqualSingle() {
     QFETCH(QStringList, args);
@@ -269,6 +277,8 @@ class TestTrain : public QObject {
           << QStringList{"--recompute", rc, "--model", "tiny-mamba2", "--strategy", "tp", "--devices", "2"};
       QTest::addRow("mamba2 sp 2, %s", rc)
           << QStringList{"--recompute", rc, "--model", "tiny-mamba2", "--strategy", "sp", "--devices", "2"};
+      QTest::addRow("hybrid tsp 2, %s", rc)
+          << QStringList{"--recompute", rc, "--model", "tiny-hybrid", "--strategy", "tsp", "--devices", "2"};
       QTest::addRow("mamba tp_sp 2x2, %s", rc) << QStringList{"--recompute", rc, "--model", "tiny-mamba", "--strategy",
                                                                "tp_sp", "--mesh", "2x2", "--devices", "4"};
       QTest::addRow("falcon-mamba tp 2, %s", rc)
@@ -384,9 +394,8 @@ class TestTrain : public QObject {
         << QStringList{"--model", "tiny-llama", "--seq-len", "32", "--strategy", "dp", "--devices", "2",
                        "--global-batch", "3"}
         << "multiple of 2";
-    QTest::newRow("mamba2 under tsp") << QStringList{"--model", "tiny-mamba2", "--seq-len", "32", "--strategy", "tsp",
-                                                     "--devices", "2"}
-                                      << "tsp";
+    QTest::newRow("mamba2 groups over tsp ranks")
+        << QStringList{"--model", "tiny-mamba2", "--seq-len", "32", "--strategy", "tsp", "--devices", "4"} << "n_groups";
     QTest::newRow("fp16") << QStringList{"--model", "tiny-llama", "--seq-len", "32", "--dtype", "fp16"} << "bf16";
     QTest::newRow("no length") << QStringList{"--model", "tiny-llama"} << "--seq-len";
     QTest::newRow("token outside vocabulary") << QStringList{"--model", "tiny-llama", "--tokens", "1,2,999"} << "999";

@@ -113,7 +113,7 @@ void validate_train(const TrainOptions& o) {
 
   fs::path dir;
   const ModelConfig cfg = train_config(o, &dir);
-  TrainModel::check_supported(cfg, s, s == Strategy::TP ? r.devices : s == Strategy::TPSP ? T : 1);
+  TrainModel::check_supported(cfg, s == Strategy::TP || s == Strategy::TSP ? r.devices : s == Strategy::TPSP ? T : 1);
   for (int32_t t : o.tokens)
     if (t < 0 || t >= cfg.vocab)
       throw UsageError("--tokens: id " + std::to_string(t) + " is outside the vocabulary [0, " +

@@ -26,6 +26,17 @@ SsdArgs TrainModel::ssd_args(const Layer& L, int H, int G) const {
   return a;
 }
 
+// tsp: where the rows of in_proj shard j go among in_proj's output columns
+// [z | x | B | C | dt]: (first column, width) per packed block, in pack order.
+std::vector<std::pair<int64_t, int64_t>> TrainModel::in_proj_columns(int j) const {
+  const ModelConfig& c = m_cfg;
+  const Mamba2Shard m = mamba2_shard(c, j, m_par.sp_size);
+  const int64_t P = c.ssm_head_dim, N = c.d_state, Di = c.d_inner, GN = int64_t(c.n_groups) * N;
+  const int64_t hx = int64_t(m.heads) * P, g0 = m.group0 * N, gn = int64_t(m.groups) * N;
+  return {{m.head0 * P, hx}, {Di + m.head0 * P, hx}, {2 * Di + g0, gn}, {2 * Di + GN + g0, gn},
+          {2 * Di + 2 * GN + m.head0, m.heads}};
+}
+
 void TrainModel::mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
                                 bool keep) {
   const ModelConfig& c = m_cfg;
@@ -42,7 +53,19 @@ void TrainModel::mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, 
     m_be.rmsnorm(s.h1, x_in, L.norm, c.norm_eps, d);
   }
   s.zxbcdt = act({R, 2 * Di + 2 * GN + H}, "mixer.in_proj", dt);
-  {
+  if (m_par.folded()) {
+    // tsp: in_proj shards stream by; shard j's rows are packed [z_j, x_j, B_j, C_j, dt_j]: put its columns in place.
+    m_model.stream_pack(pack_of(i, "mixer.in_proj"), [&](int j, const std::vector<Tensor>& w) {
+      SiteScope sc(rec, i, "mixer.in_proj");
+      Tensor part = work({R, w[0].rows()}, "mixer.in_proj_shard", dt);
+      m_be.matmul(part, s.h1, w[0]);
+      int64_t at = 0;
+      for (auto [dst, n] : in_proj_columns(j)) {
+        m_be.copy(s.zxbcdt.slice(1, dst, n), part.slice(1, at, n));
+        at += n;
+      }
+    });
+  } else {
     SiteScope sc(rec, i, "mixer.in_proj");
     m_be.matmul(s.zxbcdt, s.h1, L.in_proj);
   }
@@ -111,7 +134,15 @@ void TrainModel::mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, 
     m_be.gated_rmsnorm(s.yn, s.ys, s.zxbcdt.slice(1, 0, Di), L.gated_norm, c.norm_eps, Di / G);
   }
   m_be.copy(x_out, x_in);
-  project_out(i, x_out, s.yn, L.out_proj, "mixer.out_proj");
+  if (m_par.folded()) {
+    m_model.stream_pack(pack_of(i, "mixer.out_proj"), [&](int j, const std::vector<Tensor>& w) {
+      SiteScope sc(rec, i, "mixer.out_proj");
+      const Mamba2Shard m = mamba2_shard(c, j, m_par.sp_size);
+      m_be.matmul(x_out, s.yn.slice(1, m.head0 * P, int64_t(m.heads) * P), w[0], true);
+    });
+  } else {
+    project_out(i, x_out, s.yn, L.out_proj, "mixer.out_proj");
+  }
   if (!keep) {
     const Tensor x = s.x_in;
     s = Saved{};
@@ -144,7 +175,15 @@ void TrainModel::mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, S
   Tensor dz = work({R, 2 * Di + 2 * GN + H}, "grad.mixer.in_proj", dt);
   {
     Tensor dyn = work({R, Di}, "grad.mixer.gated_norm", dt);
-    {
+    if (m_par.folded()) {
+      ring_backward(pack_of(i, "mixer.out_proj"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
+        SiteScope sc(rec, i, "mixer.out_proj.backward");
+        const Mamba2Shard m = mamba2_shard(c, j, m_par.sp_size);
+        const int64_t c0 = m.head0 * P, n = int64_t(m.heads) * P;
+        m_be.matmul_dx(dyn.slice(1, c0, n), dx, w[0], false);
+        m_be.matmul_dw(gw[0], dx, s.yn.slice(1, c0, n), false);
+      });
+    } else {
       SiteScope sc(rec, i, "mixer.out_proj.backward");
       m_be.matmul_dx(dyn, dx, L.out_proj, false);
       m_be.matmul_dw(L.g_out_proj, dx, s.yn, true);
@@ -222,7 +261,20 @@ void TrainModel::mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, S
   s.halos.clear();
   s.passed.clear();
   Tensor dh = work({R, d}, "grad.mixer.norm", dt);
-  {
+  if (m_par.folded()) {
+    m_be.fill(dh, 0.0f);
+    ring_backward(pack_of(i, "mixer.in_proj"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
+      SiteScope sc(rec, i, "mixer.in_proj.backward");
+      Tensor part = work({R, w[0].rows()}, "grad.mixer.in_proj_shard", dt);
+      int64_t at = 0;
+      for (auto [src, n] : in_proj_columns(j)) {
+        m_be.copy(part.slice(1, at, n), dz.slice(1, src, n));
+        at += n;
+      }
+      m_be.matmul_dx(dh, part, w[0], true);
+      m_be.matmul_dw(gw[0], part, s.h1, false);
+    });
+  } else {
     SiteScope sc(rec, i, "mixer.in_proj.backward");
     m_be.matmul_dx(dh, dz, L.in_proj, false);
     m_be.matmul_dw(L.g_in_proj, dz, s.h1, true);

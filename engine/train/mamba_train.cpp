@@ -29,7 +29,18 @@ void TrainModel::mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, c
     m_be.rmsnorm(s.h1, x_in, L.norm, c.norm_eps, d);
   }
   s.zxbcdt = act({R, 2 * Di}, "mixer.in_proj", dt);
-  {
+  const bool folded = m_par.folded();
+  const int64_t Ds = folded ? Di / m_par.sp_size : Di;  // tsp: channels per shard
+  if (folded) {
+    // tsp: shard j's rows are [x_j; z_j]; its product goes to those columns of xz.
+    m_model.stream_pack(pack_of(i, "mixer.in_proj"), [&](int j, const std::vector<Tensor>& w) {
+      SiteScope sc(rec, i, "mixer.in_proj");
+      Tensor part = work({R, 2 * Ds}, "mixer.in_proj_shard", dt);
+      m_be.matmul(part, s.h1, w[0]);
+      m_be.copy(s.zxbcdt.slice(1, j * Ds, Ds), part.slice(1, 0, Ds));
+      m_be.copy(s.zxbcdt.slice(1, Di + j * Ds, Ds), part.slice(1, Ds, Ds));
+    });
+  } else {
     SiteScope sc(rec, i, "mixer.in_proj");
     m_be.matmul(s.zxbcdt, s.h1, L.in_proj);
   }
@@ -58,7 +69,12 @@ void TrainModel::mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, c
   s.dbc = act({R, r + 2 * N}, "mixer.x_proj", dt);
   {
     SiteScope sc(rec, i, "mixer.x_proj");
-    if (m_par.tp_size > 1) {
+    if (folded) {  // x_proj shards are channel (column) slices: their products sum
+      m_be.fill(s.dbc, 0.0f);
+      m_model.stream_pack(pack_of(i, "mixer.x_proj"), [&](int j, const std::vector<Tensor>& w) {
+        m_be.matmul(s.dbc, s.xbc.slice(1, j * Ds, Ds), w[0], true);
+      });
+    } else if (m_par.tp_size > 1) {
       Tensor partial = m_be.alloc({R, r + 2 * N}, Category::CommBuffers, "mixer.x_proj_partial", dt);
       m_be.matmul(partial, s.xbc, L.x_proj);
       m_par.tp->all_reduce(partial);
@@ -77,7 +93,12 @@ void TrainModel::mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, c
   s.dt = act({R, Di}, "mixer.dt", dt);
   {
     SiteScope sc(rec, i, "mixer.dt_proj");
-    m_be.matmul(s.dt, s.dbc_n.slice(1, 0, r), L.dt_proj_w);
+    if (folded)
+      m_model.stream_pack(pack_of(i, "mixer.dt_proj"), [&](int j, const std::vector<Tensor>& w) {
+        m_be.matmul(s.dt.slice(1, j * Ds, Ds), s.dbc_n.slice(1, 0, r), w[0]);
+      });
+    else
+      m_be.matmul(s.dt, s.dbc_n.slice(1, 0, r), L.dt_proj_w);
   }
   s.ys = act({R, Di}, "mixer.scan", dt);
   for (int q = 0; q < b.sequences; ++q) {
@@ -122,7 +143,13 @@ void TrainModel::mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, c
     s.passed.push_back(pass_states_forward(i, b, ops));
   }
   m_be.copy(x_out, x_in);
-  project_out(i, x_out, s.ys, L.out_proj, "mixer.out_proj");
+  if (folded)
+    m_model.stream_pack(pack_of(i, "mixer.out_proj"), [&](int j, const std::vector<Tensor>& w) {
+      SiteScope sc(rec, i, "mixer.out_proj");
+      m_be.matmul(x_out, s.ys.slice(1, j * Ds, Ds), w[0], true);
+    });
+  else
+    project_out(i, x_out, s.ys, L.out_proj, "mixer.out_proj");
   if (!keep) {
     const Tensor x = s.x_in;
     s = Saved{};
@@ -140,6 +167,8 @@ void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
   const int64_t R = dx.rows(), d = c.d_model, Di = m_m1.channels, N = c.d_state, r = c.dt_rank;
   const int64_t Tl = int64_t(b.positions.size());
   const DType dt = c.dtype;
+  const bool folded = m_par.folded();
+  const int64_t Ds = folded ? Di / m_par.sp_size : Di;  // tsp: channels per shard
   if (m_rc == Recompute::Full) {
     SiteScope sc(rec, i, "recompute");
     Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
@@ -158,7 +187,13 @@ void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
   Tensor dxc = work({R, Di}, "grad.mixer.conv", dt);
   {
     Tensor dys = work({R, Di}, "grad.mixer.scan", dt);
-    {
+    if (folded) {
+      ring_backward(pack_of(i, "mixer.out_proj"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
+        SiteScope sc(rec, i, "mixer.out_proj.backward");
+        m_be.matmul_dx(dys.slice(1, j * Ds, Ds), dx, w[0], false);
+        m_be.matmul_dw(gw[0], dx, s.ys.slice(1, j * Ds, Ds), false);
+      });
+    } else {
       SiteScope sc(rec, i, "mixer.out_proj.backward");
       m_be.matmul_dx(dys, dx, L.out_proj, false);
       m_be.matmul_dw(L.g_out_proj, dx, s.ys, true);
@@ -219,8 +254,16 @@ void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
     s.ys = Tensor{};
     {
       SiteScope sc(rec, i, "mixer.dt_proj.backward");
-      m_be.matmul_dx(dn.slice(1, 0, r), ddt, L.dt_proj_w, false);
-      m_be.matmul_dw(L.g_dt_proj_w, ddt, s.dbc_n.slice(1, 0, r), true);
+      if (folded) {
+        m_be.fill(dn.slice(1, 0, r), 0.0f);
+        ring_backward(pack_of(i, "mixer.dt_proj"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
+          m_be.matmul_dx(dn.slice(1, 0, r), ddt.slice(1, j * Ds, Ds), w[0], true);
+          m_be.matmul_dw(gw[0], ddt.slice(1, j * Ds, Ds), s.dbc_n.slice(1, 0, r), false);
+        });
+      } else {
+        m_be.matmul_dx(dn.slice(1, 0, r), ddt, L.dt_proj_w, false);
+        m_be.matmul_dw(L.g_dt_proj_w, ddt, s.dbc_n.slice(1, 0, r), true);
+      }
     }
     ddt = Tensor{};
     s.dt = Tensor{};
@@ -240,8 +283,15 @@ void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
     s.dbc_n = Tensor{};
     // x_proj's forward all-reduce summed partials: its backward hands every rank that whole gradient.
     SiteScope sc(rec, i, "mixer.x_proj.backward");
-    m_be.matmul_dx(dxc, draw, L.x_proj, true);
-    m_be.matmul_dw(L.g_x_proj, draw, s.xbc, true);
+    if (folded) {
+      ring_backward(pack_of(i, "mixer.x_proj"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
+        m_be.matmul_dx(dxc.slice(1, j * Ds, Ds), draw, w[0], true);
+        m_be.matmul_dw(gw[0], draw, s.xbc.slice(1, j * Ds, Ds), false);
+      });
+    } else {
+      m_be.matmul_dx(dxc, draw, L.x_proj, true);
+      m_be.matmul_dw(L.g_x_proj, draw, s.xbc, true);
+    }
   }
   s.dbc = s.xbc = Tensor{};
   {
@@ -271,7 +321,17 @@ void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
   s.passed.clear();
   dxc = Tensor{};
   Tensor dh = work({R, d}, "grad.mixer.norm", dt);
-  {
+  if (folded) {
+    m_be.fill(dh, 0.0f);
+    ring_backward(pack_of(i, "mixer.in_proj"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
+      SiteScope sc(rec, i, "mixer.in_proj.backward");
+      Tensor part = work({R, 2 * Ds}, "grad.mixer.in_proj_shard", dt);
+      m_be.copy(part.slice(1, 0, Ds), dxz.slice(1, j * Ds, Ds));
+      m_be.copy(part.slice(1, Ds, Ds), dxz.slice(1, Di + j * Ds, Ds));
+      m_be.matmul_dx(dh, part, w[0], true);
+      m_be.matmul_dw(gw[0], part, s.h1, false);
+    });
+  } else {
     SiteScope sc(rec, i, "mixer.in_proj.backward");
     m_be.matmul_dx(dh, dxz, L.in_proj, false);
     m_be.matmul_dw(L.g_in_proj, dxz, s.h1, true);

@@ -21,22 +21,23 @@ TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequence
   // forward's peak (`full`), besides its output; train_model.cpp and
   // mamba2_train.cpp list the tensors.
   const int64_t d = c.d_model, L = c.n_layers;
+  // Each rank computes its tokens with every head and channel under tsp; its own shard otherwise.
+  const int index = par.folded() ? 0 : par.shard_index(), count = par.folded() ? 1 : par.shard_count();
   std::vector<int64_t> full(static_cast<size_t>(L)), kept(static_cast<size_t>(L));
   for (int i = 0; i < c.n_layers; ++i) {
     if (c.layer_kind(i) == LayerKind::Attention) {
-      const AttentionShard sh = par.folded() ? attention_shard(c, 0, 1)  // tsp: all heads of its own tokens
-                                             : attention_shard(c, par.shard_index(), par.shard_count());
+      const AttentionShard sh = attention_shard(c, index, count);
       const int64_t hq = int64_t(sh.heads) * c.head_dim, hkv = int64_t(sh.kv_heads) * c.head_dim, F = sh.ffn;
       const int64_t norms = 2 * R * d * b, act = R * F * b;  // h1, h2; silu(g) u
       full[size_t(i)] = norms + R * (hq + 2 * hkv) * b + R * hq * b + R * sh.heads * 4 + R * d * rb + 2 * R * F * b + act;
       kept[size_t(i)] = rc == Recompute::Selective ? full[size_t(i)] - norms - act : full[size_t(i)];
     } else if (c.layer_kind(i) == LayerKind::Mamba) {
-      const int64_t Di = mamba_shard(c, par.shard_index(), par.shard_count()).channels, x = c.dt_rank + 2 * c.d_state;
+      const int64_t Di = mamba_shard(c, index, count).channels, x = c.dt_rank + 2 * c.d_state;
       const int64_t h = R * d * b, normed = c.bcdt_rms ? R * x * b : 0;
       full[size_t(i)] = h + 2 * R * Di * b + 3 * R * Di * b + R * x * b + normed;
       kept[size_t(i)] = rc == Recompute::Selective ? full[size_t(i)] - h - normed : full[size_t(i)];
     } else {
-      const Mamba2Shard m2 = mamba2_shard(c, par.shard_index(), par.shard_count());
+      const Mamba2Shard m2 = mamba2_shard(c, index, count);
       const int64_t Di = int64_t(m2.heads) * c.ssm_head_dim, GN = int64_t(m2.groups) * c.d_state;
       const int64_t h = R * d * b, yn = R * Di * b;
       full[size_t(i)] = h + R * (2 * Di + 2 * GN + m2.heads) * b + R * (Di + 2 * GN) * b + R * Di * b + yn;
@@ -48,12 +49,12 @@ TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequence
       const int64_t chunks = int64_t(b_chunks), K1 = c.d_conv - 1;
       int64_t conv = 0, state = 0, decay = 0;
       if (c.layer_kind(i) == LayerKind::Mamba2) {
-        const Mamba2Shard m2 = mamba2_shard(c, par.shard_index(), par.shard_count());
+        const Mamba2Shard m2 = mamba2_shard(c, index, count);
         conv = int64_t(m2.heads) * c.ssm_head_dim + 2 * int64_t(m2.groups) * c.d_state;
         state = int64_t(m2.heads) * c.ssm_head_dim * c.d_state;
         decay = m2.heads;
       } else {
-        conv = mamba_shard(c, par.shard_index(), par.shard_count()).channels;
+        conv = mamba_shard(c, index, count).channels;
         state = conv * c.d_state;
         decay = conv;
       }

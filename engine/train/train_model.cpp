@@ -29,28 +29,25 @@ const char* recompute_name(Recompute r) {
   return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
 }
 
-void TrainModel::check_supported(const ModelConfig& cfg, Strategy s, int tp) {
+void TrainModel::check_supported(const ModelConfig& cfg, int tp) {
   for (int i = 0; i < cfg.n_layers; ++i) {
     const LayerKind k = cfg.layer_kind(i);
-    if (k != LayerKind::Attention && s == Strategy::TSP)
-      throw UsageError("training SSM layers under tsp (their projections streamed shard by shard) is not built yet; "
-                       "choose single, dp, tp, sp or tp_sp for this " + cfg.family_name() + " model, or a Llama "
-                       "model for tsp");
     if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
       throw UsageError("training under tp needs n_groups (" + std::to_string(cfg.n_groups) + ") to be a multiple of "
                        "the tp size " + std::to_string(tp) + " (a gated-norm group split over ranks has no backward "
-                       "yet); use --devices " + std::to_string(cfg.n_groups));
+                       "yet, nor B and C rows shared by tsp shards); use --devices " + std::to_string(cfg.n_groups));
   }
 }
 
 TrainModel::TrainModel(Model& model, Recompute recompute)
     : m_model(model), m_be(model.backend()), m_cfg(model.config()), m_par(model.parallel()), m_rc(recompute) {
-  check_supported(m_cfg, m_par.strategy, m_par.tp_size);
+  check_supported(m_cfg, m_par.tp_size);
   // Under tsp every rank computes all heads of its own tokens (the shards stream past).
   if (m_cfg.n_heads)
     m_shard = m_par.folded() ? attention_shard(m_cfg, 0, 1) : attention_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
-  if (m_cfg.ssm_heads) m_m2 = mamba2_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
-  if (m_cfg.family == Family::Mamba) m_m1 = mamba_shard(m_cfg, m_par.shard_index(), m_par.shard_count());
+  const int index = m_par.folded() ? 0 : m_par.shard_index(), count = m_par.folded() ? 1 : m_par.shard_count();
+  if (m_cfg.ssm_heads) m_m2 = mamba2_shard(m_cfg, index, count);
+  if (m_cfg.family == Family::Mamba) m_m1 = mamba_shard(m_cfg, index, count);
 }
 
 Tensor TrainModel::act(const Shape& s, const char* label, DType dt) const {
@@ -157,7 +154,7 @@ void TrainModel::zero_grads() {
 }
 
 void TrainModel::tp_sum(const Tensor& t, int layer, const char* site) {
-  if (m_par.tp_size <= 1) return;
+  if (m_par.tp_size <= 1 || m_par.folded()) return;  // tsp: each rank's tokens are complete on it
   SiteScope s(m_be.recorder(), layer, site);
   m_par.tp->all_reduce(t);
 }
@@ -269,7 +266,7 @@ void TrainModel::attention_grad(const Tensor& dq, const Tensor& dk, const Tensor
 // outputs are all-reduced over the tp group before the residual add.
 void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s,
                                bool keep) {
-  if (m_par.folded()) return folded_forward(i, x_in, x_out, b, s, keep);
+  if (m_par.folded() && m_layers[size_t(i)].kind == LayerKind::Attention) return folded_forward(i, x_in, x_out, b, s, keep);
   switch (m_layers[size_t(i)].kind) {
     case LayerKind::Attention: attention_forward(i, x_in, x_out, b, s, keep); break;
     case LayerKind::Mamba2: mamba2_forward(i, x_in, x_out, b, s, keep); break;
@@ -278,7 +275,7 @@ void TrainModel::layer_forward(int i, const Tensor& x_in, const Tensor& x_out, c
 }
 
 void TrainModel::layer_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s) {
-  if (m_par.folded()) return folded_backward(i, dx, b, s);
+  if (m_par.folded() && m_layers[size_t(i)].kind == LayerKind::Attention) return folded_backward(i, dx, b, s);
   switch (m_layers[size_t(i)].kind) {
     case LayerKind::Attention: attention_backward(i, dx, b, s); break;
     case LayerKind::Mamba2: mamba2_backward(i, dx, b, s); break;

@@ -5,12 +5,12 @@
 // and the strategy's collectives are the conjugates of the forward's
 // (engine/README.md, "Training").
 //
-// Families: Llama (attention + SwiGLU MLP) layers, Mamba2 layers (Mamba2 and
-// the hybrid, train/mamba2_train.cpp) and Mamba / Falcon-Mamba layers
-// (train/mamba_train.cpp) under single, dp, tp, sp and tp_sp (sequence
-// parallel SSM layers: train/ssm_sequence.cpp); Llama layers under tsp
-// (train/folded_train.cpp). SSM layers under tsp are refused with a
-// UsageError until their streamed projections have a backward.
+// Families and strategies: Llama (attention + SwiGLU MLP) layers, Mamba2
+// layers (Mamba2 and the hybrid, train/mamba2_train.cpp) and Mamba /
+// Falcon-Mamba layers (train/mamba_train.cpp) under single, dp, tp, sp,
+// tp_sp and tsp. Sequence-parallel SSM layers (sp, tp_sp, tsp) pass conv
+// halos and states between ranks (train/ssm_sequence.cpp); under tsp the
+// projections stream shard by shard (train/folded_train.cpp's ring).
 #pragma once
 
 #include <functional>
@@ -42,7 +42,7 @@ class TrainModel {
   TrainModel(Model& model, Recompute recompute);
 
   // Refuses a model or strategy training cannot run yet (one line, before anything starts).
-  static void check_supported(const ModelConfig& cfg, Strategy s, int tp_size);
+  static void check_supported(const ModelConfig& cfg, int tp_size);
 
   // Allocates the gradients (one per weight of the weight list, in its dtype and local shape).
   void allocate_grads();
@@ -94,6 +94,7 @@ class TrainModel {
   void mamba2_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
   void mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
   SsdArgs ssd_args(const Layer& L, int H, int G) const;  // a Mamba2 layer's scan parameters
+  std::vector<std::pair<int64_t, int64_t>> in_proj_columns(int shard) const;  // tsp: a Mamba2 in_proj shard's columns
   void mamba_forward(int i, const Tensor& x_in, const Tensor& x_out, const TrainBatch& b, Saved& s, bool keep);
   void mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Saved& s);
   // tsp (train/folded_train.cpp): Llama layers with every projection streamed shard by shard.
