@@ -152,6 +152,7 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
       ->capture_default_str();
   cmd->add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
   cmd->add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--adam-eps", o.adam_eps, "AdamW epsilon")->capture_default_str();
   cmd->add_option("--recompute", o.recompute, "activation recomputation: none, selective or full")
       ->capture_default_str();
   cmd->add_option("--data", o.data, "synthetic, or a FILE whose bytes are the tokens")->capture_default_str();

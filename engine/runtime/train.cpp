@@ -96,6 +96,8 @@ void validate_train(const TrainOptions& o) {
   }
   if (!(o.lr >= 0) || !(o.weight_decay >= 0) || !(o.clip >= 0) || o.warmup < 0)
     throw UsageError("--lr, --weight-decay, --clip and --warmup must be >= 0");
+  if (!(o.adam_eps > 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+    throw UsageError("--adam-eps must be > 0 and --beta1, --beta2 in [0, 1)");
   if (!o.tokens.empty()) {
     if (o.tokens.size() < 2) throw UsageError("--tokens needs at least 2 ids (inputs are all but the last)");
     if (o.seq_len && o.seq_len != int64_t(o.tokens.size()) - 1)
@@ -193,7 +195,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
           {"training",
            {{"seq_len", L}, {"micro_batch", B}, {"grad_accum", K}, {"replicas", replicas}, {"steps", o.steps},
             {"lr", o.lr}, {"warmup", o.warmup}, {"min_lr_ratio", o.min_lr_ratio}, {"weight_decay", o.weight_decay},
-            {"clip", o.clip}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"recompute", recompute_name(rc)},
+            {"clip", o.clip}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps}, {"recompute", recompute_name(rc)},
             {"data", corpus->describe()}, {"seed", r.seed}}},
           {"capacity", r.capacity},
           {"threads", cpu::threads()},
