@@ -367,13 +367,9 @@ int main(int argc, char** argv) {
         ss::load_hardware(check_hardware);
         check_opts.backend = "sim";
       }
-      ss::validate(check_opts, check_opts.backend);
-      const ss::ModelConfig cfg = ss::resolve_model(check_opts.model, nullptr, check_opts.overrides);
-      const auto [T, S] = ss::mesh_of(check_opts);
-      const int64_t P = check_opts.tokens.empty() ? check_opts.prompt_len : int64_t(check_opts.tokens.size());
-      ss::validate_parallel(cfg, ss::parse_strategy(check_opts.strategy), check_opts.devices, T, S, P,
-                            check_opts.split == "zigzag", check_opts.batch);
-      if (check_opts.backend == "cpu") ss::check_host_memory(cfg, check_opts, check_opts.devices, ss::host_available_bytes());
+      const ss::RunPlan plan = ss::plan_inference(check_opts, check_opts.backend);
+      if (check_opts.backend == "cpu")
+        ss::check_host_memory(plan.cfg, check_opts, check_opts.devices, ss::host_available_bytes());
       std::printf("ok\n");
       return 0;
     }

@@ -212,7 +212,12 @@ void cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int
   }
 }
 
-void sum_squares(const Tensor& out, const Tensor& t) {
+namespace {
+// fn(fp32 values, count) over a contiguous tensor of any float dtype, a block
+// at a time (widened into the stack when not fp32), blocks over threads; the
+// block results are summed as double.
+template <class F>
+double sum_over_blocks(const Tensor& t, F&& fn) {
   const int64_t n = t.numel();
   constexpr int64_t kBlock = 4096;
   double total = 0;
@@ -223,27 +228,26 @@ void sum_squares(const Tensor& out, const Tensor& t) {
     const float* p = buf;
     if (t.dtype() == DType::F32) p = t.data<float>() + i0;
     else widen(static_cast<const char*>(t.raw()) + i0 * dtype_size(t.dtype()), t.dtype(), len, buf);
+    total += fn(p, len);
+  }
+  return total;
+}
+}  // namespace
+
+void sum_squares(const Tensor& out, const Tensor& t) {
+  out.data<float>()[0] += float(sum_over_blocks(t, [](const float* p, int64_t len) {
     float s = 0;
     for (int64_t i = 0; i < len; ++i) s += p[i] * p[i];
-    total += s;
-  }
-  out.data<float>()[0] += float(total);
+    return double(s);
+  }));
 }
 
 void count_nonfinite(const Tensor& out, const Tensor& t) {
-  const int64_t n = t.numel();
-  constexpr int64_t kBlock = 4096;
-  int64_t bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : bad) if (n > (1 << 16))
-  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
-    const int64_t len = std::min(kBlock, n - i0);
-    float buf[kBlock];
-    const float* p = buf;
-    if (t.dtype() == DType::F32) p = t.data<float>() + i0;
-    else widen(static_cast<const char*>(t.raw()) + i0 * dtype_size(t.dtype()), t.dtype(), len, buf);
+  out.data<float>()[0] += float(sum_over_blocks(t, [](const float* p, int64_t len) {
+    int64_t bad = 0;
     for (int64_t i = 0; i < len; ++i) bad += !std::isfinite(p[i]);
-  }
-  out.data<float>()[0] += float(bad);
+    return double(bad);
+  }));
 }
 
 // AdamW on fp32 values: the master copy when the parameter is 16-bit (the

@@ -50,6 +50,17 @@ double hidden_share(const std::vector<proto::Event>& ev, Pick pick) {
   return total > 0 ? hidden / total : NAN;
 }
 
+// The most any rank held per category, and at once.
+std::pair<std::array<int64_t, proto::kCategoryCount>, int64_t> max_peaks(const proto::RunStats& st) {
+  std::array<int64_t, proto::kCategoryCount> peak{};
+  int64_t total = 0;
+  for (auto& [r, rs] : st.ranks) {
+    for (int c = 0; c < proto::kCategoryCount; ++c) peak[size_t(c)] = std::max(peak[size_t(c)], rs.peak[size_t(c)]);
+    total = std::max(total, rs.peak_total);
+  }
+  return {peak, total};
+}
+
 // Seconds per step after the first (which pays for first touches and primitive creation).
 double step_seconds(const std::vector<proto::Event>& ev) {
   std::vector<double> s;
@@ -163,12 +174,7 @@ int run_train_bench(const TrainBenchOptions& o, std::ostream& out) {
       return sp.phase == "forward" &&
              (sp.site.find(".ring") != std::string::npos || sp.site.find(".broadcast") != std::string::npos);
     });
-    std::array<int64_t, proto::kCategoryCount> peak{};
-    int64_t total = 0;
-    for (auto& [r, rs] : st.ranks) {
-      for (int c = 0; c < proto::kCategoryCount; ++c) peak[size_t(c)] = std::max(peak[size_t(c)], rs.peak[size_t(c)]);
-      total = std::max(total, rs.peak_total);
-    }
+    const auto [peak, total] = max_peaks(st);
     double step_tokens = 0;
     for (auto& e : ev)
       if (auto* t = std::get_if<proto::TrainStep>(&e)) step_tokens = double(t->tokens);
@@ -214,12 +220,7 @@ int run_train_bench(const TrainBenchOptions& o, std::ostream& out) {
       out << line;
       continue;
     }
-    std::array<int64_t, proto::kCategoryCount> peak{};
-    int64_t total = 0;
-    for (auto& [r, rs] : st.ranks) {
-      for (int c = 0; c < proto::kCategoryCount; ++c) peak[size_t(c)] = std::max(peak[size_t(c)], rs.peak[size_t(c)]);
-      total = std::max(total, rs.peak_total);
-    }
+    const auto [peak, total] = max_peaks(st);
     long_peak[s] = total;
     std::snprintf(line, sizeof line, "%-7s %9s %9s %9s %9s %9s %9s %9s\n", s.c_str(), mib(double(peak[0])).c_str(),
                   mib(double(peak[6])).c_str(), mib(double(peak[7])).c_str(), mib(double(peak[1])).c_str(),

@@ -107,16 +107,9 @@ Failure diagnose(const StderrLog& log, int mpirun_status) {
 
 int launch(const RunOptions& o, const LaunchOptions& l) {
   // Refuse what cannot run before anything starts.
-  validate(o);
-  const Strategy s = parse_strategy(o.strategy);
-  {
-    const ModelConfig cfg = resolve_model(o.model, nullptr, o.overrides);
-    const auto [T, S] = mesh_of(o);
-    const int64_t P = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
-    validate_parallel(cfg, s, o.devices, T, S, P, o.split == "zigzag", o.batch);
-    // Every rank on this host (with a hostfile, each rank checks its own host as it starts).
-    if (l.hostfile.empty()) check_host_memory(cfg, o, o.devices, host_available_bytes());
-  }
+  const RunPlan plan = plan_inference(o, "cpu");
+  // Every rank on this host (with a hostfile, each rank checks its own host as it starts).
+  if (l.hostfile.empty()) check_host_memory(plan.cfg, o, o.devices, host_available_bytes());
   return start_ranks(o.devices, l, "run");
 }
 

@@ -142,22 +142,34 @@ void validate(const RunOptions& o, const std::string& backend) {
 }
 
 
+RunPlan plan_inference(const RunOptions& o, const std::string& backend) {
+  validate(o, backend);
+  RunPlan plan;
+  plan.strategy = parse_strategy(o.strategy);
+  plan.devices = o.devices;
+  std::tie(plan.tp, plan.sp) = mesh_of(o);
+  plan.zigzag = o.split == "zigzag";
+  plan.cfg = resolve_model(o.model, &plan.dir, o.overrides);
+  plan.cfg.dtype = o.dtype;
+  plan.cfg.kv_dtype = cache_dtype(o);
+  plan.tokens = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
+  validate_parallel(plan.cfg, plan.strategy, o.devices, plan.tp, plan.sp, plan.tokens, plan.zigzag, o.batch);
+  return plan;
+}
+
 static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Recorder& rec,
                           const RankSetup& setup) {
   return guarded_rank(out, g, rec, setup, [&, out](const std::function<void()>& hello) mutable {
     RunResult res;
-    validate(o, setup.backend);
-    const Strategy strategy = parse_strategy(o.strategy);
+    const RunPlan plan = plan_inference(o, setup.backend);
+    const Strategy strategy = plan.strategy;
     const bool distributed = strategy != Strategy::Single;
-    std::filesystem::path dir;
-    ModelConfig cfg = resolve_model(o.model, &dir, o.overrides);
-    cfg.dtype = o.dtype;
-    cfg.kv_dtype = cache_dtype(o);
+    const ModelConfig& cfg = plan.cfg;
+    const std::filesystem::path& dir = plan.dir;
     const std::vector<int32_t> base_prompt = make_prompt(o, cfg.vocab);
     const int64_t P = int64_t(base_prompt.size()), total = P + o.decode;
-    const auto [T, S] = mesh_of(o);
-    const bool zigzag = o.split == "zigzag";
-    validate_parallel(cfg, strategy, o.devices, T, S, P, zigzag, o.batch);
+    const int T = plan.tp, S = plan.sp;
+    const bool zigzag = plan.zigzag;
     join_group(g, rec, setup, strategy, T);
     if (!g.root()) out = nullptr;
     if (setup.backend == "cpu") {
@@ -431,16 +443,10 @@ RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, in
     throw UsageError(std::to_string(per_node) + " devices per node exceed the profile's " +
                      std::to_string(hw.max_devices_per_node) + "; raise --nodes");
   // Refuse what cannot run before any rank starts (as launch does).
-  validate(o, "sim");
-  {
-    const ModelConfig cfg = resolve_model(o.model, nullptr, o.overrides);
-    const auto [T, S] = mesh_of(o);
-    const int64_t P = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
-    validate_parallel(cfg, parse_strategy(o.strategy), o.devices, T, S, P, o.split == "zigzag", o.batch);
-  }
+  const RunPlan plan = plan_inference(o, "sim");
   nlohmann::json config = {{"hardware", hw.source}, {"hardware_file", hw.file}, {"nodes", nodes}};
   if (replicas > 1) config["replicas"] = replicas;
-  return simulate_ranks(o.devices, parse_strategy(o.strategy) == Strategy::Single, hw, nodes, config, out,
+  return simulate_ranks(o.devices, plan.strategy == Strategy::Single, hw, nodes, config, out,
                         [&](proto::Writer* w, Group& g, Recorder& rec, const RankSetup& setup) {
                           return run_rank(o, w, g, rec, setup);
                         });

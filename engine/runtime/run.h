@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/config.h"
+#include "model/parallel.h"
 #include "protocol/events.h"
 
 namespace ss {
@@ -59,6 +62,20 @@ std::vector<int32_t> make_prompt(const RunOptions& o, int64_t vocab);
 void validate(const RunOptions& o, const std::string& backend = "cpu");
 // Parses --mesh for the strategy: (T, S) with T*S = devices.
 std::pair<int, int> mesh_of(const RunOptions& o);
+
+// A run's options resolved and checked once, before anything starts: what
+// check, launch, simulate and every rank work from (training's TrainPlan
+// adds its own). Building it refuses, with one line, what cannot run.
+struct RunPlan {
+  Strategy strategy = Strategy::Single;
+  int devices = 1, tp = 1, sp = 1;  // the mesh (tsp: tp = sp = devices)
+  bool zigzag = true;
+  ModelConfig cfg;                  // the model, with the run's dtypes
+  std::filesystem::path dir;        // its checkpoint folder; empty: synthetic weights
+  int64_t tokens = 0;               // of the prompt (inference) or a sequence (training)
+};
+// Inference's plan: the options' checks, the model, the mesh and the shapes.
+RunPlan plan_inference(const RunOptions& o, const std::string& backend);
 
 RunResult run_inference(const RunOptions& o, proto::Writer& out);
 

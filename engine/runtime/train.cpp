@@ -63,7 +63,7 @@ double lr_at(const TrainOptions& o, int step) {
 
 }  // namespace
 
-void validate_train(const TrainOptions& o) {
+TrainPlan plan_training(const TrainOptions& o) {
   const RunOptions& r = o.run;
   if (r.backend != "cpu" && r.backend != "sim")
     throw UsageError("--backend " + r.backend + " cannot train here; use cpu or sim (with --hardware)");
@@ -113,37 +113,47 @@ void validate_train(const TrainOptions& o) {
   if (!o.resume.empty() && !fs::exists(fs::path(o.resume) / "trainer_state.json"))
     throw UsageError("--resume " + o.resume + " has no trainer_state.json: it is not a checkpoint `train --save` wrote");
 
-  fs::path dir;
-  const ModelConfig cfg = train_config(o, &dir);
+  TrainPlan plan;
+  plan.strategy = s;
+  plan.devices = r.devices;
+  plan.tp = T;
+  plan.sp = S;
+  plan.zigzag = r.split == "zigzag";
+  plan.cfg = train_config(o, &plan.dir);
+  plan.tokens = seq_len_of(o);
+  plan.recompute = parse_recompute(o.recompute);
+  plan.replicas = replicas_of(o);
+  plan.grad_accum = grad_accum_of(o);
+  const ModelConfig& cfg = plan.cfg;
   TrainModel::check_supported(cfg, s == Strategy::TP || s == Strategy::TSP ? r.devices : s == Strategy::TPSP ? T : 1);
   for (int32_t t : o.tokens)
     if (t < 0 || t >= cfg.vocab)
       throw UsageError("--tokens: id " + std::to_string(t) + " is outside the vocabulary [0, " +
                        std::to_string(cfg.vocab) + ")");
-  const int64_t L = seq_len_of(o);
-  validate_parallel(cfg, s, r.devices, T, S, L, r.split == "zigzag", o.micro_batch * replicas_of(o));
-  if (!dir.empty()) {
+  validate_parallel(cfg, s, r.devices, T, S, plan.tokens, plan.zigzag, o.micro_batch * plan.replicas);
+  if (!plan.dir.empty()) {
     // The folder's weights must be the model's, with its shapes (checked without loading them).
     Allocator none;
     Recorder quiet;
     MetaBackend meta(none, quiet);
-    CheckpointSource check(dir, Model(cfg, meta).weights());
+    CheckpointSource check(plan.dir, Model(cfg, meta).weights());
   }
+  return plan;
 }
 
 static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g, Recorder& rec,
                             const RankSetup& setup) {
   return guarded_rank(out, g, rec, setup, [&, out](const std::function<void()>& hello) mutable {
     RunResult res;
-    validate_train(o);
+    const TrainPlan plan = plan_training(o);
     const RunOptions& r = o.run;
-    const Strategy strategy = parse_strategy(r.strategy);
-    fs::path dir;
-    const ModelConfig cfg = train_config(o, &dir);
-    const auto [T, S] = mesh_of(r);
-    const bool zigzag = r.split == "zigzag";
-    const Recompute rc = parse_recompute(o.recompute);
-    const int64_t L = seq_len_of(o);
+    const Strategy strategy = plan.strategy;
+    const fs::path& dir = plan.dir;
+    const ModelConfig& cfg = plan.cfg;
+    const int T = plan.tp, S = plan.sp;
+    const bool zigzag = plan.zigzag;
+    const Recompute rc = plan.recompute;
+    const int64_t L = plan.tokens;
     join_group(g, rec, setup, strategy, T);
     if (!g.root()) out = nullptr;
     if (setup.backend == "cpu") {
@@ -165,7 +175,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
                                                              : file_corpus(o.data, cfg.vocab);
 
     // This rank's rows of every sequence, and the groups its gradients and loss are summed over.
-    const int replicas = replicas_of(o), B = o.micro_batch, K = grad_accum_of(o);
+    const int replicas = plan.replicas, B = o.micro_batch, K = plan.grad_accum;
     const int64_t global_targets = L * B * replicas * K;
     StepLayout layout;
     layout.sequence_sharded = par.sp_size > 1;
@@ -446,7 +456,7 @@ RunResult run_training(const TrainOptions& o, proto::Writer& out) {
 }
 
 RunResult simulate_training(const TrainOptions& o, proto::Writer& out) {
-  validate_train(o);
+  const TrainPlan plan = plan_training(o);
   const HardwareProfile hw = load_hardware(o.hardware);
   if (o.nodes < 1 || o.run.devices % o.nodes)
     throw UsageError("--nodes " + std::to_string(o.nodes) + " must divide --devices " + std::to_string(o.run.devices));
@@ -454,14 +464,14 @@ RunResult simulate_training(const TrainOptions& o, proto::Writer& out) {
     throw UsageError(std::to_string(o.run.devices / o.nodes) + " devices per node exceed the profile's " +
                      std::to_string(hw.max_devices_per_node) + "; raise --nodes");
   const nlohmann::json config = {{"hardware", hw.source}, {"hardware_file", hw.file}, {"nodes", o.nodes}};
-  return simulate_ranks(o.run.devices, parse_strategy(o.run.strategy) == Strategy::Single, hw, o.nodes, config, out,
+  return simulate_ranks(o.run.devices, plan.strategy == Strategy::Single, hw, o.nodes, config, out,
                         [&](proto::Writer* w, Group& g, Recorder& rec, const RankSetup& setup) {
                           return train_rank(o, w, g, rec, setup);
                         });
 }
 
 int train_command(const TrainOptions& o, const LaunchOptions& l) {
-  validate_train(o);
+  plan_training(o);  // refuses what cannot run before anything starts
   if (o.check_only) {
     std::printf("ok\n");
     return 0;

@@ -32,8 +32,14 @@ struct TrainOptions {
   bool check_only = false;          // validate, print ok, start nothing (the explorer's check)
 };
 
-// Refuses what cannot run before anything starts (one line naming the number to change).
-void validate_train(const TrainOptions& o);
+// The options resolved and checked once (one line naming the number to
+// change for what cannot run): inference's plan plus training's own.
+enum class Recompute;
+struct TrainPlan : RunPlan {
+  Recompute recompute{};
+  int replicas = 1, grad_accum = 1;  // data-parallel replicas; micro-batches per step
+};
+TrainPlan plan_training(const TrainOptions& o);
 
 // One rank of a cpu run (the whole run when --devices 1); writes the stream on rank 0.
 RunResult run_training(const TrainOptions& o, proto::Writer& out);

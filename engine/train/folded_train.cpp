@@ -106,8 +106,7 @@ void TrainModel::folded_forward(int i, const Tensor& x_in, const Tensor& x_out, 
   const int64_t hq = int64_t(c.n_heads) * hd, hkv = int64_t(c.n_kv_heads) * hd, qs = hq / D, ks = hkv / D;
   const int64_t F = c.ffn_dim, fs = F / D;
   const DType dt = c.dtype;
-  std::vector<int32_t> pos_rows;
-  for (int q = 0; q < b.sequences; ++q) pos_rows.insert(pos_rows.end(), b.positions.begin(), b.positions.end());
+  const std::vector<int32_t> pos_rows = row_positions(b);
   s.x_in = x_in;
   s.h1 = act({R, d}, "attn.norm", dt);
   {
@@ -172,21 +171,8 @@ void TrainModel::folded_backward(int i, const Tensor& dx, const TrainBatch& b, S
   const int64_t hq = int64_t(c.n_heads) * hd, hkv = int64_t(c.n_kv_heads) * hd, qs = hq / D, ks = hkv / D;
   const int64_t F = c.ffn_dim, fs = F / D;
   const DType dt = c.dtype;
-  std::vector<int32_t> pos_rows;
-  for (int q = 0; q < b.sequences; ++q) pos_rows.insert(pos_rows.end(), b.positions.begin(), b.positions.end());
-  if (m_rc == Recompute::Full) {
-    SiteScope sc(rec, i, "recompute");
-    Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
-    folded_forward(i, s.x_in, out, b, s, true);
-  } else if (m_rc == Recompute::Selective) {
-    SiteScope sc(rec, i, "recompute");
-    s.h1 = act({R, d}, "attn.norm", dt);
-    m_be.rmsnorm(s.h1, s.x_in, L.in_norm, c.norm_eps, d);
-    s.h2 = act({R, d}, "mlp.norm", dt);
-    m_be.rmsnorm(s.h2, s.x_mid, L.post_norm, c.norm_eps, d);
-    s.a = act({R, F}, "mlp.act", dt);
-    m_be.silu_mul(s.a, s.g, s.u);
-  }
+  const std::vector<int32_t> pos_rows = row_positions(b);
+  recompute(i, b, s);
   // MLP, shard by shard around the ring.
   {
     Tensor dh2 = work({R, d}, "grad.mlp.norm", dt);

@@ -160,17 +160,7 @@ void TrainModel::mamba2_backward(int i, const Tensor& dx, const TrainBatch& b, S
   const int64_t R = dx.rows(), d = c.d_model, Di = int64_t(H) * P, GN = int64_t(G) * N, conv = Di + 2 * GN;
   const int64_t Tl = int64_t(b.positions.size());
   const DType dt = c.dtype;
-  if (m_rc == Recompute::Full) {
-    SiteScope sc(rec, i, "recompute");
-    Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
-    mamba2_forward(i, s.x_in, out, b, s, true);
-  } else if (m_rc == Recompute::Selective) {
-    SiteScope sc(rec, i, "recompute");
-    s.h1 = act({R, d}, "mixer.norm", dt);
-    m_be.rmsnorm(s.h1, s.x_in, L.norm, c.norm_eps, d);
-    s.yn = act({R, Di}, "mixer.gated_norm", dt);
-    m_be.gated_rmsnorm(s.yn, s.ys, s.zxbcdt.slice(1, 0, Di), L.gated_norm, c.norm_eps, Di / G);
-  }
+  recompute(i, b, s);
   // dzxbcdt gathers the gradients of in_proj's output: z, xBC (through the conv), dt.
   Tensor dz = work({R, 2 * Di + 2 * GN + H}, "grad.mixer.in_proj", dt);
   {

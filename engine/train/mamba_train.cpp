@@ -169,20 +169,7 @@ void TrainModel::mamba_backward(int i, const Tensor& dx, const TrainBatch& b, Sa
   const DType dt = c.dtype;
   const bool folded = m_par.folded();
   const int64_t Ds = folded ? Di / m_par.sp_size : Di;  // tsp: channels per shard
-  if (m_rc == Recompute::Full) {
-    SiteScope sc(rec, i, "recompute");
-    Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
-    mamba_forward(i, s.x_in, out, b, s, true);
-  } else if (m_rc == Recompute::Selective) {
-    SiteScope sc(rec, i, "recompute");
-    s.h1 = act({R, d}, "mixer.norm", dt);
-    m_be.rmsnorm(s.h1, s.x_in, L.norm, c.norm_eps, d);
-    if (c.bcdt_rms) {
-      s.dbc_n = act({R, r + 2 * N}, "mixer.bcdt_norm", dt);
-      for (auto [c0, n] : {std::pair{int64_t(0), r}, std::pair{r, N}, std::pair{r + N, N}})
-        m_be.rmsnorm(s.dbc_n.slice(1, c0, n), s.dbc.slice(1, c0, n), Tensor{}, c.mixer_rms_eps, n);
-    }
-  }
+  recompute(i, b, s);
   Tensor dxz = work({R, 2 * Di}, "grad.mixer.in_proj", dt);
   Tensor dxc = work({R, Di}, "grad.mixer.conv", dt);
   {

@@ -172,25 +172,82 @@ std::vector<int32_t> positions_of(const StepLayout& l, int r) {
 
 }  // namespace
 
-// Causal attention of each sequence's rows: over its own rows, or (sequence
-// parallel) over the K/V of every rank of the group, all-gathered.
-void TrainModel::attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                           const TrainBatch& b, int layer) {
-  const int64_t Tl = int64_t(b.positions.size()), hkv = k.cols();
-  const int S = m_par.sp_size;
+// This rank's heads over one sequence's rows: its own keys, or (sequence
+// parallel) every rank's, whose positions go to `k_pos`.
+AttentionArgs TrainModel::attention_args(const TrainBatch& b, std::vector<int32_t>& k_pos) const {
   AttentionArgs a;
   a.n_heads = m_shard.heads;
   a.n_kv_heads = m_shard.kv_heads;
   a.head_dim = m_cfg.head_dim;
   a.scale = 1.0f / std::sqrt(float(m_cfg.head_dim));
   a.q_pos = b.positions;
-  std::vector<int32_t> k_pos;
-  if (S > 1)
-    for (int r = 0; r < S; ++r) {
+  k_pos.clear();
+  if (m_par.sp_size > 1)
+    for (int r = 0; r < m_par.sp_size; ++r) {
       const auto p = positions_of(b.layout, r);
       k_pos.insert(k_pos.end(), p.begin(), p.end());
     }
-  a.k_pos = S > 1 ? std::span<const int32_t>(k_pos) : std::span<const int32_t>(b.positions);
+  a.k_pos = m_par.sp_size > 1 ? std::span<const int32_t>(k_pos) : std::span<const int32_t>(b.positions);
+  return a;
+}
+
+std::vector<int32_t> TrainModel::row_positions(const TrainBatch& b) {
+  std::vector<int32_t> out;
+  for (int q = 0; q < b.sequences; ++q) out.insert(out.end(), b.positions.begin(), b.positions.end());
+  return out;
+}
+
+// Before a layer's backward: what recomputation dropped, back (full: the whole forward again).
+void TrainModel::recompute(int i, const TrainBatch& b, Saved& s) {
+  if (m_rc == Recompute::None) return;
+  const ModelConfig& c = m_cfg;
+  const Layer& L = m_layers[size_t(i)];
+  const int64_t R = s.x_in.rows(), d = c.d_model;
+  const DType dt = c.dtype;
+  SiteScope sc(m_be.recorder(), i, "recompute");
+  if (m_rc == Recompute::Full) {
+    Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
+    layer_forward(i, s.x_in, out, b, s, true);
+    return;
+  }
+  switch (L.kind) {
+    case LayerKind::Attention:
+      s.h1 = act({R, d}, "attn.norm", dt);
+      m_be.rmsnorm(s.h1, s.x_in, L.in_norm, c.norm_eps, d);
+      s.h2 = act({R, d}, "mlp.norm", dt);
+      m_be.rmsnorm(s.h2, s.x_mid, L.post_norm, c.norm_eps, d);
+      s.a = act(s.g.shape(), "mlp.act", dt);
+      m_be.silu_mul(s.a, s.g, s.u);
+      break;
+    case LayerKind::Mamba2: {
+      const int64_t Di = s.ys.cols();
+      s.h1 = act({R, d}, "mixer.norm", dt);
+      m_be.rmsnorm(s.h1, s.x_in, L.norm, c.norm_eps, d);
+      s.yn = act({R, Di}, "mixer.gated_norm", dt);
+      m_be.gated_rmsnorm(s.yn, s.ys, s.zxbcdt.slice(1, 0, Di), L.gated_norm, c.norm_eps, Di / m_m2.groups);
+      break;
+    }
+    case LayerKind::Mamba:
+      s.h1 = act({R, d}, "mixer.norm", dt);
+      m_be.rmsnorm(s.h1, s.x_in, L.norm, c.norm_eps, d);
+      if (c.bcdt_rms) {
+        const int64_t r = c.dt_rank, N = c.d_state;
+        s.dbc_n = act(s.dbc.shape(), "mixer.bcdt_norm", dt);
+        for (auto [c0, n] : {std::pair{int64_t(0), r}, std::pair{r, N}, std::pair{r + N, N}})
+          m_be.rmsnorm(s.dbc_n.slice(1, c0, n), s.dbc.slice(1, c0, n), Tensor{}, c.mixer_rms_eps, n);
+      }
+      break;
+  }
+}
+
+// Causal attention of each sequence's rows: over its own rows, or (sequence
+// parallel) over the K/V of every rank of the group, all-gathered.
+void TrainModel::attention(const Tensor& o, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const TrainBatch& b, int layer) {
+  const int64_t Tl = int64_t(b.positions.size()), hkv = k.cols();
+  const int S = m_par.sp_size;
+  std::vector<int32_t> k_pos;
+  const AttentionArgs a = attention_args(b, k_pos);
   Recorder& rec = m_be.recorder();
   for (int s = 0; s < b.sequences; ++s) {
     const Tensor qs = q.slice(0, s * Tl, Tl), ks = k.slice(0, s * Tl, Tl), vs = v.slice(0, s * Tl, Tl);
@@ -220,19 +277,8 @@ void TrainModel::attention_grad(const Tensor& dq, const Tensor& dk, const Tensor
                                 const TrainBatch& b, int layer) {
   const int64_t Tl = int64_t(b.positions.size()), hkv = k.cols();
   const int S = m_par.sp_size;
-  AttentionArgs a;
-  a.n_heads = m_shard.heads;
-  a.n_kv_heads = m_shard.kv_heads;
-  a.head_dim = m_cfg.head_dim;
-  a.scale = 1.0f / std::sqrt(float(m_cfg.head_dim));
-  a.q_pos = b.positions;
   std::vector<int32_t> k_pos;
-  if (S > 1)
-    for (int r = 0; r < S; ++r) {
-      const auto p = positions_of(b.layout, r);
-      k_pos.insert(k_pos.end(), p.begin(), p.end());
-    }
-  a.k_pos = S > 1 ? std::span<const int32_t>(k_pos) : std::span<const int32_t>(b.positions);
+  const AttentionArgs a = attention_args(b, k_pos);
   Recorder& rec = m_be.recorder();
   for (int s = 0; s < b.sequences; ++s) {
     auto rows = [&](const Tensor& t) { return t.slice(0, s * Tl, Tl); };
@@ -303,8 +349,7 @@ void TrainModel::attention_forward(int i, const Tensor& x_in, const Tensor& x_ou
   const int64_t R = x_in.rows(), d = c.d_model, hd = c.head_dim;
   const int64_t hq = m_shard.heads * hd, hkv = m_shard.kv_heads * hd, F = m_shard.ffn;
   const DType dt = c.dtype;
-  std::vector<int32_t> pos_rows;
-  for (int q = 0; q < b.sequences; ++q) pos_rows.insert(pos_rows.end(), b.positions.begin(), b.positions.end());
+  const std::vector<int32_t> pos_rows = row_positions(b);
   s.x_in = x_in;
   s.h1 = act({R, d}, "attn.norm", dt);
   {
@@ -368,21 +413,8 @@ void TrainModel::attention_backward(int i, const Tensor& dx, const TrainBatch& b
   const int64_t R = dx.rows(), d = c.d_model, hd = c.head_dim;
   const int64_t hq = m_shard.heads * hd, hkv = m_shard.kv_heads * hd, F = m_shard.ffn;
   const DType dt = c.dtype;
-  std::vector<int32_t> pos_rows;
-  for (int q = 0; q < b.sequences; ++q) pos_rows.insert(pos_rows.end(), b.positions.begin(), b.positions.end());
-  if (m_rc == Recompute::Full) {
-    SiteScope sc(rec, i, "recompute");
-    Tensor out = act({R, d}, "residual.recomputed", c.residual_dtype());
-    layer_forward(i, s.x_in, out, b, s, true);
-  } else if (m_rc == Recompute::Selective) {
-    SiteScope sc(rec, i, "recompute");
-    s.h1 = act({R, d}, "attn.norm", dt);
-    m_be.rmsnorm(s.h1, s.x_in, L.in_norm, c.norm_eps, d);
-    s.h2 = act({R, d}, "mlp.norm", dt);
-    m_be.rmsnorm(s.h2, s.x_mid, L.post_norm, c.norm_eps, d);
-    s.a = act({R, F}, "mlp.act", dt);
-    m_be.silu_mul(s.a, s.g, s.u);
-  }
+  const std::vector<int32_t> pos_rows = row_positions(b);
+  recompute(i, b, s);
   // MLP: x_out = x_mid + down(silu(gate h2) * up h2).
   {
     Tensor dh2 = work({R, d}, "grad.mlp.norm", dt);

@@ -137,6 +137,9 @@ class TrainModel {
                       const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const TrainBatch& b,
                       int layer);
   void tp_sum(const Tensor& t, int layer, const char* site);
+  AttentionArgs attention_args(const TrainBatch& b, std::vector<int32_t>& k_pos) const;
+  static std::vector<int32_t> row_positions(const TrainBatch& b);  // positions of every row, sequence after sequence
+  void recompute(int i, const TrainBatch& b, Saved& s);
   Tensor act(const Shape& s, const char* label, DType dt) const;
   Tensor work(const Shape& s, const char* label, DType dt) const;
   Tensor grad_of(const std::string& suffix, int layer) const;
