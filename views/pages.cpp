@@ -396,15 +396,21 @@ void TimelineView::paintEvent(QPaintEvent*) {
     }
     row += 2;
   }
-  // Where prefill and decode begin: a dashed line across the lanes.
+  // Where prefill and decode (training: each step's forward, backward and
+  // optimizer) begin: a dashed line across the lanes, named where there is
+  // room (zoom in to name them all).
+  double named_to = -1e9;
   for (const auto& ph : m_data.phases()) {
     if (ph.name == "load") continue;
     const double x = xOf(ph.t);
     if (x < kLabel || x > width()) continue;
     p.setPen(QPen(QColor(60, 60, 60), 1, Qt::DashLine));
     p.drawLine(QPointF(x, 22), QPointF(x, 24 + row * kLane));
+    const QString name = QString::fromStdString(ph.name);
+    if (x < named_to) continue;
     p.setPen(QColor(60, 60, 60));
-    p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), QString::fromStdString(ph.name));
+    p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), name);
+    named_to = x + 3 + p.fontMetrics().horizontalAdvance(name) + 6;
   }
   // The colour of every op kind, below the lanes.
   {
