@@ -144,6 +144,8 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
   cmd->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   cmd->add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "steps of linear warmup, then cosine decay")->capture_default_str();
+  cmd->add_option("--schedule-steps", o.schedule_steps,
+                  "length of the schedule in steps (default: this run's last step; set it to resume mid-schedule)");
   cmd->add_option("--min-lr-ratio", o.min_lr_ratio, "the cosine decay's end, as a fraction of --lr")
       ->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "decoupled weight decay of matrices (not norms)")

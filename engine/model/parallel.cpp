@@ -82,7 +82,8 @@ MambaShard mamba_shard(const ModelConfig& c, int index, int count) {
   return s;
 }
 
-void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, int64_t P, bool zigzag, int batch) {
+void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, int64_t P, bool zigzag, int batch,
+                       const ShapeFlags& flags) {
   auto refuse = [](const std::string& m) { throw UsageError(m); };
   if (D < 1) refuse("--devices must be at least 1");
   if (s == Strategy::Single && D != 1) refuse("--strategy single runs on 1 device; pick dp, tp, sp, tp_sp or tsp for --devices " + std::to_string(D));
@@ -93,7 +94,7 @@ void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, in
   }
   if (s == Strategy::DP) {
     if (batch % D)
-      refuse("--batch " + std::to_string(batch) + " does not split over " + std::to_string(D) +
+      refuse(std::string(flags.batch) + " " + std::to_string(batch) + " does not split over " + std::to_string(D) +
              " devices; use a multiple of " + std::to_string(D));
     return;
   }
@@ -142,14 +143,14 @@ void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, in
     const int chunks = zigzag ? 2 * seq : seq;
     if (P % chunks) {
       const int64_t up = (P / chunks + 1) * chunks;
-      refuse("--prompt-len " + std::to_string(P) + " does not split into " + std::to_string(chunks) + " equal " +
+      refuse(std::string(flags.length) + " " + std::to_string(P) + " does not split into " + std::to_string(chunks) + " equal " +
              (zigzag ? "zigzag " : "") + "chunks over " + std::to_string(seq) + " sequence ranks; use a multiple of " +
              std::to_string(chunks) + " (e.g. " + std::to_string(up) + ")");
     }
     for (int i = 0; i < c.n_layers; ++i)
       if (c.layer_kind(i) != LayerKind::Attention && P / chunks < c.d_conv - 1)
         refuse("each sequence chunk must hold at least d_conv-1 = " + std::to_string(c.d_conv - 1) +
-               " tokens for the conv halo; use --prompt-len of at least " + std::to_string(chunks * (c.d_conv - 1)));
+               " tokens for the conv halo; use " + flags.length + " of at least " + std::to_string(chunks * (c.d_conv - 1)));
   }
 }
 

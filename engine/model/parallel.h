@@ -79,7 +79,13 @@ MambaShard mamba_shard(const ModelConfig& c, int index, int count);
 
 // Refuses shapes a strategy cannot split, before anything starts. Each
 // message names the number to change. `prompt_len` 0 skips token checks.
+// The options named in messages: inference's by default, training's
+// (--seq-len, --micro-batch) when it validates.
+struct ShapeFlags {
+  const char* length = "--prompt-len";
+  const char* batch = "--batch";
+};
 void validate_parallel(const ModelConfig& c, Strategy s, int devices, int tp, int sp, int64_t prompt_len,
-                       bool zigzag, int batch);
+                       bool zigzag, int batch, const ShapeFlags& flags = {});
 
 }  // namespace ss

@@ -53,9 +53,10 @@ ModelConfig train_config(const TrainOptions& o, fs::path* dir) {
   return cfg;
 }
 
-double lr_at(const TrainOptions& o, int step) {
+// The learning rate of (absolute) step `step` of a schedule of `total` steps.
+double lr_at(const TrainOptions& o, int step, int total) {
   if (o.warmup > 0 && step <= o.warmup) return o.lr * step / o.warmup;
-  const int span = std::max(1, o.steps - o.warmup - 1);
+  const int span = std::max(1, total - o.warmup - 1);
   const double progress = std::min(1.0, double(step - o.warmup - 1) / span);
   const double low = o.lr * o.min_lr_ratio;
   return low + 0.5 * (o.lr - low) * (1 + std::cos(std::numbers::pi * progress));
@@ -110,6 +111,9 @@ TrainPlan plan_training(const TrainOptions& o) {
   }
   if (o.tokens.empty() && o.data != "synthetic" && !fs::exists(o.data))
     throw UsageError("--data " + o.data + " does not exist (give a file, or --data synthetic)");
+  if (!o.save.empty() && fs::exists(o.save) && !fs::is_directory(o.save))
+    throw UsageError("--save " + o.save + " is a file, not a folder; give a folder to write");
+  if (o.schedule_steps < 0) throw UsageError("--schedule-steps must be >= 0");
   if (!o.resume.empty() && !fs::exists(fs::path(o.resume) / "trainer_state.json"))
     throw UsageError("--resume " + o.resume + " has no trainer_state.json: it is not a checkpoint `train --save` wrote");
 
@@ -130,7 +134,8 @@ TrainPlan plan_training(const TrainOptions& o) {
     if (t < 0 || t >= cfg.vocab)
       throw UsageError("--tokens: id " + std::to_string(t) + " is outside the vocabulary [0, " +
                        std::to_string(cfg.vocab) + ")");
-  validate_parallel(cfg, s, r.devices, T, S, plan.tokens, plan.zigzag, o.micro_batch * plan.replicas);
+  validate_parallel(cfg, s, r.devices, T, S, plan.tokens, plan.zigzag, o.micro_batch * plan.replicas,
+                    ShapeFlags{"--seq-len", "--micro-batch"});
   if (!plan.dir.empty()) {
     // The folder's weights must be the model's, with its shapes (checked without loading them).
     Allocator none;
@@ -225,6 +230,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
 
     TrainModel tm(model, rc);
     tm.allocate_grads();
+    tm.agree_over(strategy == Strategy::DP ? par.world : par.sp_size > 1 ? par.sp : nullptr);
     if (g.root()) tm.on_phase([&](const char* name, int64_t t) { extra.push_back(proto::to_line(proto::Phase{name, t})); });
     const std::vector<WeightSpec>& specs = model.weights();
     // Optimizer state: Adam's moments, and fp32 master weights for a 16-bit model.
@@ -311,7 +317,9 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
         if (tm.first_nonfinite_layer() != -2) {
           const int l = tm.first_nonfinite_layer();
           throw UsageError("step " + std::to_string(step) + ": the loss is not finite; the first non-finite output is " +
-                           (l < 0 ? std::string("the embeddings'") : "layer " + std::to_string(l) + "'s") +
+                           (l < 0 ? std::string("the embeddings'")
+                            : l >= cfg.n_layers ? std::string("the final norm's or the LM head's")
+                                                : "layer " + std::to_string(l) + "'s") +
                            "; lower --lr or clip the gradient with --clip (nothing was saved)");
         }
       }
@@ -336,6 +344,10 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
       be.download(ss_mirrored, &sq[0]);
       be.download(ss_sharded, &sq[1]);
       const double norm = std::sqrt(double(sq[0]) + double(sq[1]));
+      // Every rank holds the same norm: all refuse together, before anything is updated.
+      if (!std::isfinite(norm))
+        throw UsageError("step " + std::to_string(step) + ": the gradient's norm is not finite; lower --lr or clip "
+                         "the gradient with --clip (nothing was saved)");
       if (step == step0 + 1 && !o.dump_grads.empty()) {
         std::vector<TensorBlob> blobs;
         for (size_t i = 0; i < specs.size(); ++i) {
@@ -352,7 +364,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
         }
       }
       AdamWArgs a;
-      a.lr = float(lr_at(o, step - step0));
+      a.lr = float(lr_at(o, step, o.schedule_steps > 0 ? o.schedule_steps : step0 + o.steps));
       a.beta1 = float(o.beta1);
       a.beta2 = float(o.beta2);
       a.eps = float(o.adam_eps);

@@ -22,6 +22,7 @@ struct TrainOptions {
   int steps = 1;
   double lr = 1e-3, min_lr_ratio = 0.1;  // cosine from lr to lr * ratio after the warmup
   int warmup = 0;           // steps of linear warmup
+  int schedule_steps = 0;   // the schedule's length in steps (0: the last step of this run)
   double weight_decay = 0, clip = 1.0, beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
   std::string recompute = "none";   // none | selective | full
   std::string data = "synthetic";   // synthetic | FILE (bytes as tokens)

@@ -52,8 +52,18 @@ TensorBlob make_blob(const std::string& name, const Shape& shape, const std::vec
   return b;
 }
 
-void write_checkpoint_dir(const fs::path& dir, const nlohmann::json& config, const std::vector<TensorBlob>& weights,
+// Flushes a file or folder to the disk (a swap must never expose files a power loss could truncate).
+static void sync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_checkpoint_dir(const fs::path& given, const nlohmann::json& config, const std::vector<TensorBlob>& weights,
                           const std::vector<TensorBlob>& optimizer, const nlohmann::json& state) {
+  fs::path dir = given.lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // "out/" is the folder "out"
   if (fs::exists(dir) && !fs::is_directory(dir))
     throw UsageError("--save " + dir.string() + " is a file, not a folder; give a folder to write");
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
@@ -62,7 +72,11 @@ void write_checkpoint_dir(const fs::path& dir, const nlohmann::json& config, con
   const fs::path tmp = parent / tag;
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  std::ofstream(tmp / "config.json") << config.dump(2) << "\n";
+  {
+    std::ofstream cf(tmp / "config.json");
+    cf << config.dump(2) << "\n";
+    if (!cf) throw std::runtime_error("cannot write " + (tmp / "config.json").string());
+  }
   write_checkpoint_tensors(tmp, weights, 1);
   std::vector<const TensorBlob*> opt;
   for (auto& b : optimizer) opt.push_back(&b);
@@ -72,6 +86,8 @@ void write_checkpoint_dir(const fs::path& dir, const nlohmann::json& config, con
     st << state.dump(2) << "\n";
     if (!st) throw std::runtime_error("cannot write " + (tmp / "trainer_state.json").string());
   }
+  for (const auto& e : fs::directory_iterator(tmp)) sync_path(e.path());
+  sync_path(tmp);
   // The swap: one atomic exchange of the two folders (Linux renameat2), so
   // `dir` is at every instant either the old checkpoint or the new one; then
   // the old one, now under the temporary name, goes.
@@ -83,6 +99,7 @@ void write_checkpoint_dir(const fs::path& dir, const nlohmann::json& config, con
   } else {
     fs::rename(tmp, dir);
   }
+  sync_path(parent);
 }
 
 }  // namespace ss

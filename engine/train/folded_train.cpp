@@ -38,7 +38,7 @@ void TrainModel::ring_backward(const WeightPack& p, const GradStep& step) {
   const int D = comm->size(), me = comm->rank();
   Recorder& rec = m_be.recorder();
   if (D == 1) {  // one rank (a single-device tsp): the contribution is the gradient
-    const Tensor once = m_be.alloc({p.numel}, Category::Workspace, p.name + ".grad", m_cfg.dtype);
+    const Tensor once = m_be.alloc({p.numel}, Category::Workspace, p.name + ".grad", DType::F32);
     step(0, m_model.pack_views(p, p.flat), m_model.pack_views(p, once));
     m_be.add(m_pack_grads.at(&p).reshape({1, p.numel}), m_pack_grads.at(&p).reshape({1, p.numel}),
              once.reshape({1, p.numel}));
@@ -52,7 +52,8 @@ void TrainModel::ring_backward(const WeightPack& p, const GradStep& step) {
     int64_t most = 0;
     for (const WeightPack& q : m_model.packs()) most = std::max(most, q.numel);
     const char* names[5] = {"ring.shard_a", "ring.shard_b", "ring.grad_a", "ring.grad_b", "ring.grad_in"};
-    for (int k = 0; k < 5; ++k) m_ring[k] = m_be.alloc({most}, Category::CommBuffers, names[k], m_cfg.dtype);
+    for (int k = 0; k < 5; ++k)  // weight shards in the compute dtype, gradients in fp32 as the gradients are
+      m_ring[k] = m_be.alloc({most}, Category::CommBuffers, names[k], k < 2 ? m_cfg.dtype : DType::F32);
   }
   const Tensor wbuf[2] = {m_ring[0].slice(0, 0, p.numel), m_ring[1].slice(0, 0, p.numel)};
   const Tensor mine[2] = {m_ring[2].slice(0, 0, p.numel), m_ring[3].slice(0, 0, p.numel)};
@@ -67,8 +68,11 @@ void TrainModel::ring_backward(const WeightPack& p, const GradStep& step) {
       wreq = comm->isendrecv(cur, (me + 1) % D, next, (me + D - 1) % D);
     }
     const Tensor& g = mine[t % 2];  // written whole by step: no clearing
+    // The previous pack's last partial may still be leaving from this very
+    // buffer (an odd D ends on it): then it must land first.
+    if (t == 0 && m_ring_pending.req && m_ring_pending.slot == 0) finish_ring();
     step((me - t + D) % D, m_model.pack_views(p, cur), m_model.pack_views(p, g));
-    if (t == 0) finish_ring();  // the previous pack's last partial arrived during this compute
+    if (t == 0) finish_ring();  // else it arrived during this compute
     if (grad_req) {
       grad_req->wait();
       m_be.add(g.reshape({1, p.numel}), g.reshape({1, p.numel}), incoming.reshape({1, p.numel}));
@@ -84,7 +88,7 @@ void TrainModel::ring_backward(const WeightPack& p, const GradStep& step) {
   // The last transfer brings this rank its own shard's complete gradient; it
   // is added when the next pack (or the end of backward) needs the buffer,
   // so it travels during the compute that follows.
-  m_ring_pending = {grad_req, m_pack_grads.at(&p), incoming};
+  m_ring_pending = {grad_req, m_pack_grads.at(&p), incoming, (D - 1) % 2};
 }
 
 void TrainModel::finish_ring() {

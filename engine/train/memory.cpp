@@ -14,7 +14,7 @@ TrainMemory expected_train_memory(const Model& model, Recompute rc, int sequence
   const int64_t b = dtype_size(c.dtype), rb = dtype_size(c.residual_dtype());
   const int64_t params = model.local_parameter_count();
   m.weights = params * b;
-  m.grads = params * b;
+  m.grads = params * 4;  // fp32 whatever the compute dtype
   m.optimizer_state = params * (8 + (c.dtype == DType::F32 ? 0 : 4));  // two fp32 moments (+ fp32 master)
 
   // What each layer keeps (`kept`, by recomputation mode) and holds at its

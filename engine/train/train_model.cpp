@@ -33,9 +33,10 @@ void TrainModel::check_supported(const ModelConfig& cfg, int tp) {
   for (int i = 0; i < cfg.n_layers; ++i) {
     const LayerKind k = cfg.layer_kind(i);
     if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
-      throw UsageError("training under tp needs n_groups (" + std::to_string(cfg.n_groups) + ") to be a multiple of "
-                       "the tp size " + std::to_string(tp) + " (a gated-norm group split over ranks has no backward "
-                       "yet, nor B and C rows shared by tsp shards); use --devices " + std::to_string(cfg.n_groups));
+      throw UsageError("training needs Mamba2's n_groups (" + std::to_string(cfg.n_groups) + ") to be a multiple of "
+                       "the weight shard count " + std::to_string(tp) + " (tp's, tp_sp's T or tsp's devices: a gated-norm "
+                       "group split over ranks has no backward yet, nor B and C rows shared by tsp shards); use a shard "
+                       "count that divides " + std::to_string(cfg.n_groups) + ", or --set n_groups=" + std::to_string(tp));
   }
 }
 
@@ -77,14 +78,14 @@ void TrainModel::allocate_grads() {
   // tsp: a pack's gradient is one flat buffer, as its weights are (the ring passes it whole).
   for (const WeightPack& p : m_model.packs()) {
     Tensor flat = m_be.alloc({p.numel}, Category::Grads, "grad.layers." + std::to_string(p.layer) + "." + p.name,
-                             m_cfg.dtype);
+                             DType::F32);
     m_pack_grads[&p] = flat;
     const std::vector<Tensor> views = m_model.pack_views(p, flat);
     for (size_t k = 0; k < p.members.size(); ++k) m_grads[p.members[k]] = views[k];
   }
   for (size_t i = 0; i < specs.size(); ++i)
     if (!m_grads[i].defined())
-      m_grads[i] = m_be.alloc(specs[i].local_shape(), Category::Grads, "grad." + specs[i].name, m_cfg.dtype);
+      m_grads[i] = m_be.alloc(specs[i].local_shape(), Category::Grads, "grad." + specs[i].name, DType::F32);
   zero_grads();
   m_layers.assign(size_t(m_cfg.n_layers), {});
   for (int i = 0; i < m_cfg.n_layers; ++i) {
@@ -478,14 +479,6 @@ void TrainModel::attention_backward(int i, const Tensor& dx, const TrainBatch& b
   m_be.rmsnorm_backward(dx, L.g_in_norm, dh1, s.x_in, L.in_norm, c.norm_eps, d);
 }
 
-bool TrainModel::layer_has_nonfinite(const Tensor& x) {
-  Tensor ss = work({1}, "nonfinite_count", DType::F32);
-  m_be.fill(ss, 0.0f);
-  m_be.count_nonfinite(ss, x);
-  float v = 0;
-  m_be.download(ss, &v);
-  return v > 0;
-}
 
 double TrainModel::forward_backward(const TrainBatch& b, float scale, const std::function<void(int)>& layer_done) {
   const ModelConfig& c = m_cfg;
@@ -541,17 +534,31 @@ double TrainModel::forward_backward(const TrainBatch& b, float scale, const std:
       m_be.matmul_dw(m_ghead, dl, h, true);
     }
   }
-  if (!std::isfinite(loss_sum)) {
-    // Which layer's output first went non-finite (-1: the embeddings).
-    m_nonfinite_layer = c.n_layers;  // only the head
-    for (int i = 0; i < c.n_layers; ++i) {
-      const Tensor& in = saved[size_t(i)].x_in;
-      if (layer_has_nonfinite(in)) {
-        m_nonfinite_layer = i - 1;
+  // Ranks holding other tokens decide together, so that none enters
+  // backward's collectives while another stops.
+  const auto agreed_sum = [&](const Tensor& t) {
+    if (m_agree) m_agree->all_reduce(t);
+    std::vector<float> v(static_cast<size_t>(t.numel()), 0.0f);
+    m_be.download(t, v.data());
+    return v;
+  };
+  Tensor flag = work({1}, "nonfinite_loss", DType::F32);
+  const float bad = std::isfinite(loss_sum) ? 0.0f : 1.0f;
+  m_be.upload(flag, &bad, DType::F32);
+  if (agreed_sum(flag)[0] > 0) {
+    // Which layer's output first went non-finite, on any rank (-1: the
+    // embeddings; n_layers: only the final norm or the head).
+    Tensor counts = work({c.n_layers + 1}, "nonfinite_counts", DType::F32);
+    m_be.fill(counts, 0.0f);
+    for (int i = 0; i < c.n_layers; ++i) m_be.count_nonfinite(counts.slice(0, i, 1), saved[size_t(i)].x_in);
+    m_be.count_nonfinite(counts.slice(0, c.n_layers, 1), x);
+    const std::vector<float> n = agreed_sum(counts);
+    m_nonfinite_layer = c.n_layers;
+    for (int i = 0; i <= c.n_layers; ++i)
+      if (n[size_t(i)] > 0) {
+        m_nonfinite_layer = i - 1;  // input of layer i = output of layer i-1
         break;
       }
-    }
-    if (m_nonfinite_layer == c.n_layers && layer_has_nonfinite(x)) m_nonfinite_layer = c.n_layers - 1;
     return loss_sum;
   }
   rec.set_phase("backward");

@@ -44,7 +44,9 @@ class TrainModel {
   // Refuses a model or strategy training cannot run yet (one line, before anything starts).
   static void check_supported(const ModelConfig& cfg, int tp_size);
 
-  // Allocates the gradients (one per weight of the weight list, in its dtype and local shape).
+  // Allocates the gradients (one per weight of the weight list, in its local
+  // shape, fp32 whatever the compute dtype: micro-batches, LM-head blocks,
+  // ring steps and reductions add into them without rounding).
   void allocate_grads();
   void zero_grads();
   const std::vector<Tensor>& grads() const { return m_grads; }
@@ -60,6 +62,9 @@ class TrainModel {
   // After a forward whose loss was not finite: the first layer whose output
   // is not (-1: the embeddings); -2 when the loss was finite.
   int first_nonfinite_layer() const { return m_nonfinite_layer; }
+  // The ranks that hold other tokens of the same step (dp, sp, tsp): they
+  // agree on a non-finite loss before any enters backward.
+  void agree_over(Communicator* group) { m_agree = group; }
   // Called with "forward" and "backward" and the recorder's time as each begins.
   void on_phase(std::function<void(const char*, int64_t)> fn) { m_on_phase = std::move(fn); }
 
@@ -144,7 +149,6 @@ class TrainModel {
   Tensor work(const Shape& s, const char* label, DType dt) const;
   Tensor grad_of(const std::string& suffix, int layer) const;
   Tensor weight_of(const std::string& suffix, int layer) const;
-  bool layer_has_nonfinite(const Tensor& x);
 
   Model& m_model;
   Backend& m_be;
@@ -160,11 +164,13 @@ class TrainModel {
   struct PendingRing {
     Request req;
     Tensor grad, incoming;
+    int slot = -1;  // which of the two partial buffers it is sending
   } m_ring_pending;
   std::vector<Layer> m_layers;
   Tensor m_embed, m_final_norm, m_head, m_gembed, m_gfinal_norm, m_ghead;
   int m_nonfinite_layer = -2;  // -2: finite
   std::function<void(const char*, int64_t)> m_on_phase;
+  Communicator* m_agree = nullptr;
 };
 
 }  // namespace ss
