@@ -398,8 +398,7 @@ void MainWindow::updateSetupState() {
   for (QWidget* w : {static_cast<QWidget*>(m_seqLen), static_cast<QWidget*>(m_microBatch),
                      static_cast<QWidget*>(m_steps), static_cast<QWidget*>(m_lr), static_cast<QWidget*>(m_recompute)})
     m_form->setRowVisible(w, train);
-  m_compare->setVisible(!train);
-  m_sweep->setVisible(!train);
+  m_sweep->setVisible(!train);  // quantized all-reduces are inference's; TP vs TSP compares training runs too
   const bool single = m_strategy->currentText() == QLatin1String("single");
   m_devices->setEnabled(!single);
   m_mesh->setEnabled(m_strategy->currentText() == QLatin1String("tp_sp"));

@@ -390,6 +390,18 @@ class TestExplorer : public QObject {
     QVERIFY2(summary.contains(QStringLiteral("= formula")), qPrintable(summary));
     QVERIFY(summary.contains(QStringLiteral("Korthikanti")));
     QVERIFY(summary.contains(QStringLiteral("optimizer_state")));
+    // TP vs TSP compares two training runs side by side.
+    QSignalSpy compared(&w, &MainWindow::runFinished);
+    w.compareTpTsp();
+    QVERIFY(compared.wait(180000));
+    ComparePage* compare = nullptr;
+    for (QWidget* top : QApplication::topLevelWidgets())
+      if (auto* page = top->findChild<ComparePage*>()) compare = page;
+    QVERIFY(compare);
+    QCOMPARE(compare->runs(), 2);
+    compare->window()->resize(1400, 900);
+    compare->window()->grab().save(QDir::temp().filePath("shardscope-training-compare.png"));
+    compare->window()->close();
   }
 
   void pagesShowTheRun() {

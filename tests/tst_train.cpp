@@ -298,6 +298,7 @@ class TestTrain : public QObject {
           << QStringList{"--recompute", rc, "--model", "tiny-hybrid", "--dtype", "bf16", "--micro-batch", "2"};
       QTest::addRow("tp 2, %s", rc) << QStringList{"--recompute", rc, "--strategy", "tp", "--devices", "2"};
       QTest::addRow("tsp 2, %s", rc) << QStringList{"--recompute", rc, "--strategy", "tsp", "--devices", "2"};
+      QTest::addRow("dp 2, %s", rc) << QStringList{"--recompute", rc, "--strategy", "dp", "--devices", "2"};
       QTest::addRow("sp 2, %s, bf16", rc)
           << QStringList{"--recompute", rc, "--strategy", "sp", "--devices", "2", "--dtype", "bf16"};
     }

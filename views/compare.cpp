@@ -25,6 +25,8 @@ Headline headlineOf(const RunData& data) {
   h.decodeTokensPerS = metric("decode_tokens_per_s");
   h.ttftMs = metric("ttft_ms");
   h.msPerToken = metric("decode_ms_per_token");
+  h.finalLoss = metric("final_loss");
+  h.trainTokensPerS = metric("train_tokens_per_s");
   h.devices = int(data.ranks().size());
   h.result = data.status().isEmpty() ? QObject::tr("unfinished") : data.status() == QLatin1String("ok") ? QObject::tr("done") : data.status();
   for (const auto& e : data.errors())
@@ -69,6 +71,8 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
       {tr("decode tokens/s"), &Headline::decodeTokensPerS, false, false},
       {tr("time to first token (ms)"), &Headline::ttftMs, false, true},
       {tr("decode ms per token"), &Headline::msPerToken, false, true},
+      {tr("training tokens/s"), &Headline::trainTokensPerS, false, false},
+      {tr("final training loss"), &Headline::finalLoss, false, true},
       {tr("peak memory, fullest device"), &Headline::peakBytes, true, true},
       {tr("weights per device"), &Headline::weightBytes, true, true},
       {tr("bytes communicated"), &Headline::commBytes, true, true},
@@ -82,12 +86,23 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
   for (size_t i = 0; i < m_runs.size(); ++i) {
     const auto& conf = m_runs[i].data->config();
     const auto work = conf.value("workload", nlohmann::json::object());
-    headers << QStringLiteral("%1 · %2\nprompt %3, decode %4, %5")
-                   .arg(QChar('A' + int(i)))
-                   .arg(m_runs[i].name)
-                   .arg(work.value("prompt_len", 0))
-                   .arg(work.value("decode", 0))
-                   .arg(QString::fromStdString(conf.value("dtype", std::string("fp32"))));
+    const auto train = conf.value("training", nlohmann::json::object());
+    const QString dtype = QString::fromStdString(conf.value("dtype", std::string("fp32")));
+    if (!train.empty())
+      headers << QStringLiteral("%1 · %2\ntraining: %3 tokens x %4, %5 steps, %6")
+                     .arg(QChar('A' + int(i)))
+                     .arg(m_runs[i].name)
+                     .arg(train.value("seq_len", 0))
+                     .arg(train.value("micro_batch", 1))
+                     .arg(train.value("steps", 0))
+                     .arg(dtype);
+    else
+      headers << QStringLiteral("%1 · %2\nprompt %3, decode %4, %5")
+                     .arg(QChar('A' + int(i)))
+                     .arg(m_runs[i].name)
+                     .arg(work.value("prompt_len", 0))
+                     .arg(work.value("decode", 0))
+                     .arg(dtype);
   }
   m_table->setHorizontalHeaderLabels(headers);
   QStringList labels;

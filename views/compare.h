@@ -25,6 +25,7 @@ struct ComparedRun {
 struct Headline {
   double prefillTokensPerS = 0, decodeTokensPerS = 0, ttftMs = 0, msPerToken = 0;
   double peakBytes = 0, weightBytes = 0, commBytes = 0, hiddenFraction = 0;
+  double finalLoss = 0, trainTokensPerS = 0;  // training runs
   int devices = 0;
   QString result;  // "done", or what ended the run ("out of memory: ...")
 };
