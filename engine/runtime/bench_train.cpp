@@ -84,6 +84,20 @@ std::string run_train(const std::string& args, std::string* first_err) {
   return tmpl;
 }
 
+// `train ARGS --strategy s` on `devices` ranks (tp_sp on the squarest mesh): its events.
+std::vector<proto::Event> run_strategy(std::string args, const std::string& s, int devices, std::string* first_err) {
+  args += " --strategy " + s + " --devices " + std::to_string(devices);
+  if (s == "tp_sp") {
+    int t = 1;
+    while ((t * 2) * (t * 2) <= devices) t *= 2;
+    args += " --mesh " + std::to_string(t) + "x" + std::to_string(devices / t);
+  }
+  const std::string file = run_train(args, first_err);
+  auto ev = read_events(file);
+  std::filesystem::remove(file);
+  return ev;
+}
+
 }  // namespace
 
 int run_train_bench(const TrainBenchOptions& o, std::ostream& out) {
@@ -146,17 +160,10 @@ int run_train_bench(const TrainBenchOptions& o, std::ostream& out) {
   out << line;
   for (const std::string& s : o.strategies) {
     std::string args = "--model " + o.model + " --seq-len " + std::to_string(T) + " --steps " + std::to_string(o.steps) +
-                       " --lr 1e-4 --strategy " + s + " --devices " + std::to_string(o.devices);
+                       " --lr 1e-4";
     args += " --micro-batch " + std::to_string(s == "dp" ? std::max(1, o.micro_batch / o.devices) : o.micro_batch);
-    if (s == "tp_sp") {
-      int t = 1;
-      while ((t * 2) * (t * 2) <= o.devices) t *= 2;
-      args += " --mesh " + std::to_string(t) + "x" + std::to_string(o.devices / t);
-    }
     std::string why;
-    const std::string file = run_train(args, &why);
-    const auto ev = read_events(file);
-    std::filesystem::remove(file);
+    const auto ev = run_strategy(args, s, o.devices, &why);
     const proto::RunStats st = proto::analyze(ev);
     if (st.status != "ok") {
       std::snprintf(line, sizeof line, "%-7s  %s: %s\n", s.c_str(), st.status.empty() ? "failed" : st.status.c_str(),
@@ -201,18 +208,10 @@ int run_train_bench(const TrainBenchOptions& o, std::ostream& out) {
   out << line;
   std::map<std::string, int64_t> long_peak;
   for (const std::string& s : {std::string("tp"), std::string("sp"), std::string("tp_sp"), std::string("tsp")}) {
-    std::string args = "--backend sim --hardware " + o.hardware + " --model " + o.model + " --seq-len " +
-                       std::to_string(o.long_seq) + " --steps 1 --strategy " + s + " --devices " +
-                       std::to_string(o.devices);
-    if (s == "tp_sp") {
-      int t = 1;
-      while ((t * 2) * (t * 2) <= o.devices) t *= 2;
-      args += " --mesh " + std::to_string(t) + "x" + std::to_string(o.devices / t);
-    }
+    const std::string args = "--backend sim --hardware " + o.hardware + " --model " + o.model + " --seq-len " +
+                             std::to_string(o.long_seq) + " --steps 1";
     std::string why;
-    const std::string file = run_train(args, &why);
-    const auto ev = read_events(file);
-    std::filesystem::remove(file);
+    const auto ev = run_strategy(args, s, o.devices, &why);
     const proto::RunStats st = proto::analyze(ev);
     if (st.status != "ok") {
       std::snprintf(line, sizeof line, "%-7s  %s\n", s.c_str(),
