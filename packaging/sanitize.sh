@@ -8,19 +8,18 @@
 # test.sh after the plain leg passes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/packaging/sanitized-build.sh"
 build="${SHARDSCOPE_ASAN_BUILD_DIR:-$root/build-asan}"
 jobs="${SHARDSCOPE_JOBS:-$(nproc)}"
 # (-Wno-maybe-uninitialized: GCC 12 warns inside <regex> and <functional> at -O1.)
-flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g -Wno-maybe-uninitialized"
+flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g1 -Wno-maybe-uninitialized"
 start=$(date +%s)
-mkdir -p "$build"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDSCOPE_WITH_CUDA=OFF \
-  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" > "$build/configure.log" 2>&1 ||
-  { cat "$build/configure.log"; exit 1; }
+configure_sanitized "$build" "$flags" "-fsanitize=address,undefined"
 cmake --build "$build" -j "$jobs"
 echo "sanitize: built in $(($(date +%s) - start)) s"
-export QT_QPA_PLATFORM=offscreen
+export QT_QPA_PLATFORM=offscreen SHARDSCOPE_FAULT_TRIALS=5
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_odr_violation=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$root/packaging/ubsan.supp"
+t0=$(date +%s)
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1800 -E tst_package
+echo "sanitize: tests took $(($(date +%s) - t0)) s; leg $(($(date +%s) - start)) s"

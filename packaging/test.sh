@@ -12,8 +12,12 @@ export QT_QPA_PLATFORM=offscreen
 # Two test processes at a time: several suites start MPI ranks of their own.
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 900
 
-# The sanitizer leg (ASan + UBSan, a build of its own): on CI, or when asked
-# with SHARDSCOPE_SANITIZE=1; SHARDSCOPE_SANITIZE=0 skips it.
+# The sanitizer legs, each a build of its own: ASan + UBSan over every suite,
+# the libFuzzer targets for a bounded number of inputs each, and TSan over
+# the suites whose threads the project owns. On CI, or when asked with
+# SHARDSCOPE_SANITIZE=1; SHARDSCOPE_SANITIZE=0 skips them.
 if [[ "${SHARDSCOPE_SANITIZE:-}" == 1 || ( -z "${SHARDSCOPE_SANITIZE:-}" && "${CI:-}" == true ) ]]; then
   "$root/packaging/sanitize.sh"
+  "$root/packaging/fuzz.sh"
+  "$root/packaging/tsan.sh"
 fi

@@ -7,6 +7,7 @@
 // the Perfetto and CSV exports.
 #include <QCryptographicHash>
 #include <QDir>
+#include <QProcess>
 #include <QRandomGenerator>
 #include <QSqlDatabase>
 #include <QSqlQuery>
@@ -301,6 +302,47 @@ class TestSessions : public QObject {
     SessionStore reopened;
     QVERIFY2(reopened.open(db), qPrintable(reopened.error()));
     QCOMPARE(reopened.list().size(), 2);
+  }
+
+  // The database made read-only while a run streams into it (chattr +i on
+  // the file and its WAL: even root cannot write then). Appends fail with
+  // one line; everything committed before is there once it is writable.
+  void readOnlyMidRunKeepsWhatWasSaved() {
+    QTemporaryDir dir;
+    const QString db = dir.filePath("frozen.db");
+    auto immutable = [&](bool on) {
+      bool ok = true;
+      for (const QString& f : {db, db + "-wal"})
+        if (QFile::exists(f)) ok = QProcess::execute("chattr", {on ? "+i" : "-i", f}) == 0 && ok;
+      return ok;
+    };
+    {
+      SessionStore store;
+      QVERIFY(store.open(db));
+      const qint64 first = saveInBatches(store, m_tp, "first");
+      QVERIFY(store.finish(first, "ok"));
+      const qint64 id = store.create("streaming");
+      Reader reader;
+      std::vector<Event> events;
+      reader.feed(std::string_view(m_tp.constData(), size_t(m_tp.size())),
+                  [&](Event&& e) { events.push_back(std::move(e)); }, [](const std::string&) {});
+      QVERIFY(store.append(id, m_tp, events));
+      if (!immutable(true)) {
+        immutable(false);
+        QSKIP("chattr +i is not available here (needs root on a filesystem with the immutable flag)");
+      }
+      const bool appended = store.append(id, m_tp, events);
+      const QString error = store.error();
+      immutable(false);
+      QVERIFY2(!appended, "a write to an immutable database succeeded");
+      QVERIFY2(!error.isEmpty() && !error.contains('\n'), qPrintable(error));
+    }
+    SessionStore reopened;
+    QVERIFY2(reopened.open(db), qPrintable(reopened.error()));
+    const auto list = reopened.list();
+    QCOMPARE(list.size(), 2);
+    QCOMPARE(reopened.lines(list[0].id), linesOf(m_tp));
+    QCOMPARE(reopened.lines(list[1].id), linesOf(m_tp));
   }
 
   void secondInstanceGetsReadOnly() {

@@ -121,7 +121,8 @@ QString trainingSummaryHtml(const RunData& data) {
     h += QObject::tr("<h4>Training memory per device: measured against its closed form</h4><table cellpadding=3>"
                      "<tr><th>rank</th><th>weights</th><th>grads</th><th>optimizer state</th><th>activations</th>"
                      "<th>Korthikanti et al. 2022</th></tr>");
-    for (auto& [r, d] : data.ranks()) {
+    for (auto& [r, rank_data] : data.ranks()) {
+      const auto& d = rank_data;  // (a plain reference: the lambda captures it)
       auto cell = [&](const char* cat) {
         auto m = d.metrics.find(std::string("peak_") + cat + "_bytes");
         auto e = d.metrics.find(std::string("expected_") + cat + "_bytes");

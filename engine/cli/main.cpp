@@ -14,6 +14,7 @@
 #include "runtime/bench_parallel.h"
 #include "runtime/bench_train.h"
 #include "runtime/calibrate.h"
+#include "runtime/heartbeat.h"
 #include "runtime/host_memory.h"
 #include "runtime/launch.h"
 #include "runtime/run.h"
@@ -104,15 +105,18 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
 }
 
 // What every rank of `launch` or `train` gets: the command's options, less
-// those the launcher keeps (--events, --hostfile, --timeout, --check-only).
+// those the launcher keeps (--events, --hostfile, --timeout, --rank-timeout, --check-only).
 std::vector<std::string> rank_arguments(int argc, char** argv, const std::string& command) {
   std::vector<std::string> out;
   int at = 1;
   while (at < argc && std::string(argv[at]) != command) ++at;
   for (int i = at + 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const bool own = a == "--events" || a == "--hostfile" || a == "--timeout";
-    const bool own_eq = a.rfind("--events=", 0) == 0 || a.rfind("--hostfile=", 0) == 0 || a.rfind("--timeout=", 0) == 0;
+    bool own = false, own_eq = false;
+    for (const char* kept : {"--events", "--hostfile", "--timeout", "--rank-timeout"}) {
+      own = own || a == kept;
+      own_eq = own_eq || a.rfind(std::string(kept) + "=", 0) == 0;
+    }
     if (own) ++i;
     else if (!own_eq && a != "--check-only") out.push_back(a);
   }
@@ -201,6 +205,8 @@ int main(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "run a model on one device: prefill, then greedy decode");
   add_model_options(run, run_opts, tokens, capacity);
   run->add_option("--events", events, "write the event stream to FILE instead of stdout");
+  std::string heartbeat;  // a rank of launch or train: where its liveness goes (runtime/heartbeat.h)
+  run->add_option("--heartbeat", heartbeat)->group("");
 
   ss::RunOptions launch_opts;
   std::string launch_tokens, launch_capacity;
@@ -210,6 +216,9 @@ int main(int argc, char** argv) {
   launch->add_option("--events", launch_cfg.events, "write the event stream to FILE instead of stdout");
   launch->add_option("--hostfile", launch_cfg.hostfile, "OpenMPI hostfile for runs over several hosts");
   launch->add_option("--timeout", launch_cfg.timeout_s, "stop the run after this many seconds (0 = never)");
+  launch->add_option("--rank-timeout", launch_cfg.rank_timeout_s,
+                     "end the run when a rank has not answered for this many seconds (stopped, frozen; 0 = never)")
+      ->capture_default_str();
 
   ss::TrainOptions train_opts;
   std::string train_tokens, train_capacity;
@@ -220,11 +229,15 @@ int main(int argc, char** argv) {
   train->add_option("--events", train_cfg.events, "write the event stream to FILE instead of stdout");
   train->add_option("--hostfile", train_cfg.hostfile, "OpenMPI hostfile for runs over several hosts");
   train->add_option("--timeout", train_cfg.timeout_s, "stop the run after this many seconds (0 = never)");
+  train->add_option("--rank-timeout", train_cfg.rank_timeout_s,
+                    "end the run when a rank has not answered for this many seconds (stopped, frozen; 0 = never)")
+      ->capture_default_str();
   train->add_flag("--check-only", train_opts.check_only, "validate the setup, print ok and start nothing");
   std::string rank_events;
   auto* train_rank = app.add_subcommand("train-rank", "one rank of a multi-device `train` (started by train)");
   add_train_options(train_rank, train_opts, train_tokens, train_capacity);
   train_rank->add_option("--events", rank_events, "write the event stream to FILE instead of stdout");
+  train_rank->add_option("--heartbeat", heartbeat)->group("");
   train_rank->group("");  // not listed: train starts it
 
   ss::RunOptions sim_opts;
@@ -346,6 +359,8 @@ int main(int argc, char** argv) {
   }
 
   try {
+    std::optional<ss::Heartbeat> beating;
+    if (!heartbeat.empty()) beating.emplace(heartbeat);
     if (*run) return run_command(run_opts, tokens, capacity, events);
     if (*train || *train_rank) {
       if (!train_tokens.empty()) train_opts.tokens = parse_tokens(train_tokens);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <optional>
 
 #include "core/error.h"
@@ -38,6 +39,19 @@ struct Fields {
     if (!it->is_number()) fail(key, "must be a number");
     return it->get<double>();
   }
+  // An integer stored as int.
+  int i32(const char* key, std::optional<int64_t> def = std::nullopt) const {
+    const int64_t v = i(key, def);
+    if (v > std::numeric_limits<int>::max()) fail(key, "is out of range");
+    return int(v);
+  }
+  // A number stored as float: finite and within float's range (no overflowing cast).
+  float f32(const char* key, double def) const {
+    const double v = f(key, def);
+    if (!std::isfinite(v) || std::abs(v) > double(std::numeric_limits<float>::max()))
+      fail(key, "is out of range for a float");
+    return float(v);
+  }
   bool b(const char* key, bool def) const {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return def;
@@ -56,20 +70,20 @@ struct Fields {
 };
 
 void parse_attention(const Fields& F, ModelConfig& c) {
-  c.n_heads = int(F.i("num_attention_heads"));
+  c.n_heads = F.i32("num_attention_heads");
   F.positive("num_attention_heads", c.n_heads);
-  c.n_kv_heads = int(F.i("num_key_value_heads", c.n_heads));
+  c.n_kv_heads = F.i32("num_key_value_heads", c.n_heads);
   F.positive("num_key_value_heads", c.n_kv_heads);
   if (c.n_heads % c.n_kv_heads)
     F.fail("num_key_value_heads", "(" + std::to_string(c.n_kv_heads) + ") must divide num_attention_heads (" +
                                       std::to_string(c.n_heads) + ")");
   if (c.d_model % c.n_heads && !F.j.contains("head_dim"))
     F.fail("num_attention_heads", "must divide hidden_size, or head_dim must be given");
-  c.head_dim = int(F.i("head_dim", c.d_model / c.n_heads));
+  c.head_dim = F.i32("head_dim", c.d_model / c.n_heads);
   if (c.head_dim % 2) F.fail("head_dim", "must be even for rotary embeddings");
   c.ffn_dim = F.i("intermediate_size");
   F.positive("intermediate_size", c.ffn_dim);
-  c.rope_theta = float(F.f("rope_theta", 10000.0));
+  c.rope_theta = F.f32("rope_theta", 10000.0);
   if (F.b("attention_bias", false) || F.b("mlp_bias", false))
     F.fail("attention_bias", "is true; attention and MLP biases are not supported");
   if (F.j.contains("rope_scaling") && !F.j["rope_scaling"].is_null())
@@ -78,29 +92,33 @@ void parse_attention(const Fields& F, ModelConfig& c) {
 }
 
 void parse_mamba2(const Fields& F, ModelConfig& c) {
-  c.d_state = int(F.i("state_size", 128));
-  c.d_conv = int(F.i("conv_kernel", 4));
+  c.d_state = F.i32("state_size", 128);
+  c.d_conv = F.i32("conv_kernel", 4);
   if (c.d_conv < 2 || c.d_conv > 7) F.fail("conv_kernel", "must be between 2 and 7");
   const int64_t expand = F.i("expand", 2);
   c.d_inner = expand * c.d_model;
-  c.ssm_head_dim = int(F.i("head_dim", 64));
+  c.ssm_head_dim = F.i32("head_dim", 64);
   F.positive("head_dim", c.ssm_head_dim);
   if (c.d_inner % c.ssm_head_dim)
     F.fail("head_dim", "(" + std::to_string(c.ssm_head_dim) + ") must divide expand*hidden_size (" +
                            std::to_string(c.d_inner) + ")");
-  c.ssm_heads = int(F.i("num_heads", c.d_inner / c.ssm_head_dim));
+  c.ssm_heads = F.i32("num_heads", c.d_inner / c.ssm_head_dim);
   if (int64_t(c.ssm_heads) * c.ssm_head_dim != c.d_inner)
     F.fail("num_heads", "times head_dim must equal expand*hidden_size (" + std::to_string(c.d_inner) + ")");
-  c.n_groups = int(F.i("n_groups", 1));
+  c.n_groups = F.i32("n_groups", 1);
   F.positive("n_groups", c.n_groups);
   if (c.ssm_heads % c.n_groups) F.fail("n_groups", "must divide num_heads");
-  c.chunk = int(F.i("chunk_size", 256));
+  c.chunk = F.i32("chunk_size", 256);
   F.positive("chunk_size", c.chunk);
   c.conv_bias = F.b("use_conv_bias", true);
   if (F.b("use_bias", false)) F.fail("use_bias", "is true; projection biases are not supported");
   if (!F.b("rms_norm", true)) F.fail("rms_norm", "is false; only the gated RMSNorm variant is supported");
   if (auto it = F.j.find("time_step_limit"); it != F.j.end() && it->is_array() && it->size() == 2) {
-    auto lim = [](const json& v, float def) { return v.is_number() ? float(v.get<double>()) : def; };
+    auto lim = [](const json& v, float def) {
+      if (!v.is_number()) return def;
+      const double d = v.get<double>();  // past float's range: the infinity of its sign
+      return std::abs(d) <= double(std::numeric_limits<float>::max()) ? float(d) : d > 0 ? INFINITY : -INFINITY;
+    };
     c.dt_min = lim((*it)[0], 0.0f);
     c.dt_max = lim((*it)[1], INFINITY);
   }
@@ -174,31 +192,33 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
   F.positive("vocab_size", c.vocab);
   c.d_model = F.i("hidden_size");
   F.positive("hidden_size", c.d_model);
-  c.n_layers = int(F.i("num_hidden_layers", F.i("n_layer", 0)));
+  c.n_layers = F.i32("num_hidden_layers", F.i("n_layer", 0));
   F.positive("num_hidden_layers", c.n_layers);
+  // (Deeper than any model built: a bigger number is a typo, not a model to allocate for.)
+  if (c.n_layers > 100000) F.fail("num_hidden_layers", "is over 100000 layers");
 
   const std::string& t = c.model_type;
   if (t == "llama") {
     c.family = Family::Llama;
-    c.norm_eps = float(F.f("rms_norm_eps", 1e-6));
+    c.norm_eps = F.f32("rms_norm_eps", 1e-6);
     c.tie_embeddings = F.b("tie_word_embeddings", false);
     parse_attention(F, c);
     c.layer_pattern.assign(size_t(c.n_layers), 'A');
   } else if (t == "mamba" || t == "falcon_mamba") {
     c.family = Family::Mamba;
     c.bcdt_rms = t == "falcon_mamba";
-    c.norm_eps = float(F.f("layer_norm_epsilon", 1e-5));
-    c.mixer_rms_eps = float(F.f("mixer_rms_eps", 1e-6));
+    c.norm_eps = F.f32("layer_norm_epsilon", 1e-5);
+    c.mixer_rms_eps = F.f32("mixer_rms_eps", 1e-6);
     c.tie_embeddings = F.b("tie_word_embeddings", t == "mamba");
-    c.d_state = int(F.i("state_size", 16));
-    c.d_conv = int(F.i("conv_kernel", 4));
+    c.d_state = F.i32("state_size", 16);
+    c.d_conv = F.i32("conv_kernel", 4);
     if (c.d_conv < 2 || c.d_conv > 7) F.fail("conv_kernel", "must be between 2 and 7");
     c.d_inner = F.i("intermediate_size", F.i("expand", 2) * c.d_model);
     auto r = j.find("time_step_rank");
     if (r == j.end() || r->is_null() || (r->is_string() && r->get<std::string>() == "auto"))
       c.dt_rank = int((c.d_model + 15) / 16);
     else
-      c.dt_rank = int(F.i("time_step_rank"));
+      c.dt_rank = F.i32("time_step_rank");
     F.positive("time_step_rank", c.dt_rank);
     c.conv_bias = F.b("use_conv_bias", true);
     if (F.b("use_bias", false)) F.fail("use_bias", "is true; projection biases are not supported");
@@ -206,15 +226,18 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
     c.layer_pattern.assign(size_t(c.n_layers), 'S');
   } else if (t == "mamba2") {
     c.family = Family::Mamba2;
-    c.norm_eps = float(F.f("layer_norm_epsilon", 1e-5));
+    c.norm_eps = F.f32("layer_norm_epsilon", 1e-5);
     c.tie_embeddings = F.b("tie_word_embeddings", false);
     parse_mamba2(F, c);
     c.residual_in_fp32 = F.b("residual_in_fp32", true);
     c.layer_pattern.assign(size_t(c.n_layers), 'M');
   } else if (t == "shardscope_hybrid") {
     c.family = Family::Hybrid;
-    c.norm_eps = float(F.f("rms_norm_eps", 1e-5));
+    c.norm_eps = F.f32("rms_norm_eps", 1e-5);
     c.tie_embeddings = F.b("tie_word_embeddings", false);
+    for (const char* part : {"attention", "mamba2"})
+      if (j.contains(part) && !j[part].is_object())
+        throw FormatError(origin + ": '" + part + "' must be an object of that part's config.json fields");
     json attn = j.value("attention", json::object());
     json ssm = j.value("mamba2", json::object());
     for (auto& [k, v] : j.items())

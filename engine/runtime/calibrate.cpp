@@ -228,7 +228,7 @@ json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t,
   int64_t next = 0;
   json out = json::array();
   for (auto& [nk, ms] : shapes) {
-    const auto [N, K] = nk;
+    const int64_t N = nk.first, K = nk.second;  // (plain names: lambdas capture them)
     const int64_t per = N * K;
     const int64_t slots = pool_elems / per;
     Tensor w_all = pool.slice(0, 0, slots * per).reshape({slots * N, K});
@@ -412,7 +412,8 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
 
   // GEMM rate: the best of a few shapes the models use.
   double gemm = 0;
-  for (auto [M, N, K] : {std::array<int, 3>{512, 1024, 1024}, {1024, 2816, 1024}, {1024, 1024, 2816}}) {
+  for (const auto& mnk : {std::array<int, 3>{512, 1024, 1024}, {1024, 2816, 1024}, {1024, 1024, 2816}}) {
+    const int M = mnk[0], N = mnk[1], K = mnk[2];
     std::vector<float> a(size_t(M) * K, 0.01f), b(size_t(N) * K, 0.02f), c(size_t(M) * N);
     const double s = best_seconds(3, [&] {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);

@@ -1,5 +1,6 @@
 #include "runtime/launch.h"
 
+#include "runtime/heartbeat.h"
 #include "runtime/host_memory.h"
 
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -133,7 +135,9 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
   if (!l.hostfile.empty()) argv.insert(argv.end(), {"--hostfile", l.hostfile});
   argv.insert(argv.end(), {self_exe(), subcommand});
   argv.insert(argv.end(), l.run_args.begin(), l.run_args.end());
-  argv.insert(argv.end(), {"--events", stream_path});
+  // Without a hostfile every rank runs here, and each one must beat.
+  HeartbeatWatch beats(stream_path + ".beats", l.rank_timeout_s, l.hostfile.empty() ? devices : 0);
+  argv.insert(argv.end(), {"--events", stream_path, "--heartbeat", beats.dir()});
 
   int err_pipe[2];
   if (pipe2(err_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
@@ -162,6 +166,8 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
   StderrLog log;
   std::string pending;  // forwarded stream bytes not yet ending in a newline
   bool saw_hello = false, saw_done = false, stopping = false;
+  std::optional<HungRank> hung;
+  std::chrono::steady_clock::time_point stop_sent;
   auto forward = [&](const char* data, size_t n) {
     pending.append(data, n);
     size_t nl;
@@ -194,10 +200,27 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if ((g_stop_signal || (l.timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > l.timeout_s)) &&
-        !stopping) {
-      stopping = true;
-      kill(-pid, SIGTERM);
+    const auto now = std::chrono::steady_clock::now();
+    // Every process of the job, ranks included: OpenMPI gives each rank a
+    // process group of its own, so a signal to mpirun's group misses them.
+    auto signal_job = [&](int sig) {
+      for (pid_t p : descendant_pids(pid)) {
+        if (sig == SIGKILL) kill(p, SIGCONT);
+        kill(p, sig);
+      }
+      kill(-pid, sig);
+    };
+    if (!stopping && !hung) {
+      if (g_stop_signal || (l.timeout_s > 0 && std::chrono::duration<double>(now - start).count() > l.timeout_s)) {
+        stopping = true;
+        signal_job(SIGTERM);  // mpirun and the ranks end in order
+      } else if ((hung = beats.poll())) {
+        signal_job(SIGKILL);  // the run is over; a stopped rank takes nothing else
+      }
+      stop_sent = now;
+    } else if (now - stop_sent > std::chrono::seconds(5)) {
+      signal_job(SIGKILL);  // whatever did not take the SIGTERM
+      stop_sent = now;
     }
     const pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) break;
@@ -217,7 +240,27 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
     proto::Writer w(out);
     if (!pending.empty()) w.write_raw("\n");  // end a line the dead rank left unfinished
     if (!saw_hello) w.write(proto::Hello{proto::kVersion, engine_version(), host_name()});
-    if (stopping) {
+    if (hung) {
+      nlohmann::json tail = nlohmann::json::array();
+      if (auto it = log.by_rank.find(hung->rank); it != log.by_rank.end())
+        for (auto& line : it->second) tail.push_back(line);
+      char silent[32];
+      std::snprintf(silent, sizeof silent, "%.1f", hung->silent_s);
+      const std::string msg =
+          hung->pid > 0
+              ? "rank " + std::to_string(hung->rank) + " stopped responding: no heartbeat for " + silent +
+                    " s, its process " + std::to_string(hung->pid) + " " + hung->state +
+                    "; the run was ended (--rank-timeout sets how long a rank may be silent)"
+              : "rank " + std::to_string(hung->rank) + " never started beating in " + silent +
+                    " s; the run was ended (--rank-timeout sets how long a rank may be silent)";
+      if (!saw_done) {  // a rank stopped after the stream ended: its end stays the record
+        w.write(proto::Error{"rank_hung", hung->rank, msg,
+                             {{"pid", hung->pid}, {"silent_s", hung->silent_s}, {"state", hung->state}, {"stderr", tail}}});
+        w.write(proto::Done{"failed", 0, kExitFailure});
+      }
+      std::fprintf(stderr, "shardscope-engine: error: %s\n", msg.c_str());
+      exit_code = kExitFailure;
+    } else if (stopping) {
       w.write(proto::Error{"stopped", -1, g_stop_signal ? "the run was stopped" : "the run exceeded --timeout", {}});
       w.write(proto::Done{"stopped", 0, kExitFailure});
       exit_code = kExitFailure;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <thread>
 
 #ifndef SHARDSCOPE_MPIEXEC
@@ -36,6 +38,31 @@ bool stream_command(const std::string& cmd, std::ostream& out) {
   char buf[4096];
   while (std::fgets(buf, sizeof buf, p)) out << buf << std::flush;
   return pclose(p) == 0;
+}
+
+std::vector<pid_t> descendant_pids(pid_t root) {
+  std::map<pid_t, pid_t> parent;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    if (!std::getline(in, stat)) continue;
+    const size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
+    if (close == std::string::npos || close + 4 >= stat.size()) continue;
+    parent[pid_t(std::stol(name))] = pid_t(std::atol(stat.c_str() + close + 4));
+  }
+  std::vector<pid_t> out;
+  for (auto& [pid, pp] : parent) {
+    pid_t up = pp;
+    for (int depth = 0; depth < 64 && up > 1 && up != root; ++depth) {
+      auto it = parent.find(up);
+      up = it == parent.end() ? 0 : it->second;
+    }
+    if (up == root) out.push_back(pid);
+  }
+  return out;
 }
 
 std::string mib(double bytes) {

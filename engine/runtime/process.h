@@ -3,8 +3,11 @@
 // executable's path and for what OpenMPI needs on this host.
 #pragma once
 
+#include <sys/types.h>
+
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace ss {
 
@@ -19,6 +22,8 @@ bool needs_oversubscribe(int ranks);
 std::string mpirun_self_command(int ranks, const std::string& args);
 // Runs a shell command, copying its output to `out`; false when it fails.
 bool stream_command(const std::string& cmd, std::ostream& out);
+// Every process below `root` (children, their children, ...), from /proc.
+std::vector<pid_t> descendant_pids(pid_t root);
 // Bytes as MiB with one decimal, for tables.
 std::string mib(double bytes);
 

@@ -22,6 +22,15 @@ double positive(const json& j, const std::string& path, const char* key, const s
   return v;
 }
 
+// An optional text field (a name); `fallback` when absent.
+std::string text(const json& j, const std::string& path, const char* key, const std::string& fallback,
+                 const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end()) return fallback;
+  if (!it->is_string()) throw UsageError(origin + ": field '" + path + key + "' must be a string");
+  return it->get<std::string>();
+}
+
 const json& object(const json& j, const std::string& key, const std::string& origin) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_object()) throw UsageError(origin + ": field '" + key + "' must be an object");
@@ -118,7 +127,7 @@ std::map<std::string, CollectiveFit> collectives(const json& link_json, const st
 
 LinkProfile link(const json& j, const std::string& path, const std::string& origin) {
   LinkProfile l;
-  l.name = j.value("name", path);
+  l.name = text(j, path, "name", path, origin);
   l.bandwidth = positive(j, path, "bandwidth_gbps", origin) * 1e9;
   l.latency = positive(j, path, "latency_us", origin) * 1e-6;
   if (!j.contains("source")) throw UsageError(origin + ": field '" + path + "source' is missing: say where the figures come from");
@@ -173,9 +182,9 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
   HardwareProfile h;
   h.file = origin;
   h.source = j;
-  h.name = j.value("name", origin);
+  h.name = text(j, "", "name", origin, origin);
   const json& d = object(j, "device", origin);
-  h.device_name = d.value("name", h.name);
+  h.device_name = text(d, "device.", "name", h.name, origin);
   h.memory_bytes = int64_t(positive(d, "device.", "memory_bytes", origin));
   h.fp32_flops = positive(d, "device.", "fp32_tflops", origin) * 1e12;
   h.matmul_flops = positive(d, "device.", "matmul_tflops", origin) * 1e12;

@@ -1,6 +1,7 @@
 #include "train/checkpoint_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -68,8 +69,20 @@ void write_checkpoint_dir(const fs::path& given, const nlohmann::json& config, c
     throw UsageError("--save " + dir.string() + " is a file, not a folder; give a folder to write");
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   fs::create_directories(parent);
-  const std::string tag = "." + dir.filename().string() + ".saving-" + std::to_string(::getpid());
-  const fs::path tmp = parent / tag;
+  // The temporary folder names its host and process, so a save killed part-way
+  // is recognised (and cleared) by the next save on that host.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string prefix = "." + dir.filename().string() + ".saving-" + host + "-";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const long pid = std::atol(name.c_str() + prefix.size());
+    std::error_code gone;
+    if (pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), gone);  // best effort
+  }
+  const fs::path tmp = parent / (prefix + std::to_string(::getpid()));
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   {

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The ThreadSanitizer leg of CI: the engine and the suites whose threads the
+# project owns, built with -fsanitize=thread into build-tsan/ (or
+# $SHARDSCOPE_TSAN_BUILD_DIR):
+#   tst_comm (2-4 MPI ranks): each communicator's comm-stream thread and the
+#     non-blocking collectives it runs;
+#   tst_sim (its simulated-only functions): `simulate`, every simulated rank
+#     a thread of one process, meeting in the simulated network;
+#   tst_sessions: the session store (connections per thread);
+#   tst_faults: the ranks' heartbeat threads and the launcher that reads them.
+# Not here: the explorer's session recorder thread (tst_session_views). It
+# hands batches over through Qt's queued signals, and Debian's Qt is built
+# without TSan, so its futex-based QMutex is invisible and every handoff reads
+# as a race. The ASan leg runs that suite.
+# Kernels run on one thread (OMP_NUM_THREADS=1): libgomp, OpenBLAS and
+# oneDNN are not instrumented, so their pools' synchronisation is invisible
+# to TSan. Reports inside OpenMPI and Qt's own libraries are suppressed by
+# library name in packaging/tsan.supp; none in the project's code are.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/packaging/sanitized-build.sh"
+build="${SHARDSCOPE_TSAN_BUILD_DIR:-$root/build-tsan}"
+jobs="${SHARDSCOPE_JOBS:-$(nproc)}"
+flags="-fsanitize=thread -fno-omit-frame-pointer -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan"
+start=$(date +%s)
+configure_sanitized "$build" "$flags" "-fsanitize=thread"
+suites="tst_comm tst_sim tst_sessions tst_faults"
+cmake --build "$build" -j "$jobs" --target shardscope-engine $suites
+echo "tsan: built in $(($(date +%s) - start)) s"
+t0=$(date +%s)
+export QT_QPA_PLATFORM=offscreen OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 SHARDSCOPE_FAULT_TRIALS=3
+# die_after_fork=0: QProcess forks the engine from a threaded process (and execs at once).
+export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:die_after_fork=0:suppressions=$root/packaging/tsan.supp"
+# tst_sim's functions whose runs are simulated ranks as threads (the others
+# compare with real MPI runs, or calibrate on one thread).
+sim_threads="recordsEqualButTimes scale oomIsAResult capacityAtMeasuredPeak simulatedConfigNamesHardware measuredTablesDriveTimes"
+( cd "$build/tests" && SHARDSCOPE_RESOURCES="$root/resources" ./tst_sim $sim_threads > "$build/tst_sim-tsan.log" 2>&1 ) &
+sim=$!
+ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1200 \
+  -R '^(tst_comm|tst_comm_np[0-9]|tst_sessions|tst_faults)$' || { wait $sim || true; exit 1; }
+if ! wait $sim; then
+  echo "tsan: tst_sim failed; its log:" >&2
+  grep -v '^PASS' "$build/tst_sim-tsan.log" | tail -80 >&2
+  exit 1
+fi
+echo "tsan: tests took $(($(date +%s) - t0)) s; leg $(($(date +%s) - start)) s"
