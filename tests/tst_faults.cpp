@@ -100,11 +100,6 @@ std::string saving_name(const std::string& dir_name, qint64 pid) {
   return "." + dir_name + ".saving-" + host + "-" + std::to_string(pid);
 }
 
-bool alive(pid_t pid) {
-  const std::string stat = read_all(fs::path("/proc") / std::to_string(pid) / "stat");
-  const size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
-}
 
 // Every file of a checkpoint folder, by name.
 std::map<std::string, std::string> files_of(const fs::path& dir) {
@@ -181,7 +176,7 @@ class TstFaults : public QObject {
       // before the stop), plus reading the beats and ending mpirun's job.
       QVERIFY2(took < rank_timeout + 6.0, qPrintable(QString("the error came %1 s after the stop").arg(took)));
       QVERIFY2(took > rank_timeout - 0.5, qPrintable(QString("the error came %1 s after the stop").arg(took)));
-      for (auto& [r, pid] : ranks) QVERIFY2(!alive(pid), qPrintable(QString("rank %1 outlived the run").arg(r)));
+      for (auto& [r, pid] : ranks) QVERIFY2(!ss::process_alive(pid), qPrintable(QString("rank %1 outlived the run").arg(r)));
       ++named;
       slowest = std::max(slowest, took);
       fastest = std::min(fastest, took);

@@ -168,6 +168,7 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
   bool saw_hello = false, saw_done = false, stopping = false;
   std::optional<HungRank> hung;
   std::chrono::steady_clock::time_point stop_sent;
+  std::vector<pid_t> signalled;  // the job's processes told to end
   auto forward = [&](const char* data, size_t n) {
     pending.append(data, n);
     size_t nl;
@@ -207,6 +208,7 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
       for (pid_t p : descendant_pids(pid)) {
         if (sig == SIGKILL) kill(p, SIGCONT);
         kill(p, sig);
+        signalled.push_back(p);
       }
       kill(-pid, sig);
     };
@@ -225,6 +227,12 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
     const pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) break;
   }
+  // A process ended by a signal may take a moment to go (a large address
+  // space to unmap): the run is over when its ranks are, within 10 s.
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (pid_t p : signalled)
+    while (process_alive(p) && std::chrono::steady_clock::now() < gone_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   // Whatever is left: the rest of stderr and of the stream.
   ssize_t n;
   while (err_open && (n = read(err_pipe[0], buf, sizeof buf)) > 0) log.feed(buf, size_t(n));

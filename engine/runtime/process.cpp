@@ -40,6 +40,14 @@ bool stream_command(const std::string& cmd, std::ostream& out) {
   return pclose(p) == 0;
 }
 
+bool process_alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z' && stat[close + 2] != 'X';
+}
+
 std::vector<pid_t> descendant_pids(pid_t root) {
   std::map<pid_t, pid_t> parent;
   std::error_code ec;
