@@ -1,5 +1,7 @@
 #include "runtime/heartbeat.h"
 
+#include "runtime/process.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -20,19 +22,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The state letter of /proc/PID/stat in words; empty when the process is gone.
-std::string process_state(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(in, stat)) return {};
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return "in an unknown state";
-  switch (stat[close + 2]) {
+// A process's state in words; empty when the process is gone.
+std::string state_in_words(pid_t pid) {
+  switch (process_state(pid)) {
+    case 0: return {};
     case 'T': return "stopped by a signal";
     case 't': return "stopped by a debugger";
     case 'D': return "waiting in the kernel (uninterruptible)";
     case 'Z': return "a zombie";
     case 'R': return "running but not beating";
+    case '?': return "in an unknown state";
     default: return "sleeping but not beating";
   }
 }
@@ -114,7 +113,7 @@ std::optional<HungRank> HeartbeatWatch::poll() {
     if (s.pid <= 0 || s.content.find("exited") != std::string::npos) continue;
     const double silent = std::chrono::duration<double>(now - s.changed).count();
     if (silent <= m_timeout_s) continue;
-    const std::string state = process_state(s.pid);
+    const std::string state = state_in_words(s.pid);
     if (state.empty() || state == "a zombie") continue;  // gone: mpirun reports the death
     return HungRank{rank, s.pid, silent, state};
   }

@@ -40,12 +40,17 @@ bool stream_command(const std::string& cmd, std::ostream& out) {
   return pclose(p) == 0;
 }
 
-bool process_alive(pid_t pid) {
+char process_state(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
-  if (!std::getline(in, stat)) return false;
-  const size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z' && stat[close + 2] != 'X';
+  if (!std::getline(in, stat)) return 0;
+  const size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+}
+
+bool process_alive(pid_t pid) {
+  const char state = process_state(pid);
+  return state != 0 && state != 'Z' && state != 'X';
 }
 
 std::vector<pid_t> descendant_pids(pid_t root) {

@@ -22,6 +22,8 @@ bool needs_oversubscribe(int ranks);
 std::string mpirun_self_command(int ranks, const std::string& args);
 // Runs a shell command, copying its output to `out`; false when it fails.
 bool stream_command(const std::string& cmd, std::ostream& out);
+// The state letter of /proc/PID/stat ('R', 'S', 'T', 'Z', ...); 0 when gone.
+char process_state(pid_t pid);
 // Whether `pid` is a process that has not yet ended (a zombie has).
 bool process_alive(pid_t pid);
 // Every process below `root` (children, their children, ...), from /proc.
