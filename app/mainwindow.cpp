@@ -1,4 +1,6 @@
 #include "mainwindow.h"
+#include "exportview.h"
+#include "scaling_page.h"
 
 #include <QAction>
 #include <QComboBox>
@@ -247,6 +249,10 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_sweep = new QPushButton(tr("Quantization sweep"), setup);
   m_sweep->setToolTip(tr("Run this setup under tp with bf16, int8, int4 and fp8 all-reduces against fp32"));
   form->addRow(m_sweep);
+  m_scale = new QPushButton(tr("Scaling sweep"), setup);
+  m_scale->setToolTip(tr("Simulate every strategy on this setup's simulated hardware and devices from 4K to 1M "
+                         "tokens: where each one stops fitting"));
+  form->addRow(m_scale);
   m_verdict = new QLabel(setup);
   m_verdict->setWordWrap(true);
   form->addRow(m_verdict);
@@ -265,6 +271,9 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_tabs->addTab(m_training, tr("Training"));
   m_quant = new QuantizationPage(m_data, m_tabs);
   m_tabs->addTab(m_quant, tr("Quantization"));
+  m_scaling = new ScalingPage(m_data, m_tabs);
+  m_tabs->addTab(m_scaling, tr("Scaling"));
+  connect(m_scaling, &ScalingPage::openPoint, this, &MainWindow::runArguments);
   openDatabase(dbPath.isEmpty() ? defaultDatabasePath() : dbPath);
   m_sessions = new SessionsPage(m_store.get(), m_tabs);
   m_sessions->setNotice(m_dbNotice);
@@ -290,10 +299,12 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
                                                       tr("Event streams (*.jsonl);;All files (*)"));
     if (!path.isEmpty()) openStream(path);
   });
-  file->addAction(tr("&Export this page (PNG, SVG, PDF)..."), this, [this] {
+  file->addAction(tr("&Export this page (PNG, SVG, PDF, CSV)..."), this, [this] {
     const QString page = m_tabs->tabText(m_tabs->currentIndex()).toLower().replace(' ', '-');
+    QString filters = tr("PNG image (*.png);;SVG drawing (*.svg);;PDF (*.pdf)");
+    if (m_tabs->currentWidget() == m_scaling) filters += tr(";;CSV table of the points (*.csv)");
     const QString path = QFileDialog::getSaveFileName(this, tr("Export this page"), page + QStringLiteral(".png"),
-                                                      tr("PNG image (*.png);;SVG drawing (*.svg);;PDF (*.pdf)"));
+                                                      filters);
     if (!path.isEmpty()) {
       const QString error = exportView(path);
       m_status->setText(error.isEmpty() ? tr("saved %1").arg(path) : error);
@@ -308,6 +319,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   connect(m_again, &QPushButton::clicked, this, &MainWindow::runAgain);
   connect(m_compare, &QPushButton::clicked, this, &MainWindow::compareTpTsp);
   connect(m_sweep, &QPushButton::clicked, this, &MainWindow::runSweep);
+  connect(m_scale, &QPushButton::clicked, this, &MainWindow::runScaling);
   connect(m_stop, &QPushButton::clicked, m_client, &EngineClient::stop);
   connect(m_client, &EngineClient::eventsReceived, this, &MainWindow::onEvents);
   connect(m_client, &EngineClient::finished, this, &MainWindow::onFinished);
@@ -402,7 +414,12 @@ void MainWindow::updateSetupState() {
   const bool single = m_strategy->currentText() == QLatin1String("single");
   m_devices->setEnabled(!single);
   m_mesh->setEnabled(m_strategy->currentText() == QLatin1String("tp_sp"));
-  m_nodes->setEnabled(m_backend->currentData().toString().startsWith(QLatin1String("sim:")));
+  const bool simulated = m_backend->currentData().toString().startsWith(QLatin1String("sim:"));
+  m_nodes->setEnabled(simulated);
+  m_scale->setEnabled(simulated);
+  m_scale->setToolTip(simulated ? tr("Simulate every strategy on this setup's simulated hardware and devices from "
+                                     "4K to 1M tokens: where each one stops fitting")
+                                : tr("Choose a simulated backend: the sweep runs on simulated hardware"));
 }
 
 QString MainWindow::setSetup(const QString& model, const QString& backend, const QString& strategy, int devices,
@@ -465,40 +482,21 @@ void MainWindow::setOptions(int batch, const QString& overrides, const QString& 
 }
 
 void MainWindow::runAgain() {
-  if (m_lastArgs.isEmpty() || m_client->isRunning()) return;
-  m_data.clear();
-  m_summary->setNotice({});
-  m_run->setEnabled(false);
-  m_again->setEnabled(false);
-  m_stop->setEnabled(true);
-  m_status->setText(tr("running again: shardscope-engine %1").arg(m_lastArgs.join(' ')));
-  m_redraw->start();
-  startRecording(m_lastName + tr(" (again)"));
-  m_client->start(m_lastArgs);
+  if (m_lastArgs.isEmpty()) return;
+  const QStringList args = m_lastArgs;  // runArguments replaces them
+  runArguments(args, m_lastName + tr(" (again)"));
 }
 
 void MainWindow::runOnce() {
-  m_data.clear();
-  m_summary->setNotice({});
-  m_run->setEnabled(false);
-  m_again->setEnabled(false);
-  m_stop->setEnabled(true);
-  const QStringList args = engineArguments();
-  m_lastArgs = args;
-  m_status->setText(tr("running: shardscope-engine %1").arg(args.join(' ')));
-  m_redraw->start();
-  m_lastName = QStringLiteral("%1 · %2 · %3")
-                   .arg(QFileInfo(m_model->currentText()).fileName(), m_strategy->currentText(),
-                        m_strategy->currentText() == QLatin1String("single") ? QStringLiteral("1")
-                                                                             : QString::number(m_devices->value()));
-  if (training()) {
-    m_lastName += tr(" · training %1 steps").arg(m_steps->value());
-    m_tabs->setCurrentWidget(m_training);
-  }
+  QString name = QStringLiteral("%1 · %2 · %3")
+                     .arg(QFileInfo(m_model->currentText()).fileName(), m_strategy->currentText(),
+                          m_strategy->currentText() == QLatin1String("single") ? QStringLiteral("1")
+                                                                               : QString::number(m_devices->value()));
+  if (training()) name += tr(" · training %1 steps").arg(m_steps->value());
   if (m_precision->currentText().trimmed() != QLatin1String("fp32") && !m_precision->currentText().trimmed().isEmpty())
-    m_lastName += QStringLiteral(" · ") + m_precision->currentText().trimmed();
-  startRecording(m_lastName);
-  m_client->start(args);
+    name += QStringLiteral(" · ") + m_precision->currentText().trimmed();
+  runArguments(engineArguments(), name);
+  if (training()) m_tabs->setCurrentWidget(m_training);
 }
 
 bool MainWindow::openStream(const QString& path) {
@@ -511,26 +509,49 @@ bool MainWindow::openStream(const QString& path) {
 void MainWindow::onEvents(const EventBatch& events) { m_data.add(*events); }
 
 void MainWindow::runSweep() {
+  const QStringList args = {"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
+                            QString::number(std::max(2, m_devices->value())), "--prompt-len",
+                            QString::number(m_prompt->value()), "--decode", QString::number(m_decode->value()),
+                            "--precisions", "bf16,int8,int4,fp8", "--blocks", "32,128,1024", "--events", "-"};
+  runArguments(args, tr("sweep · %1").arg(QFileInfo(m_model->currentText()).fileName()));
+  m_tabs->setCurrentWidget(m_quant);
+}
+
+void MainWindow::runScaling() {
+  const QString backend = m_backend->currentData().toString();
+  if (!backend.startsWith(QLatin1String("sim:"))) return;
+  QStringList args = {"scale", "--model", m_model->currentText(), "--hardware", backend.mid(4), "--devices",
+                      QString::number(m_devices->value()), "--nodes", QString::number(m_nodes->value()), "--dtype",
+                      m_dtype->currentData().toString(), "--events", "-"};
+  if (training()) args << "--mode" << "train" << "--recompute" << m_recompute->currentText();
+  else args << "--mode" << "infer" << "--decode" << QString::number(std::min(m_decode->value(), 8));
+  for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
+  runArguments(args, tr("scaling · %1 · %2 devices · %3")
+                         .arg(QFileInfo(m_model->currentText()).fileName())
+                         .arg(m_devices->value())
+                         .arg(training() ? tr("training") : tr("inference")));
+  m_tabs->setCurrentWidget(m_scaling);
+}
+
+void MainWindow::runArguments(const QStringList& args, const QString& name) {
+  if (m_client->isRunning()) return;
   m_data.clear();
   m_summary->setNotice({});
-  QStringList args = {"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
-                      QString::number(std::max(2, m_devices->value())), "--prompt-len",
-                      QString::number(m_prompt->value()), "--decode", QString::number(m_decode->value()),
-                      "--precisions", "bf16,int8,int4,fp8", "--blocks", "32,128,1024", "--events", "-"};
   m_lastArgs = args;
-  m_lastName = tr("sweep · %1").arg(QFileInfo(m_model->currentText()).fileName());
-  m_again->setEnabled(false);
-  m_status->setText(tr("sweeping: shardscope-engine %1").arg(args.join(' ')));
+  m_lastName = name;
   m_run->setEnabled(false);
+  m_again->setEnabled(false);
   m_stop->setEnabled(true);
-  m_tabs->setCurrentWidget(m_quant);
+  m_status->setText(tr("running: shardscope-engine %1").arg(args.join(' ')));
+  if (args.value(0) != QLatin1String("scale")) m_tabs->setCurrentWidget(m_summary);
   m_redraw->start();
-  startRecording(m_lastName);
+  startRecording(name);
   m_client->start(args);
 }
 
 void MainWindow::refreshPages() {
   m_quant->refresh();
+  m_scaling->refresh();
   m_memory->refresh();
   m_placement->refresh();
   m_summary->refresh();
@@ -589,50 +610,17 @@ void MainWindow::onFinished(const RunOutcome& o) {
   emit runFinished(o);
 }
 
-// Draws `page` into a PNG, SVG or PDF file, chosen by the extension.
-static QString exportWidget(QWidget* page, const QString& path, const QString& title) {
-  const QString ext = QFileInfo(path).suffix().toLower();
-  if (ext == QLatin1String("png")) {
-    QSaveFile f(path);
-    if (!f.open(QIODevice::WriteOnly) || !page->grab().save(&f, "PNG") || !f.commit())
-      return QObject::tr("could not write %1: %2").arg(path, f.errorString());
-    return {};
-  }
-  if (ext == QLatin1String("svg")) {
-    QSvgGenerator svg;
-    svg.setFileName(path);
-    svg.setSize(page->size());
-    svg.setViewBox(page->rect());
-    svg.setTitle(title);
-    svg.setDescription(QStringLiteral("ShardScope"));
-    QPainter p;
-    if (!p.begin(&svg)) return QObject::tr("could not write %1").arg(path);
-    page->render(&p);
-    p.end();
-    return {};
-  }
-  if (ext == QLatin1String("pdf")) {
-    QPdfWriter pdf(path);
-    pdf.setPageSize(QPageSize(QSizeF(page->width(), page->height()), QPageSize::Point));
-    pdf.setPageMargins(QMarginsF(0, 0, 0, 0));
-    pdf.setResolution(72);
-    pdf.setTitle(title);
-    QPainter p;
-    if (!p.begin(&pdf)) return QObject::tr("could not write %1").arg(path);
-    page->render(&p);
-    p.end();
-    return {};
-  }
-  return QObject::tr("export as .png, .svg or .pdf (not '%1')").arg(ext);
-}
 
 // A sweep has no devices to draw but a trade-off to show: open on the
 // Quantization page; anything else opens on the Summary.
 void MainWindow::showBestPage() {
   const bool sweep = m_data.ranks().empty() && m_quant->points() > 0;
-  if (sweep) m_tabs->setCurrentWidget(m_quant);
+  if (!m_data.scalePoints().empty()) m_tabs->setCurrentWidget(m_scaling);
+  else if (sweep) m_tabs->setCurrentWidget(m_quant);
   else if (isTraining(m_data) && m_tabs->currentWidget() != m_summary) m_tabs->setCurrentWidget(m_training);
-  else if (m_tabs->currentWidget() == m_sessions || m_tabs->currentWidget() == m_quant) m_tabs->setCurrentWidget(m_summary);
+  else if (m_tabs->currentWidget() == m_sessions || m_tabs->currentWidget() == m_quant ||
+           m_tabs->currentWidget() == m_scaling)
+    m_tabs->setCurrentWidget(m_summary);
 }
 
 bool MainWindow::openSession(qint64 id) {

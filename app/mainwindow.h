@@ -26,6 +26,7 @@ class TimelineView;
 class PlacementPage;
 class SummaryPage;
 class QuantizationPage;
+class ScalingPage;
 class TrainingPage;
 class QFormLayout;
 class SessionStore;
@@ -49,11 +50,18 @@ class MainWindow : public QMainWindow {
   void compareTpTsp();
   // Runs a quantization sweep of the setup (tp) and shows the Quantization page.
   void runSweep();
+  // Simulates every strategy of the setup (its simulated hardware, devices,
+  // nodes, mode, dtype, recomputation) from 4K to 1M tokens: the Scaling page.
+  void runScaling();
+  // Starts an engine run with these arguments, recorded under `name` (a
+  // scaling point opened as a full run).
+  void runArguments(const QStringList& args, const QString& name);
+  ScalingPage* scalingPage() { return m_scaling; }
   bool openStream(const QString& path);
   EngineClient* client() { return m_client; }
   // Sessions: open one into the pages, replay it (speed 0: as fast as
   // possible), compare 2-4 side by side, export the current page as PNG,
-  // SVG or PDF (by the file's extension).
+  // SVG or PDF (by the file's extension; the Scaling page also as CSV).
   bool openSession(qint64 id);
   void replaySession(qint64 id, double speed);
   ComparePage* compareSessions(const QList<qint64>& ids);
@@ -141,8 +149,10 @@ class MainWindow : public QMainWindow {
   PlacementPage* m_placement;
   SummaryPage* m_summary;
   QuantizationPage* m_quant;
+  ScalingPage* m_scaling;
   TrainingPage* m_training;
   QPushButton* m_sweep;
+  QPushButton* m_scale;
   QTimer* m_redraw;
   QTimer* m_checkDelay;
   QProcess* m_check = nullptr;

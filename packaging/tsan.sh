@@ -7,7 +7,9 @@
 #   tst_sim (its simulated-only functions): `simulate`, every simulated rank
 #     a thread of one process, meeting in the simulated network;
 #   tst_sessions: the session store (connections per thread);
-#   tst_faults: the ranks' heartbeat threads and the launcher that reads them.
+#   tst_faults: the ranks' heartbeat threads and the launcher that reads them;
+#   tst_scale (two functions): `scale`, several simulations at once on
+#     worker threads, each with its own rank threads.
 # Not here: the explorer's session recorder thread (tst_session_views). It
 # hands batches over through Qt's queued signals, and Debian's Qt is built
 # without TSan, so its futex-based QMutex is invisible and every handoff reads
@@ -24,7 +26,7 @@ jobs="${SHARDSCOPE_JOBS:-$(nproc)}"
 flags="-fsanitize=thread -fno-omit-frame-pointer -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan"
 start=$(date +%s)
 configure_sanitized "$build" "$flags" "-fsanitize=thread"
-suites="tst_comm tst_sim tst_sessions tst_faults"
+suites="tst_comm tst_sim tst_sessions tst_faults tst_scale"
 cmake --build "$build" -j "$jobs" --target shardscope-engine $suites
 echo "tsan: built in $(($(date +%s) - start)) s"
 t0=$(date +%s)
@@ -34,13 +36,16 @@ export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:die_aft
 # tst_sim's functions whose runs are simulated ranks as threads (the others
 # compare with real MPI runs, or calibrate on one thread).
 sim_threads="recordsEqualButTimes scale oomIsAResult capacityAtMeasuredPeak simulatedConfigNamesHardware measuredTablesDriveTimes"
-( cd "$build/tests" && SHARDSCOPE_RESOURCES="$root/resources" ./tst_sim $sim_threads > "$build/tst_sim-tsan.log" 2>&1 ) &
+scale_threads="ssmStateConstantInLength notApplicableSaysWhy"
+( cd "$build/tests" && export SHARDSCOPE_RESOURCES="$root/resources" &&
+  ./tst_sim $sim_threads > "$build/tst_sim-tsan.log" 2>&1 &&
+  ./tst_scale $scale_threads > "$build/tst_scale-tsan.log" 2>&1 ) &
 sim=$!
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1200 \
   -R '^(tst_comm|tst_comm_np[0-9]|tst_sessions|tst_faults)$' || { wait $sim || true; exit 1; }
 if ! wait $sim; then
-  echo "tsan: tst_sim failed; its log:" >&2
-  grep -v '^PASS' "$build/tst_sim-tsan.log" | tail -80 >&2
+  echo "tsan: tst_sim or tst_scale failed; their logs:" >&2
+  grep -hv '^PASS' "$build/tst_sim-tsan.log" "$build/tst_scale-tsan.log" 2>/dev/null | tail -80 >&2
   exit 1
 fi
 echo "tsan: tests took $(($(date +%s) - t0)) s; leg $(($(date +%s) - start)) s"

@@ -15,6 +15,7 @@
 #include "compare.h"
 #include "mainwindow.h"
 #include "pages.h"
+#include "scaling_page.h"
 #include "rundata.h"
 
 namespace {
@@ -351,6 +352,103 @@ class TestExplorer : public QObject {
     }
     QVERIFY(diverging > 0);  // int4 changes some greedy choice on this tiny model
     page->grab().save(QDir::temp().filePath("shardscope-quantization.png"));
+  }
+
+  // The Scaling sweep button runs `scale` on the setup's simulated hardware;
+  // the page draws a line per strategy with its points, crosses out what
+  // does not fit, hovering names a point's memory, double-clicking it runs
+  // that configuration in full (whose peak is the point's), and the page
+  // exports its points as CSV.
+  void scalingSweepFillsTheScalingPage() {
+    MainWindow w;
+    w.resize(1500, 950);
+    QCOMPARE(w.setSetup("tiny-llama", "sim:h100-sxm", "tp", 2, 16, 2), QString());
+    w.setOptions(1, "", "fp32", "");
+    QSignalSpy done(w.client(), &EngineClient::finished);
+    w.runScaling();
+    QVERIFY(done.wait(120000));
+    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 0);
+    ScalingPage* page = w.scalingPage();
+    QCOMPARE(w.pages()->currentWidget(), page);
+    page->refresh();
+    QApplication::processEvents();
+    const auto& points = w.data().scalePoints();
+    QCOMPARE(points.size(), size_t(5 * 9));  // single, dp, tp, sp, tsp at 4K ... 1M
+    QCOMPARE(page->lines(), 5);
+    QCOMPARE(page->points(), 45);
+    // Every drawn point is found where it is drawn, and says what it holds.
+    QCustomPlot* plot = page->memoryPlot();
+    const ss::proto::ScalePoint* tsp = nullptr;
+    for (auto& p : points)
+      if (p.strategy == "tsp" && p.seq_len == 65536) tsp = &p;
+    QVERIFY(tsp);
+    // Where the tsp line draws the point (a redraw makes new graphs).
+    auto pixel = [plot, tsp] {
+      for (int g = 0; g < plot->graphCount(); ++g)
+        if (plot->graph(g)->name() == "tsp") return plot->graph(g)->coordsToPixels(double(tsp->seq_len), double(tsp->peak_bytes));
+      return QPointF(-100, -100);
+    };
+    const QPointF at = pixel();
+    QCOMPARE(page->pointAt(plot, at), tsp);
+    QVERIFY(ScalingPage::describe(*tsp).contains("activations"));
+    // The closed form: one dashed line more per strategy.
+    const int graphs = plot->graphCount();
+    page->findChild<QCheckBox*>()->setChecked(true);
+    QCOMPARE(plot->graphCount(), graphs + 5);
+    page->grab().save(QDir::temp().filePath("shardscope-scaling-closed-form.png"));
+    QLabel tip(ScalingPage::describe(*tsp));
+    tip.grab().save(QDir::temp().filePath("shardscope-scaling-tip.png"));
+    // Double-click: the point as a whole simulated run, with the point's peak.
+    const QStringList args = ScalingPage::runArguments(w.data().config(), *tsp);
+    QCOMPARE(args.value(0), QString("simulate"));
+    QVERIFY(args.contains("--prompt-len") && args.contains("65536"));
+    const int64_t pointPeak = tsp->peak_bytes;
+    const QPointF now = pixel();  // the axes moved
+    QCOMPARE(page->pointAt(plot, now), tsp);
+    QMouseEvent dbl(QEvent::MouseButtonDblClick, now, plot->mapToGlobal(now), Qt::LeftButton, Qt::LeftButton,
+                    Qt::NoModifier);
+    QApplication::sendEvent(plot, &dbl);
+    QVERIFY(done.wait(120000));
+    int64_t runPeak = 0;
+    for (auto& [rank, d] : w.data().ranks()) runPeak = std::max(runPeak, int64_t(d.metrics.at("peak_bytes")));
+    QCOMPARE(runPeak, pointPeak);
+    QCOMPARE(w.pages()->currentWidget(), static_cast<QWidget*>(w.findChild<SummaryPage*>()));
+  }
+
+  void scalingStreamExportsCsv() {
+    QTemporaryDir dir;
+    const QString stream = dir.filePath("scale.jsonl");
+    QProcess p;
+    p.start(SHARDSCOPE_ENGINE_BIN, {"scale", "--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "4",
+                                    "--strategies", "tp,sp,tsp", "--seq-lens", "64,256", "--capacity-check-only"});
+    p.waitForFinished(60000);
+    QCOMPARE(p.exitCode(), 2);  // an unknown flag is one line and exit 2
+    p.start(SHARDSCOPE_ENGINE_BIN, {"scale", "--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "4",
+                                    "--strategies", "tp,sp,tsp", "--seq-lens", "64,256", "--events", stream});
+    QVERIFY(p.waitForFinished(120000));
+    QCOMPARE(p.exitCode(), 0);
+    MainWindow w;
+    w.resize(1500, 950);
+    QSignalSpy done(w.client(), &EngineClient::finished);
+    QVERIFY(w.openStream(stream));
+    QVERIFY(done.wait(60000));
+    QCOMPARE(w.pages()->currentWidget(), w.scalingPage());  // a sweep opens on its page
+    w.scalingPage()->refresh();
+    // tp cannot split tiny-llama's 2 KV heads over 4 devices, nor can tsp: said, not drawn.
+    QCOMPARE(w.scalingPage()->lines(), 1);
+    QVERIFY(w.scalingPage()->findChildren<QLabel*>().size() > 0);
+    bool said = false;
+    for (QLabel* l : w.scalingPage()->findChildren<QLabel*>()) said = said || l->text().contains("num_key_value_heads");
+    QVERIFY(said);
+    const QString csv = dir.filePath("scale.csv");
+    QCOMPARE(w.exportView(csv), QString());
+    QFile f(csv);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const QStringList rows = QString::fromUtf8(f.readAll()).split('\n', Qt::SkipEmptyParts);
+    QCOMPARE(rows.size(), 1 + 6);  // header, 3 strategies x 2 lengths
+    QVERIFY(rows[0].startsWith("strategy,mesh,mode,seq_len"));
+    for (const char* ext : {"png", "svg", "pdf"}) QCOMPARE(w.exportView(dir.filePath(QString("scale.") + ext)), QString());
+    w.scalingPage()->grab().save(QDir::temp().filePath("shardscope-scaling.png"));
   }
 
   // Training mode: the setup becomes `train` (checked by train --check-only),

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/backend_checks.h"
 #include "cpu/cpu_backend.h"
 #include "reference.h"
 
@@ -231,6 +232,7 @@ class TestKernels : public QObject {
   void attention();
   void attention_merge_data();
   void attention_merge();
+  void visible_pairs();
   void silu_mul();
   void add();
   void copy();
@@ -687,6 +689,45 @@ void TestKernels::copy() {
     r.be.copy(dst, src.view.slice(0, 7, 5));
     QCOMPARE(ref::rel_l2(read(dst), ref::Vec(want.begin() + 7 * n, want.begin() + 12 * n)), 0.0);
   }
+}
+
+// Attention's FLOP count rests on the visible (query, key) pairs: counted run
+// against run in closed form, it must equal a brute-force count over every
+// pair, for sorted, zigzag, shuffled, repeated and many-run position lists.
+void TestKernels::visible_pairs() {
+  std::mt19937 rng(7);
+  auto brute = [](const std::vector<int32_t>& q, const std::vector<int32_t>& k) {
+    double n = 0;
+    for (int32_t a : q)
+      for (int32_t b : k) n += b <= a ? 1 : 0;
+    return n;
+  };
+  auto range = [](int32_t a, int32_t b) {
+    std::vector<int32_t> v(size_t(b - a));
+    std::iota(v.begin(), v.end(), a);
+    return v;
+  };
+  auto cat = [](std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> cases = {
+      {range(0, 300), range(0, 300)},                                         // one sequence
+      {cat(range(0, 50), range(350, 400)), range(0, 400)},                    // zigzag chunks vs gathered keys
+      {range(100, 200), cat(range(300, 400), range(0, 150))},                 // keys out of order
+      {range(0, 10), range(50, 90)},                                          // nothing visible
+      {{7}, range(0, 1000)},                                                  // a decode step
+      {{}, range(0, 10)},
+      {range(0, 10), {}},
+      {{3, 3, 5, 5, 4}, {4, 4, 3, 9, 0}},                                     // repeats
+  };
+  std::vector<int32_t> many(500), shuffled = range(0, 500);
+  for (auto& v : many) v = int32_t(rng() % 400);  // hundreds of runs: the sorting path
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  cases.push_back({many, shuffled});
+  cases.push_back({shuffled, many});
+  for (auto& [q, k] : cases)
+    QCOMPARE(ss::detail::visible_pairs(q, k), brute(q, k));
 }
 
 struct TestKernels::Conv1dCase {

@@ -52,6 +52,11 @@ auto fields(const Generation& e) { return std::tie(e.config, e.tokens); }
 auto fields(const TrainStep& e) {
   return std::tie(e.step, e.loss, e.grad_norm, e.lr, e.tokens, e.tokens_per_s, e.peak);
 }
+auto fields(const ScalePoint& e) {
+  return std::tie(e.strategy, e.mesh, e.mode, e.seq_len, e.micro_batch, e.devices, e.nodes, e.reason, e.peak_bytes,
+                  e.peak_rank, e.bytes, e.capacity, e.fits, e.step_s, e.tokens_per_s, e.mfu, e.comm_activation_bytes,
+                  e.comm_weight_bytes, e.hidden_fraction, e.max_micro_batch, e.textbook);
+}
 auto fields(const Done& e) {
   return std::tie(e.status, e.t, e.exit_code);
 }
@@ -133,6 +138,33 @@ std::vector<std::pair<const char*, Event>> samples() {
   step.tokens_per_s = 12345.5;
   step.peak = {10, 20, 0, 0, 30, 40, 50, int64_t(1) << 40};
 
+  ScalePoint point;
+  point.strategy = "tp_sp";
+  point.mesh = "2x4";
+  point.mode = "train";
+  point.seq_len = 131072;
+  point.micro_batch = 2;
+  point.devices = 8;
+  point.nodes = 2;
+  point.peak_bytes = (int64_t(1) << 38) + 36;
+  point.peak_rank = 5;
+  point.bytes = {1, 2, 3, 4, 5, 6, 7, (int64_t(1) << 38)};
+  point.capacity = int64_t(192) << 30;
+  point.step_s = 4.25;
+  point.tokens_per_s = 1.0 / 3.0;
+  point.mfu = 0.41;
+  point.comm_activation_bytes = 1.5e11;
+  point.comm_weight_bytes = 2.5e10;
+  point.hidden_fraction = 0.25;
+  point.max_micro_batch = 0;
+  point.textbook = {{"parameters", 6738415616LL}, {"bytes", {{"weights", 12}}}};
+  ScalePoint refused;
+  refused.strategy = "tp";
+  refused.mode = "infer";
+  refused.seq_len = 4096;
+  refused.devices = 4;
+  refused.reason = "num_key_value_heads 2 does not split over 4 ranks";
+
   Error oom{
       "oom", 2, "out of memory: kv cache needs 2.00 GiB",
       nlohmann::json{
@@ -161,6 +193,8 @@ std::vector<std::pair<const char*, Event>> samples() {
       {"generation", Generation{"mlp=int8:128", {17, 4, 255, 0}}},
       {"generation empty", Generation{"", {}}},
       {"train_step", step},
+      {"scale_point", point},
+      {"scale_point not applicable", refused},
       {"error with detail", oom},
       {"error without detail", plain},
       {"done ok", Done{"ok", 99999, 0}},
@@ -421,6 +455,17 @@ class TestProtocol : public QObject {
     QTest::newRow("negative rank, mem") << QByteArray(R"({"type":"mem","rank":-3,"t":0,"bytes":{}})") << "rank";
     QTest::newRow("rank beyond any run")
         << QByteArray(R"({"type":"device","rank":2000000000,"kind":"cpu"})") << "rank";
+    QTest::newRow("scale_point without seq_len")
+        << QByteArray(R"({"type":"scale_point","strategy":"tp","mode":"train","peak_bytes":1})") << "seq_len";
+    QTest::newRow("scale_point of another mode")
+        << QByteArray(R"({"type":"scale_point","strategy":"tp","mode":"serve","seq_len":8})") << "mode";
+    QTest::newRow("scale_point peak on no device")
+        << QByteArray(R"({"type":"scale_point","strategy":"tp","mode":"train","seq_len":8,"devices":2,)"
+                      R"("peak_bytes":1,"peak_rank":2})")
+        << "peak_rank";
+    QTest::newRow("scale_point fits not a bool")
+        << QByteArray(R"({"type":"scale_point","strategy":"tp","mode":"train","seq_len":8,"peak_bytes":1,"fits":1})")
+        << "fits";
     QTest::newRow("hello of another protocol")
         << QByteArray(R"({"type":"hello","protocol":"perfparser","version":1})")
         << "shardscope-events";

@@ -50,6 +50,7 @@ void RunData::addAll(Events&& events) {
           else if constexpr (std::is_same_v<T, Generation>) m_generations.push_back(ev);
           else if constexpr (std::is_same_v<T, Phase>) m_phases.push_back(ev);
           else if constexpr (std::is_same_v<T, TrainStep>) m_trainSteps.push_back(ev);
+          else if constexpr (std::is_same_v<T, ScalePoint>) m_scalePoints.push_back(ev);
           else if constexpr (std::is_same_v<T, Done>) m_status = QString::fromStdString(ev.status);
         },
         e);

@@ -50,6 +50,8 @@ class RunData {
   const std::vector<ss::proto::Phase>& phases() const { return m_phases; }
   // A training run's steps, in order.
   const std::vector<ss::proto::TrainStep>& trainSteps() const { return m_trainSteps; }
+  // A scaling sweep's points, in the order they finished.
+  const std::vector<ss::proto::ScalePoint>& scalePoints() const { return m_scalePoints; }
   QString status() const { return m_status; }
   int64_t end_time() const { return m_end; }  // the latest timestamp seen (ns)
   uint64_t revision() const { return m_revision; }
@@ -71,6 +73,7 @@ class RunData {
   std::vector<ss::proto::Generation> m_generations;
   std::vector<ss::proto::Phase> m_phases;
   std::vector<ss::proto::TrainStep> m_trainSteps;
+  std::vector<ss::proto::ScalePoint> m_scalePoints;
   QString m_status;
   int64_t m_end = 0;
   uint64_t m_revision = 0;

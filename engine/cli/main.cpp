@@ -18,6 +18,7 @@
 #include "runtime/host_memory.h"
 #include "runtime/launch.h"
 #include "runtime/run.h"
+#include "runtime/scale.h"
 #include "runtime/summary.h"
 #include "runtime/sweep.h"
 #include "runtime/train.h"
@@ -269,6 +270,37 @@ int main(int argc, char** argv) {
   sweep->add_option("--eval-tokens", sweep_opts.eval_tokens, "file of token ids: perplexity over them");
   sweep->add_option("--events", sweep_opts.events, "write the sweep's stream to FILE (the table goes to stdout)");
 
+  ss::ScaleOptions scale_opts;
+  std::string scale_events;
+  bool scale_no_search = false;
+  auto* scale = app.add_subcommand("scale", "where each strategy runs out of memory: simulated peak, time and traffic "
+                                            "per strategy over sequence lengths (one scale_point per point)");
+  scale->add_option("--model", scale_opts.model, "preset name or a Hugging Face model folder")->capture_default_str();
+  scale->add_option("--set", scale_opts.overrides, "override a config.json field (repeatable)");
+  scale->add_option("--hardware", scale_opts.hardware, "profile name in resources/hardware, or a JSON file")
+      ->capture_default_str();
+  scale->add_option("--devices", scale_opts.devices, "devices of the model-parallel group")->capture_default_str();
+  scale->add_option("--nodes", scale_opts.nodes, "nodes the devices are spread over")->capture_default_str();
+  scale->add_option("--mode", scale_opts.mode, "train (one step) or infer (prefill + decode)")->capture_default_str();
+  scale->add_option_function<std::string>(
+           "--dtype", [&](const std::string& s) { scale_opts.dtype = ss::parse_compute_dtype(s); },
+           "compute dtype: fp32, bf16 or fp16 (default bf16)")
+      ->check(dtype_check());
+  scale->add_option("--recompute", scale_opts.recompute, "training: none, selective or full")->capture_default_str();
+  scale->add_option("--seq-lens", scale_opts.seq_lens, "sequence lengths (default 4096,8192,...,1048576)")
+      ->delimiter(',');
+  scale->add_option("--micro-batches", scale_opts.micro_batches, "micro-batch sizes")->delimiter(',')->capture_default_str();
+  scale->add_option("--strategies", scale_opts.strategies, "strategies (default: single,dp,tp,sp,tp_sp,tsp; tp_sp "
+                                                           "over every mesh)")
+      ->delimiter(',');
+  scale->add_option("--decode", scale_opts.decode, "inference: decode steps after the prefill")->capture_default_str();
+  scale->add_option("--attention", scale_opts.attention, "inference: sequence-parallel attention, gather or ring")
+      ->capture_default_str();
+  scale->add_flag("--no-batch-search", scale_no_search, "training: skip the search for the largest micro-batch");
+  scale->add_option("--jobs", scale_opts.jobs, "points simulated at once (0 = the cores)")->capture_default_str();
+  scale->add_option("--seed", scale_opts.seed, "seed of the synthetic data")->capture_default_str();
+  scale->add_option("--events", scale_events, "write the stream to FILE (a table of peaks goes to stdout)");
+
   ss::RunOptions check_opts;
   std::string check_tokens, check_capacity, check_hardware;
   auto* check = app.add_subcommand("check", "validate a setup without running it: prints ok, or the one reason it cannot run");
@@ -395,6 +427,18 @@ int main(int argc, char** argv) {
       if (!sweep_capacity.empty()) sweep_opts.run.capacity = ss::parse_bytes(sweep_capacity);
       const bool to_stdout = sweep_opts.events.empty() || sweep_opts.events == "-";
       return ss::run_sweep(sweep_opts, to_stdout ? std::cerr : std::cout);
+    }
+    if (*scale) {
+      scale_opts.search_micro_batch = !scale_no_search;
+      std::FILE* f = stdout;
+      if (!scale_events.empty() && scale_events != "-") {
+        f = std::fopen(scale_events.c_str(), "w");
+        if (!f) throw ss::UsageError("--events " + scale_events + ": cannot create the file");
+      }
+      ss::proto::Writer w(f);
+      const int code = ss::run_scale(scale_opts, w, std::cerr, f == stdout ? nullptr : &std::cout);
+      if (f != stdout) std::fclose(f);
+      return code;
     }
     if (*simulate) {
       if (!sim_tokens.empty()) sim_opts.tokens = parse_tokens(sim_tokens);

@@ -22,7 +22,10 @@ void Allocator::charge(Category cat, int64_t bytes, std::string_view label) {
   b += bytes;
   m_state.total += bytes;
   if (b > m_state.peak_bytes[int(cat)]) m_state.peak_bytes[int(cat)] = b;
-  if (m_state.total > m_state.peak_total) m_state.peak_total = m_state.total;
+  if (m_state.total > m_state.peak_total) {
+    m_state.peak_total = m_state.total;
+    m_state.at_peak = m_state.bytes;
+  }
   if (m_listener) m_listener(m_state);
 }
 

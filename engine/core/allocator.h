@@ -19,6 +19,7 @@ struct MemState {
   std::array<int64_t, kCategoryCount> peak_bytes{};  // highest seen, per category
   int64_t total = 0;
   int64_t peak_total = 0;  // highest simultaneous total
+  std::array<int64_t, kCategoryCount> at_peak{};     // per category, when the total was highest
 };
 
 class Allocator {

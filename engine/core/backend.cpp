@@ -8,6 +8,51 @@
 #include "core/error.h"
 
 namespace ss {
+namespace detail {
+namespace {
+// [first, last] runs of consecutive increasing positions.
+std::vector<std::pair<int64_t, int64_t>> runs_of(std::span<const int32_t> pos, size_t limit) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  const int32_t* p = pos.data();
+  const size_t n = pos.size();
+  for (size_t i = 0; i < n;) {
+    if (runs.size() == limit) return {};
+    size_t j = i + 1;
+    while (j < n && p[j] == p[j - 1] + 1) ++j;
+    runs.push_back({p[i], p[j - 1]});
+    i = j;
+  }
+  return runs;
+}
+}  // namespace
+
+double visible_pairs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos) {
+  constexpr size_t kMaxRuns = 64;
+  const auto qr = runs_of(q_pos, kMaxRuns), kr = runs_of(k_pos, kMaxRuns);
+  if ((!qr.empty() || q_pos.empty()) && (!kr.empty() || k_pos.empty())) {
+    double pairs = 0;
+    for (auto [qa, qb] : qr)
+      for (auto [ka, kb] : kr) {
+        // Queries q in [qa, qb] see min(max(q - ka + 1, 0), kb - ka + 1) keys of [ka, kb].
+        const int64_t n = kb - ka + 1;
+        const int64_t ramp_lo = std::max(qa, ka), ramp_hi = std::min(qb, kb);  // q - ka + 1 keys
+        if (ramp_lo <= ramp_hi) {
+          const int64_t c = ramp_hi - ramp_lo + 1;
+          pairs += double(c) * double(ramp_lo - ka + 1) + double(c) * double(c - 1) / 2;
+        }
+        const int64_t full_lo = std::max(qa, kb + 1);  // every key of the run
+        if (full_lo <= qb) pairs += double(qb - full_lo + 1) * double(n);
+      }
+    return pairs;
+  }
+  std::vector<int32_t> keys(k_pos.begin(), k_pos.end());
+  std::sort(keys.begin(), keys.end());
+  double pairs = 0;
+  for (int32_t p : q_pos) pairs += double(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
+  return pairs;
+}
+}  // namespace detail
+
 using namespace detail;
 
 Tensor Backend::alloc(const Shape& shape, Category cat, std::string label, DType dtype) {
@@ -109,17 +154,7 @@ void Backend::attention(const Tensor& o, const Tensor& q, const Tensor& k, const
           "attention", "shape mismatch");
   require(!lse.defined() || (lse.is_contiguous() && lse.numel() == q.rows() * a.n_heads), "attention", "lse shape");
   // FLOPs of the visible (query, key) pairs: QK^T and PV, 2*head_dim each.
-  // Keys may come in any order (zigzag chunks): count against sorted positions.
-  std::vector<int32_t> sorted_keys;
-  std::span<const int32_t> keys = a.k_pos;
-  if (!std::is_sorted(keys.begin(), keys.end())) {
-    sorted_keys.assign(keys.begin(), keys.end());
-    std::sort(sorted_keys.begin(), sorted_keys.end());
-    keys = sorted_keys;
-  }
-  double pairs = 0;
-  for (int32_t p : a.q_pos) pairs += double(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
-  const double flops = pairs * a.n_heads * 4.0 * a.head_dim;
+  const double flops = visible_pairs(a.q_pos, a.k_pos) * a.n_heads * 4.0 * a.head_dim;
   execute("attention", flops, fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o),
           {q.rows(), k.rows(), a.n_heads, a.head_dim}, [&] { k_attention(o, q, k, v, a, lse); }, q.dtype());
 }

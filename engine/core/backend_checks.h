@@ -2,6 +2,8 @@
 // backend_train.cpp). Internal to core/.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -21,5 +23,12 @@ inline double fbytes(const Tensor& t) { return t.defined() ? double(t.nbytes()) 
 [[noreturn]] inline void no_kernel(const char* op) {
   throw std::logic_error(std::string("kernel ") + op + " is not available on this backend");
 }
+
+// Causally visible (query, key) pairs: keys at positions <= the query's,
+// for any order of either list. Positions come in a few runs of consecutive
+// values (a chunk, zigzag's two chunks, a gathered sequence), so the count is
+// taken run against run in closed form; a list of many short runs falls back
+// to sorting the keys. Exact: the same integer either way.
+double visible_pairs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos);
 
 }  // namespace ss::detail

@@ -92,11 +92,7 @@ void Backend::attention_backward(const Tensor& dq, const Tensor& dk, const Tenso
           "attention_backward", "shape mismatch");
   require(lse.defined() && lse.is_contiguous() && lse.dtype() == DType::F32 && lse.numel() == Tq * a.n_heads,
           "attention_backward", "needs the forward's fp32 lse [Tq, heads]");
-  std::vector<int32_t> keys(a.k_pos.begin(), a.k_pos.end());
-  std::sort(keys.begin(), keys.end());
-  double pairs = 0;
-  for (int32_t p : a.q_pos) pairs += double(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
-  const double flops = pairs * a.n_heads * 10.0 * a.head_dim;
+  const double flops = visible_pairs(a.q_pos, a.k_pos) * a.n_heads * 10.0 * a.head_dim;
   execute("attention_backward", flops,
           fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o) + fbytes(dout) + fbytes(dq) + fbytes(dk) + fbytes(dv),
           {Tq, Tk, a.n_heads, a.head_dim}, [&] { k_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, a); },

@@ -21,6 +21,7 @@ void Recorder::span(StreamKind stream, const char* op, int64_t t0, int64_t t1, d
 void Recorder::span_at(const Tag& tag, StreamKind stream, const char* op, int64_t t0, int64_t t1,
                        double flops, double bytes, std::vector<int64_t> dims,
                        std::vector<int> peers) {
+  if (!m_record_spans) return;
   proto::Span s;
   s.rank = m_rank;
   s.stream = stream == StreamKind::Compute ? "compute" : "comm";

@@ -55,6 +55,8 @@ class Recorder {
   void mem_sample(int64_t t, const MemState& m);
   // Turns sampling on and off (off while weights load, to keep streams small).
   void set_mem_sampling(bool on) { m_sample_mem = on; }
+  // Turns span recording off (a run whose timeline nobody reads: a scaling sweep's batch search).
+  void set_span_recording(bool on) { m_record_spans = on; }
 
   // Thread-safe: compute and comm streams record concurrently. Take the
   // records with take_*() at step boundaries.
@@ -69,6 +71,7 @@ class Recorder {
   std::string m_site;
   int m_layer = -1;
   bool m_sample_mem = true;
+  bool m_record_spans = true;
   std::mutex m_mutex;
   std::function<int64_t()> m_clock;
   std::vector<proto::Span> m_spans;

@@ -45,6 +45,14 @@ int64_t RunStats::max_peak() const {
   return m;
 }
 
+bool is_weight_comm(const Span& s) {
+  const std::string_view site = s.site;
+  auto ends_with = [&](std::string_view tail) {
+    return site.size() >= tail.size() && site.substr(site.size() - tail.size()) == tail;
+  };
+  return site == "grad_sync" || ends_with(".broadcast") || ends_with(".ring") || ends_with(".ring_backward");
+}
+
 RunStats analyze(const std::vector<Event>& events) {
   RunStats st;
   std::map<int, Intervals> compute, comm;
@@ -56,9 +64,11 @@ RunStats analyze(const std::vector<Event>& events) {
       if (s->stream == "comm") {
         comm[s->rank].emplace_back(s->t0, s->t1);
         r.comm_bytes += s->bytes;
+        if (is_weight_comm(*s)) r.comm_weight_bytes += s->bytes;
       } else {
         compute[s->rank].emplace_back(s->t0, s->t1);
         r.flops += s->flops;
+        if (s->phase != "backward" && s->phase != "optimizer") r.forward_flops += s->flops;
       }
     } else if (auto* m = std::get_if<Mem>(&e)) {
       RankStats& r = st.ranks[m->rank];
@@ -83,6 +93,8 @@ RunStats analyze(const std::vector<Event>& events) {
           r.peak[size_t(c)] = int64_t(mt->value);
         }
       if (mt->name == "peak_bytes") r.peak_total = int64_t(mt->value);
+      for (int c = 0; c < kCategoryCount; ++c)
+        if (mt->name == std::string("at_peak_") + kCategoryNames[c] + "_bytes") r.at_peak[size_t(c)] = int64_t(mt->value);
     } else if (auto* d = std::get_if<Done>(&e)) {
       st.status = d->status;
     } else if (auto* er = std::get_if<Error>(&e)) {

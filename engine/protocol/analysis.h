@@ -17,8 +17,11 @@ struct RankStats {
   int64_t peak_total = 0;
   double compute_ns = 0, comm_ns = 0;  // union of each stream's busy time
   double hidden_ns = 0;                // comm time overlapped by compute
-  double comm_bytes = 0;               // bytes this rank put on the wire
+  double comm_bytes = 0;               // bytes this rank put on the wire ...
+  double comm_weight_bytes = 0;        // ... of them, weight-proportional (comm_kind)
   double flops = 0;
+  double forward_flops = 0;            // of compute spans in the forward (training) or any inference phase
+  std::array<int64_t, kCategoryCount> at_peak{};  // per category when the total peaked (at_peak_* metrics)
 };
 
 struct RunStats {
@@ -39,5 +42,12 @@ double union_ns(std::vector<std::pair<int64_t, int64_t>> iv);
 double overlap_ns(std::vector<std::pair<int64_t, int64_t>> a, std::vector<std::pair<int64_t, int64_t>> b);
 
 RunStats analyze(const std::vector<Event>& events);
+
+// What a collective's bytes grow with. "weight": weight shards moved by tsp's
+// broadcasts and rings (sites `*.broadcast`, `*.ring`, `*.ring_backward`)
+// and gradient sums of weights (`grad_sync`): the model's size. "activation":
+// everything else (tp's all-reduces, K/V and state gathers, their backward
+// conjugates, scalars): the tokens'.
+bool is_weight_comm(const Span& s);
 
 }  // namespace ss::proto

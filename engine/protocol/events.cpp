@@ -137,6 +137,25 @@ struct ToJson {
     return {{"type", "train_step"}, {"step", e.step}, {"loss", e.loss}, {"grad_norm", e.grad_norm}, {"lr", e.lr},
             {"tokens", e.tokens}, {"tokens_per_s", e.tokens_per_s}, {"peak", peak}};
   }
+  json operator()(const ScalePoint& e) const {
+    json j = {{"type", "scale_point"}, {"strategy", e.strategy}, {"mode", e.mode}, {"seq_len", e.seq_len},
+              {"micro_batch", e.micro_batch}, {"devices", e.devices}, {"nodes", e.nodes},
+              {"applicable", e.applicable()}};
+    if (!e.mesh.empty()) j["mesh"] = e.mesh;
+    if (!e.applicable()) {
+      j["reason"] = e.reason;
+      return j;
+    }
+    json b = json::object();
+    for (int c = 0; c < kCategoryCount; ++c) b[kCategoryNames[c]] = e.bytes[size_t(c)];
+    j.update({{"peak_bytes", e.peak_bytes}, {"peak_rank", e.peak_rank}, {"bytes", b}, {"capacity", e.capacity},
+              {"fits", e.fits}, {"over_bytes", e.fits ? 0 : e.peak_bytes - e.capacity}, {"step_s", e.step_s},
+              {"tokens_per_s", e.tokens_per_s}, {"mfu", e.mfu},
+              {"comm_bytes", {{"activation", e.comm_activation_bytes}, {"weight", e.comm_weight_bytes}}},
+              {"hidden_fraction", e.hidden_fraction}, {"max_micro_batch", e.max_micro_batch}});
+    if (!e.textbook.is_null()) j["textbook"] = e.textbook;
+    return j;
+  }
   json operator()(const Error& e) const {
     json j = {{"type", "error"}, {"code", e.code}, {"rank", e.rank}, {"message", e.message}};
     if (!e.detail.is_null()) j["detail"] = e.detail;
@@ -160,6 +179,7 @@ struct TypeName {
   std::string_view operator()(const Accuracy&) const { return "accuracy"; }
   std::string_view operator()(const Generation&) const { return "generation"; }
   std::string_view operator()(const TrainStep&) const { return "train_step"; }
+  std::string_view operator()(const ScalePoint&) const { return "scale_point"; }
   std::string_view operator()(const Error&) const { return "error"; }
   std::string_view operator()(const Done&) const { return "done"; }
 };
@@ -302,6 +322,54 @@ Event from_json(const json& j) {
       if (!p->is_object()) bad("peak", "must be an object of category: bytes");
       for (int c = 0; c < kCategoryCount; ++c)
         if (auto it = p->find(kCategoryNames[c]); it != p->end()) e.peak[size_t(c)] = as_i64(*it, kCategoryNames[c]);
+    }
+    return e;
+  }
+  if (type == "scale_point") {
+    ScalePoint e;
+    e.strategy = get_str(j, "strategy");
+    e.mode = get_str(j, "mode");
+    if (e.mode != "train" && e.mode != "infer") bad("mode", "must be train or infer");
+    e.seq_len = get_i64(j, "seq_len");
+    if (e.seq_len < 1) bad("seq_len", "must be >= 1");
+    e.mesh = get_str(j, "mesh", false);
+    e.micro_batch = get_int(j, "micro_batch", false, 1);
+    e.devices = get_int(j, "devices", false, 1);
+    e.nodes = get_int(j, "nodes", false, 1);
+    if (e.micro_batch < 1 || e.devices < 1 || e.nodes < 1) bad("micro_batch", "devices and nodes must be >= 1");
+    const json* a = find(j, "applicable", false);
+    if (a && !a->is_boolean()) bad("applicable", "must be true or false");
+    if (a && !a->get<bool>()) {
+      e.reason = get_str(j, "reason", false);
+      if (e.reason.empty()) e.reason = "not applicable";
+      return e;
+    }
+    e.peak_bytes = get_i64(j, "peak_bytes");
+    e.peak_rank = get_int(j, "peak_rank", false);
+    if (e.peak_rank < 0 || e.peak_rank >= e.devices) bad("peak_rank", "must be a device of the point, 0 to devices - 1");
+    if (const json* b = find(j, "bytes", false)) {
+      if (!b->is_object()) bad("bytes", "must be an object of category: bytes");
+      for (int c = 0; c < kCategoryCount; ++c)
+        if (auto it = b->find(kCategoryNames[c]); it != b->end()) e.bytes[size_t(c)] = as_i64(*it, kCategoryNames[c]);
+    }
+    e.capacity = get_i64(j, "capacity", false);
+    if (const json* f = find(j, "fits", false)) {
+      if (!f->is_boolean()) bad("fits", "must be true or false");
+      e.fits = f->get<bool>();
+    }
+    e.step_s = get_num(j, "step_s", false);
+    e.tokens_per_s = get_num(j, "tokens_per_s", false);
+    e.mfu = get_num(j, "mfu", false);
+    if (const json* c = find(j, "comm_bytes", false)) {
+      if (!c->is_object()) bad("comm_bytes", "must be an object {activation, weight}");
+      e.comm_activation_bytes = get_num(*c, "activation", false);
+      e.comm_weight_bytes = get_num(*c, "weight", false);
+    }
+    e.hidden_fraction = get_num(j, "hidden_fraction", false);
+    e.max_micro_batch = get_int(j, "max_micro_batch", false, -1);
+    if (const json* t = find(j, "textbook", false)) {
+      if (!t->is_object()) bad("textbook", "must be an object");
+      e.textbook = *t;
     }
     return e;
   }

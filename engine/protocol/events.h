@@ -124,6 +124,28 @@ struct TrainStep {
   std::array<int64_t, kCategoryCount> peak{};
 };
 
+// One point of a scaling sweep (`scale`): a strategy (and tp_sp mesh) at a
+// sequence length and micro-batch, simulated without a capacity limit so the
+// peak it needs is known even past the device; engine/protocol/README.md
+// lists the fields.
+struct ScalePoint {
+  std::string strategy, mesh, mode;  // mesh: "TxS" for tp_sp; mode: train | infer
+  int64_t seq_len = 0;
+  int micro_batch = 1, devices = 1, nodes = 1;
+  std::string reason;                           // non-empty: not applicable here, and why
+  int64_t peak_bytes = 0;                       // the fullest device's peak
+  int peak_rank = 0;
+  std::array<int64_t, kCategoryCount> bytes{};  // that device's bytes per category at its peak
+  int64_t capacity = 0;                         // bytes per device of the hardware
+  bool fits = false;
+  double step_s = 0, tokens_per_s = 0, mfu = 0;
+  double comm_activation_bytes = 0, comm_weight_bytes = 0;  // the busiest device's, per step
+  double hidden_fraction = 0;                   // of communication time, behind compute
+  int max_micro_batch = -1;                     // train: the largest that fits (0: none; -1: not searched)
+  nlohmann::json textbook;                      // the closed-form terms beside (sim/textbook.h)
+  bool applicable() const { return reason.empty(); }
+};
+
 struct Error {
   std::string code;  // usage, format, oom, rank_died, internal
   int rank = -1;
@@ -138,7 +160,7 @@ struct Done {
 };
 
 using Event = std::variant<Hello, Config, Device, Placement, Tokens, Span, Mem, Metric, Phase, Accuracy, Generation,
-                           TrainStep, Error, Done>;
+                           TrainStep, ScalePoint, Error, Done>;
 
 std::string_view type_name(const Event& e);
 nlohmann::json to_json(const Event& e);

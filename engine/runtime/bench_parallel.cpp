@@ -59,6 +59,38 @@ int mesh_side(int d) {
   return t;
 }
 
+// Runs `shardscope-engine ARGS --events FILE` as its own process: its wall
+// time, peak RSS and exit code, and the lines of FILE that contain `count`.
+struct Measured {
+  double wall_s = 0, rss_mb = 0;
+  int64_t lines = 0;
+  int rc = 0;
+};
+Measured run_measured(const std::string& args, const std::string& count = "") {
+  char tmpl[] = "/tmp/shardscope-simbench-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd >= 0) close(fd);
+  const std::string cmd = "/usr/bin/env time -f %M -o '" + std::string(tmpl) + ".rss' '" + self_exe() + "' " + args +
+                          " --events '" + tmpl + "' >/dev/null 2>&1";
+  Measured m;
+  const auto t0 = std::chrono::steady_clock::now();
+  m.rc = std::system(cmd.c_str());
+  m.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::ifstream in(tmpl);
+    std::string l;
+    while (std::getline(in, l)) m.lines += l.find(count) != std::string::npos;
+  }
+  {
+    std::ifstream r(std::string(tmpl) + ".rss");
+    double kb = 0;
+    if (r >> kb) m.rss_mb = kb / 1024;
+  }
+  std::filesystem::remove(tmpl);
+  std::filesystem::remove(std::string(tmpl) + ".rss");
+  return m;
+}
+
 }  // namespace
 
 int run_strategy_bench(const StrategyBenchOptions& o, std::ostream& out) {
@@ -150,35 +182,27 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
       {"mamba2-2.7b sp, " + o.hardware, "mamba2-2.7b", "sp", "", 4, 65536},
   };
   for (const Case& c : cases) {
-    char tmpl[] = "/tmp/shardscope-simbench-XXXXXX";
-    const int fd = mkstemp(tmpl);
-    if (fd >= 0) close(fd);
-    std::string cmd = "/usr/bin/env time -f %M -o '" + std::string(tmpl) + ".rss' '" + self_exe() +
-                      "' simulate --hardware " + o.hardware + " --model " + c.model + " --strategy " + c.strategy +
-                      " --devices " + std::to_string(c.devices) + " --prompt-len " + std::to_string(c.prompt) +
-                      " --decode 4 --events '" + tmpl + "'" + (c.mesh.empty() ? "" : " --mesh " + c.mesh) +
-                      " --nodes " + std::to_string(std::max(1, c.devices / 8)) +
-                      " 2>/dev/null";
-    const auto t0 = std::chrono::steady_clock::now();
-    const int rc = std::system(cmd.c_str());
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    int64_t lines = 0;
-    {
-      std::ifstream in(tmpl);
-      std::string l;
-      while (std::getline(in, l)) ++lines;
-    }
-    double rss_mb = 0;
-    {
-      std::ifstream r(std::string(tmpl) + ".rss");
-      double kb = 0;
-      if (r >> kb) rss_mb = kb / 1024;
-    }
-    std::filesystem::remove(tmpl);
-    std::filesystem::remove(std::string(tmpl) + ".rss");
+    const Measured m =
+        run_measured("simulate --hardware " + o.hardware + " --model " + c.model + " --strategy " + c.strategy +
+                     " --devices " + std::to_string(c.devices) + " --prompt-len " + std::to_string(c.prompt) +
+                     " --decode 4" + (c.mesh.empty() ? "" : " --mesh " + c.mesh) + " --nodes " +
+                     std::to_string(std::max(1, c.devices / 8)));
     std::snprintf(line, sizeof line, "%-34s %4d %9lld %9.2f %10lld %12.0f %10.0f%s\n", c.label.c_str(), c.devices,
-                  static_cast<long long>(c.prompt), wall, static_cast<long long>(lines), lines / wall, rss_mb,
-                  rc == 0 ? "" : "  (failed)");
+                  static_cast<long long>(c.prompt), m.wall_s, static_cast<long long>(m.lines), m.lines / m.wall_s,
+                  m.rss_mb, m.rc == 0 ? "" : "  (failed)");
+    out << line << std::flush;
+  }
+
+  // The scaling sweep (`scale`): the default one, and without the batch search.
+  out << "\nScaling sweep: llama2-7b, 8 x mi300x, train bf16, lengths 4K..1M, every strategy (goal: under 60 s "
+         "and 1 GB)\n";
+  std::snprintf(line, sizeof line, "%-34s %7s %9s %9s %10s\n", "sweep", "points", "wall s", "points/s", "max RSS MB");
+  out << line;
+  for (const std::string extra : {"", " --no-batch-search"}) {
+    const Measured m = run_measured("scale --model llama2-7b --hardware mi300x --devices 8" + extra, "\"scale_point\"");
+    std::snprintf(line, sizeof line, "%-34s %7lld %9.2f %9.2f %10.0f%s\n",
+                  extra.empty() ? "default (largest micro-batch too)" : "--no-batch-search",
+                  static_cast<long long>(m.lines), m.wall_s, m.lines / m.wall_s, m.rss_mb, m.rc == 0 ? "" : "  (failed)");
     out << line << std::flush;
   }
 

@@ -84,6 +84,16 @@ std::vector<proto::Placement> placements(const Model& model, int rank) {
   return out;
 }
 
+void push_peak_metrics(std::vector<std::string>& extra, const MemState& m, int rank) {
+  for (int c = 0; c < kCategoryCount; ++c)
+    extra.push_back(proto::to_line(proto::Metric{"peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes",
+                                                 double(m.peak_bytes[size_t(c)]), "bytes", rank}));
+  extra.push_back(proto::to_line(proto::Metric{"peak_bytes", double(m.peak_total), "bytes", rank}));
+  for (int c = 0; c < kCategoryCount; ++c)
+    extra.push_back(proto::to_line(proto::Metric{"at_peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes",
+                                                 double(m.at_peak[size_t(c)]), "bytes", rank}));
+}
+
 void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, proto::Writer* out) {
   std::string mine = take_records(rec, extra);
   std::vector<std::string> all;

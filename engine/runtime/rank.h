@@ -78,6 +78,13 @@ class Model;
 // ring or broadcast step, the shard each rank holds while it computes it.
 std::vector<proto::Placement> placements(const Model& model, int rank);
 
+// A rank's memory at the end of a run, as per-rank metrics: each category's
+// own peak (`peak_<category>_bytes`), the highest total held at once
+// (`peak_bytes`) and what each category held at that moment
+// (`at_peak_<category>_bytes`, summing to peak_bytes).
+struct MemState;
+void push_peak_metrics(std::vector<std::string>& extra, const MemState& m, int rank);
+
 // A step boundary: rank 0 writes its own records (and `extra` lines) and
 // gathers every other rank's on the telemetry communicator.
 void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, proto::Writer* out);

@@ -180,6 +180,10 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     const int64_t capacity = device_capacity(g, setup, cfg, o);
     Allocator alloc(capacity);
     alloc.set_listener([&](const MemState& m) { rec.mem_sample(rec.now(), m); });
+    if (!o.timeline) {
+      rec.set_mem_sampling(false);
+      rec.set_span_recording(false);
+    }
     std::unique_ptr<Backend> backend = setup.make_backend(alloc, rec);
     Backend& be = *backend;
     Parallel par = make_parallel(g, strategy, T, S, zigzag);
@@ -379,10 +383,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
             proto::Accuracy{"rel_l2", key.first, key.second, e.second > 0 ? std::sqrt(e.first / e.second) : 0.0, ""}));
     // Per-rank peaks, then the run's metrics on the root.
     const MemState& m = alloc.state();
-    for (int c = 0; c < kCategoryCount; ++c)
-      extra.push_back(proto::to_line(proto::Metric{"peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes",
-                                                   double(m.peak_bytes[size_t(c)]), "bytes", g.rank}));
-    extra.push_back(proto::to_line(proto::Metric{"peak_bytes", double(m.peak_total), "bytes", g.rank}));
+    push_peak_metrics(extra, m, g.rank);
     extra.push_back(proto::to_line(proto::Metric{"peak_rss_bytes", double(peak_rss_bytes()), "bytes", g.rank}));
     step_boundary(g, rec, extra, out);
     res.peak_bytes = m.peak_total;

@@ -38,6 +38,7 @@ struct RunOptions {
   int64_t capacity = 0;                  // bytes per device; 0 = unlimited
   std::string logits_out;                // .npy of [prompt + decoded, vocab]
   int threads = 0;                       // 0 = all cores
+  bool timeline = true;                  // spans and memory samples (off: summary records only)
 };
 
 inline DType cache_dtype(const RunOptions& o) { return o.kv_dtype.value_or(o.dtype); }

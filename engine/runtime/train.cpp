@@ -168,6 +168,10 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
     const int64_t capacity = device_capacity(g, setup, cfg, r);
     Allocator alloc(capacity);
     alloc.set_listener([&](const MemState& m) { rec.mem_sample(rec.now(), m); });
+    if (!r.timeline) {
+      rec.set_mem_sampling(false);
+      rec.set_span_recording(false);
+    }
     std::unique_ptr<Backend> backend = setup.make_backend(alloc, rec);
     Backend& be = *backend;
     const Parallel par = make_parallel(g, strategy, T, S, zigzag);
@@ -431,10 +435,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
     // Per-rank peaks and the closed-form expectation of each category.
     const MemState& m = alloc.state();
     const TrainMemory expect = expected_train_memory(model, rc, B, int64_t(local_pos.size()), int(my_ranges.size()));
-    for (int c = 0; c < kCategoryCount; ++c)
-      extra.push_back(proto::to_line(proto::Metric{"peak_" + std::string(kCategoryNames[size_t(c)]) + "_bytes",
-                                                   double(m.peak_bytes[size_t(c)]), "bytes", g.rank}));
-    extra.push_back(proto::to_line(proto::Metric{"peak_bytes", double(m.peak_total), "bytes", g.rank}));
+    push_peak_metrics(extra, m, g.rank);
     extra.push_back(proto::to_line(proto::Metric{"expected_weights_bytes", double(expect.weights), "bytes", g.rank}));
     extra.push_back(proto::to_line(proto::Metric{"expected_grads_bytes", double(expect.grads), "bytes", g.rank}));
     extra.push_back(proto::to_line(

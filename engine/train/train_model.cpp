@@ -174,21 +174,20 @@ std::vector<int32_t> positions_of(const StepLayout& l, int r) {
 }  // namespace
 
 // This rank's heads over one sequence's rows: its own keys, or (sequence
-// parallel) every rank's, whose positions go to `k_pos`.
-AttentionArgs TrainModel::attention_args(const TrainBatch& b, std::vector<int32_t>& k_pos) const {
+// parallel) every rank's, in rank order (the batch keeps them).
+AttentionArgs TrainModel::attention_args(const TrainBatch& b) const {
   AttentionArgs a;
   a.n_heads = m_shard.heads;
   a.n_kv_heads = m_shard.kv_heads;
   a.head_dim = m_cfg.head_dim;
   a.scale = 1.0f / std::sqrt(float(m_cfg.head_dim));
   a.q_pos = b.positions;
-  k_pos.clear();
-  if (m_par.sp_size > 1)
+  if (m_par.sp_size > 1 && b.gathered_positions.empty())
     for (int r = 0; r < m_par.sp_size; ++r) {
       const auto p = positions_of(b.layout, r);
-      k_pos.insert(k_pos.end(), p.begin(), p.end());
+      b.gathered_positions.insert(b.gathered_positions.end(), p.begin(), p.end());
     }
-  a.k_pos = m_par.sp_size > 1 ? std::span<const int32_t>(k_pos) : std::span<const int32_t>(b.positions);
+  a.k_pos = m_par.sp_size > 1 ? std::span<const int32_t>(b.gathered_positions) : std::span<const int32_t>(b.positions);
   return a;
 }
 
@@ -247,8 +246,7 @@ void TrainModel::attention(const Tensor& o, const Tensor& lse, const Tensor& q, 
                            const TrainBatch& b, int layer) {
   const int64_t Tl = int64_t(b.positions.size()), hkv = k.cols();
   const int S = m_par.sp_size;
-  std::vector<int32_t> k_pos;
-  const AttentionArgs a = attention_args(b, k_pos);
+  const AttentionArgs a = attention_args(b);
   Recorder& rec = m_be.recorder();
   for (int s = 0; s < b.sequences; ++s) {
     const Tensor qs = q.slice(0, s * Tl, Tl), ks = k.slice(0, s * Tl, Tl), vs = v.slice(0, s * Tl, Tl);
@@ -278,8 +276,7 @@ void TrainModel::attention_grad(const Tensor& dq, const Tensor& dk, const Tensor
                                 const TrainBatch& b, int layer) {
   const int64_t Tl = int64_t(b.positions.size()), hkv = k.cols();
   const int S = m_par.sp_size;
-  std::vector<int32_t> k_pos;
-  const AttentionArgs a = attention_args(b, k_pos);
+  const AttentionArgs a = attention_args(b);
   Recorder& rec = m_be.recorder();
   for (int s = 0; s < b.sequences; ++s) {
     auto rows = [&](const Tensor& t) { return t.slice(0, s * Tl, Tl); };

@@ -35,6 +35,9 @@ struct TrainBatch {
   std::vector<int32_t> tokens, targets;  // [sequences * local], target < 0: not counted
   std::vector<int32_t> positions;        // [local]: the positions of one sequence's local rows
   StepLayout layout;                     // chunks and owners (sequence parallel)
+  // Every sequence-parallel rank's positions in rank order (the rows of the
+  // gathered K/V), built on first use by the attention layers of the batch.
+  mutable std::vector<int32_t> gathered_positions;
 };
 
 class TrainModel {
@@ -142,7 +145,7 @@ class TrainModel {
                       const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const TrainBatch& b,
                       int layer);
   void tp_sum(const Tensor& t, int layer, const char* site);
-  AttentionArgs attention_args(const TrainBatch& b, std::vector<int32_t>& k_pos) const;
+  AttentionArgs attention_args(const TrainBatch& b) const;
   static std::vector<int32_t> row_positions(const TrainBatch& b);  // positions of every row, sequence after sequence
   void recompute(int i, const TrainBatch& b, Saved& s);
   Tensor act(const Shape& s, const char* label, DType dt) const;

@@ -1,0 +1,442 @@
+#include "runtime/scale.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <ostream>
+#include <thread>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "protocol/analysis.h"
+#include "runtime/run.h"
+#include "runtime/train.h"
+#include "sim/hardware.h"
+#include "sim/textbook.h"
+#include "train/train_model.h"
+
+namespace ss {
+namespace {
+
+// A point is simulated without a capacity limit: meta tensors cost nothing,
+// so the peak it needs is known even where it does not fit.
+constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max() / 4;
+
+std::vector<int64_t> default_lengths() {
+  std::vector<int64_t> v;
+  for (int64_t L = 4096; L <= (int64_t(1) << 20); L *= 2) v.push_back(L);
+  return v;
+}
+
+// The stream a body writes, captured in memory and read back as events.
+std::vector<proto::Event> capture(const std::function<RunResult(proto::Writer&)>& body) {
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = open_memstream(&buf, &len);
+  if (!f) throw std::runtime_error("scale: cannot open a memory stream");
+  try {
+    proto::Writer w(f);
+    body(w);
+  } catch (...) {
+    std::fclose(f);
+    std::free(buf);
+    throw;
+  }
+  std::fclose(f);
+  std::vector<proto::Event> events;
+  proto::Reader reader;
+  auto keep = [&](proto::Event&& e) { events.push_back(std::move(e)); };
+  auto drop = [](const std::string&) {};
+  reader.feed(std::string_view(buf, len), keep, drop);
+  reader.finish(keep, drop);
+  std::free(buf);
+  return events;
+}
+
+struct Point {
+  ScaleVariant v;
+  int64_t seq_len = 0;
+  int micro_batch = 1;
+};
+
+class Sweep {
+ public:
+  Sweep(const ScaleOptions& o, HardwareProfile hw, ModelConfig cfg) : m_o(o), m_hw(std::move(hw)), m_cfg(std::move(cfg)) {}
+
+  // One whole simulated run of the point; its figures, or why it cannot run.
+  proto::ScalePoint simulate(const Point& p) const {
+    proto::ScalePoint sp;
+    sp.strategy = p.v.strategy;
+    sp.mesh = p.v.mesh;
+    sp.mode = m_o.mode;
+    sp.seq_len = p.seq_len;
+    sp.micro_batch = p.micro_batch;
+    sp.devices = p.v.devices;
+    sp.nodes = p.v.nodes;
+    sp.capacity = m_hw.memory_bytes;
+    std::vector<proto::Event> events;
+    try {
+      events = run_point(p);
+    } catch (const UsageError& e) {  // the model does not split this way
+      sp.reason = e.what();
+      return sp;
+    }
+    const proto::RunStats st = proto::analyze(events);
+    if (st.status != "ok") {
+      // A shape a rank refuses is this strategy not splitting the model; anything else is a failure.
+      const std::string why = st.errors.empty() ? "the simulation ended " + st.status : st.errors.front().message;
+      if (st.errors.empty() || st.errors.front().code != "usage")
+        throw std::runtime_error(p.v.strategy + " at " + std::to_string(p.seq_len) + " tokens: " + why);
+      sp.reason = why;
+      return sp;
+    }
+    for (auto& [rank, r] : st.ranks)
+      if (r.peak_total > sp.peak_bytes) {
+        sp.peak_bytes = r.peak_total;
+        sp.peak_rank = rank;
+        sp.bytes = r.at_peak;
+      }
+    sp.fits = sp.peak_bytes <= sp.capacity;
+    double forward_flops = 0, flops = 0;
+    for (auto& [rank, r] : st.ranks) {
+      forward_flops += r.forward_flops;
+      flops += r.flops;
+      if (r.comm_bytes > sp.comm_activation_bytes + sp.comm_weight_bytes) {
+        sp.comm_weight_bytes = r.comm_weight_bytes;
+        sp.comm_activation_bytes = r.comm_bytes - r.comm_weight_bytes;
+      }
+    }
+    sp.hidden_fraction = st.hidden_fraction();
+    auto metric = [&](const char* name) {
+      auto it = st.metrics.find(name);
+      return it == st.metrics.end() ? 0.0 : it->second;
+    };
+    double model_flops = 0;
+    if (m_o.mode == "train") {
+      sp.tokens_per_s = metric("train_tokens_per_s");
+      const double tokens = double(p.seq_len) * p.micro_batch * (p.v.strategy == "dp" ? p.v.devices : 1);
+      sp.step_s = sp.tokens_per_s > 0 ? tokens / sp.tokens_per_s : 0;
+      model_flops = 3 * forward_flops;  // forward, and backward's two GEMMs per forward one
+    } else {
+      sp.step_s = metric("ttft_ms") * 1e-3 + metric("decode_ms_per_token") * 1e-3 * m_o.decode;
+      // The root's prefill rate; dp's replicas each prefill their own sequences at once.
+      sp.tokens_per_s = metric("prefill_tokens_per_s") * (p.v.strategy == "dp" ? p.v.devices : 1);
+      model_flops = flops;
+    }
+    const double rate = m_hw.matmul_rate(m_o.dtype) * p.v.devices;
+    sp.mfu = sp.step_s > 0 && rate > 0 ? model_flops / (sp.step_s * rate) : 0;
+    return sp;
+  }
+
+  // The textbook terms of the point (sim/textbook.h).
+  nlohmann::json textbook_of(const Point& p) const {
+    TextbookCase c;
+    c.strategy = parse_strategy(p.v.strategy);
+    c.devices = p.v.devices;
+    if (c.strategy == Strategy::TPSP) {
+      c.tp = std::stoi(p.v.mesh);
+      c.sp = p.v.devices / c.tp;
+    } else if (c.strategy == Strategy::TP) {
+      c.tp = p.v.devices;
+    } else if (c.strategy == Strategy::SP) {
+      c.sp = p.v.devices;
+    }
+    c.seq_len = p.seq_len;
+    c.micro_batch = p.micro_batch;
+    c.train = m_o.mode == "train";
+    c.recompute = m_o.recompute;
+    return textbook(m_cfg, c).to_json();
+  }
+
+  // The largest micro-batch that fits, given the point's peak at `mb`
+  // (which fits). A step's allocations are constant or proportional to the
+  // micro-batch, so its peak is the largest of lines in mb: convex. A chord
+  // through two simulated sizes therefore never overestimates the peak
+  // between them and never underestimates it beyond; each guess (where the
+  // chord meets the capacity) is simulated, and the search narrows the
+  // bracket [fits, does not fit] until it closes, within kSearchRuns runs.
+  // The answer is always a size simulated to fit.
+  int largest_micro_batch(const Point& p, int64_t peak_at_mb) const {
+    constexpr int kSearchRuns = 8, kMaxMicroBatch = 4096;
+    const int64_t cap = m_hw.memory_bytes;
+    int lo = p.micro_batch, hi = kMaxMicroBatch + 1;  // lo fits; hi does not (or is past the search)
+    int64_t peak_lo = peak_at_mb, peak_hi = -1;
+    int64_t slope = -1;  // bytes per sequence, from the last chord through lo
+    for (int run = 0; run < kSearchRuns && hi - lo > 1; ++run) {
+      int guess = lo + 1;
+      if (slope > 0) {
+        guess = int(std::min<int64_t>(hi - 1, lo + std::max<int64_t>(1, (cap - peak_lo) / slope)));
+        if (peak_hi > 0 && guess == hi - 1 && run % 2) guess = lo + (hi - lo) / 2;  // keep the bracket shrinking
+      }
+      guess = std::clamp(guess, lo + 1, hi - 1);
+      Point q = p;
+      q.micro_batch = guess;
+      const int64_t peak = peak_of(q);
+      if (peak >= 0 && peak <= cap) {
+        slope = std::max<int64_t>(1, (peak - peak_lo) / (guess - lo));
+        lo = guess;
+        peak_lo = peak;
+      } else {
+        hi = guess;
+        peak_hi = peak;
+        if (slope < 0 && peak > peak_lo) slope = std::max<int64_t>(1, (peak - peak_lo) / (guess - lo));
+      }
+    }
+    return lo;
+  }
+
+ private:
+  int64_t peak_of(const Point& p) const {
+    try {
+      return proto::analyze(run_point(p, false)).max_peak();
+    } catch (const UsageError&) {
+      return -1;
+    }
+  }
+
+  // The point's whole run; without `timeline`, only its summary records (peaks).
+  std::vector<proto::Event> run_point(const Point& p, bool timeline = true) const {
+    if (m_o.mode == "train") {
+      TrainOptions t;
+      fill_run(t.run, p);
+      t.run.timeline = timeline;
+      t.seq_len = p.seq_len;
+      t.micro_batch = p.micro_batch;
+      t.recompute = m_o.recompute;
+      t.hardware = m_o.hardware;
+      t.nodes = p.v.nodes;
+      t.run.backend = "sim";
+      return capture([&](proto::Writer& w) { return simulate_training(t, w); });
+    }
+    RunOptions r;
+    fill_run(r, p);
+    r.timeline = timeline;
+    r.prompt_len = p.seq_len;
+    r.decode = m_o.decode;
+    r.attention = m_o.attention;
+    // dp gives each device its own sequences: micro_batch of them per device.
+    r.batch = p.micro_batch * (p.v.strategy == "dp" ? p.v.devices : 1);
+    return capture([&](proto::Writer& w) { return ss::simulate(r, m_hw, p.v.nodes, 1, w); });
+  }
+
+  void fill_run(RunOptions& r, const Point& p) const {
+    r.model = m_o.model;
+    r.overrides = m_o.overrides;
+    r.strategy = p.v.strategy;
+    r.devices = p.v.devices;
+    r.mesh = p.v.mesh;
+    r.dtype = m_o.dtype;
+    r.seed = m_o.seed;
+    r.backend = "sim";
+    r.capacity = kUnlimited;
+    r.threads = 1;
+  }
+
+ public:
+  // Refuses, before any point runs, what no strategy could run: the plan of
+  // the point on one device (a usage error here is the options', not a
+  // strategy's).
+  void check(int64_t seq_len) const {
+    Point p{{"single", "", 1, 1}, seq_len, 1};
+    if (m_o.mode == "train") {
+      TrainOptions t;
+      fill_run(t.run, p);
+      t.seq_len = seq_len;
+      t.recompute = m_o.recompute;
+      t.hardware = m_o.hardware;
+      plan_training(t);
+    } else {
+      RunOptions r;
+      fill_run(r, p);
+      r.prompt_len = seq_len;
+      r.decode = m_o.decode;
+      r.attention = m_o.attention;
+      plan_inference(r, "sim");
+    }
+  }
+
+  const ScaleOptions& m_o;
+  HardwareProfile m_hw;
+  ModelConfig m_cfg;
+};
+
+}  // namespace
+
+std::vector<ScaleVariant> scale_variants(const ScaleOptions& o) {
+  std::vector<std::string> names = o.strategies;
+  if (names.empty()) names = {"single", "dp", "tp", "sp", "tp_sp", "tsp"};
+  std::vector<ScaleVariant> out;
+  for (const std::string& n : names) {
+    parse_strategy(n);  // a name that is none: UsageError listing the choices
+    if (n == "single") {
+      out.push_back({"single", "", 1, 1});
+    } else if (n == "tp_sp") {
+      for (int t = 2; t < o.devices; ++t)
+        if (o.devices % t == 0) out.push_back({"tp_sp", std::to_string(t) + "x" + std::to_string(o.devices / t), o.devices, o.nodes});
+    } else if (o.devices > 1) {
+      out.push_back({n, "", o.devices, o.nodes});
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Peak per device, one row per strategy and one column per length; "*"
+// marks a point that does not fit, "-" one that does not apply.
+void print_table(std::vector<proto::ScalePoint> pts, const std::vector<ScaleVariant>& variants,
+                 const std::vector<int64_t>& lengths, int micro_batch, int64_t capacity, std::ostream& os) {
+  char buf[64];
+  os << "peak memory per device (GiB; * does not fit the " << format_bytes(capacity) << " device; - not applicable), micro-batch "
+     << micro_batch << "\n";
+  std::snprintf(buf, sizeof buf, "%-12s", "strategy");
+  os << buf;
+  for (int64_t L : lengths) {
+    std::snprintf(buf, sizeof buf, "%10s", (L % 1024 == 0 ? std::to_string(L / 1024) + "K" : std::to_string(L)).c_str());
+    os << buf;
+  }
+  os << "\n";
+  for (auto& v : variants) {
+    std::snprintf(buf, sizeof buf, "%-12s", (v.mesh.empty() ? v.strategy : v.strategy + " " + v.mesh).c_str());
+    os << buf;
+    for (int64_t L : lengths) {
+      auto it = std::find_if(pts.begin(), pts.end(), [&](const proto::ScalePoint& p) {
+        return p.strategy == v.strategy && p.mesh == v.mesh && p.seq_len == L && p.micro_batch == micro_batch;
+      });
+      if (it == pts.end() || !it->applicable()) std::snprintf(buf, sizeof buf, "%10s", "-");
+      else std::snprintf(buf, sizeof buf, "%9.1f%s", double(it->peak_bytes) / double(1 << 30), it->fits ? " " : "*");
+      os << buf;
+    }
+    os << "\n";
+  }
+}
+
+}  // namespace
+
+int run_scale(const ScaleOptions& o, proto::Writer& out, std::ostream& progress, std::ostream* table) {
+  if (o.mode != "train" && o.mode != "infer") throw UsageError("--mode must be train or infer");
+  if (o.devices < 1 || o.devices > 1024) throw UsageError("--devices must be between 1 and 1024");
+  if (o.nodes < 1 || o.devices % o.nodes)
+    throw UsageError("--nodes " + std::to_string(o.nodes) + " must divide --devices " + std::to_string(o.devices));
+  if (o.mode == "train") parse_recompute(o.recompute);
+  if (o.mode == "train" && o.dtype == DType::F16)
+    throw UsageError("--dtype fp16 training needs loss scaling, which is not built; use --dtype bf16 or fp32");
+  if (o.decode < 0) throw UsageError("--decode must be >= 0");
+  const std::vector<int64_t> lengths = o.seq_lens.empty() ? default_lengths() : o.seq_lens;
+  for (int64_t L : lengths)
+    if (L < 1 || L > (int64_t(1) << 24)) throw UsageError("--seq-lens: " + std::to_string(L) + " is not between 1 and 16M");
+  for (int mb : o.micro_batches)
+    if (mb < 1 || mb > 4096) throw UsageError("--micro-batches: " + std::to_string(mb) + " is not between 1 and 4096");
+  const HardwareProfile hw = load_hardware(o.hardware);
+  const int per_node = o.devices / o.nodes;
+  if (per_node > hw.max_devices_per_node)
+    throw UsageError(std::to_string(per_node) + " devices per node exceed the profile's " +
+                     std::to_string(hw.max_devices_per_node) + "; raise --nodes");
+  ModelConfig cfg = resolve_model(o.model, nullptr, o.overrides);
+  cfg.dtype = o.dtype;
+  cfg.kv_dtype = o.dtype;
+  const std::vector<ScaleVariant> variants = scale_variants(o);
+  if (variants.empty()) throw UsageError("--strategies: none of them runs on --devices " + std::to_string(o.devices));
+
+  std::vector<Point> points;
+  for (auto& v : variants)
+    for (int64_t L : lengths)
+      for (int mb : o.micro_batches) points.push_back({v, L, mb});
+
+  const Sweep sweep(o, hw, cfg);
+  sweep.check(lengths.front());
+
+  const auto t0 = std::chrono::steady_clock::now();
+  out.write(proto::Hello{proto::kVersion, engine_version(), host_name()});
+  nlohmann::json strategies = nlohmann::json::array();
+  for (auto& v : variants) strategies.push_back(v.mesh.empty() ? v.strategy : v.strategy + ":" + v.mesh);
+  out.write(proto::Config{{{"scale",
+                            {{"mode", o.mode},
+                             {"seq_lens", lengths},
+                             {"micro_batches", o.micro_batches},
+                             {"strategies", strategies},
+                             {"recompute", o.recompute},
+                             {"decode", o.decode},
+                             {"search_micro_batch", o.search_micro_batch},
+                             {"model", o.model},
+                             {"overrides", o.overrides}}},
+                           {"model", cfg.to_json()},
+                           {"backend", "sim"},
+                           {"hardware", hw.source},
+                           {"hardware_file", hw.file},
+                           {"devices", o.devices},
+                           {"nodes", o.nodes},
+                           {"capacity", hw.memory_bytes},
+                           {"dtype", std::string(compute_dtype_name(o.dtype))},
+                           {"seed", o.seed}}});
+  out.flush();
+
+  // Points run on `jobs` threads (each simulation runs its ranks as threads
+  // of its own) and are written as they finish.
+  const int jobs = std::max(1, std::min<int>(o.jobs > 0 ? o.jobs : int(std::thread::hardware_concurrency()),
+                                             int(points.size())));
+  std::atomic<size_t> next{0};
+  std::mutex out_mutex;
+  size_t done = 0, fitting = 0;
+  std::vector<proto::ScalePoint> finished;
+  std::exception_ptr failure;
+  auto worker = [&] {
+    for (size_t i = next++; i < points.size(); i = next++) {
+      try {
+        proto::ScalePoint sp = sweep.simulate(points[i]);
+        if (sp.applicable()) {
+          sp.textbook = sweep.textbook_of(points[i]);
+          if (o.mode == "train" && o.search_micro_batch)
+            sp.max_micro_batch = sp.fits ? sweep.largest_micro_batch(points[i], sp.peak_bytes) : 0;
+        }
+        std::lock_guard lock(out_mutex);
+        if (table) finished.push_back(sp);
+        out.write(sp);
+        out.flush();
+        ++done;
+        fitting += sp.fits;
+        const std::string name = sp.mesh.empty() ? sp.strategy : sp.strategy + " " + sp.mesh;
+        progress << "scale: " << done << "/" << points.size() << "  " << name << " at " << sp.seq_len << " tokens: "
+                 << (sp.applicable() ? format_bytes(sp.peak_bytes) + (sp.fits ? " (fits)" : " (does not fit)")
+                                     : "not applicable: " + sp.reason)
+                 << "\n"
+                 << std::flush;
+      } catch (...) {
+        std::lock_guard lock(out_mutex);
+        if (!failure) failure = std::current_exception();
+        next = points.size();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int j = 0; j < jobs; ++j) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      out.write(proto::Error{"internal", -1, e.what(), nullptr});
+      out.write(proto::Done{"failed", 0, kExitFailure});
+      out.flush();
+      throw;
+    }
+  }
+
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (table)
+    for (int mb : o.micro_batches) print_table(finished, variants, lengths, mb, hw.memory_bytes, *table);
+  out.write(proto::Metric{"points", double(points.size()), "count", -1});
+  out.write(proto::Metric{"points_fitting", double(fitting), "count", -1});
+  out.write(proto::Metric{"wall_s", wall, "s", -1});
+  out.write(proto::Metric{"peak_rss_bytes", double(peak_rss_bytes()), "bytes", -1});
+  out.write(proto::Done{"ok", int64_t(wall * 1e9), kExitOk});
+  out.flush();
+  return kExitOk;
+}
+
+}  // namespace ss

@@ -1,0 +1,60 @@
+// The scaling page: a `scale` sweep drawn as the TSP paper draws it. Peak
+// memory per device against sequence length (log x), one line per strategy,
+// the device's capacity across and the points past it crossed out; tokens/s
+// and bytes communicated per device against length below. The closed-form
+// estimate of each strategy can be drawn dashed beside its line. Hovering a
+// point shows its memory by category; double-clicking one asks for that
+// configuration as a full simulated run.
+#pragma once
+
+#include <QStringList>
+#include <QWidget>
+
+#include "rundata.h"
+
+class QCheckBox;
+class QComboBox;
+class QCustomPlot;
+class QLabel;
+
+class ScalingPage : public QWidget {
+  Q_OBJECT
+ public:
+  explicit ScalingPage(const RunData& data, QWidget* parent = nullptr);
+  void refresh();
+  int points() const { return m_points; }   // applicable points drawn
+  int lines() const { return m_lines; }     // strategies drawn
+  // The point drawn nearest to `pos` (pixels of `plot`, one of this page's
+  // three), within a few pixels; nullptr when none is.
+  const ss::proto::ScalePoint* pointAt(const QCustomPlot* plot, QPointF pos) const;
+  QCustomPlot* memoryPlot() const { return m_memory; }
+  // What hovering a point shows.
+  static QString describe(const ss::proto::ScalePoint& p);
+  // Every point as CSV, one row per point (what the page's export writes).
+  QString csv() const;
+  // The engine arguments of a full simulated run of `p`, from the sweep's
+  // config: `simulate` (inference) or `train --backend sim` (training).
+  static QStringList runArguments(const nlohmann::json& config, const ss::proto::ScalePoint& p);
+
+ signals:
+  void openPoint(const QStringList& engineArguments, const QString& name);
+
+ protected:
+  bool eventFilter(QObject* watched, QEvent* event) override;
+
+ private:
+  struct Line;
+  void draw();
+  const RunData& m_data;
+  QLabel* m_title;
+  QLabel* m_notes;  // strategies that do not apply, and why
+  QComboBox* m_batch;
+  QCheckBox* m_textbook;
+  QCustomPlot* m_memory;
+  QCustomPlot* m_speed;
+  QCustomPlot* m_comm;
+  // The points behind each plot's graphs: graph index -> points in x order.
+  std::map<const QCustomPlot*, std::map<int, std::vector<const ss::proto::ScalePoint*>>> m_drawn;
+  int m_points = 0, m_lines = 0;
+  uint64_t m_seen = ~0ull;
+};

@@ -1,0 +1,279 @@
+#include "pages.h"
+
+#include <QCheckBox>
+#include <QComboBox>
+#include <QHBoxLayout>
+#include <QHelpEvent>
+#include <QLabel>
+#include <QMouseEvent>
+#include <QPainter>
+#include <QSpinBox>
+#include <QHeaderView>
+#include <QTableWidget>
+#include <QSysInfo>
+#include <QTextBrowser>
+#include <QTextCursor>
+#include <QTextFrame>
+#include <QTextTable>
+#include <QThread>
+#include <QToolTip>
+#include <QVBoxLayout>
+#include <qcustomplot.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+#include <cmath>
+
+#include "palette.h"
+#include "training.h"
+
+// --------------------------------------------------------------- Summary ---
+
+SummaryPage::SummaryPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
+  auto* layout = new QVBoxLayout(this);
+  m_text = new QTextBrowser(this);
+  layout->addWidget(m_text);
+}
+
+// The page as plain text: paragraphs as lines, tables as aligned columns
+// (for --run-once and the headless demo; QTextDocument would put each cell
+// on a line of its own).
+QString SummaryPage::text() const {
+  QString out;
+  QTextFrame* root = m_text->document()->rootFrame();
+  for (auto it = root->begin(); !it.atEnd(); ++it) {
+    if (auto* table = qobject_cast<QTextTable*>(it.currentFrame())) {
+      std::vector<QStringList> rows;
+      std::vector<int> width(size_t(table->columns()), 0);
+      for (int r = 0; r < table->rows(); ++r) {
+        QStringList row;
+        for (int c = 0; c < table->columns(); ++c) {
+          const QTextTableCell cell = table->cellAt(r, c);
+          QTextCursor cur = cell.firstCursorPosition();
+          cur.setPosition(cell.lastCursorPosition().position(), QTextCursor::KeepAnchor);
+          row << cur.selectedText().replace(QChar::ParagraphSeparator, ' ').simplified();
+          width[size_t(c)] = std::max(width[size_t(c)], int(row.back().size()));
+        }
+        rows.push_back(row);
+      }
+      for (const QStringList& row : rows) {
+        QString line;
+        for (int c = 0; c < row.size(); ++c) line += row[c].leftJustified(width[size_t(c)] + 2);
+        while (line.endsWith(' ')) line.chop(1);
+        out += QStringLiteral("  ") + line + '\n';
+      }
+    } else if (it.currentBlock().isValid() && !it.currentBlock().text().trimmed().isEmpty()) {
+      out += it.currentBlock().text() + '\n';
+    }
+  }
+  return out;
+}
+
+void SummaryPage::setNotice(const QString& notice) {
+  m_notice = notice;
+  m_seen = ~0ull;  // redraw with it
+  refresh();
+}
+
+void SummaryPage::refresh() {
+  if (m_seen == m_data.revision()) return;
+  m_seen = m_data.revision();
+  const auto& c = m_data.config();
+  const auto model = c.value("model", nlohmann::json::object());
+  QString h;
+  if (!m_notice.isEmpty())
+    h += QStringLiteral("<p style='color:#b00'><b>%1</b></p>").arg(m_notice.toHtmlEscaped().replace('\n', "<br>"));
+  if (c.empty()) {  // nothing arrived from the engine (refused, or failed before its config)
+    m_text->setHtml(h);
+    return;
+  }
+  // The run's number formats (streams from before they existed are fp32).
+  const QString dtype = QString::fromStdString(c.value("dtype", std::string("fp32")));
+  const QString kvDtype = QString::fromStdString(c.value("kv_dtype", dtype.toStdString()));
+  auto bytesPer = [](const QString& d) { return d == QLatin1String("fp32") ? 4.0 : 2.0; };
+  const double bpv = bytesPer(dtype), kvBytes = bytesPer(kvDtype);
+  const double residualBytes = model.value("residual_in_fp32", false) ? 4.0 : bpv;
+  h += tr("<h3>%1 · %2 · %3 device(s) · %4 · %5</h3>")
+                  .arg(QString::fromStdString(model.value("name", "?")),
+                       QString::fromStdString(c.value("strategy", "?")))
+                  .arg(c.value("devices", 1))
+                  .arg(QString::fromStdString(c.value("backend", c.contains("sweep") ? "cpu, quantization sweep" : "?")))
+                  .arg(kvDtype == dtype ? dtype : tr("%1, KV cache %2").arg(dtype, kvDtype));
+  // More CPU ranks than this machine's cores: every rank waits for a core,
+  // so times (not memory, not bytes) say little about the strategy.
+  if (c.value("backend", std::string()) == "cpu" && !m_data.ranks().empty()) {
+    const int cores = QThread::idealThreadCount();
+    const int ranksHere = int(m_data.ranks().size());
+    const std::string host = m_data.ranks().begin()->second.device.host;
+    if (ranksHere > cores && (host.empty() || QString::fromStdString(host) == QSysInfo::machineHostName()))
+      h += tr("<p style='color:#8a5a00'>%1 ranks shared %2 cores here, so times are stretched and speed comparisons "
+              "between strategies are unreliable; memory and bytes are exact. For times on real hardware, use a "
+              "simulated backend.</p>")
+               .arg(ranksHere)
+               .arg(cores);
+  }
+  auto metric = [&](const char* name, const QString& label, const QString& unit, double scale = 1) {
+    auto it = m_data.metrics().find(name);
+    if (it != m_data.metrics().end())
+      h += QStringLiteral("<tr><td>%1</td><td align=right>%2 %3</td></tr>").arg(label).arg(it->second * scale, 0, 'f', 2).arg(unit);
+  };
+  h += QStringLiteral("<table cellpadding=3>");
+  metric("ttft_ms", tr("time to first token"), tr("ms"));
+  metric("prefill_tokens_per_s", tr("prefill"), tr("tokens/s"));
+  metric("decode_tokens_per_s", tr("decode"), tr("tokens/s"));
+  metric("decode_ms_per_token", tr("per decoded token"), tr("ms"));
+  h += QStringLiteral("</table><h4>%1</h4><table cellpadding=3><tr><th>rank</th>").arg(tr("Peak memory per device"));
+  for (const char* cat : kCategories) h += QStringLiteral("<th>%1</th>").arg(cat);
+  h += QStringLiteral("<th>total</th></tr>");
+  for (auto& [r, d] : m_data.ranks()) {
+    h += QStringLiteral("<tr><td>%1</td>").arg(r);
+    for (const char* cat : kCategories) {
+      auto it = d.metrics.find(std::string("peak_") + cat + "_bytes");
+      h += QStringLiteral("<td align=right>%1</td>").arg(it == d.metrics.end() ? QStringLiteral("–") : bytesText(it->second));
+    }
+    auto it = d.metrics.find("peak_bytes");
+    h += QStringLiteral("<td align=right><b>%1</b></td></tr>").arg(it == d.metrics.end() ? QStringLiteral("–") : bytesText(it->second));
+  }
+  h += tr("</table><p><small>Each category's column is its own peak; the total is the highest the categories "
+          "reached together, so it can be less than their sum.</small></p>");
+  if (isTraining(m_data)) h += trainingSummaryHtml(m_data);
+  // For teaching: what the strategy does, and the textbook expectation beside
+  // what rank 0 measured.
+  const QString strategy = QString::fromStdString(c.value("strategy", "single"));
+  static const std::map<QString, QString> kExplain = {
+      {"single", QObject::tr("One device holds every weight and every token: the reference every strategy must equal.")},
+      {"dp", QObject::tr("Every device holds all weights and runs its own sequences; devices never talk during inference.")},
+      {"tp", QObject::tr("Tensor parallelism: each device holds 1/T of every attention head group, MLP column block or "
+                         "Mamba channel block and sees every token; one all-reduce after attention and one after the "
+                         "MLP (Mamba: after out_proj, plus the small x_proj one).")},
+      {"sp", QObject::tr("Sequence parallelism: every device holds all weights and 1/S of the tokens (zigzag chunks "
+                         "balance causal work); attention all-gathers K/V, Mamba layers pass a conv halo and scan "
+                         "states between devices.")},
+      {"tp_sp", QObject::tr("A T x S mesh: tensor parallelism along T, sequence parallelism along S.")},
+      {"tsp", QObject::tr("Folded tensor and sequence parallelism: each device holds 1/D of every projection AND 1/D of "
+                          "the tokens; weight shards are broadcast in turns (attention) or passed around a ring (MLP, "
+                          "Mamba) while each device computes its own tokens, so no all-reduce is needed.")}};
+  if (auto it = kExplain.find(strategy); it != kExplain.end()) h += QStringLiteral("<p><i>%1</i></p>").arg(it->second);
+  const auto mesh = c.value("mesh", nlohmann::json::object());
+  const double D = c.value("devices", 1), T = mesh.value("tp", 1), S = mesh.value("sp", 1);
+  const double shards = strategy == "tsp" ? D : (strategy == "tp" || strategy == "tp_sp") ? T : 1;
+  const double params = c.value("parameters", 0.0);
+  if (params > 0 && !m_data.ranks().empty() && !isTraining(m_data)) {  // inference's textbook terms
+    const auto& r0 = m_data.ranks().begin()->second.metrics;
+    auto measured = [&](const char* k) { auto it = r0.find(k); return it == r0.end() ? 0.0 : it->second; };
+    h += tr("<h4>Expected (textbook) against measured, rank 0</h4><table cellpadding=3>"
+            "<tr><th></th><th>expected</th><th>measured</th><th>note</th></tr>");
+    // Embeddings and the LM head stay whole on every device.
+    const double embed = model.value("vocab_size", 0.0) * model.value("hidden_size", 0.0) *
+                         (model.value("tie_word_embeddings", false) ? 1 : 2);
+    h += tr("<tr><td>weights</td><td align=right>%1</td><td align=right>%2</td><td>(parameters - embeddings and "
+            "head) x %4 bytes / (shards = %3) + embeddings and head x %4 bytes (norms, also whole, are left "
+            "out)</td></tr>")
+             .arg(bytesText((params - embed) * bpv / shards + embed * bpv))
+             .arg(bytesText(measured("peak_weights_bytes")))
+             .arg(shards)
+             .arg(bpv);
+    const auto work = c.value("workload", nlohmann::json::object());
+    const double tokens = work.value("prompt_len", 0.0) + work.value("decode", 0.0);
+    const double layers = model.value("num_hidden_layers", 0.0);
+    const double kv = model.value("num_key_value_heads", 0.0) * model.value("head_dim", 0.0);
+    int attn_layers = 0;
+    for (char l : model.value("layer_pattern", std::string())) attn_layers += l == 'A';
+    if (kv > 0 && layers > 0) {
+      const double seq = strategy == "tsp" ? D : S, heads_split = (strategy == "tsp") ? 1 : shards;
+      h += tr("<tr><td>KV cache</td><td align=right>%1</td><td align=right>%2</td><td>2 (K, V) x %3 attention "
+              "layers x tokens / (sequence shards = %4) x kv width / (head shards = %5) x %6 bytes</td></tr>")
+               .arg(bytesText(2 * attn_layers * tokens / seq * kv / heads_split * kvBytes))
+               .arg(bytesText(measured("peak_kv_cache_bytes")))
+               .arg(attn_layers)
+               .arg(seq)
+               .arg(heads_split)
+               .arg(kvBytes);
+    }
+    // Activations: the residual stream of the tokens this device works on is
+    // the least any layer keeps live; the measured peak adds the layer's own
+    // intermediates (projections, the MLP's hidden width, attention tiles).
+    {
+      const double tokensHere = strategy == "tsp" ? work.value("prompt_len", 0.0) / D
+                                : (strategy == "sp" || strategy == "tp_sp") ? work.value("prompt_len", 0.0) / S
+                                                                             : work.value("prompt_len", 0.0);
+      const double dm = model.value("hidden_size", 0.0);
+      if (tokensHere > 0 && dm > 0)
+        h += tr("<tr><td>activations</td><td align=right>&ge; %1</td><td align=right>%2</td><td>the residual "
+                "stream: tokens on this device (%3) x d x %4 bytes; the peak adds one layer's intermediates</td></tr>")
+                 .arg(bytesText(tokensHere * dm * residualBytes))
+                 .arg(bytesText(measured("peak_activations_bytes")))
+                 .arg(tokensHere)
+                 .arg(residualBytes);
+    }
+    // Bytes one device puts on the wire for one attention layer's prefill,
+    // counted as the engine counts them: an all-reduce of N bytes moves
+    // 2(n-1)/n N (ring), an all-gather (n-1)/n N, a ring step or broadcast
+    // turn the shard itself.
+    const double d = model.value("hidden_size", 0.0), inter = model.value("intermediate_size", 0.0);
+    const double batch = strategy == "dp" ? 1 : work.value("batch", 1.0);
+    const double P = work.value("prompt_len", 0.0) * batch;
+    const std::string precision = c.value("comm_precision", std::string("fp32"));
+    int first_attn = -1;
+    {
+      const std::string pattern = model.value("layer_pattern", std::string());
+      for (size_t i = 0; i < pattern.size(); ++i)
+        if (pattern[i] == 'A') {
+          first_attn = int(i);
+          break;
+        }
+    }
+    if (first_attn >= 0 && kv > 0 && d > 0 && P > 0 && precision == "fp32") {
+      double expected = 0;
+      QString how;
+      // Partial sums and weight shards travel in the compute dtype, K/V in the cache's.
+      if (strategy == "tp") {
+        expected = 2 * 2 * (T - 1) / T * P * d * bpv;
+        how = tr("2 all-reduces (attention, MLP) x 2(T-1)/T x tokens x d x %1 bytes").arg(bpv);
+      } else if (strategy == "sp") {
+        expected = 2 * (S - 1) / S * P * kv * kvBytes;
+        how = tr("K and V all-gathered: 2 x (S-1)/S x tokens x kv width x %1 bytes").arg(kvBytes);
+      } else if (strategy == "tp_sp") {
+        expected = 2 * 2 * (T - 1) / T * (P / S) * d * bpv + 2 * (S - 1) / S * P * (kv / T) * kvBytes;
+        how = tr("2 all-reduces of tokens/S rows along T, plus K and V (kv width/T) all-gathered along S");
+      } else if (strategy == "tsp") {
+        const double qkv = d * (d + 2 * kv), o = d * d, mlp = 3 * d * inter;
+        expected = (qkv + o) * bpv + 2 * (D - 1) / D * P * kv * kvBytes + (D - 1) / D * mlp * bpv;
+        how = tr("attention weights broadcast in D turns of 1/D each, K and V all-gathered, MLP weights passed "
+                 "D-1 steps around the ring");
+      } else {
+        how = tr("nothing: every device works alone");
+      }
+      double measuredBytes = 0;
+      for (const auto& sp : m_data.ranks().begin()->second.spans)
+        if (sp.stream == "comm" && sp.layer == first_attn && sp.phase == "prefill") measuredBytes += sp.bytes;
+      h += tr("<tr><td>bytes sent, attention layer %1, prefill</td><td align=right>%2</td><td "
+              "align=right>%3</td><td>%4</td></tr>")
+               .arg(first_attn)
+               .arg(bytesText(expected))
+               .arg(bytesText(measuredBytes))
+               .arg(how);
+    }
+    h += QStringLiteral("</table>");
+  }
+  // Communication, once the run has ended.
+  if (!m_data.status().isEmpty()) {
+    double bytes = 0, commNs = 0, hiddenNs = 0;
+    for (auto& [rank, st] : m_data.commStats()) {
+      bytes += st.bytes;
+      commNs += st.commNs;
+      hiddenNs += st.hiddenNs;
+    }
+    h += tr("<h4>Communication</h4><p>%1 on the wire in all; %2% of communication time hidden behind compute.</p>")
+             .arg(bytesText(bytes))
+             .arg(commNs > 0 ? 100 * hiddenNs / commNs : 0.0, 0, 'f', 0);
+  }
+  for (const auto& e : m_data.errors())
+    h += tr("<p style='color:#b00'><b>%1</b> (rank %2): %3</p>")
+             .arg(QString::fromStdString(e.code))
+             .arg(e.rank)
+             .arg(QString::fromStdString(e.message).toHtmlEscaped());
+  m_text->setHtml(h);
+}
