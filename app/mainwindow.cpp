@@ -496,7 +496,6 @@ void MainWindow::runOnce() {
   if (m_precision->currentText().trimmed() != QLatin1String("fp32") && !m_precision->currentText().trimmed().isEmpty())
     name += QStringLiteral(" · ") + m_precision->currentText().trimmed();
   runArguments(engineArguments(), name);
-  if (training()) m_tabs->setCurrentWidget(m_training);
 }
 
 bool MainWindow::openStream(const QString& path) {
@@ -514,7 +513,6 @@ void MainWindow::runSweep() {
                             QString::number(m_prompt->value()), "--decode", QString::number(m_decode->value()),
                             "--precisions", "bf16,int8,int4,fp8", "--blocks", "32,128,1024", "--events", "-"};
   runArguments(args, tr("sweep · %1").arg(QFileInfo(m_model->currentText()).fileName()));
-  m_tabs->setCurrentWidget(m_quant);
 }
 
 void MainWindow::runScaling() {
@@ -530,11 +528,13 @@ void MainWindow::runScaling() {
                          .arg(QFileInfo(m_model->currentText()).fileName())
                          .arg(m_devices->value())
                          .arg(training() ? tr("training") : tr("inference")));
-  m_tabs->setCurrentWidget(m_scaling);
 }
 
 void MainWindow::runArguments(const QStringList& args, const QString& name) {
-  if (m_client->isRunning()) return;
+  if (m_client->isRunning()) {
+    m_status->setText(tr("a run is in progress: stop it before starting another"));
+    return;
+  }
   m_data.clear();
   m_summary->setNotice({});
   m_lastArgs = args;
@@ -543,7 +543,12 @@ void MainWindow::runArguments(const QStringList& args, const QString& name) {
   m_again->setEnabled(false);
   m_stop->setEnabled(true);
   m_status->setText(tr("running: shardscope-engine %1").arg(args.join(' ')));
-  if (args.value(0) != QLatin1String("scale")) m_tabs->setCurrentWidget(m_summary);
+  // The page that shows what this command writes.
+  const QString command = args.value(0);
+  m_tabs->setCurrentWidget(command == QLatin1String("scale")   ? static_cast<QWidget*>(m_scaling)
+                           : command == QLatin1String("sweep") ? static_cast<QWidget*>(m_quant)
+                           : command == QLatin1String("train") ? static_cast<QWidget*>(m_training)
+                                                               : static_cast<QWidget*>(m_summary));
   m_redraw->start();
   startRecording(name);
   m_client->start(args);

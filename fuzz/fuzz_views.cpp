@@ -1,6 +1,6 @@
 // The explorer's side of the stream: records that passed the Reader go into
 // RunData, and every page of a run draws them offscreen -- memory, timeline,
-// placement, summary, quantization, training, and the comparison of the run
+// placement, summary, quantization, training, scaling, and the comparison of the run
 // with itself -- as they would after a
 // recorded run is opened. The pages must cope with whatever the Reader lets
 // through: ranks, times and sizes anywhere in their types' ranges.
@@ -12,6 +12,7 @@
 #include "compare.h"
 #include "pages.h"
 #include "rundata.h"
+#include "scaling_page.h"
 #include "training.h"
 
 namespace {
@@ -25,10 +26,11 @@ struct Pages {
   SummaryPage* summary;
   QuantizationPage* quantization;
   TrainingPage* training;
+  ScalingPage* scaling;
   Pages() {
     widgets = {memory = new MemoryPage(data), timeline = new TimelineView(data), placement = new PlacementPage(data),
                summary = new SummaryPage(data), quantization = new QuantizationPage(data),
-               training = new TrainingPage(data)};
+               training = new TrainingPage(data), scaling = new ScalingPage(data)};
     for (QWidget* w : widgets) w->resize(480, 320);
   }
 };
@@ -56,6 +58,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   pages.summary->refresh();
   pages.quantization->refresh();
   pages.training->refresh();
+  pages.scaling->refresh();
+  (void)pages.scaling->csv();
+  for (auto& p : pages.data.scalePoints()) (void)ScalingPage::runArguments(pages.data.config(), p);
   QImage image(480, 320, QImage::Format_ARGB32);
   auto shared = std::make_shared<const RunData>(pages.data);
   ComparePage compare({{QStringLiteral("a"), shared}, {QStringLiteral("b"), shared}});

@@ -463,6 +463,12 @@ class TestProtocol : public QObject {
         << QByteArray(R"({"type":"scale_point","strategy":"tp","mode":"train","seq_len":8,"devices":2,)"
                       R"("peak_bytes":1,"peak_rank":2})")
         << "peak_rank";
+    QTest::newRow("scale_point negative peak")
+        << QByteArray(R"({"type":"scale_point","strategy":"tp","mode":"train","seq_len":8,"peak_bytes":-1})")
+        << "peak_bytes";
+    QTest::newRow("scale_point negative capacity")
+        << QByteArray(R"({"type":"scale_point","strategy":"tp","mode":"train","seq_len":8,"peak_bytes":1,"capacity":-9})")
+        << "capacity";
     QTest::newRow("scale_point fits not a bool")
         << QByteArray(R"({"type":"scale_point","strategy":"tp","mode":"train","seq_len":8,"peak_bytes":1,"fits":1})")
         << "fits";

@@ -1,5 +1,7 @@
 #include "compare.h"
 
+#include "scaling_page.h"
+
 #include <QHeaderView>
 #include <QLabel>
 #include <QScrollArea>
@@ -170,6 +172,27 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
   m_accuracy->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
   m_accuracy->setVisible(!acc.empty());
 
+  // Scaling sweeps: each sweep's page side by side (e.g. D = 8 on one node
+  // against D = 16 on two), and the table says how far each strategy fits.
+  const bool sweeps = std::all_of(m_runs.begin(), m_runs.end(),
+                                  [](const ComparedRun& r) { return !r.data->scalePoints().empty(); });
+  if (sweeps) {
+    fillSweepTable();
+    auto* pages = new QSplitter(Qt::Horizontal, split);
+    for (size_t i = 0; i < m_runs.size(); ++i) {
+      auto* box = new QWidget(pages);
+      auto* boxLayout = new QVBoxLayout(box);
+      boxLayout->setContentsMargins(0, 0, 0, 0);
+      boxLayout->addWidget(new QLabel(QStringLiteral("<b>%1</b> · %2").arg(QChar('A' + int(i))).arg(m_runs[i].name.toHtmlEscaped()), box));
+      auto* page = new ScalingPage(*m_runs[i].data, box);
+      page->refresh();
+      boxLayout->addWidget(page, 1);
+      m_scaling.push_back(page);
+    }
+    split->setStretchFactor(split->indexOf(pages), 4);
+    return;
+  }
+
   m_memory = new QCustomPlot(split);
   m_memory->setMinimumHeight(220);
   drawMemory();
@@ -198,6 +221,50 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
   scroll->setWidget(lanes);
   scroll->setWidgetResizable(true);
   split->setStretchFactor(3, 2);
+}
+
+// Sweeps: per run its setup, points and fitting points, then per strategy
+// the longest sequence that fits the device.
+void ComparePage::fillSweepTable() {
+  std::vector<QString> strategies;
+  std::vector<std::map<QString, int64_t>> longest(m_runs.size());
+  QStringList headers;
+  std::vector<std::pair<int, int>> counts;
+  for (size_t i = 0; i < m_runs.size(); ++i) {
+    int fit = 0, total = 0;
+    for (auto& p : m_runs[i].data->scalePoints()) {
+      const QString name = QString::fromStdString(p.mesh.empty() ? p.strategy : p.strategy + " " + p.mesh);
+      if (std::find(strategies.begin(), strategies.end(), name) == strategies.end()) strategies.push_back(name);
+      ++total;
+      if (p.applicable() && p.fits) {
+        ++fit;
+        longest[i][name] = std::max(longest[i][name], p.seq_len);
+      }
+    }
+    counts.push_back({total, fit});
+    const auto& conf = m_runs[i].data->config();
+    const double devices = conf.contains("devices") && conf["devices"].is_number() ? conf["devices"].get<double>() : 0;
+    const double nodes = conf.contains("nodes") && conf["nodes"].is_number() ? conf["nodes"].get<double>() : 1;
+    headers << tr("%1 · %2\n%3 devices on %4 node(s)").arg(QChar('A' + int(i))).arg(m_runs[i].name).arg(devices).arg(nodes);
+  }
+  m_table->clear();
+  m_table->setColumnCount(int(m_runs.size()));
+  m_table->setRowCount(2 + int(strategies.size()));
+  m_table->setHorizontalHeaderLabels(headers);
+  QStringList labels = {tr("points simulated"), tr("points that fit")};
+  for (auto& s : strategies) labels << tr("%1: longest that fits").arg(s);
+  m_table->setVerticalHeaderLabels(labels);
+  for (size_t c = 0; c < m_runs.size(); ++c) {
+    m_table->setItem(0, int(c), new QTableWidgetItem(QString::number(counts[c].first)));
+    m_table->setItem(1, int(c), new QTableWidgetItem(QString::number(counts[c].second)));
+    for (size_t r = 0; r < strategies.size(); ++r) {
+      auto it = longest[c].find(strategies[r]);
+      m_table->setItem(2 + int(r), int(c),
+                       new QTableWidgetItem(it == longest[c].end() ? QStringLiteral("–")
+                                                                   : tr("%1 tokens").arg(it->second)));
+    }
+  }
+  m_table->setMinimumHeight(m_table->horizontalHeader()->sizeHint().height() + m_table->verticalHeader()->length() + 6);
 }
 
 // Per device, one stacked bar per run (A, B, ...), categories stacked.

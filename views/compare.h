@@ -2,6 +2,8 @@
 // against the first run, peak memory per category per device as grouped
 // stacked bars, the timelines stacked on one time axis (aligned at each run's
 // start, zoomed and panned together), and accuracy figures when present.
+// Scaling sweeps compare as their Scaling pages side by side, under a table
+// of how long a sequence each strategy fits.
 #pragma once
 
 #include <QString>
@@ -15,6 +17,7 @@
 class QCustomPlot;
 class QTableWidget;
 class TimelineView;
+class ScalingPage;
 
 struct ComparedRun {
   QString name;
@@ -42,9 +45,11 @@ class ComparePage : public QWidget {
 
  private:
   void drawMemory();
+  void fillSweepTable();
   std::vector<ComparedRun> m_runs;
   QTableWidget* m_table;
   QTableWidget* m_accuracy;
-  QCustomPlot* m_memory;
+  QCustomPlot* m_memory = nullptr;
   std::vector<TimelineView*> m_timelines;
+  std::vector<ScalingPage*> m_scaling;  // comparing scaling sweeps: one page per run
 };

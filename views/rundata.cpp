@@ -13,8 +13,9 @@ double peakBytes(const RankData& d, int category) {
 }
 
 void RunData::clear() {
+  const uint64_t revision = m_revision;  // only ever grows: a page that drew revision r must see a change
   *this = RunData();
-  ++m_revision;
+  m_revision = revision + 1;
 }
 
 void RunData::add(const std::vector<ss::proto::Event>& events) { addAll(events); }

@@ -12,14 +12,37 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "pages.h"
 #include "palette.h"
 
 using ss::proto::ScalePoint;
+using json = nlohmann::json;
 
 namespace {
+
+// Fields of the free-form config and textbook objects, read without
+// trusting their types (a hand-edited stream may carry anything there).
+const json& field(const json& j, const char* key) {
+  static const json none;
+  if (!j.is_object()) return none;
+  auto it = j.find(key);
+  return it == j.end() ? none : *it;
+}
+double number(const json& j, const char* key, double def = 0) {
+  const json& v = field(j, key);
+  return v.is_number() ? v.get<double>() : def;
+}
+std::string text(const json& j, const char* key, const std::string& def = {}) {
+  const json& v = field(j, key);
+  return v.is_string() ? v.get<std::string>() : def;
+}
+size_t entries(const json& j, const char* key) {
+  const json& v = field(j, key);
+  return v.is_array() ? v.size() : 0;
+}
 
 QString lengthText(double tokens) {
   if (tokens >= 1 << 20 && std::fmod(tokens, 1 << 20) == 0) return QString::number(tokens / (1 << 20)) + "M";
@@ -53,12 +76,20 @@ QColor strategyColor(const ScalePoint& p) {
 
 double commBytes(const ScalePoint& p) { return p.comm_activation_bytes + p.comm_weight_bytes; }
 
+// A CSV field: quoted, with quotes doubled, when it holds a comma, a quote or a line break.
+QString csvField(const std::string& text) {
+  QString f = QString::fromStdString(text);
+  if (!f.contains(',') && !f.contains('"') && !f.contains('\n') && !f.contains('\r')) return f;
+  return '"' + f.replace('"', QStringLiteral("\"\"")) + '"';
+}
+
 }  // namespace
 
 struct ScalingPage::Line {
   QString name;
   QColor color;
   std::vector<const ScalePoint*> points;  // applicable, in length order
+  std::vector<size_t> index;              // of each in RunData::scalePoints()
 };
 
 ScalingPage::ScalingPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
@@ -135,7 +166,9 @@ void ScalingPage::draw() {
   QStringList notApplicable;
   std::set<QString> refused;
   int64_t capacity = 0;
-  for (auto& p : m_data.scalePoints()) {
+  const auto& all = m_data.scalePoints();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const ScalePoint& p = all[i];
     if (p.micro_batch != batch) continue;
     const QString name = lineName(p);
     if (!p.applicable()) {
@@ -144,13 +177,15 @@ void ScalingPage::draw() {
       continue;
     }
     capacity = std::max(capacity, p.capacity);
-    auto [it, fresh] = lines.try_emplace(name, Line{name, strategyColor(p), {}});
+    auto [it, fresh] = lines.try_emplace(name, Line{name, strategyColor(p), {}, {}});
     if (fresh) order.push_back(name);
     it->second.points.push_back(&p);
+    it->second.index.push_back(i);
   }
   // The config lists the sweep's strategies; draw in that order where it can.
   std::vector<QString> sorted;
-  for (auto& s : m_data.config().value("scale", nlohmann::json::object()).value("strategies", nlohmann::json::array()))
+  const json& listed = field(field(m_data.config(), "scale"), "strategies");
+  for (auto& s : listed.is_array() ? listed : json::array())
     if (s.is_string()) {
       QString n = QString::fromStdString(s.get<std::string>()).replace(':', ' ');
       if (lines.count(n)) sorted.push_back(n);
@@ -159,6 +194,7 @@ void ScalingPage::draw() {
     if (std::find(sorted.begin(), sorted.end(), n) == sorted.end()) sorted.push_back(n);
 
   m_drawn.clear();
+  m_drawnRevision = m_data.revision();
   m_points = 0;
   m_lines = int(sorted.size());
   for (QCustomPlot* plot : {m_memory, m_speed, m_comm}) {
@@ -169,15 +205,25 @@ void ScalingPage::draw() {
   double lo = 0, hi = 0, top = 0;
   for (const QString& name : sorted) {
     Line& line = lines[name];
-    std::sort(line.points.begin(), line.points.end(),
-              [](const ScalePoint* a, const ScalePoint* b) { return a->seq_len < b->seq_len; });
+    std::vector<size_t> order(line.points.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return line.points[a]->seq_len < line.points[b]->seq_len; });
+    std::vector<const ScalePoint*> points;
+    std::vector<size_t> index;
+    for (size_t k : order) {
+      points.push_back(line.points[k]);
+      index.push_back(line.index[k]);
+    }
+    line.points = std::move(points);
+    line.index = std::move(index);
     QVector<double> x, mem, speed, comm, book;
     for (const ScalePoint* p : line.points) {
       x << double(p->seq_len);
       mem << double(p->peak_bytes);
       speed << std::max(p->tokens_per_s, 1e-9);
       comm << commBytes(*p);
-      book << (p->textbook.is_object() ? p->textbook.value("total_bytes", 0.0) : 0.0);
+      book << number(p->textbook, "total_bytes");
       if (!p->fits) {
         oomX << double(p->seq_len);
         oomY << double(p->peak_bytes);
@@ -194,7 +240,7 @@ void ScalingPage::draw() {
       g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, line.color, Qt::white, 6));
       g->setData(x, y, true);
       if (!legend) g->removeFromLegend();
-      m_drawn[plot][plot->graphCount() - 1] = line.points;
+      m_drawn[plot][plot->graphCount() - 1] = line.index;
     };
     add(m_memory, mem, true);
     add(m_speed, speed, false);
@@ -252,24 +298,20 @@ void ScalingPage::draw() {
 
   const nlohmann::json& c = m_data.config();
   if (m_points > 0) {
-    const nlohmann::json sc = c.value("scale", nlohmann::json::object());
-    const std::string model = c.contains("model") && c["model"].is_object() ? c["model"].value("name", "") : "";
-    const std::string hw = c.contains("hardware") && c["hardware"].is_object() ? c["hardware"].value("name", "") : "";
+    const json& sc = field(c, "scale");
+    const std::string model = text(field(c, "model"), "name"), hw = text(field(c, "hardware"), "name");
     // Progress: the sweep's points arrive as they finish, out of strategies x lengths x micro-batches.
-    const size_t total = sc.value("strategies", nlohmann::json::array()).size() *
-                         sc.value("seq_lens", nlohmann::json::array()).size() *
-                         sc.value("micro_batches", nlohmann::json::array()).size();
+    const size_t total = entries(sc, "strategies") * entries(sc, "seq_lens") * entries(sc, "micro_batches");
     const size_t arrived = m_data.scalePoints().size();
     const QString progress = total > arrived ? tr(" (%1 of %2 simulated)").arg(arrived).arg(total) : QString();
     m_title->setText(tr("<b>%1</b> · %2 · %3 devices on %4 node(s) · %5 · %6%7 — %8 points, %9 fit%10")
                          .arg(QString::fromStdString(model), QString::fromStdString(hw))
-                         .arg(c.value("devices", 0))
-                         .arg(c.value("nodes", 1))
-                         .arg(QString::fromStdString(sc.value("mode", "")) == "train" ? tr("training, one step")
-                                                                                       : tr("inference"),
-                              QString::fromStdString(c.value("dtype", "")),
-                              sc.value("mode", "") == "train"
-                                  ? tr(", recomputation %1").arg(QString::fromStdString(sc.value("recompute", "none")))
+                         .arg(number(c, "devices"))
+                         .arg(number(c, "nodes", 1))
+                         .arg(text(sc, "mode") == "train" ? tr("training, one step") : tr("inference"),
+                              QString::fromStdString(text(c, "dtype")),
+                              text(sc, "mode") == "train"
+                                  ? tr(", recomputation %1").arg(QString::fromStdString(text(sc, "recompute", "none")))
                                   : QString())
                          .arg(m_points)
                          .arg(oomX.isEmpty() ? m_points : m_points - int(oomX.size()))
@@ -285,19 +327,20 @@ void ScalingPage::draw() {
 
 const ScalePoint* ScalingPage::pointAt(const QCustomPlot* plot, QPointF pos) const {
   auto it = m_drawn.find(plot);
-  if (it == m_drawn.end()) return nullptr;
+  if (it == m_drawn.end() || m_drawnRevision != m_data.revision()) return nullptr;
+  const auto& all = m_data.scalePoints();
   const ScalePoint* best = nullptr;
   double bestD = 12;  // pixels
-  for (auto& [graph, points] : it->second) {
+  for (auto& [graph, indices] : it->second) {
     QCPGraph* g = plot->graph(graph);
     if (!g) continue;
-    int i = 0;
-    for (auto d = g->data()->constBegin(); d != g->data()->constEnd() && i < int(points.size()); ++d, ++i) {
+    size_t i = 0;
+    for (auto d = g->data()->constBegin(); d != g->data()->constEnd() && i < indices.size(); ++d, ++i) {
       const QPointF at = g->coordsToPixels(d->key, d->value);
       const double dist = std::hypot(at.x() - pos.x(), at.y() - pos.y());
-      if (dist < bestD) {
+      if (dist < bestD && indices[i] < all.size()) {
         bestD = dist;
-        best = points[size_t(i)];
+        best = &all[indices[i]];
       }
     }
   }
@@ -314,11 +357,10 @@ QString ScalingPage::describe(const ScalePoint& p) {
                        : tr("<span style='color:#c81e1e'>misses %1 by %2</span>")
                              .arg(bytesText(double(p.capacity)), bytesText(double(p.peak_bytes - p.capacity))));
   s += QStringLiteral("<table>");
-  const nlohmann::json book = p.textbook.is_object() ? p.textbook.value("bytes", nlohmann::json::object())
-                                                     : nlohmann::json::object();
+  const json& book = field(p.textbook, "bytes");
   for (int c = 0; c < ss::proto::kCategoryCount; ++c) {
     const std::string name(kCategories[size_t(c)]);
-    const double formula = book.value(name, 0.0);
+    const double formula = number(book, name.c_str());
     if (p.bytes[size_t(c)] == 0 && formula == 0) continue;
     s += QStringLiteral("<tr><td><span style='color:%1'>&#9632;</span> %2</td><td align=right>%3</td>"
                         "<td align=right style='color:gray'>&nbsp;%4</td></tr>")
@@ -344,7 +386,7 @@ QString ScalingPage::csv() const {
   out += QStringLiteral(",step_s,tokens_per_s,mfu,comm_activation_bytes,comm_weight_bytes,hidden_fraction,"
                         "max_micro_batch,textbook_total_bytes,reason\n");
   for (auto& p : m_data.scalePoints()) {
-    QStringList f = {QString::fromStdString(p.strategy), QString::fromStdString(p.mesh), QString::fromStdString(p.mode),
+    QStringList f = {csvField(p.strategy), csvField(p.mesh), csvField(p.mode),
                      QString::number(p.seq_len), QString::number(p.micro_batch), QString::number(p.devices),
                      QString::number(p.nodes), p.applicable() ? "1" : "0", QString::number(p.peak_bytes),
                      QString::number(p.capacity), p.fits ? "1" : "0"};
@@ -352,41 +394,41 @@ QString ScalingPage::csv() const {
     f << QString::number(p.step_s, 'g', 9) << QString::number(p.tokens_per_s, 'g', 9) << QString::number(p.mfu, 'g', 6)
       << QString::number(p.comm_activation_bytes, 'g', 15) << QString::number(p.comm_weight_bytes, 'g', 15)
       << QString::number(p.hidden_fraction, 'g', 6) << QString::number(p.max_micro_batch)
-      << QString::number(p.textbook.is_object() ? p.textbook.value("total_bytes", 0.0) : 0.0, 'g', 15);
-    QString reason = QString::fromStdString(p.reason);
-    f << (reason.contains(',') || reason.contains('"') ? '"' + reason.replace('"', "\"\"") + '"' : reason);
+      << QString::number(number(p.textbook, "total_bytes"), 'g', 15);
+    f << csvField(p.reason);
     out += f.join(',') + '\n';
   }
   return out;
 }
 
 QStringList ScalingPage::runArguments(const nlohmann::json& config, const ScalePoint& p) {
-  const nlohmann::json sc = config.value("scale", nlohmann::json::object());
-  const bool train = sc.value("mode", "") == "train";
+  const json& sc = field(config, "scale");
+  const bool train = text(sc, "mode") == "train";
   // The model as the sweep was given it (a preset or a folder), else its name.
-  std::string model = sc.value("model", "");
-  if (model.empty() && config.contains("model") && config["model"].is_object()) model = config["model"].value("name", "");
-  std::string hw = config.value("hardware_file", "");
-  if (hw.empty() && config.contains("hardware") && config["hardware"].is_object()) hw = config["hardware"].value("name", "");
+  std::string model = text(sc, "model");
+  if (model.empty()) model = text(field(config, "model"), "name");
+  std::string hw = text(config, "hardware_file");
+  if (hw.empty()) hw = text(field(config, "hardware"), "name");
   QStringList args;
   if (train) args << "train" << "--backend" << "sim";
   else args << "simulate";
   args << "--hardware" << QString::fromStdString(hw) << "--model" << QString::fromStdString(model) << "--strategy"
-       << QString::fromStdString(p.strategy) << "--dtype" << QString::fromStdString(config.value("dtype", "bf16"));
+       << QString::fromStdString(p.strategy) << "--dtype" << QString::fromStdString(text(config, "dtype", "bf16"));
   if (p.strategy != "single") args << "--devices" << QString::number(p.devices);
   if (!p.mesh.empty()) args << "--mesh" << QString::fromStdString(p.mesh);
   if (p.nodes > 1) args << "--nodes" << QString::number(p.nodes);
   // The point needed more than the device has: run it with room to finish, so its memory can be seen.
-  if (!p.fits) args << "--capacity" << QString::number(p.peak_bytes + (int64_t(1) << 20));
+  if (!p.fits) args << "--capacity" << QString::number(std::min<int64_t>(p.peak_bytes, INT64_MAX / 2) + (int64_t(1) << 20));
   if (train) {
     args << "--seq-len" << QString::number(p.seq_len) << "--micro-batch" << QString::number(p.micro_batch)
-         << "--steps" << "1" << "--recompute" << QString::fromStdString(sc.value("recompute", "none"));
+         << "--steps" << "1" << "--recompute" << QString::fromStdString(text(sc, "recompute", "none"));
   } else {
-    const int64_t batch = p.micro_batch * (p.strategy == "dp" ? p.devices : 1);
-    args << "--prompt-len" << QString::number(p.seq_len) << "--decode" << QString::number(sc.value("decode", 1));
+    const int64_t batch = int64_t(p.micro_batch) * (p.strategy == "dp" ? p.devices : 1);
+    args << "--prompt-len" << QString::number(p.seq_len) << "--decode" << QString::number(int(std::clamp(number(sc, "decode", 1), 0.0, 1e6)));
     if (batch > 1) args << "--batch" << QString::number(batch);
   }
-  for (auto& kv : sc.value("overrides", nlohmann::json::array()))
+  const json& overrides = field(sc, "overrides");
+  for (auto& kv : overrides.is_array() ? overrides : json::array())
     if (kv.is_string()) args << "--set" << QString::fromStdString(kv.get<std::string>());
   return args;
 }

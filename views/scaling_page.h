@@ -25,7 +25,8 @@ class ScalingPage : public QWidget {
   int points() const { return m_points; }   // applicable points drawn
   int lines() const { return m_lines; }     // strategies drawn
   // The point drawn nearest to `pos` (pixels of `plot`, one of this page's
-  // three), within a few pixels; nullptr when none is.
+  // three), within a few pixels; nullptr when none is, or when the data has
+  // changed since the page last drew (the pointer is good until it next does).
   const ss::proto::ScalePoint* pointAt(const QCustomPlot* plot, QPointF pos) const;
   QCustomPlot* memoryPlot() const { return m_memory; }
   // What hovering a point shows.
@@ -53,8 +54,10 @@ class ScalingPage : public QWidget {
   QCustomPlot* m_memory;
   QCustomPlot* m_speed;
   QCustomPlot* m_comm;
-  // The points behind each plot's graphs: graph index -> points in x order.
-  std::map<const QCustomPlot*, std::map<int, std::vector<const ss::proto::ScalePoint*>>> m_drawn;
+  // The points behind each plot's graphs: graph index -> indices into
+  // RunData::scalePoints() in x order, valid while the drawn revision is the data's.
+  std::map<const QCustomPlot*, std::map<int, std::vector<size_t>>> m_drawn;
+  uint64_t m_drawnRevision = ~0ull;
   int m_points = 0, m_lines = 0;
   uint64_t m_seen = ~0ull;
 };

@@ -1,6 +1,8 @@
 #include "protocol/analysis.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string_view>
 
 namespace ss::proto {
 namespace {
@@ -45,6 +47,27 @@ int64_t RunStats::max_peak() const {
   return m;
 }
 
+namespace {
+
+// A byte count from a metric's double: NaN and negatives as 0, huge values
+// held at the largest int64 (a stream may carry anything).
+int64_t metric_bytes(double v) {
+  if (!(v > 0)) return 0;
+  return v >= 9.2e18 ? INT64_MAX : int64_t(v);
+}
+
+// The category of "<category>_bytes", or -1.
+int category_of(std::string_view name) {
+  for (int c = 0; c < kCategoryCount; ++c) {
+    const std::string_view cat = kCategoryNames[c];
+    if (name.size() == cat.size() + 6 && name.substr(0, cat.size()) == cat && name.substr(cat.size()) == "_bytes")
+      return c;
+  }
+  return -1;
+}
+
+}  // namespace
+
 bool is_weight_comm(const Span& s) {
   const std::string_view site = s.site;
   auto ends_with = [&](std::string_view tail) {
@@ -68,7 +91,7 @@ RunStats analyze(const std::vector<Event>& events) {
       } else {
         compute[s->rank].emplace_back(s->t0, s->t1);
         r.flops += s->flops;
-        if (s->phase != "backward" && s->phase != "optimizer") r.forward_flops += s->flops;
+        if (s->phase == "forward" || s->phase == "prefill" || s->phase == "decode") r.forward_flops += s->flops;
       }
     } else if (auto* m = std::get_if<Mem>(&e)) {
       RankStats& r = st.ranks[m->rank];
@@ -86,15 +109,23 @@ RunStats analyze(const std::vector<Event>& events) {
       }
       // Exact per-rank peaks reported by the allocator supersede samples.
       RankStats& r = st.ranks[mt->rank];
-      for (int c = 0; c < kCategoryCount; ++c)
-        if (mt->name == std::string("peak_") + kCategoryNames[c] + "_bytes") {
-          if (!peak_from_metrics[mt->rank]) r.peak = {};
-          peak_from_metrics[mt->rank] = true;
-          r.peak[size_t(c)] = int64_t(mt->value);
-        }
-      if (mt->name == "peak_bytes") r.peak_total = int64_t(mt->value);
-      for (int c = 0; c < kCategoryCount; ++c)
-        if (mt->name == std::string("at_peak_") + kCategoryNames[c] + "_bytes") r.at_peak[size_t(c)] = int64_t(mt->value);
+      const std::string_view name = mt->name;
+      const int64_t bytes = metric_bytes(mt->value);
+      if (name == "peak_bytes") {
+        r.peak_total = bytes;
+        continue;
+      }
+      const bool at_peak = name.rfind("at_peak_", 0) == 0;
+      if (!at_peak && name.rfind("peak_", 0) != 0) continue;
+      const int c = category_of(name.substr(at_peak ? 8 : 5));
+      if (c < 0) continue;
+      if (at_peak) {
+        r.at_peak[size_t(c)] = bytes;
+      } else {
+        if (!peak_from_metrics[mt->rank]) r.peak = {};
+        peak_from_metrics[mt->rank] = true;
+        r.peak[size_t(c)] = bytes;
+      }
     } else if (auto* d = std::get_if<Done>(&e)) {
       st.status = d->status;
     } else if (auto* er = std::get_if<Error>(&e)) {

@@ -20,7 +20,7 @@ struct RankStats {
   double comm_bytes = 0;               // bytes this rank put on the wire ...
   double comm_weight_bytes = 0;        // ... of them, weight-proportional (comm_kind)
   double flops = 0;
-  double forward_flops = 0;            // of compute spans in the forward (training) or any inference phase
+  double forward_flops = 0;            // of compute spans in the forward, prefill and decode phases
   std::array<int64_t, kCategoryCount> at_peak{};  // per category when the total peaked (at_peak_* metrics)
 };
 

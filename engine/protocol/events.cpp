@@ -345,14 +345,19 @@ Event from_json(const json& j) {
       return e;
     }
     e.peak_bytes = get_i64(j, "peak_bytes");
+    if (e.peak_bytes < 0) bad("peak_bytes", "must be >= 0");
     e.peak_rank = get_int(j, "peak_rank", false);
     if (e.peak_rank < 0 || e.peak_rank >= e.devices) bad("peak_rank", "must be a device of the point, 0 to devices - 1");
     if (const json* b = find(j, "bytes", false)) {
       if (!b->is_object()) bad("bytes", "must be an object of category: bytes");
       for (int c = 0; c < kCategoryCount; ++c)
-        if (auto it = b->find(kCategoryNames[c]); it != b->end()) e.bytes[size_t(c)] = as_i64(*it, kCategoryNames[c]);
+        if (auto it = b->find(kCategoryNames[c]); it != b->end()) {
+          e.bytes[size_t(c)] = as_i64(*it, kCategoryNames[c]);
+          if (e.bytes[size_t(c)] < 0) bad(kCategoryNames[c], "must be >= 0");
+        }
     }
     e.capacity = get_i64(j, "capacity", false);
+    if (e.capacity < 0) bad("capacity", "must be >= 0");
     if (const json* f = find(j, "fits", false)) {
       if (!f->is_boolean()) bad("fits", "must be true or false");
       e.fits = f->get<bool>();

@@ -51,10 +51,13 @@ std::vector<proto::Event> capture(const std::function<RunResult(proto::Writer&)>
   std::vector<proto::Event> events;
   proto::Reader reader;
   auto keep = [&](proto::Event&& e) { events.push_back(std::move(e)); };
-  auto drop = [](const std::string&) {};
+  auto drop = [](const std::string&) {};  // counted by the reader
   reader.feed(std::string_view(buf, len), keep, drop);
   reader.finish(keep, drop);
   std::free(buf);
+  // The engine's own stream: a line its reader refuses is a bug, not data to skip.
+  if (reader.rejected() > 0)
+    throw std::runtime_error("scale: " + std::to_string(reader.rejected()) + " line(s) of a simulated run were unreadable");
   return events;
 }
 
@@ -102,10 +105,9 @@ class Sweep {
         sp.bytes = r.at_peak;
       }
     sp.fits = sp.peak_bytes <= sp.capacity;
-    double forward_flops = 0, flops = 0;
+    double forward_flops = 0;
     for (auto& [rank, r] : st.ranks) {
       forward_flops += r.forward_flops;
-      flops += r.flops;
       if (r.comm_bytes > sp.comm_activation_bytes + sp.comm_weight_bytes) {
         sp.comm_weight_bytes = r.comm_weight_bytes;
         sp.comm_activation_bytes = r.comm_bytes - r.comm_weight_bytes;
@@ -121,12 +123,16 @@ class Sweep {
       sp.tokens_per_s = metric("train_tokens_per_s");
       const double tokens = double(p.seq_len) * p.micro_batch * (p.v.strategy == "dp" ? p.v.devices : 1);
       sp.step_s = sp.tokens_per_s > 0 ? tokens / sp.tokens_per_s : 0;
-      model_flops = 3 * forward_flops;  // forward, and backward's two GEMMs per forward one
+      model_flops = 3 * forward_flops;  // the forward, and backward's two GEMMs per forward one
     } else {
-      sp.step_s = metric("ttft_ms") * 1e-3 + metric("decode_ms_per_token") * 1e-3 * m_o.decode;
-      // The root's prefill rate; dp's replicas each prefill their own sequences at once.
-      sp.tokens_per_s = metric("prefill_tokens_per_s") * (p.v.strategy == "dp" ? p.v.devices : 1);
-      model_flops = flops;
+      // A replica prefills and decodes its micro-batch's sequences one after
+      // another: the step is all of them (dp's replicas run at once).
+      const double prefill_tps = metric("prefill_tokens_per_s");
+      const double sequences = p.micro_batch;
+      sp.step_s = (prefill_tps > 0 ? sequences * double(p.seq_len) / prefill_tps : 0) +
+                  metric("decode_ms_per_token") * 1e-3 * m_o.decode * sequences;
+      sp.tokens_per_s = prefill_tps * (p.v.strategy == "dp" ? p.v.devices : 1);
+      model_flops = forward_flops;
     }
     const double rate = m_hw.matmul_rate(m_o.dtype) * p.v.devices;
     sp.mfu = sp.step_s > 0 && rate > 0 ? model_flops / (sp.step_s * rate) : 0;
@@ -153,26 +159,26 @@ class Sweep {
     return textbook(m_cfg, c).to_json();
   }
 
-  // The largest micro-batch that fits, given the point's peak at `mb`
-  // (which fits). A step's allocations are constant or proportional to the
-  // micro-batch, so its peak is the largest of lines in mb: convex. A chord
-  // through two simulated sizes therefore never overestimates the peak
-  // between them and never underestimates it beyond; each guess (where the
-  // chord meets the capacity) is simulated, and the search narrows the
-  // bracket [fits, does not fit] until it closes, within kSearchRuns runs.
-  // The answer is always a size simulated to fit.
+  // The largest micro-batch that fits, given that the point's `mb` fits at
+  // `peak_at_mb`. A step's allocations are constant or proportional to the
+  // micro-batch, so its peak is the largest of lines in mb: convex, and the
+  // sizes that fit are 1 .. m*. Extended past its two points, a chord of a
+  // convex function runs below it, so where the chord through the last two
+  // fitting sizes meets the capacity is at or past m*: simulated, that guess
+  // either fits (and is m*, its next size then fails) or bounds m* from
+  // above. Once a size has failed, bisection closes the bracket. Every size
+  // named fits by simulation; a bracket left open after kSearchRuns runs
+  // (which convexity rules out) reports the largest size simulated to fit.
   int largest_micro_batch(const Point& p, int64_t peak_at_mb) const {
-    constexpr int kSearchRuns = 8, kMaxMicroBatch = 4096;
+    constexpr int kSearchRuns = 40, kMaxMicroBatch = 4096;
     const int64_t cap = m_hw.memory_bytes;
-    int lo = p.micro_batch, hi = kMaxMicroBatch + 1;  // lo fits; hi does not (or is past the search)
-    int64_t peak_lo = peak_at_mb, peak_hi = -1;
-    int64_t slope = -1;  // bytes per sequence, from the last chord through lo
+    int lo = p.micro_batch, hi = kMaxMicroBatch + 1;  // lo fits; hi fails (or is past the search)
+    bool failed = false;                             // hi has been simulated
+    int64_t peak_lo = peak_at_mb, slope = -1;        // bytes per sequence, between the last two fitting sizes
     for (int run = 0; run < kSearchRuns && hi - lo > 1; ++run) {
       int guess = lo + 1;
-      if (slope > 0) {
-        guess = int(std::min<int64_t>(hi - 1, lo + std::max<int64_t>(1, (cap - peak_lo) / slope)));
-        if (peak_hi > 0 && guess == hi - 1 && run % 2) guess = lo + (hi - lo) / 2;  // keep the bracket shrinking
-      }
+      if (failed) guess = lo + (hi - lo) / 2;
+      else if (slope > 0) guess = int(std::min<int64_t>(hi - 1, lo + (cap - peak_lo) / slope));
       guess = std::clamp(guess, lo + 1, hi - 1);
       Point q = p;
       q.micro_batch = guess;
@@ -183,44 +189,59 @@ class Sweep {
         peak_lo = peak;
       } else {
         hi = guess;
-        peak_hi = peak;
-        if (slope < 0 && peak > peak_lo) slope = std::max<int64_t>(1, (peak - peak_lo) / (guess - lo));
+        failed = true;
       }
     }
     return lo;
   }
 
  private:
+  // The peak of a run without its timeline; -1 when the strategy refuses
+  // the size (a usage error). Any other failure ends the sweep.
   int64_t peak_of(const Point& p) const {
     try {
-      return proto::analyze(run_point(p, false)).max_peak();
+      const proto::RunStats st = proto::analyze(run_point(p, false));
+      if (st.status == "ok") return st.max_peak();
+      if (!st.errors.empty() && st.errors.front().code == "usage") return -1;
+      throw std::runtime_error(p.v.strategy + " at " + std::to_string(p.seq_len) + " tokens, micro-batch " +
+                               std::to_string(p.micro_batch) + ": " +
+                               (st.errors.empty() ? "the run ended " + st.status : st.errors.front().message));
     } catch (const UsageError&) {
       return -1;
     }
   }
 
-  // The point's whole run; without `timeline`, only its summary records (peaks).
-  std::vector<proto::Event> run_point(const Point& p, bool timeline = true) const {
-    if (m_o.mode == "train") {
-      TrainOptions t;
-      fill_run(t.run, p);
-      t.run.timeline = timeline;
-      t.seq_len = p.seq_len;
-      t.micro_batch = p.micro_batch;
-      t.recompute = m_o.recompute;
-      t.hardware = m_o.hardware;
-      t.nodes = p.v.nodes;
-      t.run.backend = "sim";
-      return capture([&](proto::Writer& w) { return simulate_training(t, w); });
-    }
+  // The options of the point's run: training's or inference's.
+  TrainOptions train_options(const Point& p) const {
+    TrainOptions t;
+    fill_run(t.run, p);
+    t.seq_len = p.seq_len;
+    t.micro_batch = p.micro_batch;
+    t.recompute = m_o.recompute;
+    t.hardware = m_o.hardware;
+    t.nodes = p.v.nodes;
+    return t;
+  }
+  RunOptions infer_options(const Point& p) const {
     RunOptions r;
     fill_run(r, p);
-    r.timeline = timeline;
     r.prompt_len = p.seq_len;
     r.decode = m_o.decode;
     r.attention = m_o.attention;
     // dp gives each device its own sequences: micro_batch of them per device.
     r.batch = p.micro_batch * (p.v.strategy == "dp" ? p.v.devices : 1);
+    return r;
+  }
+
+  // The point's whole run; without `timeline`, only its summary records (peaks).
+  std::vector<proto::Event> run_point(const Point& p, bool timeline = true) const {
+    if (m_o.mode == "train") {
+      TrainOptions t = train_options(p);
+      t.run.timeline = timeline;
+      return capture([&](proto::Writer& w) { return simulate_training(t, w); });
+    }
+    RunOptions r = infer_options(p);
+    r.timeline = timeline;
     return capture([&](proto::Writer& w) { return ss::simulate(r, m_hw, p.v.nodes, 1, w); });
   }
 
@@ -238,25 +259,14 @@ class Sweep {
   }
 
  public:
-  // Refuses, before any point runs, what no strategy could run: the plan of
-  // the point on one device (a usage error here is the options', not a
+  // Refuses, before any point runs, what no strategy could run: each
+  // length's plan on one device (a usage error here is the options', not a
   // strategy's).
-  void check(int64_t seq_len) const {
-    Point p{{"single", "", 1, 1}, seq_len, 1};
-    if (m_o.mode == "train") {
-      TrainOptions t;
-      fill_run(t.run, p);
-      t.seq_len = seq_len;
-      t.recompute = m_o.recompute;
-      t.hardware = m_o.hardware;
-      plan_training(t);
-    } else {
-      RunOptions r;
-      fill_run(r, p);
-      r.prompt_len = seq_len;
-      r.decode = m_o.decode;
-      r.attention = m_o.attention;
-      plan_inference(r, "sim");
+  void check(const std::vector<int64_t>& lengths) const {
+    for (int64_t L : lengths) {
+      const Point p{{"single", "", 1, 1}, L, 1};
+      if (m_o.mode == "train") plan_training(train_options(p));
+      else plan_inference(infer_options(p), "sim");
     }
   }
 
@@ -349,7 +359,7 @@ int run_scale(const ScaleOptions& o, proto::Writer& out, std::ostream& progress,
       for (int mb : o.micro_batches) points.push_back({v, L, mb});
 
   const Sweep sweep(o, hw, cfg);
-  sweep.check(lengths.front());
+  sweep.check(lengths);
 
   const auto t0 = std::chrono::steady_clock::now();
   out.write(proto::Hello{proto::kVersion, engine_version(), host_name()});

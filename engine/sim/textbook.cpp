@@ -81,7 +81,10 @@ Textbook textbook(const ModelConfig& c, const TextbookCase& k) {
   const int S = folded ? D : k.strategy == Strategy::SP || k.strategy == Strategy::TPSP ? k.sp : 1;
   const int Tw = folded ? 1 : W;  // activation channels divided by (tsp computes every channel)
   const double b = double(dtype_size(c.dtype)), kvb = double(dtype_size(c.kv_dtype)), h = double(c.d_model);
-  const double tokens = double(k.seq_len) * k.micro_batch, local = tokens / S;
+  // Training keeps the whole micro-batch; inference runs its sequences one
+  // after another, holding one sequence's working set and caches at a time.
+  const double sequences = k.train ? k.micro_batch : 1;
+  const double tokens = double(k.seq_len) * sequences, local = tokens / S;
   auto ring = [](int n) { return n > 1 ? double(n - 1) / n : 0.0; };
 
   int64_t layers_params = 0;
@@ -104,8 +107,7 @@ Textbook textbook(const ModelConfig& c, const TextbookCase& k) {
     } else {
       if (W > 1 && !folded) layer_comm_a += 2 * ring(W) * local * h * b;  // out_proj's all-reduce
       // The recurrent state, d_inner x d_state in fp32 (both Mamba generations), and the conv's tail.
-      state += (double(c.d_inner) * c.d_state * 4 + double(c.d_conv - 1) * double(c.conv_dim()) * b) *
-               k.micro_batch / Tw;
+      state += (double(c.d_inner) * c.d_state * 4 + double(c.d_conv - 1) * double(c.conv_dim()) * b) * sequences / Tw;
     }
   }
   const int64_t ends = c.vocab * c.d_model * (c.tie_embeddings ? 1 : 2) + c.d_model;

@@ -17,7 +17,8 @@
 //                computes its own tokens through all of them)
 // Inference keeps nothing for a backward: its activation term is one layer's
 // working set (the residual, its normed copy, and the larger half of the
-// block), plus the KV cache and the SSM state cache.
+// block), plus the KV cache and the SSM state cache, of one sequence (a
+// micro-batch's sequences run one after another).
 // Weights, gradients (fp32) and AdamW state (two fp32 moments, plus an fp32
 // master copy when the dtype is not fp32) are divided by the weight shard
 // count (tp: D, tp_sp: T, tsp: D; others keep the whole model).
