@@ -121,11 +121,11 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
 
   std::FILE* out = stdout;
   if (!l.events.empty() && l.events != "-") {
-    out = std::fopen(l.events.c_str(), "w");
+    out = std::fopen(l.events.c_str(), "we");  // close-on-exec: mpirun and its ranks do not inherit it
     if (!out) throw UsageError("--events " + l.events + ": cannot create the file");
   }
   char tmpl[] = "/tmp/shardscope-launch-XXXXXX";
-  const int tmpfd = mkstemp(tmpl);
+  const int tmpfd = mkostemp(tmpl, O_CLOEXEC);  // the ranks open it by name
   if (tmpfd < 0) throw std::runtime_error("cannot create a temporary stream file in /tmp");
   const std::string stream_path = tmpl;
 

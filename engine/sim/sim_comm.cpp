@@ -39,8 +39,8 @@ std::vector<SimNetwork::Deposit> SimNetwork::exchange(uint64_t comm, uint64_t se
   Slot& s = m_slots[{comm, seq}];
   if (s.deposits.empty()) s.deposits.resize(size_t(n));
   s.deposits[size_t(index)] = std::move(mine);
-  if (++s.arrived == n) m_cv.notify_all();
-  else m_cv.wait(lock, [&] { return s.arrived == n || m_aborted; });
+  if (++s.arrived == n) s.cv.notify_all();
+  else s.cv.wait(lock, [&] { return s.arrived == n || m_aborted; });
   if (s.arrived != n) throw std::runtime_error("the simulated run was aborted by another rank");
   std::vector<Deposit> out = s.deposits;
   if (++s.departed == n) m_slots.erase({comm, seq});
@@ -50,7 +50,7 @@ std::vector<SimNetwork::Deposit> SimNetwork::exchange(uint64_t comm, uint64_t se
 void SimNetwork::abort() {
   std::lock_guard lock(m_mutex);
   m_aborted = true;
-  m_cv.notify_all();
+  for (auto& [key, slot] : m_slots) slot.cv.notify_all();
 }
 
 SimCommunicator::SimCommunicator(SimNetwork& net, uint64_t id, std::vector<int> members, int world_rank,

@@ -39,14 +39,16 @@ class SimNetwork {
   void abort();
 
  private:
+  // One rendezvous. Its own condition variable wakes only its participants
+  // (a map node never moves while ranks wait on it).
   struct Slot {
     int arrived = 0, departed = 0;
     std::vector<Deposit> deposits;
+    std::condition_variable cv;
   };
   const HardwareProfile& m_hw;
   int m_world, m_per_node;
   std::mutex m_mutex;
-  std::condition_variable m_cv;
   std::map<std::pair<uint64_t, uint64_t>, Slot> m_slots;
   bool m_aborted = false;
 };
