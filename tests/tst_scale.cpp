@@ -7,6 +7,8 @@
 // the hybrid), the closed-form parameter count against the engine's, a
 // strategy the model does not split over reported with its reason, and bad
 // options refused with one line.
+#include <QRegularExpression>
+#include <QTemporaryDir>
 #include <QtTest>
 #include <map>
 #include <string>
@@ -294,6 +296,22 @@ class TestScale : public QObject {
                             QString::number(mb), "--dtype", "bf16"});
       QCOMPARE(r.exit_code, mb == p.max_micro_batch ? 0 : 3);  // 3: out of memory
     }
+  }
+
+  // `summarize` reads a scale stream as a sweep: the table of peaks, and why a strategy does not apply.
+  void summarizeShowsTheTable() {
+    QTemporaryDir dir;
+    const QString file = dir.filePath("scale.jsonl");
+    const Ran r = engine({"scale", "--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "4", "--strategies",
+                          "tp,sp", "--seq-lens", "32,64", "--no-batch-search", "--events", file});
+    QCOMPARE(r.exit_code, 0);
+    QVERIFY(r.out.contains("strategy"));  // the table goes to stdout when the stream goes to a file
+    const Ran sum = engine({"summarize", file});
+    QCOMPARE(sum.exit_code, 0);
+    const QString text = QString::fromUtf8(sum.out);
+    QVERIFY2(text.contains("scaling sweep: tiny-llama") && text.contains("4 points"), qPrintable(text));
+    QVERIFY2(text.contains("tp at 32: num_key_value_heads"), qPrintable(text));
+    QVERIFY2(QRegularExpression("\\nsp +0\\.0 +0\\.0").match(text).hasMatch(), qPrintable(text));
   }
 
   void badOptionsOneLine_data() {

@@ -299,38 +299,53 @@ std::vector<ScaleVariant> scale_variants(const ScaleOptions& o) {
   return out;
 }
 
-namespace {
-
-// Peak per device, one row per strategy and one column per length; "*"
-// marks a point that does not fit, "-" one that does not apply.
-void print_table(std::vector<proto::ScalePoint> pts, const std::vector<ScaleVariant>& variants,
-                 const std::vector<int64_t>& lengths, int micro_batch, int64_t capacity, std::ostream& os) {
-  char buf[64];
-  os << "peak memory per device (GiB; * does not fit the " << format_bytes(capacity) << " device; - not applicable), micro-batch "
-     << micro_batch << "\n";
-  std::snprintf(buf, sizeof buf, "%-12s", "strategy");
-  os << buf;
-  for (int64_t L : lengths) {
-    std::snprintf(buf, sizeof buf, "%10s", (L % 1024 == 0 ? std::to_string(L / 1024) + "K" : std::to_string(L)).c_str());
-    os << buf;
+void print_scale_table(const std::vector<proto::ScalePoint>& pts, std::ostream& os) {
+  // Rows in the sweep's order of strategies (tp_sp by mesh), columns by length, a table per micro-batch.
+  static const std::vector<std::string> order = {"single", "dp", "tp", "sp", "tp_sp", "tsp"};
+  auto rank = [&](const std::string& s) { return std::find(order.begin(), order.end(), s) - order.begin(); };
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::vector<int64_t> lengths;
+  std::vector<int> batches;
+  int64_t capacity = 0;
+  for (auto& p : pts) {
+    if (std::find(rows.begin(), rows.end(), std::make_pair(p.strategy, p.mesh)) == rows.end()) rows.push_back({p.strategy, p.mesh});
+    if (std::find(lengths.begin(), lengths.end(), p.seq_len) == lengths.end()) lengths.push_back(p.seq_len);
+    if (std::find(batches.begin(), batches.end(), p.micro_batch) == batches.end()) batches.push_back(p.micro_batch);
+    capacity = std::max(capacity, p.capacity);
   }
-  os << "\n";
-  for (auto& v : variants) {
-    std::snprintf(buf, sizeof buf, "%-12s", (v.mesh.empty() ? v.strategy : v.strategy + " " + v.mesh).c_str());
+  std::sort(rows.begin(), rows.end(), [&](auto& a, auto& b) {
+    // tp_sp by its mesh's T (strtoll clamps what a hand-written stream may hold)
+    return rank(a.first) != rank(b.first) ? rank(a.first) < rank(b.first)
+                                          : std::strtoll(a.second.c_str(), nullptr, 10) < std::strtoll(b.second.c_str(), nullptr, 10);
+  });
+  std::sort(lengths.begin(), lengths.end());
+  std::sort(batches.begin(), batches.end());
+  char buf[64];
+  for (int mb : batches) {
+    os << "peak memory per device (GiB; * does not fit the " << format_bytes(capacity)
+       << " device; - not applicable), micro-batch " << mb << "\n";
+    std::snprintf(buf, sizeof buf, "%-12s", "strategy");
     os << buf;
     for (int64_t L : lengths) {
-      auto it = std::find_if(pts.begin(), pts.end(), [&](const proto::ScalePoint& p) {
-        return p.strategy == v.strategy && p.mesh == v.mesh && p.seq_len == L && p.micro_batch == micro_batch;
-      });
-      if (it == pts.end() || !it->applicable()) std::snprintf(buf, sizeof buf, "%10s", "-");
-      else std::snprintf(buf, sizeof buf, "%9.1f%s", double(it->peak_bytes) / double(1 << 30), it->fits ? " " : "*");
+      std::snprintf(buf, sizeof buf, "%10s", (L % 1024 == 0 ? std::to_string(L / 1024) + "K" : std::to_string(L)).c_str());
       os << buf;
     }
     os << "\n";
+    for (auto& [strategy, mesh] : rows) {
+      std::snprintf(buf, sizeof buf, "%-12s", (mesh.empty() ? strategy : strategy + " " + mesh).c_str());
+      os << buf;
+      for (int64_t L : lengths) {
+        auto it = std::find_if(pts.begin(), pts.end(), [&](const proto::ScalePoint& p) {
+          return p.strategy == strategy && p.mesh == mesh && p.seq_len == L && p.micro_batch == mb;
+        });
+        if (it == pts.end() || !it->applicable()) std::snprintf(buf, sizeof buf, "%10s", "-");
+        else std::snprintf(buf, sizeof buf, "%9.1f%s", double(it->peak_bytes) / double(1 << 30), it->fits ? " " : "*");
+        os << buf;
+      }
+      os << "\n";
+    }
   }
 }
-
-}  // namespace
 
 int run_scale(const ScaleOptions& o, proto::Writer& out, std::ostream& progress, std::ostream* table) {
   if (o.mode != "train" && o.mode != "infer") throw UsageError("--mode must be train or infer");
@@ -448,8 +463,7 @@ int run_scale(const ScaleOptions& o, proto::Writer& out, std::ostream& progress,
   }
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (table)
-    for (int mb : o.micro_batches) print_table(finished, variants, lengths, mb, hw.memory_bytes, *table);
+  if (table) print_scale_table(finished, *table);
   out.write(proto::Metric{"points", double(points.size()), "count", -1});
   out.write(proto::Metric{"points_fitting", double(fitting), "count", -1});
   out.write(proto::Metric{"wall_s", wall, "s", -1});

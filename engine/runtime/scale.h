@@ -52,4 +52,8 @@ std::vector<ScaleVariant> scale_variants(const ScaleOptions& o);
 // table at the end. Returns the exit code.
 int run_scale(const ScaleOptions& o, proto::Writer& out, std::ostream& progress, std::ostream* table = nullptr);
 
+// The peaks of a sweep's points as a table: a row per strategy (and mesh),
+// a column per length, one table per micro-batch (`scale`, `summarize`).
+void print_scale_table(const std::vector<proto::ScalePoint>& points, std::ostream& os);
+
 }  // namespace ss

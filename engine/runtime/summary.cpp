@@ -1,5 +1,7 @@
 #include "runtime/summary.h"
 
+#include "runtime/scale.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -20,6 +22,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   std::vector<proto::Error> errors;
   // A sweep's accuracy records: config -> metric -> value, configs in order.
   std::vector<std::string> sweep_order;
+  std::vector<proto::ScalePoint> scale_points;  // a scaling sweep's
   std::map<std::string, std::map<std::string, double>> sweep;
   std::string status = "(no done record: the run did not finish)";
   std::string first_error;
@@ -59,7 +62,8 @@ int summarize_stream(std::istream& in, std::ostream& out) {
               if (!sweep.count(e.config)) sweep_order.push_back(e.config);
               sweep[e.config][e.metric] = e.value;
             }
-          } else if constexpr (std::is_same_v<T, proto::Error>) errors.push_back(e);
+          } else if constexpr (std::is_same_v<T, proto::ScalePoint>) scale_points.push_back(e);
+          else if constexpr (std::is_same_v<T, proto::Error>) errors.push_back(e);
           else if constexpr (std::is_same_v<T, proto::Done>) status = e.status;
         },
         *r.event);
@@ -71,6 +75,18 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   char buf[256];
   const auto& model = config.value("model", nlohmann::json::object());
   const auto& work = config.value("workload", nlohmann::json::object());
+  if (config.contains("scale")) {
+    // A scaling sweep: the peak of every strategy at every length.
+    out << "scaling sweep: " << model.value("name", "?") << ", " << config.value("devices", 1) << " devices on "
+        << config.value("nodes", 1) << " node(s), " << config.value("dtype", std::string("?")) << ", "
+        << scale_points.size() << " points\nstatus: " << status << "\n";
+    for (auto& e : errors) out << "error: " << e.message << "\n";
+    print_scale_table(scale_points, out);
+    for (auto& p : scale_points)
+      if (!p.applicable()) out << (p.mesh.empty() ? p.strategy : p.strategy + " " + p.mesh) << " at " << p.seq_len
+                               << ": " << p.reason << "\n";
+    return status == "ok" ? 0 : 1;
+  }
   if (config.contains("sweep")) {
     // A quantization sweep: no devices to account, a trade-off to show.
     const std::string dtype = config.value("dtype", std::string("fp32"));
