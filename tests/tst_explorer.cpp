@@ -456,9 +456,9 @@ class TestExplorer : public QObject {
     QList<qint64> ids;
     for (const QString& dn : {QStringLiteral("8:1"), QStringLiteral("16:2")}) {
       const QStringList parts = dn.split(':');
-      w.runArguments({"scale", "--model", "llama2-7b", "--hardware", "mi300x", "--devices", parts[0], "--nodes",
-                      parts[1], "--strategies", "tp,tp_sp,tsp", "--seq-lens", "16384,131072", "--no-batch-search",
-                      "--events", "-"},
+      w.runArguments({"scale", "--model", "small-llama", "--set", "num_key_value_heads=16", "--hardware", "mi300x",
+                      "--devices", parts[0], "--nodes", parts[1], "--strategies", "tp,tp_sp,tsp", "--seq-lens",
+                      "16384,131072", "--no-batch-search", "--events", "-"},
                      "scaling D=" + parts[0]);
       QVERIFY(done.wait(240000));
       QVERIFY(saved.wait(30000));  // the recorder has written the whole sweep
