@@ -155,11 +155,17 @@ class TestScale : public QObject {
     const QString diff = compare_point(*s.points.front(), read_stream(r.out));
     QVERIFY2(diff.isEmpty(), qPrintable(diff));
     QCOMPARE(s.points.front()->max_micro_batch, -1);  // searched in training only
-    // The step is every sequence's prefill and decode, one after another.
-    const auto m = read_stream(r.out).metrics();
-    const double step = batch * 48 / m.at("prefill_tokens_per_s") + m.at("decode_ms_per_token") * 1e-3 * 3 * batch;
-    QVERIFY2(std::abs(s.points.front()->step_s - step) <= 1e-9 * step,
-             qPrintable(QString("step %1 s against %2 s").arg(s.points.front()->step_s).arg(step)));
+    if (batch > 1) {
+      // A replica's sequences run one after another: the step of two takes twice one's, at the same rate.
+      const Sweep one = scale({"--model", "tiny-hybrid", "--hardware", "h100-sxm", "--devices", "2", "--strategies",
+                               strategy, "--mode", "infer", "--seq-lens", "48", "--decode", "3"},
+                              &failure);
+      QVERIFY2(failure.isEmpty() && one.points.size() == 1, qPrintable(failure));
+      const double ratio = s.points.front()->step_s / one.points.front()->step_s;
+      QVERIFY2(std::abs(ratio - batch) < 0.02 * batch, qPrintable(QString("step ratio %1").arg(ratio)));
+      const double rate = s.points.front()->tokens_per_s / one.points.front()->tokens_per_s;
+      QVERIFY2(std::abs(rate - 1) < 0.02, qPrintable(QString("rate ratio %1").arg(rate)));
+    }
   }
 
   // The simulator charges what the cpu backend allocates: a point equals a
@@ -207,6 +213,7 @@ class TestScale : public QObject {
                                   .arg(p->peak_bytes / double(1 << 30))));
       }
       // Without recomputation tp needs more than the 192 GiB at 128K; with full recomputation it fits.
+      QVERIFY(s.find("tp", 131072));
       QCOMPARE(s.find("tp", 131072)->fits, rc == "full");
       QVERIFY(tsp_long->fits);
       if (rc == "full") {
@@ -278,6 +285,15 @@ class TestScale : public QObject {
     QVERIFY(s.find("sp", 64)->applicable());
     QVERIFY(s.find("sp", 64)->fits);
     QCOMPARE(s.stream.done()->status, std::string("ok"));
+    // Inference serves one sequence at a time under the model-parallel strategies.
+    const Sweep batched = scale({"--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "2", "--strategies",
+                                 "tp,dp", "--mode", "infer", "--seq-lens", "64", "--micro-batches", "2"},
+                                &failure);
+    QVERIFY2(failure.isEmpty(), qPrintable(failure));
+    QVERIFY(batched.find("tp", 64) && !batched.find("tp", 64)->applicable());
+    QVERIFY2(batched.find("tp", 64)->reason.find("one sequence at a time") != std::string::npos,
+             batched.find("tp", 64)->reason.c_str());
+    QVERIFY(batched.find("dp", 64) && batched.find("dp", 64)->applicable());
   }
 
   // The largest micro-batch that fits is simulated to fit, and one more is not.
@@ -296,22 +312,44 @@ class TestScale : public QObject {
                             QString::number(mb), "--dtype", "bf16"});
       QCOMPARE(r.exit_code, mb == p.max_micro_batch ? 0 : 3);  // 3: out of memory
     }
+    // A point whose own micro-batch does not fit searches below it, and finds the same size.
+    const int over = p.max_micro_batch + 3;
+    const Sweep above = scale({"--model", "small-llama", "--hardware", "a6000-pcie", "--devices", "2", "--strategies",
+                               "tsp", "--seq-lens", "8192", "--micro-batches", QString::number(over)},
+                              &failure);
+    QVERIFY2(failure.isEmpty(), qPrintable(failure));
+    QCOMPARE(above.points.size(), size_t(1));
+    QVERIFY(!above.points.front()->fits);
+    QCOMPARE(above.points.front()->max_micro_batch, p.max_micro_batch);
   }
 
   // `summarize` reads a scale stream as a sweep: the table of peaks, and why a strategy does not apply.
   void summarizeShowsTheTable() {
     QTemporaryDir dir;
     const QString file = dir.filePath("scale.jsonl");
-    const Ran r = engine({"scale", "--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "4", "--strategies",
-                          "tp,sp", "--seq-lens", "32,64", "--no-batch-search", "--events", file});
+    // small-llama has 16 heads: tp cannot split them over 3 devices; sp can (lengths of 6 zigzag chunks).
+    const Ran r = engine({"scale", "--model", "small-llama", "--hardware", "h100-sxm", "--devices", "3", "--strategies",
+                          "tp,sp", "--seq-lens", "1536,3072", "--no-batch-search", "--events", file});
     QCOMPARE(r.exit_code, 0);
     QVERIFY(r.out.contains("strategy"));  // the table goes to stdout when the stream goes to a file
     const Ran sum = engine({"summarize", file});
     QCOMPARE(sum.exit_code, 0);
     const QString text = QString::fromUtf8(sum.out);
-    QVERIFY2(text.contains("scaling sweep: tiny-llama") && text.contains("4 points"), qPrintable(text));
-    QVERIFY2(text.contains("tp at 32: num_key_value_heads"), qPrintable(text));
-    QVERIFY2(QRegularExpression("\\nsp +0\\.0 +0\\.0").match(text).hasMatch(), qPrintable(text));
+    QVERIFY2(text.contains("scaling sweep: small-llama") && text.contains("4 points"), qPrintable(text));
+    QVERIFY2(text.contains("tp at 1536: num_attention_heads"), qPrintable(text));
+    // sp's row holds its two peaks in GiB, as the stream has them.
+    QFile f(file);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const Stream st = read_stream(f.readAll());
+    QStringList want;
+    for (int64_t L : {1536, 3072})
+      for (auto* p : st.all<ScalePoint>())
+        if (p->strategy == "sp" && p->seq_len == L) want << QString::number(p->peak_bytes / double(1 << 30), 'f', 1);
+    QCOMPARE(want.size(), 2);
+    QVERIFY2(want[0] != "0.0" && want[1] != "0.0", qPrintable(want.join(' ')));
+    const QRegularExpression row("\\nsp +" + QRegularExpression::escape(want[0]) + " +" +
+                                 QRegularExpression::escape(want[1]) + " *\\n");
+    QVERIFY2(row.match(text).hasMatch(), qPrintable(text));
   }
 
   void badOptionsOneLine_data() {

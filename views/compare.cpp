@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "pages.h"
@@ -185,6 +186,7 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
       boxLayout->setContentsMargins(0, 0, 0, 0);
       boxLayout->addWidget(new QLabel(QStringLiteral("<b>%1</b> · %2").arg(QChar('A' + int(i))).arg(m_runs[i].name.toHtmlEscaped()), box));
       auto* page = new ScalingPage(*m_runs[i].data, box);
+      page->setRunnable(false);  // a comparison window starts no runs
       page->refresh();
       boxLayout->addWidget(page, 1);
       m_scaling.push_back(page);
@@ -226,27 +228,50 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
 // Sweeps: per run its setup, points and fitting points, then per strategy
 // the longest sequence that fits the device.
 void ComparePage::fillSweepTable() {
+  // Per run, its smallest micro-batch: sweeps compare at the same one.
   std::vector<QString> strategies;
-  std::vector<std::map<QString, int64_t>> longest(m_runs.size());
+  std::map<QString, size_t> row;
+  enum class Cell { Absent, NotApplicable, NoneFits };
+  struct Longest {
+    Cell state = Cell::Absent;
+    int64_t tokens = 0;
+  };
+  std::vector<std::map<QString, Longest>> longest(m_runs.size());
   QStringList headers;
   std::vector<std::pair<int, int>> counts;
   for (size_t i = 0; i < m_runs.size(); ++i) {
+    const auto& pts = m_runs[i].data->scalePoints();
+    int batch = std::numeric_limits<int>::max();
+    for (auto& p : pts) batch = std::min(batch, p.micro_batch);
     int fit = 0, total = 0;
-    for (auto& p : m_runs[i].data->scalePoints()) {
-      const QString name = QString::fromStdString(p.mesh.empty() ? p.strategy : p.strategy + " " + p.mesh);
-      if (std::find(strategies.begin(), strategies.end(), name) == strategies.end()) strategies.push_back(name);
+    for (auto& p : pts) {
       ++total;
-      if (p.applicable() && p.fits) {
-        ++fit;
-        longest[i][name] = std::max(longest[i][name], p.seq_len);
+      fit += p.applicable() && p.fits;
+      if (p.micro_batch != batch) continue;
+      const QString name = QString::fromStdString(p.mesh.empty() ? p.strategy : p.strategy + " " + p.mesh);
+      if (row.try_emplace(name, strategies.size()).second) strategies.push_back(name);
+      Longest& l = longest[i][name];
+      if (!p.applicable()) {
+        if (l.state == Cell::Absent) l.state = Cell::NotApplicable;
+      } else if (p.fits) {
+        l.tokens = std::max(l.tokens, p.seq_len);
+      } else {
+        l.state = Cell::NoneFits;  // shown only while no length fits
       }
     }
     counts.push_back({total, fit});
     const auto& conf = m_runs[i].data->config();
     const double devices = conf.contains("devices") && conf["devices"].is_number() ? conf["devices"].get<double>() : 0;
     const double nodes = conf.contains("nodes") && conf["nodes"].is_number() ? conf["nodes"].get<double>() : 1;
-    headers << tr("%1 · %2\n%3 devices on %4 node(s)").arg(QChar('A' + int(i))).arg(m_runs[i].name).arg(devices).arg(nodes);
+    headers << tr("%1 · %2\n%3 devices on %4 node(s), micro-batch %5")
+                   .arg(QChar('A' + int(i)))
+                   .arg(m_runs[i].name)
+                   .arg(devices)
+                   .arg(nodes)
+                   .arg(batch);
   }
+  constexpr size_t kMaxRows = 64;  // a sweep has a handful of strategies; a hand-written stream any number
+  if (strategies.size() > kMaxRows) strategies.resize(kMaxRows);
   m_table->clear();
   m_table->setColumnCount(int(m_runs.size()));
   m_table->setRowCount(2 + int(strategies.size()));
@@ -259,9 +284,14 @@ void ComparePage::fillSweepTable() {
     m_table->setItem(1, int(c), new QTableWidgetItem(QString::number(counts[c].second)));
     for (size_t r = 0; r < strategies.size(); ++r) {
       auto it = longest[c].find(strategies[r]);
-      m_table->setItem(2 + int(r), int(c),
-                       new QTableWidgetItem(it == longest[c].end() ? QStringLiteral("–")
-                                                                   : tr("%1 tokens").arg(it->second)));
+      QString text = QStringLiteral("–");  // not in this sweep
+      if (it != longest[c].end()) {
+        const Longest& l = it->second;
+        text = l.tokens > 0                ? tr("%1 tokens").arg(l.tokens)
+               : l.state == Cell::NoneFits ? tr("none fits")
+                                           : tr("not applicable");
+      }
+      m_table->setItem(2 + int(r), int(c), new QTableWidgetItem(text));
     }
   }
   m_table->setMinimumHeight(m_table->horizontalHeader()->sizeHint().height() + m_table->verticalHeader()->length() + 6);

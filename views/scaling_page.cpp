@@ -172,8 +172,9 @@ void ScalingPage::draw() {
     if (p.micro_batch != batch) continue;
     const QString name = lineName(p);
     if (!p.applicable()) {
-      if (refused.insert(name).second)
-        notApplicable << tr("<b>%1</b> does not apply: %2").arg(name, QString::fromStdString(p.reason).toHtmlEscaped());
+      if (refused.insert(name).second && refused.size() <= 20)
+        notApplicable << tr("<b>%1</b> does not apply: %2")
+                             .arg(name.toHtmlEscaped(), QString::fromStdString(p.reason).toHtmlEscaped());
       continue;
     }
     capacity = std::max(capacity, p.capacity);
@@ -182,16 +183,25 @@ void ScalingPage::draw() {
     it->second.points.push_back(&p);
     it->second.index.push_back(i);
   }
+  if (refused.size() > 20) notApplicable << tr("... and %1 more strategies that do not apply").arg(refused.size() - 20);
   // The config lists the sweep's strategies; draw in that order where it can.
   std::vector<QString> sorted;
+  std::set<QString> placed;
   const json& listed = field(field(m_data.config(), "scale"), "strategies");
   for (auto& s : listed.is_array() ? listed : json::array())
     if (s.is_string()) {
       QString n = QString::fromStdString(s.get<std::string>()).replace(':', ' ');
-      if (lines.count(n)) sorted.push_back(n);
+      if (lines.count(n) && placed.insert(n).second) sorted.push_back(n);
     }
   for (auto& n : order)
-    if (std::find(sorted.begin(), sorted.end(), n) == sorted.end()) sorted.push_back(n);
+    if (placed.insert(n).second) sorted.push_back(n);
+  // A sweep draws a handful of strategies; a hand-written stream may name thousands.
+  constexpr size_t kMaxLines = 32;
+  const size_t hidden = sorted.size() > kMaxLines ? sorted.size() - kMaxLines : 0;
+  if (hidden) {
+    sorted.resize(kMaxLines);
+    notApplicable << tr("%1 more strategies are not drawn").arg(hidden);
+  }
 
   m_drawn.clear();
   m_drawnRevision = m_data.revision();
@@ -317,11 +327,11 @@ void ScalingPage::draw() {
                          .arg(oomX.isEmpty() ? m_points : m_points - int(oomX.size()))
                          .arg(progress));
   }
+  const QString hint = m_runnable ? tr("Hover a point for its memory by category; double-click it to run that "
+                                       "configuration in full.")
+                                    : tr("Hover a point for its memory by category.");
   m_notes->setText(notApplicable.join(QStringLiteral("<br>")) +
-                   (m_points > 0 ? tr("%1Hover a point for its memory by category; double-click it to run that "
-                                      "configuration in full.")
-                                       .arg(notApplicable.isEmpty() ? QString() : QStringLiteral("<br>"))
-                                 : QString()));
+                   (m_points > 0 ? (notApplicable.isEmpty() ? QString() : QStringLiteral("<br>")) + hint : QString()));
   for (QCustomPlot* plot : {m_memory, m_speed, m_comm}) plot->replot();
 }
 
@@ -348,7 +358,7 @@ const ScalePoint* ScalingPage::pointAt(const QCustomPlot* plot, QPointF pos) con
 }
 
 QString ScalingPage::describe(const ScalePoint& p) {
-  QString s = tr("<b>%1</b> at %2 tokens, micro-batch %3<br>").arg(lineName(p), lengthText(double(p.seq_len))).arg(p.micro_batch);
+  QString s = tr("<b>%1</b> at %2 tokens, micro-batch %3<br>").arg(lineName(p).toHtmlEscaped(), lengthText(double(p.seq_len))).arg(p.micro_batch);
   s += tr("peak %1 on device %2 of %3 — %4<br>")
            .arg(bytesText(double(p.peak_bytes)))
            .arg(p.peak_rank)
@@ -442,7 +452,7 @@ bool ScalingPage::eventFilter(QObject* watched, QEvent* event) {
     else QToolTip::hideText();
     return true;
   }
-  if (event->type() == QEvent::MouseButtonDblClick) {
+  if (event->type() == QEvent::MouseButtonDblClick && m_runnable) {
     auto* mouse = static_cast<QMouseEvent*>(event);
     if (const ScalePoint* p = pointAt(plot, mouse->position())) {
       emit openPoint(runArguments(m_data.config(), *p),

@@ -36,6 +36,11 @@ class ScalingPage : public QWidget {
   // The engine arguments of a full simulated run of `p`, from the sweep's
   // config: `simulate` (inference) or `train --backend sim` (training).
   static QStringList runArguments(const nlohmann::json& config, const ss::proto::ScalePoint& p);
+  // Whether double-clicking a point asks for its run (not where nobody listens, as in a comparison).
+  void setRunnable(bool on) {
+    m_runnable = on;
+    m_seen = ~0ull;
+  }
 
  signals:
   void openPoint(const QStringList& engineArguments, const QString& name);
@@ -59,5 +64,6 @@ class ScalingPage : public QWidget {
   std::map<const QCustomPlot*, std::map<int, std::vector<size_t>>> m_drawn;
   uint64_t m_drawnRevision = ~0ull;
   int m_points = 0, m_lines = 0;
+  bool m_runnable = true;
   uint64_t m_seen = ~0ull;
 };

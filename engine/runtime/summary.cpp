@@ -77,9 +77,16 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   const auto& work = config.value("workload", nlohmann::json::object());
   if (config.contains("scale")) {
     // A scaling sweep: the peak of every strategy at every length.
-    out << "scaling sweep: " << model.value("name", "?") << ", " << config.value("devices", 1) << " devices on "
-        << config.value("nodes", 1) << " node(s), " << config.value("dtype", std::string("?")) << ", "
-        << scale_points.size() << " points\nstatus: " << status << "\n";
+    // The config is free-form: read what the engine writes, and "?" for anything else.
+    auto text = [](const nlohmann::json& j, const char* k) {
+      return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string("?");
+    };
+    auto count = [](const nlohmann::json& j, const char* k) {
+      return j.contains(k) && j[k].is_number_integer() ? std::to_string(j[k].get<int64_t>()) : std::string("?");
+    };
+    out << "scaling sweep: " << text(config.contains("model") ? config["model"] : nlohmann::json(), "name") << ", "
+        << count(config, "devices") << " devices on " << count(config, "nodes") << " node(s), " << text(config, "dtype")
+        << ", " << scale_points.size() << " points\nstatus: " << status << "\n";
     for (auto& e : errors) out << "error: " << e.message << "\n";
     print_scale_table(scale_points, out);
     for (auto& p : scale_points)
