@@ -102,6 +102,13 @@ Failure diagnose(const StderrLog& log, int mpirun_status) {
   for (auto& l : log.untagged) launcher.push_back(l);
   f.detail = {{"stderr", tail}, {"mpirun", launcher}};
   if (!tail.empty() && f.code == "rank_died") f.message += "; its last stderr line: " + tail.back().get<std::string>();
+  // No rank said anything: mpirun's own last words are the only clue (a rank it could not start, a lost daemon).
+  if (f.rank < 0)
+    for (auto it = log.untagged.rbegin(); it != log.untagged.rend(); ++it)
+      if (it->find_first_not_of(" \t-*") != std::string::npos) {
+        f.message += "; mpirun's last line: " + *it;
+        break;
+      }
   return f;
 }
 
