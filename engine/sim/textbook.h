@@ -3,7 +3,10 @@
 // accounting reports (`scale`, the explorer's scaling page), so a reader sees
 // where the two part and why.
 //
-// Per-parameter terms are exact for the layer list; activation terms count,
+// The traffic terms follow the schedules the TSP paper describes (weight
+// shards broadcast for attention and circulated on a ring for the MLP, K/V
+// gathered along the sequence), derived here rather than taken from the
+// paper's own formulas. Per-parameter terms are exact for the layer list; activation terms count,
 // per token and layer, the tensors a block keeps for its backward
 // (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 // Transformer Models", without dropout masks and with a fused attention that
