@@ -1,33 +1,17 @@
 #include "pages.h"
 
-#include <QCheckBox>
 #include <QComboBox>
 #include <QHBoxLayout>
-#include <QHelpEvent>
 #include <QLabel>
-#include <QMouseEvent>
 #include <QPainter>
 #include <QSpinBox>
-#include <QHeaderView>
-#include <QTableWidget>
-#include <QSysInfo>
-#include <QTextBrowser>
-#include <QTextCursor>
-#include <QTextFrame>
-#include <QTextTable>
-#include <QThread>
-#include <QToolTip>
 #include <QVBoxLayout>
 #include <qcustomplot.h>
 
 #include <algorithm>
-#include <limits>
-#include <map>
-#include <set>
 #include <cmath>
 
 #include "palette.h"
-#include "training.h"
 
 // ------------------------------------------------------------- Placement ---
 

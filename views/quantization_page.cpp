@@ -1,22 +1,8 @@
 #include "pages.h"
 
-#include <QCheckBox>
-#include <QComboBox>
 #include <QHBoxLayout>
-#include <QHelpEvent>
 #include <QLabel>
-#include <QMouseEvent>
-#include <QPainter>
-#include <QSpinBox>
-#include <QHeaderView>
 #include <QTableWidget>
-#include <QSysInfo>
-#include <QTextBrowser>
-#include <QTextCursor>
-#include <QTextFrame>
-#include <QTextTable>
-#include <QThread>
-#include <QToolTip>
 #include <QVBoxLayout>
 #include <qcustomplot.h>
 
@@ -27,7 +13,6 @@
 #include <cmath>
 
 #include "palette.h"
-#include "training.h"
 
 // ---------------------------------------------------------- Quantization ---
 
