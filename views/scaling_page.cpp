@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <set>
 
 #include "pages.h"
@@ -88,8 +87,7 @@ QString csvField(const std::string& text) {
 struct ScalingPage::Line {
   QString name;
   QColor color;
-  std::vector<const ScalePoint*> points;  // applicable, in length order
-  std::vector<size_t> index;              // of each in RunData::scalePoints()
+  std::vector<size_t> index;  // of its applicable points in RunData::scalePoints(), in length order
 };
 
 ScalingPage::ScalingPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
@@ -178,9 +176,8 @@ void ScalingPage::draw() {
       continue;
     }
     capacity = std::max(capacity, p.capacity);
-    auto [it, fresh] = lines.try_emplace(name, Line{name, strategyColor(p), {}, {}});
+    auto [it, fresh] = lines.try_emplace(name, Line{name, strategyColor(p), {}});
     if (fresh) order.push_back(name);
-    it->second.points.push_back(&p);
     it->second.index.push_back(i);
   }
   if (refused.size() > 20) notApplicable << tr("... and %1 more strategies that do not apply").arg(refused.size() - 20);
@@ -215,20 +212,11 @@ void ScalingPage::draw() {
   double lo = 0, hi = 0, top = 0;
   for (const QString& name : sorted) {
     Line& line = lines[name];
-    std::vector<size_t> order(line.points.size());
-    std::iota(order.begin(), order.end(), size_t(0));
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return line.points[a]->seq_len < line.points[b]->seq_len; });
-    std::vector<const ScalePoint*> points;
-    std::vector<size_t> index;
-    for (size_t k : order) {
-      points.push_back(line.points[k]);
-      index.push_back(line.index[k]);
-    }
-    line.points = std::move(points);
-    line.index = std::move(index);
+    std::sort(line.index.begin(), line.index.end(),
+              [&](size_t a, size_t b) { return all[a].seq_len < all[b].seq_len; });
     QVector<double> x, mem, speed, comm, book;
-    for (const ScalePoint* p : line.points) {
+    for (size_t i : line.index) {
+      const ScalePoint* p = &all[i];
       x << double(p->seq_len);
       mem << double(p->peak_bytes);
       speed << std::max(p->tokens_per_s, 1e-9);
@@ -275,8 +263,8 @@ void ScalingPage::draw() {
   // the top, crossed out where they would be.
   double fitting = 0;
   for (auto& [name, line] : lines)
-    for (auto* p : line.points)
-      if (p->fits) fitting = std::max(fitting, double(p->peak_bytes));
+    for (size_t i : line.index)
+      if (all[i].fits) fitting = std::max(fitting, double(all[i].peak_bytes));
   const bool capacityShown = capacity > 0 && top >= 0.25 * double(capacity);
   if (capacity > 0) {
     auto* label = new QCPItemText(m_memory);
