@@ -14,6 +14,8 @@ packages=(
   openmpi-bin libopenmpi-dev libopenblas-dev nlohmann-json3-dev libcli11-dev
   # engine: bf16 GEMMs on CPU (AVX512-BF16 kernels; see engine/cpu/README.md)
   libdnnl-dev
+  # engine: Unicode regexes and NFC for Hugging Face tokenizers (engine/text/)
+  libicu-dev
   # fuzzing and sanitizers (packaging/fuzz.sh): clang with libFuzzer and its OpenMP
   clang libclang-rt-14-dev libomp-14-dev
   # headless display and screenshots for GUI tests and the demo

