@@ -167,6 +167,10 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_prompt = new QSpinBox(setup);
   m_prompt->setRange(1, 1 << 20);
   m_prompt->setValue(256);
+  m_promptText = new QLineEdit(setup);
+  m_promptText->setPlaceholderText(tr("empty: a synthetic prompt of the tokens below"));
+  m_promptText->setToolTip(tr("The prompt as text, for a model folder with a tokenizer.json; the Summary shows the "
+                              "answer as it is decoded"));
   m_decode = new QSpinBox(setup);
   m_decode->setRange(0, 4096);
   m_decode->setValue(8);
@@ -222,6 +226,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   form->addRow(tr("Devices"), m_devices);
   form->addRow(tr("Nodes (simulated)"), m_nodes);
   form->addRow(tr("Mesh (tp_sp)"), m_mesh);
+  form->addRow(tr("Prompt"), m_promptText);
   form->addRow(tr("Prompt tokens"), m_prompt);
   form->addRow(tr("Decode tokens"), m_decode);
   form->addRow(tr("Batch"), m_batch);
@@ -329,6 +334,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
                                 Q_ARG(EventBatch, events));
   });
   connect(m_strategy, &QComboBox::currentTextChanged, this, &MainWindow::updateSetupState);
+  connect(m_promptText, &QLineEdit::textChanged, this, &MainWindow::updateSetupState);
   // Every edit re-checks the setup, once typing pauses.
   m_checkDelay = new QTimer(this);
   m_checkDelay->setSingleShot(true);
@@ -404,9 +410,10 @@ void MainWindow::setTraining(bool on, int seqLen, int microBatch, int steps, con
 void MainWindow::updateSetupState() {
   // Inference and training ask for different workloads.
   const bool train = training();
-  for (QWidget* w : {static_cast<QWidget*>(m_prompt), static_cast<QWidget*>(m_decode), static_cast<QWidget*>(m_batch),
-                     static_cast<QWidget*>(m_precision)})
+  for (QWidget* w : {static_cast<QWidget*>(m_prompt), static_cast<QWidget*>(m_promptText), static_cast<QWidget*>(m_decode),
+                     static_cast<QWidget*>(m_batch), static_cast<QWidget*>(m_precision)})
     m_form->setRowVisible(w, !train);
+  m_prompt->setEnabled(m_promptText->text().isEmpty());
   for (QWidget* w : {static_cast<QWidget*>(m_seqLen), static_cast<QWidget*>(m_microBatch),
                      static_cast<QWidget*>(m_steps), static_cast<QWidget*>(m_lr), static_cast<QWidget*>(m_recompute)})
     m_form->setRowVisible(w, train);
@@ -459,9 +466,8 @@ QStringList MainWindow::engineArguments() const {
   }
   if (backend.startsWith(QLatin1String("sim:"))) args << "simulate" << "--hardware" << backend.mid(4);
   else args << (strategy == QLatin1String("single") ? "run" : "launch");
-  args << "--model" << m_model->currentText() << "--strategy" << strategy << "--prompt-len"
-       << QString::number(m_prompt->value()) << "--decode" << QString::number(m_decode->value()) << "--dtype"
-       << m_dtype->currentData().toString();
+  args << "--model" << m_model->currentText() << "--strategy" << strategy << promptArguments() << "--decode"
+       << QString::number(m_decode->value()) << "--dtype" << m_dtype->currentData().toString();
   if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
   if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
   if (backend.startsWith(QLatin1String("sim:")) && m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());
@@ -472,6 +478,13 @@ QStringList MainWindow::engineArguments() const {
   if (!precision.isEmpty() && precision != QLatin1String("fp32")) args << "--comm-precision" << precision;
   if (!m_capacity->text().trimmed().isEmpty()) args << "--capacity" << m_capacity->text().trimmed();
   return args;
+}
+
+// The prompt as the setup gives it: typed text, or a synthetic one of N tokens.
+QStringList MainWindow::promptArguments() const {
+  const QString text = m_promptText->text();
+  if (!text.isEmpty()) return {"--prompt", text};
+  return {"--prompt-len", QString::number(m_prompt->value())};
 }
 
 void MainWindow::setOptions(int batch, const QString& overrides, const QString& precision, const QString& capacity) {
@@ -508,10 +521,11 @@ bool MainWindow::openStream(const QString& path) {
 void MainWindow::onEvents(const EventBatch& events) { m_data.add(*events); }
 
 void MainWindow::runSweep() {
-  const QStringList args = {"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
-                            QString::number(std::max(2, m_devices->value())), "--prompt-len",
-                            QString::number(m_prompt->value()), "--decode", QString::number(m_decode->value()),
-                            "--precisions", "bf16,int8,int4,fp8", "--blocks", "32,128,1024", "--events", "-"};
+  const QStringList args = QStringList{"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
+                                       QString::number(std::max(2, m_devices->value()))} +
+                           promptArguments() +
+                           QStringList{"--decode", QString::number(m_decode->value()), "--precisions",
+                                       "bf16,int8,int4,fp8", "--blocks", "32,128,1024", "--events", "-"};
   runArguments(args, tr("sweep · %1").arg(QFileInfo(m_model->currentText()).fileName()));
 }
 

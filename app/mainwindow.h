@@ -75,6 +75,7 @@ class MainWindow : public QMainWindow {
   QTabWidget* pages() { return m_tabs; }
   // The engine arguments the setup describes.
   QStringList engineArguments() const;
+  QStringList promptArguments() const;
   // Whether the setup is in Training mode (the engine's `train`) rather than Inference.
   bool training() const;
   // Selects Inference or Training and the training fields (screenshots, tests).
@@ -125,6 +126,7 @@ class MainWindow : public QMainWindow {
   QSpinBox* m_devices;
   QLineEdit* m_mesh;
   QSpinBox* m_prompt;
+  QLineEdit* m_promptText;  // the prompt as text (empty: m_prompt synthetic tokens)
   QSpinBox* m_decode;
   QSpinBox* m_batch;
   QSpinBox* m_nodes;        // simulated runs: devices spread over this many nodes

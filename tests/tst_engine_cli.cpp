@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -15,6 +16,7 @@
 #include "model/model.h"
 #include "engine_process.h"
 #include "protocol/events.h"
+#include "text/bpe_train.h"
 
 using namespace ss::proto;
 
@@ -293,6 +295,8 @@ class TestEngineCli : public QObject {
     QTest::newRow("token outside vocab") << QStringList{"--tokens", "1,256"} << "256";
     QTest::newRow("prompt-len and tokens")
         << QStringList{"--tokens", "1,2", "--prompt-len", "3"} << "either";
+    QTest::newRow("prompt text without a tokenizer") << QStringList{"--prompt", "hi"} << "tokenizer.json";
+    QTest::newRow("prompt text and tokens") << QStringList{"--prompt", "hi", "--tokens", "1"} << "use one";
     QTest::newRow("capacity unit")
         << QStringList{"--prompt-len", "4", "--capacity", "12XB"} << "12XB";
     QTest::newRow("capacity negative")
@@ -325,6 +329,65 @@ class TestEngineCli : public QObject {
       QCOMPARE(std::get<Done>(s.events.back()).exit_code, int(ss::kExitUsage));
       QCOMPARE(int(s.all<Error>().size()), 1);
     }
+  }
+
+  // --prompt: a model folder's tokenizer.json encodes the text; the stream
+  // carries it as a `prompt` record and the answer as `generation` records
+  // that grow a token at a time, decoded by the same tokenizer.
+  void promptText() {
+    QTemporaryDir dir;
+    const QString model = dir.filePath("model");
+    std::string corpus;
+    for (int i = 0; i < 200; ++i) corpus += "the jury said the city of the state was fine, and the court said no.\n";
+    std::istringstream in(corpus);
+    ss::text::BpeTrainOptions o;
+    o.vocab_size = 300;
+    const ss::text::Tokenizer tok = ss::text::train_bpe(in, o);
+    Ran ex = engine({"export", "--model", "tiny-llama", "--set", "vocab_size=300", "--out", model});
+    QVERIFY2(ex.exit_code == 0, ex.err.constData());
+    tok.save((model + "/tokenizer.json").toStdString());
+
+    const std::string text = "The jury said \xE2\x80\x94 caf\xC3\xA9.";
+    const int decode = 4;
+    const Ran r = engine({"run", "--model", model, "--prompt", QString::fromStdString(text), "--decode",
+                          QString::number(decode)});
+    QVERIFY2(r.exit_code == 0, r.err.constData());
+    const Stream s = read_stream(r.out);
+    QCOMPARE(s.rejected, int64_t(0));
+    const auto prompts = s.all<Prompt>();
+    QCOMPARE(int(prompts.size()), 1);
+    QCOMPARE(prompts[0]->text, text);
+    const std::vector<int32_t> ids = tok.encode(text);
+    QCOMPARE(prompts[0]->ids, std::vector<int64_t>(ids.begin(), ids.end()));
+    QCOMPARE(prompts[0]->ids.front(), int64_t(0));  // the BOS
+    const auto gens = s.all<Generation>();
+    QCOMPARE(int(gens.size()), decode + 1);
+    const Generation& answer = *gens.back();
+    QVERIFY(!answer.partial);
+    QCOMPARE(int(answer.tokens.size()), decode + 1);
+    const std::vector<int32_t> got(answer.tokens.begin(), answer.tokens.end());
+    QVERIFY(answer.text.has_value());
+    // Random weights choose byte tokens too: bytes that are not UTF-8 reach the stream as U+FFFD.
+    const auto as_written = [](const std::string& t) {
+      return nlohmann::json::parse(nlohmann::json(t).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+          .get<std::string>();
+    };
+    QCOMPARE(*answer.text, as_written(tok.decode(got)));
+    for (int k = 0; k < decode; ++k) {  // each partial record: the answer's first k + 1 tokens
+      QVERIFY(gens[size_t(k)]->partial);
+      QCOMPARE(gens[size_t(k)]->tokens, std::vector<int64_t>(answer.tokens.begin(), answer.tokens.begin() + k + 1));
+    }
+    // The same run from the ids: the same answer, and the prompt record decodes them.
+    QStringList idList;
+    for (const int32_t id : ids) idList << QString::number(id);
+    const Ran byIds = engine({"run", "--model", model, "--tokens", idList.join(','), "--decode", QString::number(decode)});
+    const Stream t = read_stream(byIds.out);
+    QCOMPARE(t.all<Prompt>().at(0)->text, as_written(tok.decode(ids)));
+    QCOMPARE(t.all<Generation>().back()->tokens, answer.tokens);
+
+    const Ran empty = engine({"run", "--model", model, "--prompt", ""});
+    QCOMPARE(empty.exit_code, int(ss::kExitUsage));
+    QVERIFY2(one_line(empty.err).contains("encodes to no tokens"), empty.err.constData());
   }
 
   // Host memory is the capacity of a cpu device (its host's available memory,

@@ -48,7 +48,12 @@ void RunData::addAll(Events&& events) {
             else m_metrics[ev.name] = ev.value;
           } else if constexpr (std::is_same_v<T, Error>) m_errors.push_back(ev);
           else if constexpr (std::is_same_v<T, Accuracy>) m_accuracy.push_back(ev);
-          else if constexpr (std::is_same_v<T, Generation>) m_generations.push_back(ev);
+          else if constexpr (std::is_same_v<T, Generation>) {
+            // A run's answer grows a record at a time: the latest of a configuration replaces the one before.
+            if (!m_generations.empty() && m_generations.back().config == ev.config && m_generations.back().partial)
+              m_generations.back() = ev;
+            else m_generations.push_back(ev);
+          } else if constexpr (std::is_same_v<T, Prompt>) m_prompt = ev;
           else if constexpr (std::is_same_v<T, Phase>) m_phases.push_back(ev);
           else if constexpr (std::is_same_v<T, TrainStep>) m_trainSteps.push_back(ev);
           else if constexpr (std::is_same_v<T, ScalePoint>) m_scalePoints.push_back(ev);

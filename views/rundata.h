@@ -8,6 +8,7 @@
 #include <QString>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,7 @@ class RunData {
   const std::vector<ss::proto::Error>& errors() const { return m_errors; }
   const std::vector<ss::proto::Accuracy>& accuracy() const { return m_accuracy; }
   const std::vector<ss::proto::Generation>& generations() const { return m_generations; }
+  const std::optional<ss::proto::Prompt>& prompt() const { return m_prompt; }
   // Where each phase (load, prefill, decode) began, on the run's clock.
   const std::vector<ss::proto::Phase>& phases() const { return m_phases; }
   // A training run's steps, in order.
@@ -71,6 +73,7 @@ class RunData {
   std::vector<ss::proto::Error> m_errors;
   std::vector<ss::proto::Accuracy> m_accuracy;
   std::vector<ss::proto::Generation> m_generations;
+  std::optional<ss::proto::Prompt> m_prompt;
   std::vector<ss::proto::Phase> m_phases;
   std::vector<ss::proto::TrainStep> m_trainSteps;
   std::vector<ss::proto::ScalePoint> m_scalePoints;

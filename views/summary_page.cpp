@@ -18,6 +18,37 @@
 
 // --------------------------------------------------------------- Summary ---
 
+namespace {
+
+// The prompt and the run's answer as text (ids where the model has no
+// tokenizer), the answer growing as the engine streams it.
+QString answerHtml(const RunData& data) {
+  const ss::proto::Generation* answer = nullptr;
+  for (const auto& g : data.generations())
+    if (g.config.empty()) answer = &g;
+  QString h;
+  const auto ids = [](const std::vector<int64_t>& v) {
+    QStringList s;
+    for (int64_t id : v) s << QString::number(id);
+    return s.join(' ');
+  };
+  if (const auto& p = data.prompt())
+    h += QObject::tr("<p><b>Prompt</b> (%1 tokens): %2</p>")
+             .arg(p->ids.size())
+             .arg(QString::fromStdString(p->text).toHtmlEscaped().replace('\n', "<br>"));
+  if (answer) {
+    const QString body = answer->text ? QString::fromStdString(*answer->text).toHtmlEscaped().replace('\n', "<br>")
+                                      : QObject::tr("token ids %1").arg(ids(answer->tokens));
+    h += QObject::tr("<p><b>Answer</b> (%1 tokens%2): %3</p>")
+             .arg(answer->tokens.size())
+             .arg(answer->partial ? QObject::tr(", still coming") : QString())
+             .arg(body);
+  }
+  return h;
+}
+
+}  // namespace
+
 SummaryPage::SummaryPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
   auto* layout = new QVBoxLayout(this);
   m_text = new QTextBrowser(this);
@@ -101,6 +132,7 @@ void SummaryPage::refresh() {
                .arg(ranksHere)
                .arg(cores);
   }
+  h += answerHtml(m_data);
   auto metric = [&](const char* name, const QString& label, const QString& unit, double scale = 1) {
     auto it = m_data.metrics().find(name);
     if (it != m_data.metrics().end())

@@ -18,6 +18,7 @@
 #include "runtime/heartbeat.h"
 #include "runtime/host_memory.h"
 #include "runtime/launch.h"
+#include "runtime/prompt.h"
 #include "runtime/run.h"
 #include "runtime/scale.h"
 #include "runtime/summary.h"
@@ -99,6 +100,7 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--batch", o.batch, "sequences (dp gives each device its own)")->capture_default_str();
   cmd->add_option("--prompt-len", o.prompt_len, "synthetic prompt length (tokens drawn from --seed)");
   cmd->add_option("--tokens", tokens, "explicit prompt token ids, comma separated");
+  cmd->add_option("--prompt", o.prompt, "the prompt as text, encoded by the model folder's tokenizer.json");
   cmd->add_option("--decode", o.decode, "greedy decode steps after the prompt")->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of synthetic weights and prompt")->capture_default_str();
   cmd->add_option("--capacity", capacity, "memory per device, e.g. 2GiB (over it: an oom error event)");
@@ -175,6 +177,7 @@ int run_command(ss::RunOptions& o, const std::string& tokens, const std::string&
                 const std::string& events) {
   std::FILE* f = stdout;
   if (!tokens.empty()) o.tokens = parse_tokens(tokens);
+  ss::encode_prompt(o);
   if (!capacity.empty()) o.capacity = ss::parse_bytes(capacity);
   if (!events.empty() && events != "-") {
     f = std::fopen(events.c_str(), "w");
@@ -415,6 +418,7 @@ int main(int argc, char** argv) {
     if (*check) {
       // The same checks launch and simulate make before anything starts.
       if (!check_tokens.empty()) check_opts.tokens = parse_tokens(check_tokens);
+      ss::encode_prompt(check_opts);
       if (!check_capacity.empty()) check_opts.capacity = ss::parse_bytes(check_capacity);
       if (!check_hardware.empty()) {
         ss::load_hardware(check_hardware);
@@ -428,6 +432,7 @@ int main(int argc, char** argv) {
     }
     if (*sweep) {
       if (!sweep_tokens.empty()) sweep_opts.run.tokens = parse_tokens(sweep_tokens);
+      ss::encode_prompt(sweep_opts.run);
       if (!sweep_capacity.empty()) sweep_opts.run.capacity = ss::parse_bytes(sweep_capacity);
       const bool to_stdout = sweep_opts.events.empty() || sweep_opts.events == "-";
       return ss::run_sweep(sweep_opts, to_stdout ? std::cerr : std::cout);
@@ -446,6 +451,7 @@ int main(int argc, char** argv) {
     }
     if (*simulate) {
       if (!sim_tokens.empty()) sim_opts.tokens = parse_tokens(sim_tokens);
+      ss::encode_prompt(sim_opts);
       if (!sim_capacity.empty()) sim_opts.capacity = ss::parse_bytes(sim_capacity);
       sim_opts.backend = "sim";
       const ss::HardwareProfile hw = ss::load_hardware(sim_hardware);
@@ -461,6 +467,7 @@ int main(int argc, char** argv) {
     }
     if (*launch) {
       if (!launch_tokens.empty()) launch_opts.tokens = parse_tokens(launch_tokens);
+      ss::encode_prompt(launch_opts);
       if (!launch_capacity.empty()) launch_opts.capacity = ss::parse_bytes(launch_capacity);
       launch_cfg.run_args = rank_arguments(argc, argv, "launch");
       return ss::launch(launch_opts, launch_cfg);

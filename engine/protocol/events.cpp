@@ -129,8 +129,11 @@ struct ToJson {
   json operator()(const Generation& e) const {
     json j = {{"type", "generation"}, {"tokens", e.tokens}};
     if (!e.config.empty()) j["config"] = e.config;
+    if (e.text) j["text"] = *e.text;
+    if (e.partial) j["partial"] = true;
     return j;
   }
+  json operator()(const Prompt& e) const { return {{"type", "prompt"}, {"text", e.text}, {"ids", e.ids}}; }
   json operator()(const TrainStep& e) const {
     json peak = json::object();
     for (int c = 0; c < kCategoryCount; ++c) peak[kCategoryNames[c]] = e.peak[size_t(c)];
@@ -178,6 +181,7 @@ struct TypeName {
   std::string_view operator()(const Phase&) const { return "phase"; }
   std::string_view operator()(const Accuracy&) const { return "accuracy"; }
   std::string_view operator()(const Generation&) const { return "generation"; }
+  std::string_view operator()(const Prompt&) const { return "prompt"; }
   std::string_view operator()(const TrainStep&) const { return "train_step"; }
   std::string_view operator()(const ScalePoint&) const { return "scale_point"; }
   std::string_view operator()(const Error&) const { return "error"; }
@@ -393,6 +397,22 @@ Event from_json(const json& j) {
     const json* t = find(j, "tokens", true);
     if (!t->is_array()) bad("tokens", "must be an array of token ids");
     for (auto& v : *t) e.tokens.push_back(as_i64(v, "tokens"));
+    if (const json* text = find(j, "text", false)) {
+      if (!text->is_string()) bad("text", "must be a string");
+      e.text = text->get<std::string>();
+    }
+    if (const json* p = find(j, "partial", false)) {
+      if (!p->is_boolean()) bad("partial", "must be true or false");
+      e.partial = p->get<bool>();
+    }
+    return e;
+  }
+  if (type == "prompt") {
+    Prompt e;
+    e.text = get_str(j, "text");
+    const json* ids = find(j, "ids", true);
+    if (!ids->is_array()) bad("ids", "must be an array of token ids");
+    for (auto& v : *ids) e.ids.push_back(as_i64(v, "ids"));
     return e;
   }
   if (type == "error") {

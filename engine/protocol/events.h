@@ -108,10 +108,21 @@ struct Accuracy {
 
 // The greedy token ids a run chose at each decode step, in order. A sweep
 // writes one per configuration (`config`: the reference's label, or the
-// quantized point's), so a view can set them side by side.
+// quantized point's), so a view can set them side by side. A run writes one
+// as each token is chosen (`partial`: more follow), then the whole answer.
+// `text`: the ids decoded by the model's tokenizer, where it has one.
 struct Generation {
   std::string config;
   std::vector<int64_t> tokens;
+  std::optional<std::string> text;
+  bool partial = false;
+};
+
+// The prompt of a run whose model has a tokenizer: its text and the ids it
+// encodes to (what --prompt gave, or what --tokens decode to).
+struct Prompt {
+  std::string text;
+  std::vector<int64_t> ids;
 };
 
 // One training step (optimizer update): the mean loss over the step's
@@ -160,7 +171,7 @@ struct Done {
 };
 
 using Event = std::variant<Hello, Config, Device, Placement, Tokens, Span, Mem, Metric, Phase, Accuracy, Generation,
-                           TrainStep, ScalePoint, Error, Done>;
+                           Prompt, TrainStep, ScalePoint, Error, Done>;
 
 std::string_view type_name(const Event& e);
 nlohmann::json to_json(const Event& e);

@@ -1,5 +1,7 @@
 #include "runtime/run.h"
 
+#include "runtime/prompt.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +19,7 @@
 #include "io/npy.h"
 #include "model/model.h"
 #include "runtime/host_memory.h"
+#include "runtime/prompt.h"
 #include "runtime/rank.h"
 #include "sim/meta_backend.h"
 #include "sim/sim_comm.h"
@@ -168,6 +171,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     const std::filesystem::path& dir = plan.dir;
     const std::vector<int32_t> base_prompt = make_prompt(o, cfg.vocab);
     const int64_t P = int64_t(base_prompt.size()), total = P + o.decode;
+    const std::optional<text::Tokenizer> tokenizer = g.root() ? model_tokenizer(dir) : std::nullopt;
     const int T = plan.tp, S = plan.sp;
     const bool zigzag = plan.zigzag;
     join_group(g, rec, setup, strategy, T);
@@ -239,8 +243,20 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       hello();
       if (setup.config.is_object()) conf.update(setup.config);  // the simulator's hardware profile and nodes
       out->write(proto::Config{conf});
+      if (tokenizer) {
+        const std::vector<int64_t> ids(base_prompt.begin(), base_prompt.end());
+        out->write(proto::Prompt{o.prompt.value_or(tokenizer->decode(base_prompt)), ids});
+      }
       out->flush();
     }
+    // The answer so far, on the root, as each token is chosen (real runs only:
+    // the simulator's tensors hold no values to choose from).
+    const bool report_tokens = g.root() && setup.backend != "sim";
+    const auto generation = [&](bool partial) {
+      proto::Generation e{"", std::vector<int64_t>(res.generated.begin(), res.generated.end()), std::nullopt, partial};
+      if (tokenizer) e.text = tokenizer->decode(res.generated);
+      extra.push_back(proto::to_line(e));
+    };
     extra.push_back(proto::to_line(proto::Device{g.rank, std::string(be.kind()), be.device_name(), capacity, g.hosts[size_t(g.rank)]}));
     extra.push_back(proto::to_line(proto::Tokens{g.rank, merge_ranges(kv_ranges)}));
     if (g.root()) extra.push_back(proto::to_line(proto::Phase{"load", rec.now()}));
@@ -344,6 +360,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
         // so their logits compare position by position.
         if (size_t(k) < o.force_decode.size()) next = o.force_decode[size_t(k)];
         if (seq == seq_begin) res.generated.push_back(next);
+        if (seq == seq_begin && report_tokens) generation(true);
         const int32_t p1 = int32_t(P + k);
         StepLayout dl;
         dl.kv_owner = seq_sharded ? int(p1 % S) : 0;
@@ -366,6 +383,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
         step_boundary(g, rec, extra, out);
       }
       if (seq == seq_begin) res.generated.push_back(next);
+      if (seq == seq_begin && report_tokens) generation(false);
     }
     res.prefill_s = prefill_s;
     res.decode_s = decode_s;

@@ -33,6 +33,7 @@ struct RunOptions {
   std::vector<int32_t> force_decode;     // feed these tokens in decode instead of the greedy ones
   int64_t prompt_len = 0;                // synthetic prompt of this length ...
   std::vector<int32_t> tokens;           // ... or these tokens
+  std::optional<std::string> prompt;     // the text --tokens was encoded from (runtime/prompt.h)
   int decode = 0;                        // greedy decode steps after the prompt
   uint64_t seed = 0;                     // synthetic weights and prompt
   int64_t capacity = 0;                  // bytes per device; 0 = unlimited

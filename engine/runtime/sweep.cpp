@@ -260,7 +260,8 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   // logits' argmax, in the reference's context), for the explorer to set side
   // by side; the first difference is the first divergence.
   auto greedy = [&](const NpyArray& L, const std::string& label) {
-    proto::Generation g{label, {}};
+    proto::Generation g;
+    g.config = label;
     for (int64_t k = 0; k <= o.decode && P - 1 + k < rows; ++k)
       g.tokens.push_back(argmax(&L.data[size_t((P - 1 + k) * V)], V));
     out.write(g);

@@ -1,0 +1,24 @@
+// Text in and out of a run: --prompt encoded by the model folder's
+// tokenizer.json, and ids decoded back for the `prompt` and `generation`
+// records. A model without a tokenizer (a preset of synthetic weights) runs
+// on ids only.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+
+#include "runtime/run.h"
+#include "text/tokenizer.h"
+
+namespace ss {
+
+// The tokenizer.json beside a model folder's config.json, or none.
+std::optional<text::Tokenizer> model_tokenizer(const std::filesystem::path& dir);
+
+// --prompt: sets o.tokens to the text's ids (with the tokenizer's BOS), or
+// refuses with one line: a model without a tokenizer, --prompt given with
+// --tokens or --prompt-len, text that encodes to no tokens, or ids past the
+// model's vocabulary.
+void encode_prompt(RunOptions& o);
+
+}  // namespace ss
