@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package ShardScope needs to build, test and run.
+# Installs every Debian package ShardScope needs to build, test and run, and
+# fetches the Brown Corpus into the cache (fetch-corpus.sh).
 # This is the one list: add a package here, never by hand on a machine.
 # Safe to run repeatedly; it only calls apt when something is missing.
 set -euo pipefail
@@ -28,8 +29,10 @@ for p in "${packages[@]}"; do
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
 
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup-deps: all ${#packages[@]} packages present"
+  "$here/fetch-corpus.sh"
   exit 0
 fi
 
@@ -43,3 +46,4 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -q
 $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 echo "setup-deps: done"
+"$here/fetch-corpus.sh"

@@ -101,6 +101,8 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--prompt-len", o.prompt_len, "synthetic prompt length (tokens drawn from --seed)");
   cmd->add_option("--tokens", tokens, "explicit prompt token ids, comma separated");
   cmd->add_option("--prompt", o.prompt, "the prompt as text, encoded by the model folder's tokenizer.json");
+  cmd->add_option("--window", o.window, "score the prompt as consecutive sequences of N tokens (teacher-forced; "
+                                        "with --logits-out), run one after another");
   cmd->add_option("--decode", o.decode, "greedy decode steps after the prompt")->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of synthetic weights and prompt")->capture_default_str();
   cmd->add_option("--capacity", capacity, "memory per device, e.g. 2GiB (over it: an oom error event)");
@@ -165,7 +167,9 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
   cmd->add_option("--adam-eps", o.adam_eps, "AdamW epsilon")->capture_default_str();
   cmd->add_option("--recompute", o.recompute, "activation recomputation: none, selective or full")
       ->capture_default_str();
-  cmd->add_option("--data", o.data, "synthetic, or a FILE whose bytes are the tokens")->capture_default_str();
+  cmd->add_option("--data", o.data, "synthetic, or a FILE: its bytes are the tokens, or its text with --tokenizer")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", o.tokenizer, "tokenizer.json that encodes the text of --data (copied into --save)");
   cmd->add_option("--tokens", tokens, "one explicit sequence, comma separated: inputs all but the last id, targets "
                                       "all but the first");
   cmd->add_option("--save", o.save, "write a checkpoint folder (HF layout + optimizer state) after the last step");
@@ -272,6 +276,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   sweep->add_option("--rounding", sweep_opts.rounding, "rn (nearest) or sr (stochastic)")->capture_default_str();
   sweep->add_option("--eval-tokens", sweep_opts.eval_tokens, "file of token ids: perplexity over them");
+  sweep->add_option("--eval-text", sweep_opts.eval_text,
+                    "score real text, teacher-forced: a FILE the model's tokenizer encodes, or 'heldout' (the "
+                    "Brown Corpus's held-out samples)");
+  sweep->add_option("--eval-windows", sweep_opts.eval_windows, "windows of the text to score")->capture_default_str();
+  sweep->add_option("--eval-window", sweep_opts.eval_window, "tokens per window")->capture_default_str();
   sweep->add_option("--events", sweep_opts.events, "write the sweep's stream to FILE (the table goes to stdout)");
 
   ss::ScaleOptions scale_opts;

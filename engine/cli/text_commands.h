@@ -1,4 +1,4 @@
-// The text subcommands: `tokenizer train|encode|decode` and `corpus`.
+// The text subcommands: `tokenizer train|encode|decode`, `corpus` and `eval`.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -7,12 +7,15 @@
 #include <ostream>
 #include <string>
 
+#include "runtime/evaluate.h"
 #include "text/bpe_train.h"
 
 namespace ss {
 
 struct TextCommands {
-  CLI::App *train = nullptr, *encode = nullptr, *decode = nullptr, *corpus = nullptr;
+  CLI::App *train = nullptr, *encode = nullptr, *decode = nullptr, *corpus = nullptr, *eval = nullptr;
+  EvalOptions eval_options;
+  std::string eval_dtype = "fp32";
   text::BpeTrainOptions options;
   std::string corpus_file, out, tokenizer, text, ids, brown_dir, corpus_out;
   bool pieces = false;

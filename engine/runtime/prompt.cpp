@@ -1,5 +1,7 @@
 #include "runtime/prompt.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ss {
@@ -13,6 +15,7 @@ std::optional<text::Tokenizer> model_tokenizer(const std::filesystem::path& dir)
 }
 
 void encode_prompt(RunOptions& o) {
+  if (o.window > 0 && !o.tokens.empty() && o.batch == 1) o.batch = int(int64_t(o.tokens.size()) / std::max<int64_t>(o.window, 1));
   if (!o.prompt) return;
   if (!o.tokens.empty() || o.prompt_len > 0)
     throw UsageError("--prompt, --tokens and --prompt-len each give the prompt: use one");
@@ -32,6 +35,7 @@ void encode_prompt(RunOptions& o) {
       throw UsageError("--prompt: the tokenizer gives id " + std::to_string(id) + ", past the model's vocabulary of " +
                        std::to_string(cfg.vocab) + " (tokenizer.json and config.json do not match)");
   o.tokens = ids;
+  if (o.window > 0 && o.batch == 1) o.batch = int(int64_t(ids.size()) / o.window);
 }
 
 }  // namespace ss

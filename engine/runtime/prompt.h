@@ -18,7 +18,7 @@ std::optional<text::Tokenizer> model_tokenizer(const std::filesystem::path& dir)
 // --prompt: sets o.tokens to the text's ids (with the tokenizer's BOS), or
 // refuses with one line: a model without a tokenizer, --prompt given with
 // --tokens or --prompt-len, text that encodes to no tokens, or ids past the
-// model's vocabulary.
+// model's vocabulary. With --window, sets the batch to the windows' count.
 void encode_prompt(RunOptions& o);
 
 }  // namespace ss

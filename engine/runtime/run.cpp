@@ -128,8 +128,17 @@ void validate(const RunOptions& o, const std::string& backend) {
   if (o.decode < 0) throw UsageError("--decode must be >= 0");
   if (o.capacity < 0) throw UsageError("--capacity must be >= 0");
   if (o.batch < 1) throw UsageError("--batch must be >= 1");
-  if (o.batch > 1 && s != Strategy::Single && s != Strategy::DP)
+  if (o.batch > 1 && s != Strategy::Single && s != Strategy::DP && o.window == 0)
     throw UsageError("--batch > 1 is for --strategy single or dp");
+  if (o.window < 0) throw UsageError("--window must be >= 0");
+  if (o.window > 0) {  // teacher-forced windows of a text, one after another
+    if (o.tokens.empty() || int64_t(o.tokens.size()) % o.window)
+      throw UsageError("--window " + std::to_string(o.window) + " cuts --tokens into sequences: give a multiple of " +
+                       std::to_string(o.window) + " ids");
+    if (o.decode > 0) throw UsageError("--window scores the given tokens; it takes no --decode");
+    if (o.batch != int64_t(o.tokens.size()) / o.window)
+      throw UsageError("--window sets the batch to the number of windows; leave --batch out");
+  }
   if (o.prompt_len > 100'000'000) throw UsageError("--prompt-len is over 100M tokens");
   const CommPrecision cp = parse_comm_precision(o.comm_precision);
   if (cp.quantizes()) {
@@ -155,7 +164,7 @@ RunPlan plan_inference(const RunOptions& o, const std::string& backend) {
   plan.cfg = resolve_model(o.model, &plan.dir, o.overrides);
   plan.cfg.dtype = o.dtype;
   plan.cfg.kv_dtype = cache_dtype(o);
-  plan.tokens = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
+  plan.tokens = o.window ? o.window : o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
   validate_parallel(plan.cfg, plan.strategy, o.devices, plan.tp, plan.sp, plan.tokens, plan.zigzag, o.batch);
   return plan;
 }
@@ -169,7 +178,13 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     const bool distributed = strategy != Strategy::Single;
     const ModelConfig& cfg = plan.cfg;
     const std::filesystem::path& dir = plan.dir;
-    const std::vector<int32_t> base_prompt = make_prompt(o, cfg.vocab);
+    const std::vector<int32_t> all_tokens = make_prompt(o, cfg.vocab);
+    // --window: sequence k is the k-th window of the tokens; otherwise every
+    // sequence but the first draws its own synthetic prompt.
+    const auto window_of = [&](int seq) {
+      return std::vector<int32_t>(all_tokens.begin() + seq * o.window, all_tokens.begin() + (seq + 1) * o.window);
+    };
+    const std::vector<int32_t> base_prompt = o.window ? window_of(0) : all_tokens;
     const int64_t P = int64_t(base_prompt.size()), total = P + o.decode;
     const std::optional<text::Tokenizer> tokenizer = g.root() ? model_tokenizer(dir) : std::nullopt;
     const int T = plan.tp, S = plan.sp;
@@ -321,7 +336,9 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       const bool mine = seq >= seq_begin && seq < seq_end;
       RunOptions so = o;
       so.seed = o.seed + uint64_t(seq);
-      const std::vector<int32_t> prompt = seq == 0 || !o.tokens.empty() ? base_prompt : make_prompt(so, cfg.vocab);
+      const std::vector<int32_t> prompt = o.window                        ? window_of(seq)
+                                          : seq == 0 || !o.tokens.empty() ? base_prompt
+                                                                          : make_prompt(so, cfg.vocab);
       if (!mine) continue;
       Cache cache = model.make_cache(my_prompt + my_decode_kv);
       std::vector<int32_t> tokens, pos;

@@ -34,6 +34,7 @@ struct RunOptions {
   int64_t prompt_len = 0;                // synthetic prompt of this length ...
   std::vector<int32_t> tokens;           // ... or these tokens
   std::optional<std::string> prompt;     // the text --tokens was encoded from (runtime/prompt.h)
+  int64_t window = 0;                    // > 0: --tokens are consecutive sequences of this many (a batch)
   int decode = 0;                        // greedy decode steps after the prompt
   uint64_t seed = 0;                     // synthetic weights and prompt
   int64_t capacity = 0;                  // bytes per device; 0 = unlimited

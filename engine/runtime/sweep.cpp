@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -16,6 +17,8 @@
 #include "model/config.h"
 #include "protocol/events.h"
 #include "runtime/process.h"
+#include "runtime/prompt.h"
+#include "text/corpus.h"
 
 namespace ss {
 namespace {
@@ -43,6 +46,7 @@ std::vector<std::string> run_args(const RunOptions& o) {
   } else {
     a.insert(a.end(), {"--prompt-len", std::to_string(o.prompt_len)});
   }
+  if (o.window > 0) a.insert(a.end(), {"--window", std::to_string(o.window)});
   return a;
 }
 
@@ -145,6 +149,30 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     if (o.tokens.size() < 2) throw UsageError("--eval-tokens " + so.eval_tokens + ": needs at least two token ids");
     o.prompt_len = 0;
   }
+  if (!so.eval_text.empty()) {
+    if (!so.eval_tokens.empty()) throw UsageError("--eval-text and --eval-tokens each give the text: use one");
+    if (so.eval_windows < 1 || so.eval_window < 2) throw UsageError("--eval-windows must be >= 1, --eval-window >= 2");
+    std::filesystem::path dir;
+    resolve_model(o.model, &dir, o.overrides);
+    const std::optional<text::Tokenizer> tok = model_tokenizer(dir);
+    if (!tok) throw UsageError("--eval-text needs a model folder with a tokenizer.json; --model " + o.model + " has none");
+    const std::string path = so.eval_text == "heldout" ? text::brown_heldout_path() : so.eval_text;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UsageError("--eval-text " + path + ": cannot be read");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<int32_t> ids = text::encode_documents(text, *tok);
+    const int64_t want = int64_t(so.eval_windows) * so.eval_window;
+    if (int64_t(ids.size()) < want)
+      throw UsageError("--eval-text " + path + " holds " + std::to_string(ids.size()) + " tokens, fewer than " +
+                       std::to_string(so.eval_windows) + " windows of " + std::to_string(so.eval_window));
+    ids.resize(size_t(want));
+    o.tokens = ids;
+    o.prompt.reset();
+    o.prompt_len = 0;
+    o.window = so.eval_window;
+    o.batch = so.eval_windows;
+    o.decode = 0;
+  }
   // Refuse before any run: the strategy must all-reduce, the grid must parse.
   RunOptions probe = o;
   probe.comm_precision = "int8";
@@ -178,7 +206,8 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   proto::Writer out(f);
   out.write(proto::Hello{proto::kVersion, engine_version(), host_name()});
   nlohmann::json sweep = {{"precisions", so.precisions}, {"blocks", so.blocks}, {"sites", sites},
-                          {"rounding", so.rounding}, {"eval_tokens", so.eval_tokens}};
+                          {"rounding", so.rounding}, {"eval_tokens", so.eval_tokens},
+                          {"eval_text", so.eval_text}, {"windows", o.window ? o.batch : 0}, {"window", o.window}};
   const std::string dtype(compute_dtype_name(o.dtype));
   out.write(proto::Config{{{"sweep", sweep}, {"model", cfg.to_json()}, {"strategy", o.strategy},
                            {"devices", o.devices}, {"dtype", dtype},
@@ -198,7 +227,8 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     throw UsageError("the unquantized reference run failed: " + ref.error);
   }
   const int64_t V = R.shape.back(), rows = int64_t(R.data.size()) / V;
-  const int64_t P = o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
+  // --eval-text: W-token windows, each scored on its own (P: one window).
+  const int64_t W = o.window, P = W ? W : o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
   // The reference's greedy tokens: every quantized run decodes them (teacher
   // forcing), so each position is compared in the same context; where the
   // quantized run's own greedy choice would first differ is reported apart.
@@ -208,8 +238,12 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   auto perplexity = [&](const NpyArray& L) -> double {
     if (o.tokens.empty()) return NAN;
     double nll = 0;
-    for (int64_t i = 0; i + 1 < P; ++i) nll -= log_softmax(&L.data[size_t(i * V)], V)[size_t(o.tokens[size_t(i + 1)])];
-    return std::exp(nll / double(P - 1));
+    int64_t n = 0;
+    const int64_t windows = W ? int64_t(o.tokens.size()) / W : 1;
+    for (int64_t w = 0; w < windows; ++w)  // row w P + i predicts token w P + i + 1 of its window
+      for (int64_t i = 0; i + 1 < P; ++i, ++n)
+        nll -= log_softmax(&L.data[size_t((w * P + i) * V)], V)[size_t(o.tokens[size_t(w * P + i + 1)])];
+    return std::exp(nll / double(std::max<int64_t>(n, 1)));
   };
   ref.ppl = perplexity(R);
   ref.top1 = 1;
@@ -259,11 +293,15 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
   // The greedy token a configuration would choose at each decode step (its
   // logits' argmax, in the reference's context), for the explorer to set side
   // by side; the first difference is the first divergence.
+  std::filesystem::path model_dir;
+  resolve_model(o.model, &model_dir, o.overrides);
+  const std::optional<text::Tokenizer> tokenizer = model_tokenizer(model_dir);
   auto greedy = [&](const NpyArray& L, const std::string& label) {
     proto::Generation g;
     g.config = label;
     for (int64_t k = 0; k <= o.decode && P - 1 + k < rows; ++k)
       g.tokens.push_back(argmax(&L.data[size_t((P - 1 + k) * V)], V));
+    if (tokenizer) g.text = tokenizer->decode(std::vector<int32_t>(g.tokens.begin(), g.tokens.end()));
     out.write(g);
   };
   emit(ref);
@@ -317,9 +355,12 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
 
   // The trade-off table, the Pareto front over (wire bytes, KL), and sensitivity.
   char line[512];
-  table << "\nsweep: " << cfg.name << ", " << o.strategy << " on " << o.devices << " ranks, " << rows
-        << " positions (prompt " << P << " + decode " << o.decode << ", decoded with the reference's greedy tokens), "
-        << "rounding " << so.rounding << "\n";
+  table << "\nsweep: " << cfg.name << ", " << o.strategy << " on " << o.devices << " ranks, " << rows << " positions ";
+  if (W)
+    table << "(" << o.batch << " windows of " << W << " tokens of " << so.eval_text << ", teacher-forced), ";
+  else
+    table << "(prompt " << P << " + decode " << o.decode << ", decoded with the reference's greedy tokens), ";
+  table << "rounding " << so.rounding << "\n";
   std::snprintf(line, sizeof line,
                 "reference: mean next-token entropy %.2f nats (uniform: %.2f); median top-2 logit gap %.1f bf16 steps; "
                 "%lld of %lld positions tied (top-2 gap under one bf16 step), excluded from 'decided'\n",
@@ -360,7 +401,7 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     row(p, p.site == "all" && !dominated);
   }
   table << "* on the Pareto front of wire bytes against logits KL (all sites quantized)\n";
-  if (so.eval_tokens.empty()) table << "perplexity: give --eval-tokens FILE (the token ids of a text) to score one\n";
+  if (o.tokens.empty()) table << "perplexity: give --eval-text FILE (or --eval-tokens FILE of token ids) to score a text\n";
   if (sites.size() > 2) {
     table << "\nper-site sensitivity (only that site quantized; highest KL first)\n";
     for (auto& [spec, name] : specs) {

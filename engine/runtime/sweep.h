@@ -25,6 +25,9 @@ struct SweepOptions {
   std::vector<std::string> sites = {"all", "attn", "mlp", "mixer"};
   std::string rounding = "rn";     // rn or sr
   std::string eval_tokens;         // file of token ids: perplexity over them
+  std::string eval_text;           // text (or "heldout"), encoded by the model's tokenizer, scored in windows
+  int eval_windows = 16;           // ... this many
+  int64_t eval_window = 256;       // ... of this many tokens
   std::string events;              // stream destination ("" = stdout)
 };
 

@@ -111,6 +111,10 @@ TrainPlan plan_training(const TrainOptions& o) {
   }
   if (o.tokens.empty() && o.data != "synthetic" && !fs::exists(o.data))
     throw UsageError("--data " + o.data + " does not exist (give a file, or --data synthetic)");
+  if (!o.tokenizer.empty() && (o.data == "synthetic" || !o.tokens.empty()))
+    throw UsageError("--tokenizer encodes the text of --data FILE; give the file");
+  if (!o.tokenizer.empty() && !fs::is_regular_file(o.tokenizer))
+    throw UsageError("--tokenizer " + o.tokenizer + " is not a file (give a tokenizer.json)");
   if (!o.save.empty() && fs::exists(o.save) && !fs::is_directory(o.save))
     throw UsageError("--save " + o.save + " is a file, not a folder; give a folder to write");
   if (o.schedule_steps < 0) throw UsageError("--schedule-steps must be >= 0");
@@ -179,9 +183,10 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
     std::unique_ptr<TensorSource> src;
     if (dir.empty()) src = std::make_unique<SyntheticSource>(r.seed);
     else src = std::make_unique<CheckpointSource>(dir, model.weights());
-    std::unique_ptr<Corpus> corpus = !o.tokens.empty() ? fixed_corpus(o.tokens)
-                                     : o.data == "synthetic" ? synthetic_corpus(r.seed, cfg.vocab)
-                                                             : file_corpus(o.data, cfg.vocab);
+    std::unique_ptr<Corpus> corpus = !o.tokens.empty()         ? fixed_corpus(o.tokens)
+                                     : o.data == "synthetic"   ? synthetic_corpus(r.seed, cfg.vocab)
+                                     : !o.tokenizer.empty()    ? text_corpus(o.data, o.tokenizer, cfg.vocab)
+                                                               : file_corpus(o.data, cfg.vocab);
 
     // This rank's rows of every sequence, and the groups its gradients and loss are summed over.
     const int replicas = plan.replicas, B = o.micro_batch, K = plan.grad_accum;
@@ -425,10 +430,16 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
       if (g.root()) {
         nlohmann::json c = cfg.source;
         c["torch_dtype"] = cfg.dtype == DType::F32 ? "float32" : "bfloat16";
+        std::vector<std::pair<std::string, std::string>> files;
+        if (!o.tokenizer.empty()) {  // the folder is a model people can prompt
+          std::ifstream tin(o.tokenizer, std::ios::binary);
+          files.emplace_back("tokenizer.json", std::string((std::istreambuf_iterator<char>(tin)), {}));
+        }
         write_checkpoint_dir(o.save, c, weights, opt,
                              {{"step", step0 + o.steps}, {"loss", last_loss}, {"strategy", strategy_name(strategy)},
                               {"devices", r.devices}, {"dtype", std::string(compute_dtype_name(cfg.dtype))},
-                              {"seed", r.seed}});
+                              {"seed", r.seed}},
+                             files);
       }
     }
 

@@ -25,7 +25,8 @@ struct TrainOptions {
   int schedule_steps = 0;   // the schedule's length in steps (0: the last step of this run)
   double weight_decay = 0, clip = 1.0, beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
   std::string recompute = "none";   // none | selective | full
-  std::string data = "synthetic";   // synthetic | FILE (bytes as tokens)
+  std::string data = "synthetic";   // synthetic | FILE (bytes as tokens, or text with --tokenizer)
+  std::string tokenizer;            // tokenizer.json: --data is text it encodes; copied into --save
   std::vector<int32_t> tokens;      // one explicit sequence instead of --data
   std::string save, resume, dump_grads;
   std::string hardware;             // sim backend: the profile

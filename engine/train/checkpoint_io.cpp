@@ -62,7 +62,8 @@ static void sync_path(const fs::path& p) {
 }
 
 void write_checkpoint_dir(const fs::path& given, const nlohmann::json& config, const std::vector<TensorBlob>& weights,
-                          const std::vector<TensorBlob>& optimizer, const nlohmann::json& state) {
+                          const std::vector<TensorBlob>& optimizer, const nlohmann::json& state,
+                          const std::vector<std::pair<std::string, std::string>>& files) {
   fs::path dir = given.lexically_normal();
   if (!dir.has_filename()) dir = dir.parent_path();  // "out/" is the folder "out"
   if (fs::exists(dir) && !fs::is_directory(dir))
@@ -89,6 +90,11 @@ void write_checkpoint_dir(const fs::path& given, const nlohmann::json& config, c
     std::ofstream cf(tmp / "config.json");
     cf << config.dump(2) << "\n";
     if (!cf) throw std::runtime_error("cannot write " + (tmp / "config.json").string());
+  }
+  for (const auto& [name, contents] : files) {
+    std::ofstream f(tmp / name, std::ios::binary);
+    f << contents;
+    if (!f) throw std::runtime_error("cannot write " + (tmp / name).string());
   }
   write_checkpoint_tensors(tmp, weights, 1);
   std::vector<const TensorBlob*> opt;

@@ -26,9 +26,11 @@ TensorBlob make_blob(const std::string& name, const Shape& shape, const std::vec
 
 // Writes `dir` as a whole: everything goes into a fresh sibling folder that
 // is renamed over `dir` only once complete (the previous folder, if any, is
-// kept until then and removed after).
+// kept until then and removed after). `files`: more files of the folder
+// (name, contents), e.g. its tokenizer.json.
 void write_checkpoint_dir(const std::filesystem::path& dir, const nlohmann::json& config,
                           const std::vector<TensorBlob>& weights, const std::vector<TensorBlob>& optimizer,
-                          const nlohmann::json& state);
+                          const nlohmann::json& state,
+                          const std::vector<std::pair<std::string, std::string>>& files = {});
 
 }  // namespace ss

@@ -2,8 +2,11 @@
 
 #include <fstream>
 #include <iterator>
+#include <numeric>
 
 #include "core/error.h"
+#include "text/corpus.h"
+#include "text/tokenizer.h"
 
 namespace ss {
 namespace {
@@ -76,7 +79,51 @@ class Bytes final : public Corpus {
   std::vector<uint8_t> m_data;
 };
 
+// Token ids of a text, read in windows of the sequence length taken in a
+// fixed shuffled order (the corpus's documents come grouped by genre; in
+// file order the last steps would see one genre only). Each pass over the
+// windows shifts their boundaries, so later epochs see other contexts.
+class Text final : public Corpus {
+ public:
+  Text(std::string describe, std::vector<int32_t> ids) : m_describe(std::move(describe)), m_ids(std::move(ids)) {}
+  std::vector<int32_t> sequence(int64_t index, int64_t len) const override {
+    const uint64_t n = m_ids.size(), L = uint64_t(len);
+    const uint64_t windows = std::max<uint64_t>(1, n / L);
+    const uint64_t epoch = uint64_t(index) / windows, w = uint64_t(index) % windows;
+    // w -> (a w + b) mod windows is a bijection when a is coprime to windows.
+    uint64_t a = 0x9E3779B97F4A7C15ull % windows;
+    while (windows > 1 && std::gcd(a, windows) != 1) ++a;
+    const uint64_t slot = windows > 1 ? (a * w + epoch * 7919) % windows : 0;
+    const uint64_t start = (slot * L + epoch * 997) % n;
+    std::vector<int32_t> out(static_cast<size_t>(len));
+    for (uint64_t i = 0; i < L; ++i) out[size_t(i)] = m_ids[size_t((start + i) % n)];
+    return out;
+  }
+  std::string describe() const override { return m_describe; }
+
+ private:
+  std::string m_describe;
+  std::vector<int32_t> m_ids;
+};
+
 }  // namespace
+
+std::unique_ptr<Corpus> text_corpus(const std::string& path, const std::string& tokenizer_path, int64_t vocab) {
+  const text::Tokenizer tok = text::Tokenizer::load(tokenizer_path);
+  if (tok.vocab_size() > vocab)
+    throw UsageError("--tokenizer " + tokenizer_path + " has " + std::to_string(tok.vocab_size()) +
+                     " tokens, more than the model's vocabulary of " + std::to_string(vocab) +
+                     "; set vocab_size to at least that");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("--data " + path + ": cannot open the file");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int64_t documents = 0;
+  std::vector<int32_t> ids = text::encode_documents(text, tok, &documents);
+  if (ids.size() < 2) throw UsageError("--data " + path + " encodes to fewer than 2 tokens");
+  return std::make_unique<Text>(path + " (" + std::to_string(documents) + " documents, " + std::to_string(ids.size()) +
+                                    " tokens of " + tokenizer_path + ")",
+                                std::move(ids));
+}
 
 std::unique_ptr<Corpus> fixed_corpus(std::vector<int32_t> tokens) { return std::make_unique<Fixed>(std::move(tokens)); }
 

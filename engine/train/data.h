@@ -30,5 +30,9 @@ std::unique_ptr<Corpus> synthetic_corpus(uint64_t seed, int64_t vocab);
 // `--data FILE`: the file's bytes as token ids (a byte-level vocabulary:
 // needs vocab >= 256); sequence n starts at byte n·len modulo the file size.
 std::unique_ptr<Corpus> file_corpus(const std::string& path, int64_t vocab);
+// `--data FILE --tokenizer tokenizer.json`: UTF-8 text, documents separated
+// by blank lines, encoded with a BOS before each; sequences are windows of
+// the ids in a fixed shuffled order (see data.cpp).
+std::unique_ptr<Corpus> text_corpus(const std::string& path, const std::string& tokenizer_path, int64_t vocab);
 
 }  // namespace ss
