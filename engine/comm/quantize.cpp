@@ -65,14 +65,17 @@ QuantSpec parse_quant_spec(const std::string& text) {
     rest = rest.find(':') == std::string::npos ? "" : rest.substr(rest.find(':') + 1);
     if (part == "sr") s.rounding = Rounding::Stochastic;
     else if (part == "rn") s.rounding = Rounding::Nearest;
-    else {
+    else if (part == "tensor") {
+      if (!s.is_block()) throw UsageError("'" + text + "': " + name + " is a plain cast and takes no block size");
+      s.block = QuantSpec::kPerTensor;
+    } else {
       long long b = 0;
       try {
         size_t used = 0;
         b = std::stoll(part, &used);
         if (used != part.size()) throw std::invalid_argument(part);
       } catch (...) {
-        throw UsageError("'" + part + "' in '" + text + "' is neither a block size nor sr/rn");
+        throw UsageError("'" + part + "' in '" + text + "' is neither a block size, tensor, nor sr/rn");
       }
       if (b < 1 || b > (1 << 20))
         throw UsageError("block size " + part + " in '" + text + "' must be between 1 and 1048576 (e.g. 128)");

@@ -101,7 +101,7 @@ std::string QuantSpec::str() const {
       s = "fp8";
       break;
   }
-  s += ":" + std::to_string(block);
+  s += ":" + (block == kPerTensor ? std::string("tensor") : std::to_string(block));
   if (rounding == Rounding::Stochastic) s += ":sr";
   return s;
 }

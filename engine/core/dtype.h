@@ -69,6 +69,7 @@ enum class Precision { FP32, BF16, FP16, INT8, INT4, FP8 };
 enum class Rounding { Nearest, Stochastic };
 
 struct QuantSpec {
+  static constexpr int kPerTensor = 1 << 30;  // "tensor": one scale for each whole buffer
   Precision precision = Precision::FP32;
   int block = 128;  // values per scale (block formats)
   Rounding rounding = Rounding::Nearest;
@@ -76,7 +77,7 @@ struct QuantSpec {
 
   bool is_block() const { return precision == Precision::INT8 || precision == Precision::INT4 || precision == Precision::FP8; }
   bool is_plain() const { return precision == Precision::FP32; }
-  std::string str() const;  // e.g. int8:128, bf16, int4:64:sr
+  std::string str() const;  // e.g. int8:128, bf16, int4:64:sr, int8:tensor
 };
 
 // The plain cast of a storage dtype (bf16 -> Precision::BF16, ...).

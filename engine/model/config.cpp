@@ -284,8 +284,11 @@ std::filesystem::path resources_dir() {
 std::vector<std::string> preset_names() {
   std::vector<std::string> out;
   std::error_code ec;
-  for (auto& e : std::filesystem::directory_iterator(resources_dir() / "models", ec))
+  for (auto& e : std::filesystem::directory_iterator(resources_dir() / "models", ec)) {
+    std::error_code ignored;
     if (e.path().extension() == ".json") out.push_back(e.path().stem().string());
+    else if (std::filesystem::exists(e.path() / "config.json", ignored)) out.push_back(e.path().filename().string());
+  }
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -318,6 +321,11 @@ ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
                           const std::vector<std::string>& overrides) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  // A folder: the path given, or a model shipped in resources/models/ by name.
+  const fs::path shipped = resources_dir() / "models" / spec;
+  const bool by_name = !fs::is_directory(spec, ec) && fs::path(spec).filename() == spec &&
+                       fs::exists(shipped / "config.json", ec);
+  if (by_name) return resolve_model(shipped.string(), dir, overrides);
   if (fs::is_directory(spec, ec)) {
     fs::path cfg = fs::path(spec) / "config.json";
     if (!fs::exists(cfg, ec)) throw FormatError(cfg.string() + ": missing (a model folder needs config.json)");

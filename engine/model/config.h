@@ -69,10 +69,13 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& origi
 // Where resources live: $SHARDSCOPE_RESOURCES, next to the executable
 // (../share/shardscope when installed), or the source tree.
 std::filesystem::path resources_dir();
+// The models of resources/models/: presets (NAME.json, synthetic weights)
+// and shipped model folders (NAME/ with config.json, weights, tokenizer).
 std::vector<std::string> preset_names();
 
-// Resolves --model: a preset name, or a folder with config.json. Sets `dir`
-// to the checkpoint folder (empty for presets, which use synthetic weights).
+// Resolves --model: a preset name, a shipped model folder's name, or a
+// folder with config.json. Sets `dir` to the checkpoint folder (empty for
+// presets, which use synthetic weights).
 ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
                           const std::vector<std::string>& overrides = {});
 

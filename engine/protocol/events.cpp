@@ -131,6 +131,7 @@ struct ToJson {
     if (!e.config.empty()) j["config"] = e.config;
     if (e.text) j["text"] = *e.text;
     if (e.partial) j["partial"] = true;
+    if (!e.pieces.empty()) j["pieces"] = e.pieces;
     return j;
   }
   json operator()(const Prompt& e) const { return {{"type", "prompt"}, {"text", e.text}, {"ids", e.ids}}; }
@@ -404,6 +405,13 @@ Event from_json(const json& j) {
     if (const json* p = find(j, "partial", false)) {
       if (!p->is_boolean()) bad("partial", "must be true or false");
       e.partial = p->get<bool>();
+    }
+    if (const json* p = find(j, "pieces", false)) {
+      if (!p->is_array() || p->size() != e.tokens.size()) bad("pieces", "must be an array of strings, one a token");
+      for (auto& v : *p) {
+        if (!v.is_string()) bad("pieces", "must be an array of strings, one a token");
+        e.pieces.push_back(v.get<std::string>());
+      }
     }
     return e;
   }

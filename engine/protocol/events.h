@@ -110,12 +110,14 @@ struct Accuracy {
 // writes one per configuration (`config`: the reference's label, or the
 // quantized point's), so a view can set them side by side. A run writes one
 // as each token is chosen (`partial`: more follow), then the whole answer.
-// `text`: the ids decoded by the model's tokenizer, where it has one.
+// `text`: the ids decoded by the model's tokenizer, where it has one, and
+// `pieces` each token's own text (as many as `tokens`).
 struct Generation {
   std::string config;
   std::vector<int64_t> tokens;
   std::optional<std::string> text;
   bool partial = false;
+  std::vector<std::string> pieces;
 };
 
 // The prompt of a run whose model has a tokenizer: its text and the ids it

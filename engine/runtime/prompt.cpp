@@ -38,4 +38,11 @@ void encode_prompt(RunOptions& o) {
   if (o.window > 0 && o.batch == 1) o.batch = int(int64_t(ids.size()) / o.window);
 }
 
+void describe_tokens(proto::Generation& g, const text::Tokenizer& tok) {
+  const std::vector<int32_t> ids(g.tokens.begin(), g.tokens.end());
+  g.text = tok.decode(ids);
+  g.pieces.clear();
+  for (const int32_t id : ids) g.pieces.push_back(tok.decode(std::span<const int32_t>(&id, 1)));
+}
+
 }  // namespace ss

@@ -21,4 +21,7 @@ std::optional<text::Tokenizer> model_tokenizer(const std::filesystem::path& dir)
 // model's vocabulary. With --window, sets the batch to the windows' count.
 void encode_prompt(RunOptions& o);
 
+// Sets a generation's text and each token's piece from its ids.
+void describe_tokens(proto::Generation& g, const text::Tokenizer& tok);
+
 }  // namespace ss

@@ -268,8 +268,10 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     // the simulator's tensors hold no values to choose from).
     const bool report_tokens = g.root() && setup.backend != "sim";
     const auto generation = [&](bool partial) {
-      proto::Generation e{"", std::vector<int64_t>(res.generated.begin(), res.generated.end()), std::nullopt, partial};
-      if (tokenizer) e.text = tokenizer->decode(res.generated);
+      proto::Generation e;
+      e.tokens.assign(res.generated.begin(), res.generated.end());
+      e.partial = partial;
+      if (tokenizer) describe_tokens(e, *tokenizer);
       extra.push_back(proto::to_line(e));
     };
     extra.push_back(proto::to_line(proto::Device{g.rank, std::string(be.kind()), be.device_name(), capacity, g.hosts[size_t(g.rank)]}));

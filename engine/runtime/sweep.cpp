@@ -132,8 +132,15 @@ double bf16_step(double x) {
 
 static int64_t argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
 
-int run_sweep(const SweepOptions& so, std::ostream& table) {
+int run_sweep(const SweepOptions& given, std::ostream& table) {
+  SweepOptions so = given;
   RunOptions o = so.run;
+  // No prompt given, and a model that reads text: score the held-out corpus.
+  if (o.tokens.empty() && o.prompt_len == 0 && so.eval_tokens.empty() && so.eval_text.empty()) {
+    std::filesystem::path dir;
+    resolve_model(o.model, &dir, o.overrides);
+    if (model_tokenizer(dir)) so.eval_text = "heldout";
+  }
   if (!so.eval_tokens.empty()) {
     std::ifstream in(so.eval_tokens);
     if (!in) throw UsageError("--eval-tokens " + so.eval_tokens + ": cannot open");
@@ -194,7 +201,7 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     const QuantSpec probe_spec = parse_quant_spec(p);  // refuses unknown precisions
     if (!probe_spec.is_block()) specs.emplace_back(p, p);
     else
-      for (int b : so.blocks) specs.emplace_back(p + ":" + std::to_string(b) + (so.rounding == "sr" ? ":sr" : ""), p);
+      for (const std::string& b : so.blocks) specs.emplace_back(p + ":" + b + (so.rounding == "sr" ? ":sr" : ""), p);
   }
   for (auto& [spec, name] : specs) parse_quant_spec(spec);  // block sizes
 
@@ -301,7 +308,7 @@ int run_sweep(const SweepOptions& so, std::ostream& table) {
     g.config = label;
     for (int64_t k = 0; k <= o.decode && P - 1 + k < rows; ++k)
       g.tokens.push_back(argmax(&L.data[size_t((P - 1 + k) * V)], V));
-    if (tokenizer) g.text = tokenizer->decode(std::vector<int32_t>(g.tokens.begin(), g.tokens.end()));
+    if (tokenizer) describe_tokens(g, *tokenizer);
     out.write(g);
   };
   emit(ref);

@@ -21,7 +21,7 @@ struct SweepOptions {
   RunOptions run;                  // model, strategy, devices, workload
   std::vector<std::string> run_args;  // the same, as command-line arguments for each rank run
   std::vector<std::string> precisions = {"bf16", "fp16", "fp8", "int8", "int4"};
-  std::vector<int> blocks = {32, 128, 1024};
+  std::vector<std::string> blocks = {"32", "128", "1024"};  // values per scale, or "tensor"
   std::vector<std::string> sites = {"all", "attn", "mlp", "mixer"};
   std::string rounding = "rn";     // rn or sr
   std::string eval_tokens;         // file of token ids: perplexity over them
@@ -31,6 +31,7 @@ struct SweepOptions {
   std::string events;              // stream destination ("" = stdout)
 };
 
+// Without a prompt, a model folder with a tokenizer is scored on --eval-text heldout.
 int run_sweep(const SweepOptions& o, std::ostream& table);
 
 }  // namespace ss
