@@ -141,9 +141,13 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_mode->setToolTip(tr("Inference: prefill a prompt, then decode greedily. Training: forward, loss, backward, "
                         "gradient communication and AdamW steps on a synthetic corpus, for every family and strategy"));
   m_model = new QComboBox(setup);
-  for (const QFileInfo& f : QDir(resourcesDir() + "/models").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
+  // The shipped trained models (folders) first, then the presets of synthetic weights.
+  const QDir models(resourcesDir() + "/models");
+  for (const QFileInfo& f : models.entryInfoList(QDir::Dirs | QDir::NoDotAndDotDot, QDir::Name))
+    if (QFileInfo::exists(f.filePath() + "/config.json")) m_model->addItem(f.fileName());
+  for (const QFileInfo& f : models.entryInfoList({"*.json"}, QDir::Files, QDir::Name))
     m_model->addItem(f.completeBaseName());
-  m_model->setCurrentText(QStringLiteral("small-llama"));
+  m_model->setCurrentText(QStringLiteral("brown-llama"));
   m_model->setEditable(true);  // a preset, or a Hugging Face model folder
   m_model->setToolTip(tr("A preset, or the path of a Hugging Face model folder (config.json + safetensors)"));
   m_backend = new QComboBox(setup);
@@ -167,7 +171,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_prompt = new QSpinBox(setup);
   m_prompt->setRange(1, 1 << 20);
   m_prompt->setValue(256);
-  m_promptText = new QLineEdit(setup);
+  m_promptText = new QLineEdit(QStringLiteral("The jury said that"), setup);
   m_promptText->setPlaceholderText(tr("empty: a synthetic prompt of the tokens below"));
   m_promptText->setToolTip(tr("The prompt as text, for a model folder with a tokenizer.json; the Summary shows the "
                               "answer as it is decoded"));
@@ -335,6 +339,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   });
   connect(m_strategy, &QComboBox::currentTextChanged, this, &MainWindow::updateSetupState);
   connect(m_promptText, &QLineEdit::textChanged, this, &MainWindow::updateSetupState);
+  connect(m_model, &QComboBox::currentTextChanged, this, &MainWindow::updateSetupState);
   // Every edit re-checks the setup, once typing pauses.
   m_checkDelay = new QTimer(this);
   m_checkDelay->setSingleShot(true);
@@ -359,7 +364,8 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   for (QSpinBox* b : {m_devices, m_prompt, m_decode, m_batch, m_nodes, m_seqLen, m_microBatch, m_steps})
     connect(b, &QSpinBox::valueChanged, this, changed);
   connect(m_backend, &QComboBox::currentIndexChanged, this, &MainWindow::updateSetupState);
-  for (QLineEdit* e : {m_mesh, m_overrides, m_capacity, m_lr}) connect(e, &QLineEdit::textChanged, this, changed);
+  for (QLineEdit* e : {m_mesh, m_overrides, m_capacity, m_lr, m_promptText})
+    connect(e, &QLineEdit::textChanged, this, changed);
   updateSetupState();
   changed();
 }
@@ -413,7 +419,12 @@ void MainWindow::updateSetupState() {
   for (QWidget* w : {static_cast<QWidget*>(m_prompt), static_cast<QWidget*>(m_promptText), static_cast<QWidget*>(m_decode),
                      static_cast<QWidget*>(m_batch), static_cast<QWidget*>(m_precision)})
     m_form->setRowVisible(w, !train);
-  m_prompt->setEnabled(m_promptText->text().isEmpty());
+  const bool text = modelHasTokenizer();
+  m_promptText->setEnabled(text);
+  m_promptText->setToolTip(text ? tr("The prompt as text; the Summary shows the answer as it is decoded")
+                                : tr("This model has no tokenizer.json (a preset of synthetic weights): its prompt "
+                                     "is synthetic tokens"));
+  m_prompt->setEnabled(!text || m_promptText->text().isEmpty());
   for (QWidget* w : {static_cast<QWidget*>(m_seqLen), static_cast<QWidget*>(m_microBatch),
                      static_cast<QWidget*>(m_steps), static_cast<QWidget*>(m_lr), static_cast<QWidget*>(m_recompute)})
     m_form->setRowVisible(w, train);
@@ -441,6 +452,7 @@ QString MainWindow::setSetup(const QString& model, const QString& backend, const
   else if (problem.isEmpty()) problem = tr("unknown strategy '%1' (single, dp, tp, sp, tp_sp, tsp)").arg(strategy);
   m_devices->setValue(devices);
   m_prompt->setValue(prompt);
+  m_promptText->clear();  // the setup gives the prompt as a length
   m_decode->setValue(decode);
   return problem;
 }
@@ -480,10 +492,17 @@ QStringList MainWindow::engineArguments() const {
   return args;
 }
 
+// Whether the chosen model reads text: a folder (given, or shipped by name) with a tokenizer.json.
+bool MainWindow::modelHasTokenizer() const {
+  const QString m = m_model->currentText();
+  if (QFileInfo(m).isDir()) return QFileInfo::exists(m + "/tokenizer.json");
+  return !m.contains('/') && QFileInfo::exists(resourcesDir() + "/models/" + m + "/tokenizer.json");
+}
+
 // The prompt as the setup gives it: typed text, or a synthetic one of N tokens.
 QStringList MainWindow::promptArguments() const {
   const QString text = m_promptText->text();
-  if (!text.isEmpty()) return {"--prompt", text};
+  if (!text.isEmpty() && modelHasTokenizer()) return {"--prompt", text};
   return {"--prompt-len", QString::number(m_prompt->value())};
 }
 

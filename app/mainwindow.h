@@ -76,6 +76,7 @@ class MainWindow : public QMainWindow {
   // The engine arguments the setup describes.
   QStringList engineArguments() const;
   QStringList promptArguments() const;
+  bool modelHasTokenizer() const;
   // Whether the setup is in Training mode (the engine's `train`) rather than Inference.
   bool training() const;
   // Selects Inference or Training and the training fields (screenshots, tests).

@@ -16,7 +16,7 @@ build="${SHARDSCOPE_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 jobs="${SHARDSCOPE_JOBS:-$(nproc)}"
 runs="${SHARDSCOPE_FUZZ_RUNS:-20000}"
 seconds="${SHARDSCOPE_FUZZ_SECONDS:-25}"
-targets="${SHARDSCOPE_FUZZ_TARGETS:-safetensors checkpoint config hardware options stream views sessions}"
+targets="${SHARDSCOPE_FUZZ_TARGETS:-safetensors checkpoint config hardware options stream tokenizer views sessions}"
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found; packaging/setup-deps.sh installs it" >&2; exit 1; }
 flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g1"
 start=$(date +%s)

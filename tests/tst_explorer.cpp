@@ -197,6 +197,24 @@ class TestExplorer : public QObject {
       QVERIFY2(!m.contains(QStringLiteral("still running")), qPrintable(m));
   }
 
+  // The window opens on the shipped text model with a typed prompt; a
+  // preset of synthetic weights has no tokenizer, so its prompt is a length
+  // and the text field is off. The engine's check accepts both.
+  void promptAsTextWhereTheModelReadsText() {
+    MainWindow w;
+    QStringList a = w.engineArguments();
+    QVERIFY2(a.contains("--prompt") && a.contains("The jury said that") && !a.contains("--prompt-len"),
+             qPrintable(a.join(' ')));
+    QVERIFY2(a.contains("brown-llama"), qPrintable(a.join(' ')));
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 4);
+    a = w.engineArguments();
+    QVERIFY2(!a.contains("--prompt") && a.contains("--prompt-len"), qPrintable(a.join(' ')));
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
+  }
+
   // The number format follows the backend (bf16 on simulated GPUs, fp32 on
   // CPU devices) until the person picks one; the Summary names it.
   void dtypeFollowsTheBackend() {

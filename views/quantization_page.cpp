@@ -45,9 +45,7 @@ QuantizationPage::QuantizationPage(const RunData& data, QWidget* parent) : QWidg
   m_tokens->verticalHeader()->setDefaultSectionSize(fontMetrics().height() + 6);
   m_tokens->setToolTip(tr("The greedy token each configuration would choose at every decode step (all decoded with "
                           "the reference's tokens); red: it differs from the reference; boxed: the first divergence"));
-  m_tokensTitle = new QLabel(tr("<b>Greedy tokens</b> against the unquantized reference (red: differs; ▶ first "
-                                "divergence)"),
-                             this);
+  m_tokensTitle = new QLabel(this);  // fillTokens writes it
   layout->addWidget(m_tokensTitle);
   layout->addWidget(m_tokens, 1);
 }
@@ -121,6 +119,12 @@ void QuantizationPage::fillTokens() {
     }
   }
   m_tokens->setVerticalHeaderLabels(labels);
+  m_tokens->resizeColumnsToContents();
+  // The prompt the answers continue, where the model reads text.
+  QString title = tr("<b>Greedy tokens</b> against the unquantized reference (red: differs; ▶ first divergence)");
+  if (const auto& p = m_data.prompt())
+    title += tr("<br>continuing the prompt “%1”").arg(QString::fromStdString(p->text).toHtmlEscaped());
+  m_tokensTitle->setText(title);
 }
 
 void QuantizationPage::refresh() {

@@ -303,6 +303,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   std::filesystem::path model_dir;
   resolve_model(o.model, &model_dir, o.overrides);
   const std::optional<text::Tokenizer> tokenizer = model_tokenizer(model_dir);
+  if (tokenizer && o.prompt) out.write(proto::Prompt{*o.prompt, std::vector<int64_t>(o.tokens.begin(), o.tokens.end())});
   auto greedy = [&](const NpyArray& L, const std::string& label) {
     proto::Generation g;
     g.config = label;
