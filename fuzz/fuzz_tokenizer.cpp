@@ -31,8 +31,8 @@ void round_trip(const ss::text::Tokenizer& t, std::string_view text) {
   if (t.decode(ids) != text) std::abort();  // lossless, special tokens included
 }
 
-// A file may normalize (NFC) or put a space before the text, so what comes
-// back is the text as the tokenizer sees it: encoding that again changes nothing.
+// A file may normalize (NFC), so what comes back is the text as the
+// tokenizer sees it: encoding that again changes nothing.
 void stable(const ss::text::Tokenizer& t, std::string_view text) {
   const std::string once = t.decode(t.encode(text, false));
   if (t.decode(t.encode(once, false)) != once) std::abort();
@@ -48,8 +48,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ss::fuzz::expect_clean("tokenizer", [&] {
     const ss::text::Tokenizer t = ss::text::Tokenizer::from_json(j, "tokenizer.json");
     (void)t.to_json();
-    // A file that reads must encode arbitrary text, its own bytes here.
-    if (size < 4096) stable(t, text);
+    // A file that reads must encode arbitrary text, its own bytes here; what
+    // it decodes encodes the same again, unless it puts spaces in.
+    if (size < 4096) {
+      if (t.inserts_spaces()) (void)t.decode(t.encode(text, false));
+      else stable(t, text);
+    }
   });
   return 0;
 }

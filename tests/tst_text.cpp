@@ -329,6 +329,10 @@ class TestText : public QObject {
     QTest::newRow("wordpiece decoder") << "decoder.type=WordPiece" << "field 'decoder.type' is \"WordPiece\"";
     QTest::newRow("lowercase") << "normalizer.type=Lowercase" << "field 'normalizer.type' is \"Lowercase\"";
     QTest::newRow("byte fallback") << "model.byte_fallback=true" << "field 'model.byte_fallback' is true";
+    QTest::newRow("added token on a byte's id") << "added_tokens[0].id=65" << "field 'added_tokens[0].id' is 65";
+    QTest::newRow("added token spelled as a vocab token")
+        << "added_tokens[0].content=he" << "field 'added_tokens[0].content' \"he\" is id 257 already";
+    QTest::newRow("a regex that does not compile") << "pre_tokenizer.split=(" << "is a regex that does not compile";
   }
   void refusesWhatItCannotRead() {
     QFETCH(QString, edit);
@@ -344,6 +348,10 @@ class TestText : public QObject {
     else if (path == "decoder.type") j["decoder"] = {{"type", value.toStdString()}};
     else if (path == "normalizer.type") j["normalizer"] = {{"type", value.toStdString()}};
     else if (path == "model.byte_fallback") j["model"]["byte_fallback"] = true;
+    else if (path == "added_tokens[0].id") j["added_tokens"][0]["id"] = value.toInt();
+    else if (path == "added_tokens[0].content") j["added_tokens"][0]["content"] = value.toStdString();
+    else if (path == "pre_tokenizer.split")
+      j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", value.toStdString()}}}, {"behavior", "Isolated"}};
     const QString msg = refusal(j);
     QVERIFY2(msg.startsWith("dir/tokenizer.json: "), qPrintable(msg));
     QVERIFY2(msg.contains(says), qPrintable(msg));
@@ -364,6 +372,17 @@ class TestText : public QObject {
     json j = read_json(kFixtures + "gpt2-mini.json");
     j["model"]["vocab"].erase("A");
     QVERIFY(refusal(j).contains("lacks the byte-level token for byte 0x41"));
+  }
+
+  void trainerRefusesBadSpecialTokens() {
+    for (const std::vector<std::string>& specials :
+         {std::vector<std::string>{"<s>", "<s>"}, {"!"}, {"\xFF"}, {""}}) {
+      ss::text::BpeTrainOptions o;
+      o.vocab_size = 300;
+      o.special_tokens = specials;
+      std::istringstream in("some text\n");
+      QVERIFY_THROWS_EXCEPTION(ss::UsageError, ss::text::train_bpe(in, o));
+    }
   }
 
   void brownPlainText() {

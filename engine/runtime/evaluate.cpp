@@ -38,11 +38,12 @@ EvalResult evaluate(const EvalOptions& o) {
   if (dir.empty()) throw UsageError("--model " + o.model + " is a preset of synthetic weights; eval needs a model folder");
   const std::optional<text::Tokenizer> tok = model_tokenizer(dir);
   if (!tok) throw UsageError("--model " + dir.string() + " has no tokenizer.json to encode the text with");
+  if (tok->vocab_size() > cfg.vocab)
+    throw UsageError(dir.string() + ": tokenizer.json has " + std::to_string(tok->vocab_size()) +
+                     " tokens, more than the model's vocabulary of " + std::to_string(cfg.vocab));
   cfg.dtype = cfg.kv_dtype = o.dtype;
   const std::vector<int32_t> ids = text::encode_documents(read_text(o.text, "--text"), *tok);
   if (ids.size() < 2) throw UsageError("--text " + o.text + " encodes to fewer than 2 tokens");
-  for (const int32_t id : ids)
-    if (id >= cfg.vocab) throw UsageError("the tokenizer gives id " + std::to_string(id) + ", past the model's vocabulary");
 
   EvalResult r;
   if (!o.unigram_from.empty()) {  // add-one smoothed counts of the fitting text

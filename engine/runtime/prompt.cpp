@@ -1,6 +1,7 @@
 #include "runtime/prompt.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -14,9 +15,22 @@ std::optional<text::Tokenizer> model_tokenizer(const std::filesystem::path& dir)
   return text::Tokenizer::load(file.string());
 }
 
+std::optional<text::Tokenizer> optional_tokenizer(const std::filesystem::path& dir) {
+  try {
+    return model_tokenizer(dir);
+  } catch (const std::exception& e) {  // FormatError, or a file that cannot be read
+    std::fprintf(stderr, "shardscope-engine: note: no text for this run: %s\n", e.what());
+    return std::nullopt;
+  }
+}
+
 void encode_prompt(RunOptions& o) {
-  if (o.window > 0 && !o.tokens.empty() && o.batch == 1) o.batch = int(int64_t(o.tokens.size()) / std::max<int64_t>(o.window, 1));
-  if (!o.prompt) return;
+  // --window: the batch is the number of windows (validate refuses what is not whole windows).
+  const auto windows = [&o] {
+    if (o.window > 0 && o.batch == 1 && int64_t(o.tokens.size()) >= 2 * o.window)
+      o.batch = int(std::min<int64_t>(int64_t(o.tokens.size()) / o.window, 1 << 20));
+  };
+  if (!o.prompt) return windows();
   if (!o.tokens.empty() || o.prompt_len > 0)
     throw UsageError("--prompt, --tokens and --prompt-len each give the prompt: use one");
   std::filesystem::path dir;
@@ -35,7 +49,14 @@ void encode_prompt(RunOptions& o) {
       throw UsageError("--prompt: the tokenizer gives id " + std::to_string(id) + ", past the model's vocabulary of " +
                        std::to_string(cfg.vocab) + " (tokenizer.json and config.json do not match)");
   o.tokens = ids;
-  if (o.window > 0 && o.batch == 1) o.batch = int(int64_t(ids.size()) / o.window);
+  if (o.window > 0) {  // text scored in windows: as many whole windows as it fills
+    if (int64_t(ids.size()) < o.window)
+      throw UsageError("--prompt encodes to " + std::to_string(ids.size()) + " tokens, fewer than one --window of " +
+                       std::to_string(o.window));
+    o.tokens.resize(size_t(int64_t(ids.size()) / o.window * o.window));
+    if (o.tokens.size() < ids.size()) o.prompt = tok->decode(o.tokens, true);  // the text of what is scored
+  }
+  windows();
 }
 
 void describe_tokens(proto::Generation& g, const text::Tokenizer& tok) {

@@ -12,8 +12,13 @@
 
 namespace ss {
 
-// The tokenizer.json beside a model folder's config.json, or none.
+// The tokenizer.json beside a model folder's config.json, or none. Throws
+// the reader's FormatError for a file it cannot follow.
 std::optional<text::Tokenizer> model_tokenizer(const std::filesystem::path& dir);
+// The same where text is optional (the records' decoded text): a file it
+// cannot follow (a SentencePiece-style Llama 2 folder, say) is left out, with
+// one line on stderr saying why, and the run goes on with ids.
+std::optional<text::Tokenizer> optional_tokenizer(const std::filesystem::path& dir);
 
 // --prompt: sets o.tokens to the text's ids (with the tokenizer's BOS), or
 // refuses with one line: a model without a tokenizer, --prompt given with

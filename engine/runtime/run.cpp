@@ -186,7 +186,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     };
     const std::vector<int32_t> base_prompt = o.window ? window_of(0) : all_tokens;
     const int64_t P = int64_t(base_prompt.size()), total = P + o.decode;
-    const std::optional<text::Tokenizer> tokenizer = g.root() ? model_tokenizer(dir) : std::nullopt;
+    const std::optional<text::Tokenizer> tokenizer = g.root() ? optional_tokenizer(dir) : std::nullopt;
     const int T = plan.tp, S = plan.sp;
     const bool zigzag = plan.zigzag;
     join_group(g, rec, setup, strategy, T);
@@ -259,8 +259,8 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       if (setup.config.is_object()) conf.update(setup.config);  // the simulator's hardware profile and nodes
       out->write(proto::Config{conf});
       if (tokenizer) {
-        const std::vector<int64_t> ids(base_prompt.begin(), base_prompt.end());
-        out->write(proto::Prompt{o.prompt.value_or(tokenizer->decode(base_prompt)), ids});
+        const std::vector<int64_t> ids(all_tokens.begin(), all_tokens.end());  // every window's
+        out->write(proto::Prompt{o.prompt.value_or(tokenizer->decode(all_tokens)), ids});
       }
       out->flush();
     }

@@ -139,7 +139,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   if (o.tokens.empty() && o.prompt_len == 0 && so.eval_tokens.empty() && so.eval_text.empty()) {
     std::filesystem::path dir;
     resolve_model(o.model, &dir, o.overrides);
-    if (model_tokenizer(dir)) so.eval_text = "heldout";
+    if (optional_tokenizer(dir)) so.eval_text = "heldout";
   }
   if (!so.eval_tokens.empty()) {
     std::ifstream in(so.eval_tokens);
@@ -158,7 +158,10 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   }
   if (!so.eval_text.empty()) {
     if (!so.eval_tokens.empty()) throw UsageError("--eval-text and --eval-tokens each give the text: use one");
-    if (so.eval_windows < 1 || so.eval_window < 2) throw UsageError("--eval-windows must be >= 1, --eval-window >= 2");
+    // Bounded so the tokens pass to each rank run as one argument (under 128 KiB).
+    if (so.eval_windows < 1 || so.eval_window < 2 || so.eval_window > 16384 ||
+        int64_t(so.eval_windows) * so.eval_window > 16384)
+      throw UsageError("--eval-windows x --eval-window must be at most 16384 tokens (windows >= 1, of >= 2 tokens)");
     std::filesystem::path dir;
     resolve_model(o.model, &dir, o.overrides);
     const std::optional<text::Tokenizer> tok = model_tokenizer(dir);
@@ -302,7 +305,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   // by side; the first difference is the first divergence.
   std::filesystem::path model_dir;
   resolve_model(o.model, &model_dir, o.overrides);
-  const std::optional<text::Tokenizer> tokenizer = model_tokenizer(model_dir);
+  const std::optional<text::Tokenizer> tokenizer = optional_tokenizer(model_dir);
   if (tokenizer && o.prompt) out.write(proto::Prompt{*o.prompt, std::vector<int64_t>(o.tokens.begin(), o.tokens.end())});
   auto greedy = [&](const NpyArray& L, const std::string& label) {
     proto::Generation g;

@@ -53,8 +53,19 @@ Tokenizer train_bpe(std::istream& corpus, const BpeTrainOptions& o,
   if (o.vocab_size < base)
     throw UsageError("--vocab-size must be at least " + std::to_string(base) + " (the special tokens and 256 bytes)");
   if (o.vocab_size > (1 << 20)) throw UsageError("--vocab-size must be at most 1048576");
-  for (const auto& s : o.special_tokens)
+  for (size_t i = 0; i < o.special_tokens.size(); ++i) {
+    const std::string& s = o.special_tokens[i];
     if (s.empty()) throw UsageError("a special token must not be empty");
+    for (size_t at = 0; at < s.size();) {
+      const int n = utf8_sequence(s, at);
+      if (n == 0) throw UsageError("special token '" + s + "' is not UTF-8");
+      at += size_t(n);
+    }
+    if (std::find(o.special_tokens.begin(), o.special_tokens.begin() + long(i), s) != o.special_tokens.begin() + long(i))
+      throw UsageError("special token '" + s + "' is given twice");
+    if (std::find(byte_symbols().begin(), byte_symbols().end(), s) != byte_symbols().end())
+      throw UsageError("special token '" + s + "' is a byte's own token; give a longer one, e.g. <|" + s + "|>");
+  }
 
   std::vector<Word> words = count_words(corpus, specials);
   std::vector<std::string> spelling;  // by id, as byte symbols

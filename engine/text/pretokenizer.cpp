@@ -13,6 +13,7 @@ using json = nlohmann::json;
 
 struct PreTokenizer::Step {
   std::unique_ptr<icu::RegexPattern> pattern;  // split into matches and the text between them
+  std::string where;                           // the file and field it came from, for errors
   bool prefix_space = false;                   // or: put a space before a piece that lacks one
 };
 
@@ -46,6 +47,7 @@ std::shared_ptr<PreTokenizer::Step> regex_step(const std::string& pattern, bool 
   if (U_FAILURE(status) || !step->pattern)
     fail(origin, field, "is a regex that does not compile (" + std::string(u_errorName(status)) + " at offset " +
                             std::to_string(where.offset) + ")");
+  step->where = origin + ": field '" + field + "'";
   return step;
 }
 
@@ -109,13 +111,20 @@ std::vector<int32_t> utf8_offsets(const icu::UnicodeString& u) {
   return at;
 }
 
-// Splits well-formed UTF-8 into the pattern's matches and the text between them.
-void regex_split(const icu::RegexPattern& pattern, const std::string& text, std::vector<std::string>& out) {
+// Splits well-formed UTF-8 into the pattern's matches and the text between
+// them. A file's regex that backtracks without end, or past ICU's stack, is
+// the file's fault: a FormatError naming it (the limit is in ICU's match
+// steps, on the order of seconds).
+void regex_split(const PreTokenizer::Step& step, const std::string& text, std::vector<std::string>& out) {
   const icu::UnicodeString u = icu::UnicodeString::fromUTF8(text);
   const std::vector<int32_t> at = utf8_offsets(u);
   UErrorCode status = U_ZERO_ERROR;
-  std::unique_ptr<icu::RegexMatcher> m(pattern.matcher(u, status));
-  if (U_FAILURE(status)) throw std::runtime_error("tokenizer: ICU matcher: " + std::string(u_errorName(status)));
+  std::unique_ptr<icu::RegexMatcher> m(step.pattern->matcher(u, status));
+  if (U_SUCCESS(status)) m->setTimeLimit(10000, status);
+  const auto failed = [&] {
+    throw FormatError(step.where + " is a regex ICU cannot match on this text (" + u_errorName(status) + ")");
+  };
+  if (U_FAILURE(status)) failed();
   int32_t done = 0;
   while (m->find(status) && U_SUCCESS(status)) {
     const int32_t s = m->start(status), e = m->end(status);
@@ -124,7 +133,7 @@ void regex_split(const icu::RegexPattern& pattern, const std::string& text, std:
     out.push_back(text.substr(size_t(at[size_t(s)]), size_t(at[size_t(e)] - at[size_t(s)])));
     done = e;
   }
-  if (U_FAILURE(status)) throw std::runtime_error("tokenizer: ICU match: " + std::string(u_errorName(status)));
+  if (U_FAILURE(status)) failed();
   if (done < u.length()) out.push_back(text.substr(size_t(at[size_t(done)])));
 }
 
@@ -163,6 +172,11 @@ PreTokenizer PreTokenizer::gpt2() {
 }
 
 json PreTokenizer::normalizer_json() const { return normalizer_; }
+bool PreTokenizer::inserts_spaces() const {
+  for (const auto& s : steps_)
+    if (s->prefix_space) return true;
+  return false;
+}
 json PreTokenizer::pre_tokenizer_json() const { return pre_tokenizer_; }
 
 void PreTokenizer::split(std::string_view text, std::vector<std::string>& pieces) const {
@@ -182,7 +196,7 @@ void PreTokenizer::split(std::string_view text, std::vector<std::string>& pieces
         next.clear();
         for (auto& piece : cur) {
           if (step->pattern) {
-            regex_split(*step->pattern, piece, next);
+            regex_split(*step, piece, next);
           } else {
             // As HF does, to every piece so far; a run that follows a stray
             // byte is not the start of the text, so it gets none.

@@ -34,6 +34,9 @@ class PreTokenizer {
 
   nlohmann::json normalizer_json() const;
   nlohmann::json pre_tokenizer_json() const;
+  // Whether it puts spaces into the text (ByteLevel's add_prefix_space):
+  // then decoding gives back more than was encoded.
+  bool inserts_spaces() const;
 
   struct Step;  // a regex split or a prefix space
 

@@ -101,6 +101,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
     j = json::parse(in);
   } catch (const json::parse_error& e) {
     throw FormatError(path + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const json::exception& e) {  // e.g. a number past double's range
+    throw FormatError(path + ": not JSON this reads (" + std::string(e.what()) + ")");
   }
   return from_json(j, path);
 }
@@ -171,9 +173,11 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
       const int32_t id = token_id(a.contains("id") ? a["id"] : json(), origin, at + ".id");
       const std::string content = a["content"].get<std::string>();
       const bool special = a.contains("special") && a["special"].is_boolean() && a["special"].get<bool>();
-      if (size_t(id) < t.tokens_.size() && !t.tokens_[size_t(id)].empty() && t.tokens_[size_t(id)] != content &&
-          !t.added_[size_t(id)])
-        t.ids_.erase(t.tokens_[size_t(id)]), t.tokens_[size_t(id)].clear(), t.in_vocab_[size_t(id)] = 0;  // the added token takes the id
+      // An added token is the vocabulary's own (same id, same spelling) or new to it on both counts.
+      if (size_t(id) < t.tokens_.size() && !t.tokens_[size_t(id)].empty() && t.tokens_[size_t(id)] != content)
+        fail(origin, at + ".id", "is " + std::to_string(id) + ", which is \"" + t.tokens_[size_t(id)] + "\" already");
+      if (const auto known = t.ids_.find(content); known != t.ids_.end() && known->second != id)
+        fail(origin, at + ".content", "\"" + content + "\" is id " + std::to_string(known->second) + " already");
       put(id, content, at + ".id");
       t.added_[size_t(id)] = special ? 2 : 1;
       t.ids_[content] = id;

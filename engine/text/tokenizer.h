@@ -43,6 +43,7 @@ class Tokenizer {
   const std::vector<int32_t>& prefix() const { return prefix_; }  // e.g. BOS
   const std::vector<int32_t>& suffix() const { return suffix_; }
   int64_t merge_count() const { return int64_t(merges_.size()); }
+  bool inserts_spaces() const { return pre_.inserts_spaces(); }
 
  private:
   struct Added {
