@@ -29,6 +29,8 @@ step() {
   "$engine" "$@" --events "$demo/run.jsonl"
   "$engine" summarize "$demo/run.jsonl"
 }
+step "brown-llama (trained by the engine on the Brown Corpus) answers a prompt, on one CPU device" \
+  run --model brown-llama --prompt "The jury said that the city" --decode 24
 step "small-llama on one CPU device: prefill 256 tokens, decode 16" \
   run --model small-llama --prompt-len 256 --decode 16
 step "small-mamba2 on one CPU device: prefill 256 tokens, decode 16" \

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "core/allocator.h"
@@ -23,6 +24,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   // A sweep's accuracy records: config -> metric -> value, configs in order.
   std::vector<std::string> sweep_order;
   std::vector<proto::ScalePoint> scale_points;  // a scaling sweep's
+  std::optional<std::string> prompt_text, answer_text;  // a run whose model reads text
   std::map<std::string, std::map<std::string, double>> sweep;
   std::string status = "(no done record: the run did not finish)";
   std::string first_error;
@@ -63,6 +65,10 @@ int summarize_stream(std::istream& in, std::ostream& out) {
               sweep[e.config][e.metric] = e.value;
             }
           } else if constexpr (std::is_same_v<T, proto::ScalePoint>) scale_points.push_back(e);
+          else if constexpr (std::is_same_v<T, proto::Prompt>) prompt_text = e.text;
+          else if constexpr (std::is_same_v<T, proto::Generation>) {
+            if (e.config.empty() && e.text) answer_text = *e.text;
+          }
           else if constexpr (std::is_same_v<T, proto::Error>) errors.push_back(e);
           else if constexpr (std::is_same_v<T, proto::Done>) status = e.status;
         },
@@ -128,6 +134,8 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   out << "workload: prompt " << work.value("prompt_len", 0) << " tokens, decode " << work.value("decode", 0)
       << " tokens; weights " << config.value("weights", "?") << "\n";
   out << "status: " << status << "\n";
+  if (prompt_text) out << "prompt: " << *prompt_text << "\n";
+  if (answer_text) out << "answer: " << *answer_text << "\n";
   for (auto& e : errors) out << "error (" << e.code << ", rank " << e.rank << "): " << e.message << "\n";
   auto metric = [&](const char* name, const char* label, const char* fmt) {
     if (auto it = metrics.find(name); it != metrics.end()) {
