@@ -5,6 +5,7 @@
 #include <QTemporaryDir>
 #include <QtTest>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -388,6 +389,52 @@ class TestEngineCli : public QObject {
     const Ran empty = engine({"run", "--model", model, "--prompt", ""});
     QCOMPARE(empty.exit_code, int(ss::kExitUsage));
     QVERIFY2(one_line(empty.err).contains("encodes to no tokens"), empty.err.constData());
+  }
+
+  // train --tokenizer: --data is text the tokenizer encodes, a BOS before each
+  // blank-line-separated document; the saved folder carries the tokenizer, so
+  // it takes --prompt. Without a text file it is refused.
+  void trainOnText() {
+    QTemporaryDir dir;
+    const QString corpus = dir.filePath("corpus.txt"), tokfile = dir.filePath("tokenizer.json"),
+                  out = dir.filePath("trained");
+    std::string text;
+    for (int i = 0; i < 60; ++i) text += "the court said no.\nthe jury said yes.\n\n";
+    { std::ofstream(corpus.toStdString()) << text; }
+    std::istringstream in(text);
+    ss::text::BpeTrainOptions o;
+    o.vocab_size = 300;
+    const ss::text::Tokenizer tok = ss::text::train_bpe(in, o);
+    tok.save(tokfile.toStdString());
+    const Ran r = engine({"train", "--model", "tiny-llama", "--set", "vocab_size=300", "--data", corpus, "--tokenizer",
+                          tokfile, "--seq-len", "16", "--steps", "2", "--save", out});
+    QVERIFY2(r.exit_code == 0, r.err.constData());
+    const Stream s = read_stream(r.out);
+    const std::string data = std::get<Config>(*std::find_if(s.events.begin(), s.events.end(), [](auto& e) {
+                               return std::holds_alternative<Config>(e);
+                             })).config["training"]["data"].get<std::string>();
+    QVERIFY2(QString::fromStdString(data).contains("60 documents"), data.c_str());
+    QFile a(tokfile), b(out + "/tokenizer.json");
+    QVERIFY(a.open(QIODevice::ReadOnly) && b.open(QIODevice::ReadOnly));
+    QCOMPARE(b.readAll(), a.readAll());
+    const Ran run = engine({"run", "--model", out, "--prompt", "the jury", "--decode", "2"});
+    QVERIFY2(run.exit_code == 0, run.err.constData());
+    const Ran refused = engine({"train", "--model", "tiny-llama", "--tokenizer", tokfile, "--seq-len", "16"});
+    QCOMPARE(refused.exit_code, int(ss::kExitUsage));
+    QVERIFY2(one_line(refused.err).contains("--tokenizer encodes the text of --data FILE"), refused.err.constData());
+  }
+
+  // `tokenizer encode` and `decode` on a shipped model by name: ids there and text back; bad ids are one line.
+  void tokenizerCommands() {
+    const Ran enc = engine({"tokenizer", "encode", "--tokenizer", "brown-llama", "--text", "The jury said."});
+    QVERIFY2(enc.exit_code == 0, enc.err.constData());
+    const QString ids = QString::fromUtf8(enc.out).trimmed();
+    QVERIFY2(ids.startsWith("0,"), qPrintable(ids));  // the BOS first
+    const Ran dec = engine({"tokenizer", "decode", "--tokenizer", "brown-llama", "--ids", ids.section(',', 1)});
+    QCOMPARE(QString::fromUtf8(dec.out), QString("The jury said.\n"));
+    const Ran bad = engine({"tokenizer", "decode", "--tokenizer", "brown-llama", "--ids", "1,x"});
+    QCOMPARE(bad.exit_code, int(ss::kExitUsage));
+    QVERIFY2(one_line(bad.err).contains("'x' is not a token id"), bad.err.constData());
   }
 
   // Host memory is the capacity of a cpu device (its host's available memory,

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "cli/text_commands.h"
+#include "cli/token_ids.h"
 #include "core/error.h"
 #include "cpu/kernels.h"
 #include "io/checkpoint.h"
@@ -31,25 +32,7 @@
 
 namespace {
 
-std::vector<int32_t> parse_tokens(const std::string& s) {
-  std::vector<int32_t> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string tok = s.substr(i, j - i);
-    try {
-      size_t used = 0;
-      long long v = std::stoll(tok, &used);
-      if (used != tok.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(tok);
-      out.push_back(int32_t(v));
-    } catch (...) {
-      throw ss::UsageError("--tokens: '" + tok + "' is not a token id; write e.g. --tokens 1,2,3");
-    }
-    i = j + 1;
-  }
-  return out;
-}
+std::vector<int32_t> parse_tokens(const std::string& s) { return ss::parse_token_ids(s, "--tokens"); }
 
 // --dtype and --kv-dtype: checked by CLI11 (a bad name is one line, exit 2), then parsed once.
 const CLI::Validator& dtype_check() {

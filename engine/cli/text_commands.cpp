@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli/token_ids.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/config.h"
 #include "text/corpus.h"
 #include "text/tokenizer.h"
 
@@ -16,27 +18,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A tokenizer.json, or a model folder holding one.
+// A tokenizer.json, or a model folder holding one (a shipped model by name too).
 text::Tokenizer load_tokenizer(const std::string& path) {
-  const fs::path p = fs::is_directory(path) ? fs::path(path) / "tokenizer.json" : fs::path(path);
+  fs::path dir = path;
+  if (!fs::exists(path) && fs::path(path).filename() == path) {
+    std::error_code ec;
+    if (fs::exists(resources_dir() / "models" / path / "config.json", ec)) dir = resources_dir() / "models" / path;
+  }
+  const fs::path p = fs::is_directory(dir) ? dir / "tokenizer.json" : dir;
   if (!fs::exists(p)) throw UsageError(p.string() + ": no such file (--tokenizer takes a tokenizer.json or its folder)");
   return text::Tokenizer::load(p.string());
-}
-
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    const std::string item = s.substr(i, j - i);
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end || v < 0 || v > (1L << 30)) throw UsageError("--ids: '" + item + "' is not a token id");
-    ids.push_back(int32_t(v));
-    i = j + 1;
-  }
-  return ids;
 }
 
 }  // namespace
@@ -108,7 +99,7 @@ std::optional<int> run_text_command(const TextCommands& t, std::ostream& out, st
   }
   if (*t.decode) {
     const text::Tokenizer tok = load_tokenizer(t.tokenizer);
-    out << tok.decode(parse_ids(t.ids)) << '\n';
+    out << tok.decode(parse_token_ids(t.ids, "--ids")) << '\n';
     return 0;
   }
   if (*t.eval) {

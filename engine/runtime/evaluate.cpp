@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <iterator>
 #include <numeric>
 
 #include <nlohmann/json.hpp>
@@ -20,15 +18,6 @@
 
 namespace ss {
 
-namespace {
-
-std::string read_text(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError(std::string(flag) + " " + path + ": cannot be read");
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-}  // namespace
 
 EvalResult evaluate(const EvalOptions& o) {
   if (o.seq_len < 2) throw UsageError("--seq-len must be at least 2");
@@ -42,12 +31,12 @@ EvalResult evaluate(const EvalOptions& o) {
     throw UsageError(dir.string() + ": tokenizer.json has " + std::to_string(tok->vocab_size()) +
                      " tokens, more than the model's vocabulary of " + std::to_string(cfg.vocab));
   cfg.dtype = cfg.kv_dtype = o.dtype;
-  const std::vector<int32_t> ids = text::encode_documents(read_text(o.text, "--text"), *tok);
+  const std::vector<int32_t> ids = text::encode_documents(text::read_text(o.text, "--text"), *tok);
   if (ids.size() < 2) throw UsageError("--text " + o.text + " encodes to fewer than 2 tokens");
 
   EvalResult r;
   if (!o.unigram_from.empty()) {  // add-one smoothed counts of the fitting text
-    const std::vector<int32_t> fit = text::encode_documents(read_text(o.unigram_from, "--unigram-from"), *tok);
+    const std::vector<int32_t> fit = text::encode_documents(text::read_text(o.unigram_from, "--unigram-from"), *tok);
     std::vector<double> count(size_t(cfg.vocab), 1.0);
     for (const int32_t id : fit) count[size_t(id)] += 1;
     const double total = std::accumulate(count.begin(), count.end(), 0.0);

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -135,12 +134,13 @@ static int64_t argmax(const float* row, int64_t n) { return std::max_element(row
 int run_sweep(const SweepOptions& given, std::ostream& table) {
   SweepOptions so = given;
   RunOptions o = so.run;
+  // The model once: its config, and its tokenizer where it reads text.
+  std::filesystem::path model_dir;
+  const ModelConfig cfg = resolve_model(o.model, &model_dir, o.overrides);
+  const std::optional<text::Tokenizer> tokenizer = optional_tokenizer(model_dir);
   // No prompt given, and a model that reads text: score the held-out corpus.
-  if (o.tokens.empty() && o.prompt_len == 0 && so.eval_tokens.empty() && so.eval_text.empty()) {
-    std::filesystem::path dir;
-    resolve_model(o.model, &dir, o.overrides);
-    if (optional_tokenizer(dir)) so.eval_text = "heldout";
-  }
+  if (o.tokens.empty() && o.prompt_len == 0 && so.eval_tokens.empty() && so.eval_text.empty() && tokenizer)
+    so.eval_text = "heldout";
   if (!so.eval_tokens.empty()) {
     std::ifstream in(so.eval_tokens);
     if (!in) throw UsageError("--eval-tokens " + so.eval_tokens + ": cannot open");
@@ -162,15 +162,12 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
     if (so.eval_windows < 1 || so.eval_window < 2 || so.eval_window > 16384 ||
         int64_t(so.eval_windows) * so.eval_window > 16384)
       throw UsageError("--eval-windows x --eval-window must be at most 16384 tokens (windows >= 1, of >= 2 tokens)");
-    std::filesystem::path dir;
-    resolve_model(o.model, &dir, o.overrides);
-    const std::optional<text::Tokenizer> tok = model_tokenizer(dir);
-    if (!tok) throw UsageError("--eval-text needs a model folder with a tokenizer.json; --model " + o.model + " has none");
+    if (!tokenizer) {
+      model_tokenizer(model_dir);  // a file it cannot follow: its own reason
+      throw UsageError("--eval-text needs a model folder with a tokenizer.json; --model " + o.model + " has none");
+    }
     const std::string path = so.eval_text == "heldout" ? text::brown_heldout_path() : so.eval_text;
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw UsageError("--eval-text " + path + ": cannot be read");
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<int32_t> ids = text::encode_documents(text, *tok);
+    std::vector<int32_t> ids = text::encode_documents(text::read_text(path, "--eval-text"), *tokenizer);
     const int64_t want = int64_t(so.eval_windows) * so.eval_window;
     if (int64_t(ids.size()) < want)
       throw UsageError("--eval-text " + path + " holds " + std::to_string(ids.size()) + " tokens, fewer than " +
@@ -187,7 +184,6 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   RunOptions probe = o;
   probe.comm_precision = "int8";
   validate(probe);
-  const ModelConfig cfg = resolve_model(o.model, nullptr, o.overrides);
   bool has_attn = false, has_mixer = false;
   for (int i = 0; i < cfg.n_layers; ++i) (cfg.layer_kind(i) == LayerKind::Attention ? has_attn : has_mixer) = true;
   std::vector<std::string> sites;
@@ -303,9 +299,6 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   // The greedy token a configuration would choose at each decode step (its
   // logits' argmax, in the reference's context), for the explorer to set side
   // by side; the first difference is the first divergence.
-  std::filesystem::path model_dir;
-  resolve_model(o.model, &model_dir, o.overrides);
-  const std::optional<text::Tokenizer> tokenizer = optional_tokenizer(model_dir);
   if (tokenizer && o.prompt) out.write(proto::Prompt{*o.prompt, std::vector<int64_t>(o.tokens.begin(), o.tokens.end())});
   auto greedy = [&](const NpyArray& L, const std::string& label) {
     proto::Generation g;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -41,6 +42,12 @@ void write_file(const fs::path& path, const std::string& text) {
 }
 
 }  // namespace
+
+std::string read_text(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError(what + " " + path + ": cannot be read");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 std::vector<int32_t> encode_documents(std::string_view text, const Tokenizer& tok, int64_t* documents) {
   std::vector<int32_t> ids;

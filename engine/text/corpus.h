@@ -22,6 +22,9 @@
 
 namespace ss::text {
 
+// A whole file as text; `what` (a flag, say) names it when it cannot be read.
+std::string read_text(const std::string& path, const std::string& what);
+
 // The ids of a text of documents separated by blank lines, each encoded with
 // the tokenizer's BOS (what training and eval read). Counts the documents.
 std::vector<int32_t> encode_documents(std::string_view text, const Tokenizer& tok, int64_t* documents = nullptr);

@@ -221,12 +221,10 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
 
   t.post_processor_ = member(j, "post_processor");
   post_processor(t.post_processor_, origin, "post_processor", t.prefix_, t.suffix_);
-  for (const int32_t id : t.prefix_)
-    if (size_t(id) >= t.tokens_.size() || t.tokens_[size_t(id)].empty())
-      fail(origin, "post_processor", "puts id " + std::to_string(id) + ", which has no token, before the text");
-  for (const int32_t id : t.suffix_)
-    if (size_t(id) >= t.tokens_.size() || t.tokens_[size_t(id)].empty())
-      fail(origin, "post_processor", "puts id " + std::to_string(id) + ", which has no token, after the text");
+  for (const auto* ids : {&t.prefix_, &t.suffix_})
+    for (const int32_t id : *ids)
+      if (size_t(id) >= t.tokens_.size() || t.tokens_[size_t(id)].empty())
+        fail(origin, "post_processor", "puts id " + std::to_string(id) + ", which has no token, around the text");
   return t;
 }
 

@@ -114,11 +114,8 @@ std::unique_ptr<Corpus> text_corpus(const std::string& path, const std::string& 
     throw UsageError("--tokenizer " + tokenizer_path + " has " + std::to_string(tok.vocab_size()) +
                      " tokens, more than the model's vocabulary of " + std::to_string(vocab) +
                      "; set vocab_size to at least that");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("--data " + path + ": cannot open the file");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   int64_t documents = 0;
-  std::vector<int32_t> ids = text::encode_documents(text, tok, &documents);
+  std::vector<int32_t> ids = text::encode_documents(text::read_text(path, "--data"), tok, &documents);
   if (ids.size() < 2) throw UsageError("--data " + path + " encodes to fewer than 2 tokens");
   return std::make_unique<Text>(path + " (" + std::to_string(documents) + " documents, " + std::to_string(ids.size()) +
                                     " tokens of " + tokenizer_path + ")",
