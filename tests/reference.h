@@ -74,21 +74,31 @@ inline Vec rmsnorm(const Vec& x, const Vec* z, const Vec* w, int64_t T, int64_t 
 }
 
 // Rotary embedding, rotate-half pairing: (x_i, x_{i+d/2}) of every head turned
-// by the angle pos * theta^(-2i/d) (RoFormer, Su et al. 2021, eq. 34).
+// by the angle pos * inv_freq[i]; unscaled, inv_freq[i] = theta^(-2i/d)
+// (RoFormer, Su et al. 2021, eq. 34).
 inline Vec rope(const Vec& x, int64_t T, int n_heads, int head_dim, const std::vector<int32_t>& pos,
-                double theta) {
+                const std::vector<double>& inv_freq) {
   Vec y = x;
   const int half = head_dim / 2;
   const int64_t cols = int64_t(n_heads) * head_dim;
   for (int64_t t = 0; t < T; ++t)
     for (int h = 0; h < n_heads; ++h)
       for (int i = 0; i < half; ++i) {
-        const double ang = double(pos[size_t(t)]) / std::pow(theta, 2.0 * i / head_dim);
+        const double ang = double(pos[size_t(t)]) * inv_freq[size_t(i)];
         const size_t a = size_t(t * cols + h * head_dim + i), b = a + size_t(half);
         y[a] = x[a] * std::cos(ang) - x[b] * std::sin(ang);
         y[b] = x[b] * std::cos(ang) + x[a] * std::sin(ang);
       }
   return y;
+}
+
+inline std::vector<double> rope_freqs(double theta, int head_dim) {
+  std::vector<double> f;
+  for (int i = 0; i < head_dim / 2; ++i) f.push_back(1.0 / std::pow(theta, 2.0 * i / head_dim));
+  return f;
+}
+inline Vec rope(const Vec& x, int64_t T, int n_heads, int head_dim, const std::vector<int32_t>& pos, double theta) {
+  return rope(x, T, n_heads, head_dim, pos, rope_freqs(theta, head_dim));
 }
 
 // Attention by position: query i attends to every key j with k_pos[j] <= q_pos[i]

@@ -161,7 +161,7 @@ class TestBackward : public QObject {
     const Vec want = finite_difference([&](const Vec& a) { return ref::rope(a, T, nh, hd, pos, 10000.0); },
                                        ref::to_double(x), ref::to_double(dy));
     Tensor g = make(dy, {T, nh * hd});
-    m_be.rope_backward(g, nh, hd, pos, 10000.0f);
+    m_be.rope_backward(g, nh, hd, pos, ref::rope_freqs(10000.0, hd));
     VERIFY_GRAD(read(g), want, "rope");
   }
 

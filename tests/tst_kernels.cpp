@@ -386,6 +386,7 @@ struct TestKernels::RopeCase {
   double theta;
   QString positions;
   int pad;
+  bool scaled = false;  // frequencies slowed from the fourth on, as rope_scaling makes them
 };
 
 void TestKernels::rope_data() {
@@ -394,11 +395,12 @@ void TestKernels::rope_data() {
       {"decode at 4097", {1, 8, 64, 10000.0, "offset", 0}},
       {"scattered, theta 5e5", {33, 2, 128, 500000.0, "scattered", 0}},
       {"strided k heads", {17, 2, 32, 10000.0, "scattered", 5}},
+      {"scaled frequencies", {21, 3, 16, 500000.0, "offset", 3, true}},
   });
 }
 
 void TestKernels::rope() {
-  const auto [T, n_heads, head_dim, theta, positions, pad] = fetch<RopeCase>();
+  const auto [T, n_heads, head_dim, theta, positions, pad, scaled] = fetch<RopeCase>();
   std::mt19937 g(uint32_t(T * 7 + n_heads + head_dim));
   std::vector<int32_t> pos;
   if (positions == "from zero") {
@@ -413,11 +415,11 @@ void TestKernels::rope() {
   const auto xv = randn(g, size_t(T) * cols);
   Rig r;
   Mat x = r.mat(T, cols, pad, xv);
-  r.be.rope(x.view, n_heads, head_dim, pos, float(theta));
-  // The kernel turns by the fp32 theta; the reference does the same so the
-  // comparison measures the kernel's arithmetic, not the rounding of theta.
-  const ref::Vec want =
-      ref::rope(ref::to_double(xv), T, n_heads, head_dim, pos, double(float(theta)));
+  std::vector<double> freqs = ref::rope_freqs(theta, head_dim);
+  if (scaled)
+    for (size_t i = 3; i < freqs.size(); ++i) freqs[i] /= 8.0 + double(i);
+  r.be.rope(x.view, n_heads, head_dim, pos, freqs);
+  const ref::Vec want = ref::rope(ref::to_double(xv), T, n_heads, head_dim, pos, freqs);
   VERIFY_MAT(x, want, "x");
 }
 

@@ -137,11 +137,14 @@ void Backend::gated_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, c
           [&] { k_rmsnorm(y, x, z, w, eps, group); });
 }
 
-void Backend::rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) {
+void Backend::rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos,
+                   std::span<const double> inv_freq) {
   require_2d(x, "rope", "x");
-  require(x.cols() == int64_t(n_heads) * head_dim && head_dim % 2 == 0 && x.rows() == int64_t(pos.size()),
+  require(x.cols() == int64_t(n_heads) * head_dim && head_dim % 2 == 0 && x.rows() == int64_t(pos.size()) &&
+              int64_t(inv_freq.size()) == head_dim / 2,
           "rope", "shape mismatch");
-  execute("rope", 6.0 * x.numel(), 2.0 * fbytes(x), {x.rows(), x.cols()}, [&] { k_rope(x, n_heads, head_dim, pos, theta); });
+  execute("rope", 6.0 * x.numel(), 2.0 * fbytes(x), {x.rows(), x.cols()},
+          [&] { k_rope(x, n_heads, head_dim, pos, inv_freq); });
 }
 
 void Backend::attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -182,6 +185,13 @@ void Backend::add(const Tensor& y, const Tensor& a, const Tensor& b) {
   require(y.rows() == a.rows() && y.rows() == b.rows() && y.cols() == a.cols() && y.cols() == b.cols(), "add",
           "shape mismatch");
   execute("add", double(y.numel()), 3.0 * fbytes(y), {y.rows(), y.cols()}, [&] { k_add(y, a, b); });
+}
+
+void Backend::add_bias(const Tensor& y, const Tensor& b) {
+  require_2d(y, "add_bias", "y");
+  require(b.shape().size() == 1 && b.shape()[0] == y.cols(), "add_bias",
+          "bias " + b.shape_str() + " for rows of " + std::to_string(y.cols()));
+  execute("add_bias", double(y.numel()), 2.0 * fbytes(y) + fbytes(b), {y.rows(), y.cols()}, [&] { k_add_bias(y, b); });
 }
 
 void Backend::copy(const Tensor& dst, const Tensor& src) {
@@ -314,7 +324,8 @@ void Backend::k_fill(const Tensor&, float) { no_kernel("fill"); }
 void Backend::k_matmul(const Tensor&, const Tensor&, const Tensor&, bool) { no_kernel("matmul"); }
 void Backend::k_embedding(const Tensor&, const Tensor&, std::span<const int32_t>) { no_kernel("embedding"); }
 void Backend::k_rmsnorm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) { no_kernel("rmsnorm"); }
-void Backend::k_rope(const Tensor&, int, int, std::span<const int32_t>, float) { no_kernel("rope"); }
+void Backend::k_rope(const Tensor&, int, int, std::span<const int32_t>, std::span<const double>) { no_kernel("rope"); }
+void Backend::k_add_bias(const Tensor&, const Tensor&) { no_kernel("add_bias"); }
 void Backend::k_attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionArgs&, const Tensor&) { no_kernel("attention"); }
 void Backend::k_attention_merge(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int, int) { no_kernel("attention_merge"); }
 void Backend::k_silu_mul(const Tensor&, const Tensor&, const Tensor&) { no_kernel("silu_mul"); }

@@ -118,8 +118,10 @@ class Backend {
   // Mamba2 gated norm (norm_before_gate = False): rmsnorm(x * silu(z)) per group, times w.
   void gated_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                      int64_t group);
-  // Rotary embedding in place on x[T, n_heads*head_dim], rotate-half pairing (i, i + head_dim/2).
-  void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta);
+  // Rotary embedding in place on x[T, n_heads*head_dim], rotate-half pairing
+  // (i, i + head_dim/2) turned by pos * inv_freq[i] (head_dim/2 frequencies,
+  // ModelConfig::rope_inv_freq).
+  void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, std::span<const double> inv_freq);
   // Causal attention by position, blockwise with an online softmax (never a T×T matrix).
   // o[Tq, nh*hd]; lse[Tq, nh] (optional) receives each row's log-sum-exp for merging partials.
   void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -131,6 +133,8 @@ class Backend {
   void silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up);
   // y = a + b (y may alias a)
   void add(const Tensor& y, const Tensor& a, const Tensor& b);
+  // y[t, :] += b for every row of y[T, N]; b [N] (a projection's bias).
+  void add_bias(const Tensor& y, const Tensor& b);
   void copy(const Tensor& dst, const Tensor& src);
   // Depthwise causal conv over time: x[T,C], w[C,K], b[C] (optional). `state`
   // [K-1, C] holds the K-1 inputs before x (zeros if undefined) and is
@@ -177,7 +181,8 @@ class Backend {
   void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                         float eps, int64_t group);
   // Rotary embedding's backward in place on dx: the inverse rotation.
-  void rope_backward(const Tensor& dx, int n_heads, int head_dim, std::span<const int32_t> pos, float theta);
+  void rope_backward(const Tensor& dx, int n_heads, int head_dim, std::span<const int32_t> pos,
+                     std::span<const double> inv_freq);
   // y = silu(gate) * up: dgate = ∂L/∂gate, dup = ∂L/∂up.
   void silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
                          const Tensor& up);
@@ -228,13 +233,14 @@ class Backend {
   virtual void k_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
                          float eps, int64_t group);
   virtual void k_rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos,
-                      float theta);
+                      std::span<const double> inv_freq);
   virtual void k_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
                            const AttentionArgs& a, const Tensor& lse);
   virtual void k_attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2,
                                  const Tensor& lse2, int n_heads, int head_dim);
   virtual void k_silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up);
   virtual void k_add(const Tensor& y, const Tensor& a, const Tensor& b);
+  virtual void k_add_bias(const Tensor& y, const Tensor& b);
   virtual void k_copy(const Tensor& dst, const Tensor& src);
   virtual void k_conv1d_causal(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
                                const Tensor& state, bool silu);

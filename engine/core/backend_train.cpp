@@ -57,15 +57,17 @@ void Backend::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor&
           {x.rows(), x.cols()}, [&] { k_rmsnorm_backward(dx, dw, dy, x, w, eps, group); });
 }
 
-void Backend::rope_backward(const Tensor& dx, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) {
+void Backend::rope_backward(const Tensor& dx, int n_heads, int head_dim, std::span<const int32_t> pos,
+                            std::span<const double> inv_freq) {
   // A rotation's transpose is the rotation by the opposite angle.
   std::vector<int32_t> back(pos.size());
   std::transform(pos.begin(), pos.end(), back.begin(), [](int32_t p) { return -p; });
   require_2d(dx, "rope_backward", "dx");
-  require(dx.cols() == int64_t(n_heads) * head_dim && head_dim % 2 == 0 && dx.rows() == int64_t(pos.size()),
+  require(dx.cols() == int64_t(n_heads) * head_dim && head_dim % 2 == 0 && dx.rows() == int64_t(pos.size()) &&
+              int64_t(inv_freq.size()) == head_dim / 2,
           "rope_backward", "shape mismatch");
   execute("rope_backward", 6.0 * dx.numel(), 2.0 * fbytes(dx), {dx.rows(), dx.cols()},
-          [&] { k_rope(dx, n_heads, head_dim, back, theta); });
+          [&] { k_rope(dx, n_heads, head_dim, back, inv_freq); });
 }
 
 void Backend::silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,

@@ -105,8 +105,9 @@ void CpuBackend::k_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, co
   cpu::rmsnorm(y, x, z, w, eps, group);
 }
 
-void CpuBackend::k_rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) {
-  cpu::rope(x, n_heads, head_dim, pos, theta);
+void CpuBackend::k_rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos,
+                        std::span<const double> inv_freq) {
+  cpu::rope(x, n_heads, head_dim, pos, inv_freq);
 }
 
 void CpuBackend::k_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -135,6 +136,17 @@ void CpuBackend::k_add(const Tensor& y, const Tensor& a, const Tensor& b) {
     const float* br = cpu::row_f32(b, r, 1);
     float* yr = cpu::row_out(y, r, 3);
     for (int64_t c = 0; c < y.cols(); ++c) yr[c] = ar[c] + br[c];
+    cpu::store_row(y, r, yr);
+  });
+}
+
+void CpuBackend::k_add_bias(const Tensor& y, const Tensor& b) {
+  std::vector<float> bias(size_t(b.numel()));
+  k_download(b, bias.data());
+  for_rows(y, [&](int64_t r) {
+    const float* yin = cpu::row_f32(y, r, 0);
+    float* yr = cpu::row_out(y, r, 3);
+    for (int64_t c = 0; c < y.cols(); ++c) yr[c] = yin[c] + bias[size_t(c)];
     cpu::store_row(y, r, yr);
   });
 }

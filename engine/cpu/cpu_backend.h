@@ -23,7 +23,9 @@ class CpuBackend final : public Backend {
   void k_embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) override;
   void k_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                  int64_t group) override;
-  void k_rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) override;
+  void k_rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos,
+              std::span<const double> inv_freq) override;
+  void k_add_bias(const Tensor& y, const Tensor& b) override;
   void k_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
                    const Tensor& lse) override;
   void k_attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2, int n_heads,

@@ -35,7 +35,7 @@ void gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw
 void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
            const AdamWArgs& a);
 void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group);
-void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta);
+void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, std::span<const double> inv_freq);
 void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
                const Tensor& lse);
 void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2, int n_heads,

@@ -38,11 +38,9 @@ void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
 }
 
 // Rotary position embedding, rotate-half pairing as in HF Llama:
-// (x_i, x_{i+d/2}) rotated by pos * theta^(-2i/d).
-void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, float theta) {
+// (x_i, x_{i+d/2}) rotated by pos * inv_freq[i].
+void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, std::span<const double> inv_freq) {
   const int half = head_dim / 2;
-  std::vector<double> inv_freq(half);
-  for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(double(theta), -2.0 * i / head_dim);
   const int64_t T = x.rows();
 #pragma omp parallel for schedule(static) if (T * n_heads * head_dim > (1 << 16))
   for (int64_t t = 0; t < T; ++t) {

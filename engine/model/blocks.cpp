@@ -70,11 +70,14 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
     m_be.matmul(q, h, w.q);
     m_be.matmul(k, h, w.k);
     m_be.matmul(v, h, w.v);
+    add_bias(q, w.q_b);
+    add_bias(k, w.k_b);
+    add_bias(v, w.v_b);
   }
   {
     SiteScope s(rec, layer, "attn.rope");
-    m_be.rope(q, m_attn.heads, c.head_dim, positions, c.rope_theta);
-    m_be.rope(k, m_attn.kv_heads, c.head_dim, positions, c.rope_theta);
+    m_be.rope(q, m_attn.heads, c.head_dim, positions, m_rope_freqs);
+    m_be.rope(k, m_attn.kv_heads, c.head_dim, positions, m_rope_freqs);
   }
   h = Tensor();
   Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out", m_cfg.dtype);
@@ -82,6 +85,7 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
   q = Tensor();
   SiteScope s(rec, layer, "attn.o_proj");
   project_out(layer, x, o, w.o, "attn", "attn.o_partial");
+  add_bias(x, w.o_b);
 }
 
 void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -194,6 +198,8 @@ void Model::mlp_block(int layer, const Tensor& x) {
     SiteScope s(rec, layer, "mlp.gate_up");
     m_be.matmul(g, h, w.gate);
     m_be.matmul(u, h, w.up);
+    add_bias(g, w.gate_b);
+    add_bias(u, w.up_b);
   }
   h = Tensor();
   {
@@ -203,6 +209,7 @@ void Model::mlp_block(int layer, const Tensor& x) {
   u = Tensor();
   SiteScope s(rec, layer, "mlp.down");
   project_out(layer, x, g, w.down, "mlp", "mlp.down_partial");
+  add_bias(x, w.down_b);
 }
 
 void Model::sharded_conv(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state,

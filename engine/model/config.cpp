@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <numbers>
 #include <optional>
 
 #include "core/error.h"
@@ -69,6 +70,54 @@ struct Fields {
   }
 };
 
+// rope_scaling as transformers writes it: {"rope_type": "llama3", "factor":
+// 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+// "original_max_position_embeddings": 8192} (older folders say "type").
+void parse_rope_scaling(const Fields& F, ModelConfig& c) {
+  auto it = F.j.find("rope_scaling");
+  if (it == F.j.end() || it->is_null()) return;
+  if (!it->is_object()) F.fail("rope_scaling", "must be an object or null");
+  const json& r = *it;
+  auto fail = [&](const std::string& key, const std::string& why) { F.fail("rope_scaling." + key, why); };
+  std::string kind;
+  for (const char* key : {"rope_type", "type"})
+    if (auto t = r.find(key); t != r.end() && !t->is_null()) {
+      if (!t->is_string()) fail(key, "must be a string");
+      kind = t->get<std::string>();
+      break;
+    }
+  auto number = [&](const char* key, std::optional<double> def) {
+    auto v = r.find(key);
+    if (v == r.end() || v->is_null()) {
+      if (!def) fail(key, "is missing");
+      return *def;
+    }
+    if (!v->is_number()) fail(key, "must be a number");
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d <= 0) fail(key, "must be a positive number");
+    return d;
+  };
+  ModelConfig::RopeScaling& s = c.rope_scaling;
+  using Kind = ModelConfig::RopeScaling::Kind;
+  if (kind == "default") return;
+  if (kind == "linear") {
+    s.kind = Kind::Linear;
+    s.factor = number("factor", std::nullopt);
+  } else if (kind == "llama3") {
+    s.kind = Kind::Llama3;
+    s.factor = number("factor", std::nullopt);
+    s.low_freq_factor = number("low_freq_factor", std::nullopt);
+    s.high_freq_factor = number("high_freq_factor", std::nullopt);
+    s.original_max_positions = number("original_max_position_embeddings", std::nullopt);
+    if (s.high_freq_factor <= s.low_freq_factor) fail("high_freq_factor", "must be greater than low_freq_factor");
+  } else {
+    fail("rope_type", kind.empty() ? "is missing; supported: linear, llama3"
+                                   : "'" + kind + "' is not supported; supported: linear, llama3");
+  }
+  if (auto a = r.find("attention_factor"); a != r.end() && !a->is_null() && (!a->is_number() || a->get<double>() != 1.0))
+    fail("attention_factor", "other than 1 is not supported");
+}
+
 void parse_attention(const Fields& F, ModelConfig& c) {
   c.n_heads = F.i32("num_attention_heads");
   F.positive("num_attention_heads", c.n_heads);
@@ -84,10 +133,17 @@ void parse_attention(const Fields& F, ModelConfig& c) {
   c.ffn_dim = F.i("intermediate_size");
   F.positive("intermediate_size", c.ffn_dim);
   c.rope_theta = F.f32("rope_theta", 10000.0);
-  if (F.b("attention_bias", false) || F.b("mlp_bias", false))
-    F.fail("attention_bias", "is true; attention and MLP biases are not supported");
-  if (F.j.contains("rope_scaling") && !F.j["rope_scaling"].is_null())
-    F.fail("rope_scaling", "is set; scaled rotary embeddings are not supported");
+  if (!(c.rope_theta > 1.0f)) F.fail("rope_theta", "must be greater than 1");
+  parse_rope_scaling(F, c);
+  // Llama's attention_bias puts biases on q, k, v and o; Qwen2 has q, k, v
+  // biases always (and no field for them).
+  const bool qwen2 = c.model_type == "qwen2";
+  const bool attention_bias = F.b("attention_bias", false);
+  c.qkv_bias = qwen2 || attention_bias;
+  c.o_bias = !qwen2 && attention_bias;
+  c.mlp_bias = F.b("mlp_bias", false);
+  if (F.b("use_sliding_window", false))
+    F.fail("use_sliding_window", "is true; sliding-window attention is not supported (set it to false to attend to the whole context)");
   if (F.s("hidden_act", "silu") != "silu") F.fail("hidden_act", "must be silu (SwiGLU MLP)");
 }
 
@@ -134,6 +190,34 @@ LayerKind ModelConfig::layer_kind(int i) const {
   }
 }
 
+// As transformers' rope initialisation computes them (modeling_rope_utils:
+// the default, linear and llama3 forms), in double.
+std::vector<double> ModelConfig::rope_inv_freq() const {
+  const int half = head_dim / 2;
+  std::vector<double> f(size_t(std::max(half, 0)));
+  for (int i = 0; i < half; ++i) f[size_t(i)] = std::pow(double(rope_theta), -2.0 * i / head_dim);
+  const RopeScaling& s = rope_scaling;
+  if (s.kind == RopeScaling::Kind::Linear) {
+    for (double& v : f) v /= s.factor;
+  } else if (s.kind == RopeScaling::Kind::Llama3) {
+    // Wavelengths longer than the original context / low_freq_factor are
+    // slowed by `factor`, shorter than context / high_freq_factor kept, and
+    // those between blended linearly in context / wavelength.
+    const double low_wavelen = s.original_max_positions / s.low_freq_factor;
+    const double high_wavelen = s.original_max_positions / s.high_freq_factor;
+    for (double& v : f) {
+      const double wavelen = 2.0 * std::numbers::pi / v;
+      if (wavelen > low_wavelen) v /= s.factor;
+      else if (wavelen >= high_wavelen) {
+        const double smooth = (s.original_max_positions / wavelen - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        v = (1.0 - smooth) * v / s.factor + smooth * v;
+      }
+    }
+  }
+  return f;
+}
+
 int64_t ModelConfig::conv_dim() const {
   if (family == Family::Mamba) return d_inner;
   return d_inner + 2 * int64_t(n_groups) * d_state;
@@ -164,6 +248,16 @@ json ModelConfig::to_json() const {
     j["head_dim"] = head_dim;
     j["intermediate_size"] = ffn_dim;
     j["rope_theta"] = rope_theta;
+    if (rope_scaling.kind != RopeScaling::Kind::None) {
+      const bool l3 = rope_scaling.kind == RopeScaling::Kind::Llama3;
+      j["rope_scaling"] = {{"rope_type", l3 ? "llama3" : "linear"}, {"factor", rope_scaling.factor}};
+      if (l3) {
+        j["rope_scaling"]["low_freq_factor"] = rope_scaling.low_freq_factor;
+        j["rope_scaling"]["high_freq_factor"] = rope_scaling.high_freq_factor;
+        j["rope_scaling"]["original_max_position_embeddings"] = rope_scaling.original_max_positions;
+      }
+    }
+    j["biases"] = {{"qkv", qkv_bias}, {"o", o_bias}, {"mlp", mlp_bias}};
   }
   if (d_inner) {
     j["d_inner"] = d_inner;
@@ -198,7 +292,7 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
   if (c.n_layers > 100000) F.fail("num_hidden_layers", "is over 100000 layers");
 
   const std::string& t = c.model_type;
-  if (t == "llama") {
+  if (t == "llama" || t == "qwen2") {
     c.family = Family::Llama;
     c.norm_eps = F.f32("rms_norm_eps", 1e-6);
     c.tie_embeddings = F.b("tie_word_embeddings", false);
@@ -259,7 +353,7 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
       F.fail("layer_pattern", "must have one letter per layer, A (attention) or M (Mamba2)");
   } else {
     throw FormatError(origin + ": unknown architecture model_type '" + t +
-                      "'; supported: llama, mamba, falcon_mamba, mamba2, shardscope_hybrid");
+                      "'; supported: llama, qwen2, mamba, falcon_mamba, mamba2, shardscope_hybrid");
   }
   return c;
 }

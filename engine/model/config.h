@@ -1,5 +1,5 @@
-// Model configuration, read from a Hugging Face config.json (llama, mamba,
-// falcon_mamba, mamba2) or from a preset in resources/models/ written in the
+// Model configuration, read from a Hugging Face config.json (llama, qwen2,
+// mamba, falcon_mamba, mamba2) or from a preset in resources/models/ written in the
 // same format (plus "shardscope_hybrid" for the Zamba-like hybrid).
 #pragma once
 
@@ -30,6 +30,15 @@ struct ModelConfig {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int64_t ffn_dim = 0;
   float rope_theta = 10000.0f;
+  // config.json's rope_scaling: none, "linear" (positions / factor) or
+  // "llama3" (Llama 3.1's per-frequency blend of scaled and unscaled).
+  struct RopeScaling {
+    enum class Kind { None, Linear, Llama3 } kind = Kind::None;
+    double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_positions = 8192.0;
+  } rope_scaling;
+  // Projection biases: q/k/v (Qwen2, Llama's attention_bias), o_proj
+  // (Llama's attention_bias), gate/up/down (Llama's mlp_bias).
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;
 
   // Mamba / Mamba2 mixers
   int64_t d_inner = 0;
@@ -56,6 +65,8 @@ struct ModelConfig {
   nlohmann::json source;      // the config.json object it was read from (with overrides)
 
   LayerKind layer_kind(int i) const;
+  // The rotary inverse frequencies, head_dim / 2 of them (theta^(-2i/d), then rope_scaling).
+  std::vector<double> rope_inv_freq() const;
   int64_t conv_dim() const;   // channels through conv1d
   int64_t in_proj_dim() const;
   std::string family_name() const;

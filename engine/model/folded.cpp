@@ -92,9 +92,15 @@ void Model::attention_block_folded(int layer, const Tensor& x, std::span<const i
   });
   h = Tensor();
   {
+    SiteScope s(rec, layer, "attn.qkv");
+    add_bias(q, w.q_b);
+    add_bias(k, w.k_b);
+    add_bias(v, w.v_b);
+  }
+  {
     SiteScope s(rec, layer, "attn.rope");
-    m_be.rope(q, c.n_heads, c.head_dim, positions, c.rope_theta);
-    m_be.rope(k, c.n_kv_heads, c.head_dim, positions, c.rope_theta);
+    m_be.rope(q, c.n_heads, c.head_dim, positions, m_rope_freqs);
+    m_be.rope(k, c.n_kv_heads, c.head_dim, positions, m_rope_freqs);
   }
   Tensor o = m_be.alloc({T, hq}, Category::Activations, "attn.out", m_cfg.dtype);
   attend(layer, o, q, k, v, positions, cache, layout, c.n_heads, c.n_kv_heads);
@@ -103,6 +109,8 @@ void Model::attention_block_folded(int layer, const Tensor& x, std::span<const i
     SiteScope s(rec, layer, "attn.o_proj");
     m_be.matmul(x, o.slice(1, j * qs, qs), wo[0], /*accumulate=*/true);
   });
+  SiteScope s(rec, layer, "attn.o_proj");
+  add_bias(x, w.o_b);
 }
 
 void Model::mlp_block_folded(int layer, const Tensor& x) {
@@ -112,13 +120,19 @@ void Model::mlp_block_folded(int layer, const Tensor& x) {
   Tensor h = pre_norm(layer, x, w.post_norm, "mlp.norm");
   Tensor g = m_be.alloc({T, F}, Category::Activations, "mlp.gate", m_cfg.dtype);
   Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up", m_cfg.dtype);
-  stream_pack(m_packs[m_layer_packs[size_t(layer)][2]], [&](int, const std::vector<Tensor>& mlp) {
+  // Shard j holds intermediate columns [j F, (j+1) F); the biases are whole here.
+  auto bias = [&](const Tensor& b, int j) { return b.defined() ? b.slice(0, int64_t(j) * F, F) : Tensor(); };
+  stream_pack(m_packs[m_layer_packs[size_t(layer)][2]], [&](int j, const std::vector<Tensor>& mlp) {
     SiteScope s(rec, layer, "mlp.shard");
     m_be.matmul(g, h, mlp[0]);
     m_be.matmul(u, h, mlp[1]);
+    add_bias(g, bias(w.gate_b, j));
+    add_bias(u, bias(w.up_b, j));
     m_be.silu_mul(g, g, u);
     m_be.matmul(x, g, mlp[2], /*accumulate=*/true);
   });
+  SiteScope s(rec, layer, "mlp.down");
+  add_bias(x, w.down_b);
 }
 
 void Model::mamba2_block_folded(int layer, const Tensor& x, Cache& cache, const StepLayout& layout) {

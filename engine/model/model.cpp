@@ -6,7 +6,8 @@
 
 namespace ss {
 
-Model::Model(ModelConfig cfg, Backend& be, Parallel par) : m_cfg(std::move(cfg)), m_be(be), m_par(par) {
+Model::Model(ModelConfig cfg, Backend& be, Parallel par)
+    : m_cfg(std::move(cfg)), m_rope_freqs(m_cfg.rope_inv_freq()), m_be(be), m_par(par) {
   m_layers.resize(size_t(m_cfg.n_layers));
   const int n = m_par.shard_count(), i = m_par.shard_index();
   if (m_cfg.n_heads) m_attn = attention_shard(m_cfg, i, n);
@@ -53,15 +54,25 @@ void Model::build_specs() {
       const int64_t hd = c.head_dim, hq = int64_t(c.n_heads) * hd, hkv = int64_t(c.n_kv_heads) * hd;
       const Range qr{a.head0 * hd, (a.head0 + a.heads) * hd}, kr{a.kv_head0 * hd, (a.kv_head0 + a.kv_heads) * hd};
       const Range fr{a.ffn0, a.ffn0 + a.ffn};
+      // A column-parallel projection's bias is split with its rows (whole
+      // under tsp, where each rank computes every head of its tokens); a
+      // row-parallel one's is whole and added once, after the reduction.
       add(p + "input_layernorm.weight", {d}, i, Init::NormWeight, &w.in_norm);
       add(p + "self_attn.q_proj.weight", {hq, d}, i, Init::Linear, &w.q, 1.0f, rows({qr}));
+      if (c.qkv_bias) add(p + "self_attn.q_proj.bias", {hq}, i, Init::Bias, &w.q_b, 1.0f, small({qr}));
       add(p + "self_attn.k_proj.weight", {hkv, d}, i, Init::Linear, &w.k, 1.0f, rows({kr}));
+      if (c.qkv_bias) add(p + "self_attn.k_proj.bias", {hkv}, i, Init::Bias, &w.k_b, 1.0f, small({kr}));
       add(p + "self_attn.v_proj.weight", {hkv, d}, i, Init::Linear, &w.v, 1.0f, rows({kr}));
+      if (c.qkv_bias) add(p + "self_attn.v_proj.bias", {hkv}, i, Init::Bias, &w.v_b, 1.0f, small({kr}));
       add(p + "self_attn.o_proj.weight", {d, hq}, i, Init::Linear, &w.o, out_scale, cols({qr}));
+      if (c.o_bias) add(p + "self_attn.o_proj.bias", {d}, i, Init::Bias, &w.o_b, out_scale);
       add(p + "post_attention_layernorm.weight", {d}, i, Init::NormWeight, &w.post_norm);
       add(p + "mlp.gate_proj.weight", {c.ffn_dim, d}, i, Init::Linear, &w.gate, 1.0f, rows({fr}));
+      if (c.mlp_bias) add(p + "mlp.gate_proj.bias", {c.ffn_dim}, i, Init::Bias, &w.gate_b, 1.0f, small({fr}));
       add(p + "mlp.up_proj.weight", {c.ffn_dim, d}, i, Init::Linear, &w.up, 1.0f, rows({fr}));
+      if (c.mlp_bias) add(p + "mlp.up_proj.bias", {c.ffn_dim}, i, Init::Bias, &w.up_b, 1.0f, small({fr}));
       add(p + "mlp.down_proj.weight", {d, c.ffn_dim}, i, Init::Linear, &w.down, out_scale, cols({fr}));
+      if (c.mlp_bias) add(p + "mlp.down_proj.bias", {d}, i, Init::Bias, &w.down_b, out_scale);
     } else if (L.kind == LayerKind::Mamba2) {
       Mamba2Weights& w = L.m2;
       const Mamba2Shard& m = m_m2;

@@ -22,6 +22,7 @@ namespace ss {
 
 struct AttentionWeights {
   Tensor in_norm, q, k, v, o, post_norm, gate, up, down;
+  Tensor q_b, k_b, v_b, o_b, gate_b, up_b, down_b;  // biases, where the config has them
 };
 struct Mamba2Weights {
   Tensor norm, in_proj, conv_w, conv_b, dt_bias, A_log, D, gated_norm, out_proj;
@@ -82,6 +83,7 @@ class Model {
   Model(ModelConfig cfg, Backend& be, Parallel par = {});
 
   const ModelConfig& config() const { return m_cfg; }
+  std::span<const double> rope_freqs() const { return m_rope_freqs; }  // ModelConfig::rope_inv_freq
   const Parallel& parallel() const { return m_par; }
   const std::vector<WeightSpec>& weights() const { return m_specs; }
   const std::vector<WeightPack>& packs() const { return m_packs; }
@@ -148,6 +150,10 @@ class Model {
                    const StateAdvance& advance);
 
   bool tp_active() const { return !m_par.folded() && m_par.tp_size > 1; }
+  // y += b per row where the projection has a bias (b defined).
+  void add_bias(const Tensor& y, const Tensor& b) {
+    if (b.defined()) m_be.add_bias(y, b);
+  }
   // Sums a row-parallel partial output over the tensor-parallel group into x,
   // at the precision the plan gives `site` (attn, mlp, mixer) of `layer`.
   void reduce_into(const Tensor& x, const Tensor& partial, const char* site, int layer);
@@ -159,6 +165,7 @@ class Model {
                     const StepLayout& layout);
 
   ModelConfig m_cfg;
+  std::vector<double> m_rope_freqs;
   Backend& m_be;
   Parallel m_par;
   Tensor m_embed, m_final_norm, m_lm_head;

@@ -36,6 +36,7 @@ float synthetic_value(const WeightSpec& w, uint64_t seed, int64_t index) {
     case Init::NormWeight: return 1.0f + 0.1f * sym;
     case Init::ConvWeight: return sym * sqrt3 / std::sqrt(float(cols));
     case Init::ConvBias: return 0.1f * sym;
+    case Init::Bias: return 0.3f * sqrt3 * sym * w.scale;
     case Init::ALogHeads: return std::log(1.0f + 15.0f * u);
     case Init::ALogS4D: return std::log(float(index % cols + 1));
     case Init::DtBias: {

@@ -19,6 +19,7 @@ enum class Init {
   NormWeight, // 1 + small noise
   ConvWeight, // uniform, std = 1 / sqrt(kernel)
   ConvBias,   // small uniform
+  Bias,       // a projection's bias: uniform, std 0.3 * scale
   ALogHeads,  // Mamba2: log(U[1, 16]) per head
   ALogS4D,    // Mamba: log(n + 1) for state n (S4D-real)
   DtBias,     // inverse softplus of dt ~ logU[1e-3, 1e-1]

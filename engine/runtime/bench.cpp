@@ -100,7 +100,7 @@ double copy_bytes_per_s() {
 
 // Ops bound by memory traffic (their span bytes are what they move).
 bool memory_bound(const std::string& op) {
-  return op == "rmsnorm" || op == "gated_rmsnorm" || op == "silu_mul" || op == "add" || op == "rope" ||
+  return op == "rmsnorm" || op == "gated_rmsnorm" || op == "silu_mul" || op == "add" || op == "add_bias" || op == "rope" ||
          op == "copy" || op == "embedding" || op == "conv1d";
 }
 

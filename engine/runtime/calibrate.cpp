@@ -165,7 +165,9 @@ json kernel_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostream
       Tensor x = t(r, c, "x");
       auto pos = std::make_shared<std::vector<int32_t>>(size_t(r));
       for (int64_t i = 0; i < r; ++i) (*pos)[size_t(i)] = int32_t(1000 + i);
-      return [&be, x, pos, c] { be.rope(x, int(c / kHeadDim), kHeadDim, *pos, 10000.0f); };
+      auto freqs = std::make_shared<std::vector<double>>(size_t(kHeadDim / 2));
+      for (int i = 0; i < kHeadDim / 2; ++i) (*freqs)[size_t(i)] = std::pow(10000.0, -2.0 * i / kHeadDim);
+      return [&be, x, pos, freqs, c] { be.rope(x, int(c / kHeadDim), kHeadDim, *pos, *freqs); };
     }
     if (op == "attention_merge") {
       const int heads = int(c / kHeadDim);

@@ -10,7 +10,8 @@ int64_t layer_parameters(const ModelConfig& c, LayerKind kind) {
   const int64_t h = c.d_model;
   if (kind == LayerKind::Attention) {
     const int64_t hq = int64_t(c.n_heads) * c.head_dim, hkv = int64_t(c.n_kv_heads) * c.head_dim;
-    return h * hq + 2 * h * hkv + hq * h + 3 * h * c.ffn_dim + 2 * h;
+    const int64_t biases = (c.qkv_bias ? hq + 2 * hkv : 0) + (c.o_bias ? h : 0) + (c.mlp_bias ? 2 * c.ffn_dim + h : 0);
+    return h * hq + 2 * h * hkv + hq * h + 3 * h * c.ffn_dim + 2 * h + biases;
   }
   const int64_t Di = c.d_inner, conv = c.conv_dim();
   int64_t p = h * c.in_proj_dim() + conv * c.d_conv + (c.conv_bias ? conv : 0) + Di * h + h;

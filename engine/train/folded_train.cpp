@@ -128,8 +128,8 @@ void TrainModel::folded_forward(int i, const Tensor& x_in, const Tensor& x_out, 
   });
   {
     SiteScope sc(rec, i, "attn.rope");
-    m_be.rope(s.q, c.n_heads, int(hd), pos_rows, c.rope_theta);
-    m_be.rope(s.k, c.n_kv_heads, int(hd), pos_rows, c.rope_theta);
+    m_be.rope(s.q, c.n_heads, int(hd), pos_rows, m_model.rope_freqs());
+    m_be.rope(s.k, c.n_kv_heads, int(hd), pos_rows, m_model.rope_freqs());
   }
   s.o = act({R, hq}, "attn.out", dt);
   s.lse = act({R, c.n_heads}, "attn.lse", DType::F32);
@@ -213,8 +213,8 @@ void TrainModel::folded_backward(int i, const Tensor& dx, const TrainBatch& b, S
     s.q = s.k = s.v = s.o = s.lse = Tensor{};
     {
       SiteScope sc(rec, i, "attn.rope.backward");
-      m_be.rope_backward(dq, c.n_heads, int(hd), pos_rows, c.rope_theta);
-      m_be.rope_backward(dk, c.n_kv_heads, int(hd), pos_rows, c.rope_theta);
+      m_be.rope_backward(dq, c.n_heads, int(hd), pos_rows, m_model.rope_freqs());
+      m_be.rope_backward(dk, c.n_kv_heads, int(hd), pos_rows, m_model.rope_freqs());
     }
     m_be.fill(dh1, 0.0f);
     ring_backward(pack_of(i, "attn.qkv"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {

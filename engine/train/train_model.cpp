@@ -30,6 +30,10 @@ const char* recompute_name(Recompute r) {
 }
 
 void TrainModel::check_supported(const ModelConfig& cfg, int tp) {
+  if (cfg.qkv_bias || cfg.o_bias || cfg.mlp_bias)
+    throw UsageError("training has no backward for projection biases yet (this config has " +
+                     std::string(cfg.qkv_bias ? "q/k/v" : cfg.o_bias ? "o_proj" : "MLP") +
+                     " biases: qwen2, or attention_bias/mlp_bias true); run, launch and simulate take them");
   for (int i = 0; i < cfg.n_layers; ++i) {
     const LayerKind k = cfg.layer_kind(i);
     if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
@@ -365,8 +369,8 @@ void TrainModel::attention_forward(int i, const Tensor& x_in, const Tensor& x_ou
   }
   {
     SiteScope sc(rec, i, "attn.rope");
-    m_be.rope(s.q, m_shard.heads, int(hd), pos_rows, c.rope_theta);
-    m_be.rope(s.k, m_shard.kv_heads, int(hd), pos_rows, c.rope_theta);
+    m_be.rope(s.q, m_shard.heads, int(hd), pos_rows, m_model.rope_freqs());
+    m_be.rope(s.k, m_shard.kv_heads, int(hd), pos_rows, m_model.rope_freqs());
   }
   s.o = act({R, hq}, "attn.out", dt);
   s.lse = act({R, m_shard.heads}, "attn.lse", DType::F32);
@@ -459,8 +463,8 @@ void TrainModel::attention_backward(int i, const Tensor& dx, const TrainBatch& b
     s.q = s.k = s.v = s.o = s.lse = Tensor{};
     {
       SiteScope sc(rec, i, "attn.rope.backward");
-      m_be.rope_backward(dq, m_shard.heads, int(hd), pos_rows, c.rope_theta);
-      m_be.rope_backward(dk, m_shard.kv_heads, int(hd), pos_rows, c.rope_theta);
+      m_be.rope_backward(dq, m_shard.heads, int(hd), pos_rows, m_model.rope_freqs());
+      m_be.rope_backward(dk, m_shard.kv_heads, int(hd), pos_rows, m_model.rope_freqs());
     }
     SiteScope sc(rec, i, "attn.qkv.backward");
     m_be.matmul_dx(dh1, dq, L.q, false);
