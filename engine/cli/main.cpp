@@ -86,8 +86,12 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
   cmd->add_option("--prompt", o.prompt, "the prompt as text, encoded by the model folder's tokenizer.json");
   cmd->add_option("--window", o.window, "score the prompt as consecutive sequences of N tokens (teacher-forced; "
                                         "with --logits-out), run one after another");
-  cmd->add_option("--decode", o.decode, "greedy decode steps after the prompt")->capture_default_str();
-  cmd->add_option("--seed", o.seed, "seed of synthetic weights and prompt")->capture_default_str();
+  cmd->add_option("--decode", o.decode, "decode steps after the prompt")->capture_default_str();
+  cmd->add_option("--temperature", o.sampling.temperature,
+                  "sample decoded tokens from softmax(logits / T) (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", o.sampling.top_k, "sample among the K most likely tokens only (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "seed of synthetic weights and prompt, and of sampling")->capture_default_str();
   cmd->add_option("--capacity", capacity, "memory per device, e.g. 2GiB (over it: an oom error event)");
   cmd->add_option("--logits-out", o.logits_out, "write float32 .npy [prompt+decoded, vocab]: row i = logits after token i");
   cmd->add_option("--threads", o.threads, "threads for kernels and OpenBLAS (0 = all cores)")->capture_default_str();

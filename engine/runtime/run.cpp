@@ -126,6 +126,10 @@ void validate(const RunOptions& o, const std::string& backend) {
   if (o.tokens.empty() && o.prompt_len <= 0) throw UsageError("give a prompt: --prompt-len N (N >= 1) or --tokens 1,2,3");
   if (!o.tokens.empty() && o.prompt_len > 0) throw UsageError("give either --prompt-len or --tokens, not both");
   if (o.decode < 0) throw UsageError("--decode must be >= 0");
+  validate_sampling(o.sampling);
+  if (!o.sampling.greedy() && backend == "sim")
+    throw UsageError("--temperature samples from computed logits, which a simulation has none of; sample with run or "
+                     "launch, or leave it out (simulated decode is timed the same either way)");
   if (o.capacity < 0) throw UsageError("--capacity must be >= 0");
   if (o.batch < 1) throw UsageError("--batch must be >= 1");
   if (o.batch > 1 && s != Strategy::Single && s != Strategy::DP && o.window == 0)
@@ -252,6 +256,9 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
           {"comm_precision", par.comm_precision.str()},
           {"kv_cache", !o.no_cache},
           {"workload", {{"batch", o.batch}, {"prompt_len", P}, {"decode", o.decode}, {"seed", o.seed}}},
+          {"sampling", o.sampling.greedy() ? nlohmann::json("greedy")
+                                            : nlohmann::json{{"temperature", o.sampling.temperature},
+                                                             {"top_k", o.sampling.top_k}}},
           {"capacity", o.capacity},
           {"threads", cpu::threads()},
       };
@@ -332,6 +339,14 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       return int32_t(v);
     };
 
+    // The next token from a row of logits: the argmax kernel, or a draw (runtime/sampling.h).
+    auto choose = [&](const Tensor& logits, int64_t row, uint64_t seed, int seq, uint64_t step) -> int32_t {
+      if (o.sampling.greedy() || !be.has_data()) return be.argmax_row(logits, row);
+      std::vector<float> v(size_t(logits.cols()));
+      be.download(logits.slice(0, row, 1), v.data());
+      return sample_token(v, o.sampling, seed, uint64_t(seq), step);
+    };
+
     if (g.root()) extra.push_back(proto::to_line(proto::Phase{"prefill", rec.now()}));
     // Each sequence of this rank (one unless --batch): prefill, then decode.
     for (int seq = 0; seq < o.batch; ++seq) {
@@ -360,7 +375,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
         // Who holds position P-1: the owner of the last chunk (zigzag: sp rank 0).
         const int last_owner_sp = chunks.back().second;
         const int root_rank = strategy == Strategy::DP ? g.rank : par.folded() ? last_owner_sp : last_owner_sp * T;
-        if (par.sp_rank == last_owner_sp) next = be.argmax_row(logits, logits.rows() - 1);
+        if (par.sp_rank == last_owner_sp) next = choose(logits, logits.rows() - 1, o.seed, seq, 0);
         collect(seq, logits, pos);
         if (strategy != Strategy::DP) next = share_token(next, root_rank);
       }
@@ -394,7 +409,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
         } else {
           logits = model.forward(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&p1, 1), cache, false, dl);
         }
-        next = be.argmax_row(logits, 0);
+        next = choose(logits, 0, o.seed, seq, uint64_t(k) + 1);
         if (strategy != Strategy::DP) next = share_token(next, 0);
         collect(seq, logits, {p1});
         decode_s += (rec.now() - d0) * 1e-9;

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/parallel.h"
 #include "protocol/events.h"
+#include "runtime/sampling.h"
 
 namespace ss {
 
@@ -35,8 +36,9 @@ struct RunOptions {
   std::vector<int32_t> tokens;           // ... or these tokens
   std::optional<std::string> prompt;     // the text --tokens was encoded from (runtime/prompt.h)
   int64_t window = 0;                    // > 0: --tokens are consecutive sequences of this many (a batch)
-  int decode = 0;                        // greedy decode steps after the prompt
-  uint64_t seed = 0;                     // synthetic weights and prompt
+  int decode = 0;                        // decode steps after the prompt
+  Sampling sampling;                     // how decode picks tokens (default greedy)
+  uint64_t seed = 0;                     // synthetic weights and prompt, and the sampler's draws
   int64_t capacity = 0;                  // bytes per device; 0 = unlimited
   std::string logits_out;                // .npy of [prompt + decoded, vocab]
   int threads = 0;                       // 0 = all cores
@@ -51,7 +53,7 @@ struct RunResult {
   std::string error;              // one line when not ok
   std::string error_code;         // usage, format, oom, internal
   int rank = 0;                   // the rank that reports
-  std::vector<int32_t> generated; // greedy tokens
+  std::vector<int32_t> generated; // the decoded tokens
   double ttft_s = 0, prefill_s = 0, decode_s = 0;
   int64_t peak_bytes = 0;
 };
