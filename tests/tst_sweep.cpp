@@ -137,6 +137,31 @@ class TestSweep : public QObject {
     QVERIFY(at("int8:16", "wire_bytes") > at("int8:1024", "wire_bytes"));  // more scales
   }
 
+  // --per-layer quantizes one layer's all-reduces at a time: each layer's
+  // configuration saves exactly its share of the bytes the all-layers one
+  // saves (the layer range really restricts quantization), every one costs
+  // some accuracy, and none more than all layers together.
+  void perLayerSensitivity() {
+    const SweepRun r = sweep({"--model", "tiny-llama", "--set", "num_hidden_layers=3", "--strategy", "tp", "--devices",
+                              "2", "--prompt-len", "64", "--decode", "4", "--precisions", "int4", "--blocks", "32",
+                              "--sites", "all", "--per-layer"});
+    QCOMPARE(r.exit_code, 0);
+    QCOMPARE(r.status, std::string("ok"));
+    for (const char* c : {"fp32", "int4:32", "all@0-0=int4:32", "all@1-1=int4:32", "all@2-2=int4:32"})
+      QVERIFY2(r.points.count(c), qPrintable(QString(c) + " is missing; errors:\n" + r.errors));
+    auto at = [&](const std::string& c, const char* m) { return r.points.at(c).at(m); };
+    const double full = at("fp32", "wire_bytes"), saved_all = full - at("int4:32", "wire_bytes");
+    double saved = 0;
+    for (int l = 0; l < 3; ++l) {
+      const std::string c = "all@" + std::to_string(l) + "-" + std::to_string(l) + "=int4:32";
+      saved += full - at(c, "wire_bytes");
+      QVERIFY2(at(c, "kl") > 0 && at(c, "kl") < at("int4:32", "kl"), qPrintable(QString::fromStdString(c)));
+    }
+    QVERIFY(saved_all > 0);
+    QCOMPARE(saved, saved_all);
+    QVERIFY2(r.summary.isEmpty() || !r.summary.contains("failed"), qPrintable(r.summary));
+  }
+
   // The shipped text model on held-out English, teacher-forced in windows of
   // its training length; top-1 counts over all positions. The
   // reference's perplexity is what `eval` measures of the same windows on

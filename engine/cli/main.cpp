@@ -264,6 +264,8 @@ int main(int argc, char** argv) {
   sweep->add_option("--sites", sweep_opts.sites, "all, attn, mlp, mixer (one site at a time gives sensitivity)")
       ->delimiter(',')
       ->capture_default_str();
+  sweep->add_flag("--per-layer", sweep_opts.per_layer,
+                  "also quantize one layer's all-reduces at a time (sensitivity by layer)");
   sweep->add_option("--rounding", sweep_opts.rounding, "rn (nearest) or sr (stochastic)")->capture_default_str();
   sweep->add_option("--eval-tokens", sweep_opts.eval_tokens, "file of token ids: perplexity over them");
   sweep->add_option("--eval-text", sweep_opts.eval_text,

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -212,7 +213,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   proto::Writer out(f);
   out.write(proto::Hello{proto::kVersion, engine_version(), host_name()});
   nlohmann::json sweep = {{"precisions", so.precisions}, {"blocks", so.blocks}, {"sites", sites},
-                          {"rounding", so.rounding}, {"eval_tokens", so.eval_tokens},
+                          {"per_layer", so.per_layer}, {"rounding", so.rounding}, {"eval_tokens", so.eval_tokens},
                           {"eval_text", so.eval_text}, {"windows", o.window ? o.batch : 0}, {"window", o.window}};
   const std::string dtype(compute_dtype_name(o.dtype));
   out.write(proto::Config{{{"sweep", sweep}, {"model", cfg.to_json()}, {"strategy", o.strategy},
@@ -315,16 +316,30 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   out.write(proto::Accuracy{"entropy", "", -1, entropy, ref.label});
   out.flush();
 
+  // The configurations: each spec at every site together and at one site at
+  // a time; with --per-layer, also every site of one layer at a time.
+  struct Config {
+    std::string spec, name, site, label;
+  };
+  std::vector<Config> configs;
+  for (auto& [spec, name] : specs) {
+    for (auto& site : sites) configs.push_back({spec, name, site, site == "all" ? spec : site + "=" + spec});
+    if (so.per_layer)
+      for (int l = 0; l < cfg.n_layers; ++l)
+        configs.push_back({spec, name, "layer " + std::to_string(l),
+                           "all@" + std::to_string(l) + "-" + std::to_string(l) + "=" + spec});
+  }
   std::vector<Point> points;
   int index = 0;
-  const int total = int(specs.size() * sites.size());
-  for (auto& [spec, name] : specs)
-    for (auto& site : sites) {
+  const int total = int(configs.size());
+  for (const Config& c : configs) {
+    const std::string& spec = c.spec;
+    {
       Point p;
-      p.precision = name;
+      p.precision = c.name;
       p.block = parse_quant_spec(spec).is_block() ? parse_quant_spec(spec).block : 0;
-      p.site = site;
-      p.label = site == "all" ? spec : site + "=" + spec;
+      p.site = c.site;
+      p.label = c.label;
       std::fprintf(stderr, "sweep: %d/%d %s\n", ++index, total, p.label.c_str());
       const NpyArray Q = run_point(o, p.label, base, p, forced);
       if (p.ok && Q.data.size() == R.data.size()) {
@@ -353,6 +368,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
       }
       points.push_back(p);
     }
+  }
   out.write(proto::Done{"ok", 0, kExitOk});
   out.flush();
   if (f != stdout) std::fclose(f);
@@ -406,12 +422,13 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   }
   table << "* on the Pareto front of wire bytes against logits KL (all sites quantized)\n";
   if (o.tokens.empty()) table << "perplexity: give --eval-text FILE (or --eval-tokens FILE of token ids) to score a text\n";
-  if (sites.size() > 2) {
-    table << "\nper-site sensitivity (only that site quantized; highest KL first)\n";
+  // Sensitivity: the points of one spec whose site passes `which`, highest KL first.
+  auto sensitivity = [&](const char* title, const std::function<bool(const std::string&)>& which) {
+    table << title;
     for (auto& [spec, name] : specs) {
       std::vector<std::pair<double, std::string>> rank;
-      for (const Point& p : points)
-        if (p.ok && p.site != "all" && p.label == p.site + "=" + spec) rank.emplace_back(-p.kl, p.site);
+      for (size_t i = 0; i < points.size(); ++i)
+        if (points[i].ok && configs[i].spec == spec && which(points[i].site)) rank.emplace_back(-points[i].kl, points[i].site);
       std::sort(rank.begin(), rank.end());
       table << "  " << spec << ":";
       for (auto& [negkl, site] : rank) {
@@ -420,7 +437,13 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
       }
       table << "\n";
     }
-  }
+  };
+  if (sites.size() > 2)
+    sensitivity("\nper-site sensitivity (only that site quantized; highest KL first)\n",
+                [](const std::string& s) { return s == "attn" || s == "mlp" || s == "mixer"; });
+  if (so.per_layer)
+    sensitivity("\nper-layer sensitivity (only that layer's all-reduces quantized; highest KL first)\n",
+                [](const std::string& s) { return s.rfind("layer ", 0) == 0; });
   return 0;
 }
 

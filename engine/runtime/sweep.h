@@ -23,6 +23,7 @@ struct SweepOptions {
   std::vector<std::string> precisions = {"bf16", "fp16", "fp8", "int8", "int4"};
   std::vector<std::string> blocks = {"32", "128", "1024"};  // values per scale, or "tensor"
   std::vector<std::string> sites = {"all", "attn", "mlp", "mixer"};
+  bool per_layer = false;          // also quantize one layer at a time (sensitivity by layer)
   std::string rounding = "rn";     // rn or sr
   std::string eval_tokens;         // file of token ids: perplexity over them
   std::string eval_text;           // text (or "heldout"), encoded by the model's tokenizer, scored in windows
