@@ -272,6 +272,9 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_timeline = new TimelineView(m_data, m_tabs);
   m_placement = new PlacementPage(m_data, m_tabs);
   m_summary = new SummaryPage(m_data, m_tabs);
+  m_start = new StartPage(m_tabs);
+  m_tabs->addTab(m_start, tr("Start"));
+  connect(m_start, &StartPage::exampleChosen, this, &MainWindow::runExample);
   m_tabs->addTab(m_summary, tr("Summary"));
   m_tabs->addTab(m_memory, tr("Memory"));
   m_tabs->addTab(m_placement, tr("Shard placement"));
@@ -283,6 +286,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_scaling = new ScalingPage(m_data, m_tabs);
   m_tabs->addTab(m_scaling, tr("Scaling"));
   connect(m_scaling, &ScalingPage::openPoint, this, &MainWindow::runArguments);
+  addPageNotices();
   openDatabase(dbPath.isEmpty() ? defaultDatabasePath() : dbPath);
   m_sessions = new SessionsPage(m_store.get(), m_tabs);
   m_sessions->setNotice(m_dbNotice);
@@ -539,12 +543,14 @@ bool MainWindow::openStream(const QString& path) {
 
 void MainWindow::onEvents(const EventBatch& events) { m_data.add(*events); }
 
-void MainWindow::runSweep() {
+void MainWindow::runSweep() { runSweepOf(QStringLiteral("bf16,int8,int4,fp8"), QStringLiteral("32,128,1024")); }
+
+void MainWindow::runSweepOf(const QString& precisions, const QString& blocks) {
   const QStringList args = QStringList{"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
                                        QString::number(std::max(2, m_devices->value()))} +
                            promptArguments() +
-                           QStringList{"--decode", QString::number(m_decode->value()), "--precisions",
-                                       "bf16,int8,int4,fp8", "--blocks", "32,128,1024", "--events", "-"};
+                           QStringList{"--decode", QString::number(m_decode->value()), "--precisions", precisions,
+                                       "--blocks", blocks, "--events", "-"};
   runArguments(args, tr("sweep · %1").arg(QFileInfo(m_model->currentText()).fileName()));
 }
 
@@ -595,6 +601,7 @@ void MainWindow::refreshPages() {
   m_summary->refresh();
   m_training->refresh();
   m_timeline->resetZoom();
+  for (PageNotice* n : m_notices) n->update(m_data);
 }
 
 QString MainWindow::summaryText() const { return m_summary->text(); }

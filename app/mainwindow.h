@@ -9,6 +9,7 @@
 
 #include "engineclient.h"
 #include "rundata.h"
+#include "startpage.h"
 
 #include <memory>
 #include <vector>
@@ -34,6 +35,8 @@ class SessionsPage;
 class SessionRecorder;
 class DatabaseLock;
 class ComparePage;
+class PageNotice;
+class StartPage;
 struct ComparedRun;
 
 class MainWindow : public QMainWindow {
@@ -50,6 +53,10 @@ class MainWindow : public QMainWindow {
   void compareTpTsp();
   // Runs a quantization sweep of the setup (tp) and shows the Quantization page.
   void runSweep();
+  // The same with these precisions and block sizes (comma-separated).
+  void runSweepOf(const QString& precisions, const QString& blocks);
+  // Sets up one of the Start page's examples and runs it (app/examples.cpp).
+  void runExample(Example e);
   // Simulates every strategy of the setup (its simulated hardware, devices,
   // nodes, mode, dtype, recomputation) from 4K to 1M tokens: the Scaling page.
   void runScaling();
@@ -113,6 +120,7 @@ class MainWindow : public QMainWindow {
   void openDatabase(const QString& path);
   void startRecording(const QString& name);
   void replayTick();
+  void addPageNotices();  // app/firstscreen.cpp
   ComparePage* showComparison(std::vector<ComparedRun> runs);
 
   EngineClient* m_client;
@@ -147,6 +155,8 @@ class MainWindow : public QMainWindow {
   QPushButton* m_stop;
   QLabel* m_status;
   QTabWidget* m_tabs;
+  StartPage* m_start;
+  std::vector<PageNotice*> m_notices;  // each page's explanation while it is empty
   MemoryPage* m_memory;
   TimelineView* m_timeline;
   PlacementPage* m_placement;

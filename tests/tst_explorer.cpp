@@ -2,6 +2,7 @@
 // the same stream replayed from a file giving the same data, the failures a
 // person will hit, and the pages showing what the stream said.
 #include <QCheckBox>
+#include <QCommandLinkButton>
 #include <qcustomplot.h>
 #include <QJsonDocument>
 #include <QJsonObject>
@@ -17,6 +18,8 @@
 #include "pages.h"
 #include "scaling_page.h"
 #include "rundata.h"
+#include "startpage.h"
+#include "training.h"
 
 namespace {
 
@@ -200,6 +203,68 @@ class TestExplorer : public QObject {
   // The window opens on the shipped text model with a typed prompt; a
   // preset of synthetic weights has no tokenizer, so its prompt is a length
   // and the text field is off. The engine's check accepts both.
+  // The first screen: the window opens on Start with its three examples;
+  // every page says what it will show while it is empty; one click sets up
+  // the form and runs the example, and the pages it fills drop their notice.
+  void firstScreenTeaches() {
+    MainWindow w;
+    w.resize(1500, 950);
+    w.show();
+    QCOMPARE(w.pages()->tabText(w.pages()->currentIndex()), QStringLiteral("Start"));
+    auto* start = w.findChild<StartPage*>();
+    QVERIFY(start);
+    const auto buttons = start->findChildren<QCommandLinkButton*>();
+    QCOMPARE(buttons.size(), 3);
+    auto notice = [](QWidget* page) { return page->findChild<PageNotice*>(QString(), Qt::FindDirectChildrenOnly); };
+    auto shown = [&](QWidget* page) { return notice(page) && notice(page)->isVisibleTo(page); };
+    QStringList explained;
+    for (int i = 0; i < w.pages()->count(); ++i) {
+      QWidget* page = w.pages()->widget(i);
+      const QString name = w.pages()->tabText(i);
+      if (name == QLatin1String("Start") || name == QLatin1String("Sessions")) continue;
+      QVERIFY2(shown(page) && notice(page)->text().size() > 100,
+               qPrintable(name + (notice(page) ? QString(" notice, %1 characters, shown %2").arg(notice(page)->text().size()).arg(shown(page)) : QString(" no notice"))));
+      explained << name;
+    }
+    QCOMPARE(explained.size(), 7);
+    w.pages()->setCurrentIndex(w.pages()->indexOf(w.findChild<MemoryPage*>()));
+    QApplication::processEvents();
+    w.grab().save(QDir::temp().filePath("shardscope-empty-memory.png"));
+
+    // An int8 all-reduce on the text model: a sweep against fp32, on the Quantization page.
+    QSignalSpy done(&w, &MainWindow::runFinished);
+    buttons[1]->click();
+    QVERIFY(done.wait(240000));
+    auto* quant = w.findChild<QuantizationPage*>();
+    QCOMPARE(w.pages()->currentWidget(), static_cast<QWidget*>(quant));
+    QVERIFY(quant->points() >= 3);
+    QVERIFY(!shown(quant));
+    const QStringList a = w.engineArguments();
+    QVERIFY2(a.contains("brown-llama") && a.contains("The jury said that") && a.contains("tp"), qPrintable(a.join(' ')));
+    w.grab().save(QDir::temp().filePath("shardscope-example-int8.png"));
+
+    // TP against TSP at 32K on a simulated node: two runs, then the comparison.
+    QSignalSpy compared(&w, &MainWindow::compareShown);
+    buttons[0]->click();
+    QVERIFY(compared.wait(240000));
+    QVERIFY2(w.data().status() == QLatin1String("ok"),
+             qPrintable(w.data().status() + ": " + (w.data().errors().empty() ? QString() : QString::fromStdString(w.data().errors().front().message))));
+    QVERIFY(!shown(w.findChild<SummaryPage*>()));
+    QVERIFY(!shown(w.findChild<MemoryPage*>()));
+    QVERIFY(!shown(w.findChild<TimelineView*>()));
+    QVERIFY(shown(w.findChild<TrainingPage*>()));  // an inference run leaves it empty
+
+    // Training steps under tsp: the Training page fills in.
+    done.clear();
+    buttons[2]->click();
+    QVERIFY(done.wait(240000));
+    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 0);
+    QVERIFY(w.training());
+    QCOMPARE(int(w.data().trainSteps().size()), 8);
+    QVERIFY(!shown(w.findChild<TrainingPage*>()));
+    w.grab().save(QDir::temp().filePath("shardscope-example-train.png"));
+  }
+
   void promptAsTextWhereTheModelReadsText() {
     MainWindow w;
     QStringList a = w.engineArguments();
