@@ -165,6 +165,33 @@ class TestBackward : public QObject {
     VERIFY_GRAD(read(g), want, "rope");
   }
 
+  // y = x + b per row: db is dy summed over rows (accumulated into db), and
+  // the forward adds b to every row.
+  void biasGradient() {
+    const int64_t T = 7, n = 19;
+    const auto x = random_vec(size_t(T * n), 20), b = random_vec(size_t(n), 21), dy = random_vec(x.size(), 22),
+               base = random_vec(size_t(n), 23);
+    Tensor y = make(x, {T, n});
+    m_be.add_bias(y, make(b, {n}));
+    Vec want_y(x.size());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < n; ++c) want_y[size_t(t * n + c)] = double(x[size_t(t * n + c)]) + b[size_t(c)];
+    VERIFY_GRAD(read(y), want_y, "add_bias y");
+    const Vec want = finite_difference(
+        [&](const Vec& bb) {
+          Vec out(x.size());
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t c = 0; c < n; ++c) out[size_t(t * n + c)] = double(x[size_t(t * n + c)]) + bb[size_t(c)];
+          return out;
+        },
+        ref::to_double(b), ref::to_double(dy));
+    Vec want_acc = want;
+    for (size_t i = 0; i < want_acc.size(); ++i) want_acc[i] += base[i];
+    Tensor db = make(base, {n});
+    m_be.bias_backward(db, make(dy, {T, n}));
+    VERIFY_GRAD(read(db), want_acc, "bias db (accumulated)");
+  }
+
   void siluMulGradients() {
     const int64_t T = 5, n = 33;
     const auto g = random_vec(size_t(T * n), 12, 2.0f), u = random_vec(size_t(T * n), 13), dy = random_vec(g.size(), 14);

@@ -120,6 +120,16 @@ class TestTrain : public QObject {
         << QStringList{"--strategy", "tsp", "--devices", "3", "--seq-len", "36"} << 1
         << QStringList{"--set", "hidden_size=48", "--set", "num_attention_heads=3", "--set", "num_key_value_heads=3",
                        "--set", "intermediate_size=96"};
+    // Projection biases (Llama's attention_bias and mlp_bias; Qwen2's q/k/v):
+    // column-parallel ones split with their rows, row-parallel ones whole.
+    const QStringList biases = {"--set", "attention_bias=true", "--set", "mlp_bias=true"};
+    for (const char* strategy : {"tp", "sp", "tsp"})
+      QTest::addRow("llama biases, %s 2", strategy) << QStringList{"--strategy", strategy, "--devices", "2"} << 1 << biases;
+    QTest::newRow("llama biases, tp_sp 2x2")
+        << QStringList{"--strategy", "tp_sp", "--devices", "4", "--mesh", "2x2"} << 1
+        << biases + QStringList{"--set", "num_key_value_heads=4"};
+    QTest::newRow("qwen2, tsp 4") << QStringList{"--strategy", "tsp", "--devices", "4"} << 1
+                                  << QStringList{"--set", "model_type=qwen2", "--set", "num_key_value_heads=4"};
     QTest::newRow("hybrid, sp 2, micro-batch 2") << QStringList{"--strategy", "sp", "--devices", "2", "--micro-batch", "2"}
                                                 << 2 << QStringList{"--model", "tiny-hybrid"};
   }
@@ -158,16 +168,23 @@ class TestTrain : public QObject {
   // 1e-7 of it over 2e: at e = 3e-4 the bound is 2e-3 (measured 3e-5 to 3e-4).
   void modelGradientMatchesFiniteDifference_data() {
     QTest::addColumn<QString>("model");
-    QTest::newRow("llama") << "tiny-llama";
-    QTest::newRow("mamba2") << "tiny-mamba2";
-    QTest::newRow("hybrid") << "tiny-hybrid";
-    QTest::newRow("mamba") << "tiny-mamba";
-    QTest::newRow("falcon-mamba") << "tiny-falcon-mamba";
+    QTest::addColumn<QStringList>("sets");
+    QTest::newRow("llama") << "tiny-llama" << QStringList{};
+    // Biases on every projection, Llama 3's rope_scaling, and a head_dim of its own.
+    QTest::newRow("llama, biases, rope_scaling, head_dim")
+        << "tiny-llama"
+        << QStringList{"--set", "attention_bias=true", "--set", "mlp_bias=true", "--set", "head_dim=24", "--set",
+                       R"(rope_scaling={"rope_type":"llama3","factor":4.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":16})"};
+    QTest::newRow("mamba2") << "tiny-mamba2" << QStringList{};
+    QTest::newRow("hybrid") << "tiny-hybrid" << QStringList{};
+    QTest::newRow("mamba") << "tiny-mamba" << QStringList{};
+    QTest::newRow("falcon-mamba") << "tiny-falcon-mamba" << QStringList{};
   }
   void modelGradientMatchesFiniteDifference() {
     QFETCH(QString, model);
-    const QString base = path("fd_" + model);
-    QCOMPARE(engine({"export", "--model", model, "--seed", "5", "--out", base}).exit_code, 0);
+    QFETCH(QStringList, sets);
+    const QString base = path("fd_" + QString(QTest::currentDataTag()).replace(' ', '_').replace(',', ""));
+    QCOMPARE(engine(QStringList{"export", "--model", model, "--seed", "5", "--out", base} + sets).exit_code, 0);
     const QStringList run = {"--seq-len", "32", "--seed", "3", "--steps", "1", "--lr", "0", "--micro-batch", "2"};
     VERIFY_RAN(train(QStringList{"--model", base, "--dump-grads", base + "_grads"} + run));
     const Tensors grads = load_tensors(base + "_grads/gradients.safetensors");

@@ -175,6 +175,8 @@ class Backend {
   void matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate);
   // matmul's weight gradient: dw[N,K] = dy[M,N]^T · x[M,K] (+ dw when accumulate).
   void matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate);
+  // A bias's gradient: db[n] += sum over rows t of dy[t, n] (db fp32, [N]).
+  void bias_backward(const Tensor& db, const Tensor& dy);
   // dtable[tokens[t], :] += dy[t, :].
   void embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens);
   // RMSNorm (per group of columns): dx += ∂L/∂x; dw += ∂L/∂w when w is defined.
@@ -261,6 +263,7 @@ class Backend {
                                      int64_t slot0);
   virtual void k_matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate);
   virtual void k_matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate);
+  virtual void k_bias_backward(const Tensor& db, const Tensor& dy);
   virtual void k_embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens);
   virtual void k_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                   const Tensor& w, float eps, int64_t group);

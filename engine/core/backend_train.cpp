@@ -70,6 +70,14 @@ void Backend::rope_backward(const Tensor& dx, int n_heads, int head_dim, std::sp
           [&] { k_rope(dx, n_heads, head_dim, back, inv_freq); });
 }
 
+void Backend::bias_backward(const Tensor& db, const Tensor& dy) {
+  require_2d(dy, "bias_backward", "dy");
+  require(db.shape().size() == 1 && db.shape()[0] == dy.cols() && db.dtype() == DType::F32 && db.is_contiguous(),
+          "bias_backward", "db must be fp32 [" + std::to_string(dy.cols()) + "], is " + db.shape_str());
+  execute("bias_backward", double(dy.numel()), fbytes(dy) + 2 * fbytes(db), {dy.rows(), dy.cols()},
+          [&] { k_bias_backward(db, dy); });
+}
+
 void Backend::silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
                                 const Tensor& up) {
   for (auto* t : {&dgate, &dup, &dy, &gate, &up}) require_2d(*t, "silu_mul_backward", "every operand");
@@ -210,6 +218,7 @@ void Backend::adamw(const Tensor& param, const Tensor& master, const Tensor& gra
 
 void Backend::k_matmul_dx(const Tensor&, const Tensor&, const Tensor&, bool) { no_kernel("matmul_dx"); }
 void Backend::k_matmul_dw(const Tensor&, const Tensor&, const Tensor&, bool) { no_kernel("matmul_dw"); }
+void Backend::k_bias_backward(const Tensor&, const Tensor&) { no_kernel("bias_backward"); }
 void Backend::k_embedding_backward(const Tensor&, const Tensor&, std::span<const int32_t>) {
   no_kernel("embedding_backward");
 }

@@ -252,6 +252,7 @@ void CpuBackend::k_matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w
 void CpuBackend::k_matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool acc) {
   cpu::matmul_dw(dw, dy, x, acc);
 }
+void CpuBackend::k_bias_backward(const Tensor& db, const Tensor& dy) { cpu::bias_backward(db, dy); }
 void CpuBackend::k_embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens) {
   cpu::embedding_backward(dtable, dy, tokens);
 }

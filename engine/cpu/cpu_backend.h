@@ -52,6 +52,7 @@ class CpuBackend final : public Backend {
   void k_matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate) override;
   void k_matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate) override;
   void k_embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens) override;
+  void k_bias_backward(const Tensor& db, const Tensor& dy) override;
   void k_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                           float eps, int64_t group) override;
   void k_silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,

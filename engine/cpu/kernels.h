@@ -20,6 +20,7 @@ void matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumul
 void embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens);
 void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                       float eps, int64_t group);
+void bias_backward(const Tensor& db, const Tensor& dy);
 void silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up);
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const AttentionArgs& a);

@@ -76,6 +76,19 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   o.commit();
 }
 
+// db[n] += sum_t dy[t, n], the column sums in double (rows in order, so the
+// result does not depend on the thread count).
+void bias_backward(const Tensor& db, const Tensor& dy) {
+  const int64_t T = dy.rows(), n = dy.cols();
+  std::vector<double> sum(size_t(n), 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* r = row_f32(dy, t, 0);
+    for (int64_t c = 0; c < n; ++c) sum[size_t(c)] += r[c];
+  }
+  float* out = db.data<float>();
+  for (int64_t c = 0; c < n; ++c) out[c] += float(sum[size_t(c)]);
+}
+
 // y = silu(g) u: dg = dy u s (1 + g (1 - s)) with s = sigmoid(g); du = dy silu(g).
 void silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
                        const Tensor& up) {

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/hash.h"
+
 namespace ss {
 namespace {
 
@@ -10,13 +12,6 @@ uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 // Uniform in [0, 1) from 24 random bits.

@@ -7,18 +7,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/hash.h"
 
 namespace ss {
-namespace {
-
-uint64_t mix(uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 void validate_sampling(const Sampling& s) {
   if (!std::isfinite(s.temperature) || s.temperature < 0)
@@ -48,7 +39,7 @@ int32_t sample_token(std::span<const float> logits, const Sampling& s, uint64_t 
   double total = 0;
   for (int64_t i = 0; i < k; ++i) total += w[size_t(i)] = std::exp((double(logits[size_t(ids[size_t(i)])]) - top) * inv_t);
   // u in [0, 1) from 53 bits of the hash of (seed, sequence, step).
-  const uint64_t h = mix(mix(mix(seed) ^ sequence) ^ step);
+  const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ sequence) ^ step);
   const double u = double(h >> 11) * 0x1p-53 * total;
   double acc = 0;
   for (int64_t i = 0; i < k; ++i)

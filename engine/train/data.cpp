@@ -5,18 +5,12 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "text/corpus.h"
 #include "text/tokenizer.h"
 
 namespace ss {
 namespace {
-
-uint64_t mix(uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 class Fixed final : public Corpus {
  public:
@@ -33,23 +27,23 @@ class Fixed final : public Corpus {
 class Synthetic final : public Corpus {
  public:
   Synthetic(uint64_t seed, int64_t vocab) : m_seed(seed) {
-    uint64_t x = mix(seed ^ 0x5eed);
+    uint64_t x = splitmix64(seed ^ 0x5eed);
     for (int p = 0; p < kPhrases; ++p) {
-      x = mix(x);
+      x = splitmix64(x);
       const int len = 4 + int(x % 9);
       std::vector<int32_t> phrase;
-      for (int i = 0; i < len; ++i) phrase.push_back(int32_t((x = mix(x)) % uint64_t(vocab)));
+      for (int i = 0; i < len; ++i) phrase.push_back(int32_t((x = splitmix64(x)) % uint64_t(vocab)));
       m_phrases.push_back(std::move(phrase));
     }
   }
   std::vector<int32_t> sequence(int64_t index, int64_t len) const override {
     std::vector<int32_t> out;
-    uint64_t x = mix(m_seed * 0x100000001b3ull + uint64_t(index));
+    uint64_t x = splitmix64(m_seed * 0x100000001b3ull + uint64_t(index));
     // Start inside a phrase, then whole phrases in a drawn order.
-    const auto& first = m_phrases[size_t((x = mix(x)) % kPhrases)];
-    for (size_t i = size_t((x = mix(x)) % first.size()); i < first.size(); ++i) out.push_back(first[i]);
+    const auto& first = m_phrases[size_t((x = splitmix64(x)) % kPhrases)];
+    for (size_t i = size_t((x = splitmix64(x)) % first.size()); i < first.size(); ++i) out.push_back(first[i]);
     while (int64_t(out.size()) < len) {
-      const auto& p = m_phrases[size_t((x = mix(x)) % kPhrases)];
+      const auto& p = m_phrases[size_t((x = splitmix64(x)) % kPhrases)];
       out.insert(out.end(), p.begin(), p.end());
     }
     out.resize(size_t(len));

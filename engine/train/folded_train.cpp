@@ -127,6 +127,13 @@ void TrainModel::folded_forward(int i, const Tensor& x_in, const Tensor& x_out, 
     m_be.matmul(s.v.slice(1, j * ks, ks), s.h1, w[2]);
   });
   {
+    // The biases are whole on every rank under tsp.
+    SiteScope sc(rec, i, "attn.qkv");
+    add_bias(s.q, L.q_b);
+    add_bias(s.k, L.k_b);
+    add_bias(s.v, L.v_b);
+  }
+  {
     SiteScope sc(rec, i, "attn.rope");
     m_be.rope(s.q, c.n_heads, int(hd), pos_rows, m_model.rope_freqs());
     m_be.rope(s.k, c.n_kv_heads, int(hd), pos_rows, m_model.rope_freqs());
@@ -140,6 +147,7 @@ void TrainModel::folded_forward(int i, const Tensor& x_in, const Tensor& x_out, 
     SiteScope sc(rec, i, "attn.o_proj");
     m_be.matmul(s.x_mid, s.o.slice(1, j * qs, qs), w[0], true);
   });
+  add_bias(s.x_mid, L.o_b);
   s.h2 = act({R, d}, "mlp.norm", dt);
   {
     SiteScope sc(rec, i, "mlp.norm");
@@ -149,14 +157,19 @@ void TrainModel::folded_forward(int i, const Tensor& x_in, const Tensor& x_out, 
   s.u = act({R, F}, "mlp.up", dt);
   s.a = act({R, F}, "mlp.act", dt);
   m_be.copy(x_out, s.x_mid);
+  // Shard j's slice of a whole bias (or none).
+  auto shard = [fs](const Tensor& b, int j) { return b.defined() ? b.slice(0, j * fs, fs) : Tensor(); };
   m_model.stream_pack(pack_of(i, "mlp"), [&](int j, const std::vector<Tensor>& w) {
     SiteScope sc(rec, i, "mlp.shard");
     const Tensor g = s.g.slice(1, j * fs, fs), u = s.u.slice(1, j * fs, fs), a = s.a.slice(1, j * fs, fs);
     m_be.matmul(g, s.h2, w[0]);
     m_be.matmul(u, s.h2, w[1]);
+    add_bias(g, shard(L.gate_b, j));
+    add_bias(u, shard(L.up_b, j));
     m_be.silu_mul(a, g, u);
     m_be.matmul(x_out, a, w[2], true);
   });
+  add_bias(x_out, L.down_b);
   if (!keep) {
     const Tensor x = s.x_in;
     s = Saved{};
@@ -183,11 +196,15 @@ void TrainModel::folded_backward(int i, const Tensor& dx, const TrainBatch& b, S
     m_be.fill(dh2, 0.0f);
     Tensor da = work({R, fs}, "grad.mlp.act", dt), dg = work({R, fs}, "grad.mlp.gate", dt),
            du = work({R, fs}, "grad.mlp.up", dt);
+    auto shard = [fs](const Tensor& b, int j) { return b.defined() ? b.slice(0, j * fs, fs) : Tensor(); };
+    bias_backward(L.g_down_b, dx);
     ring_backward(pack_of(i, "mlp"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
       SiteScope sc(rec, i, "mlp.shard.backward");
       m_be.matmul_dx(da, dx, w[2], false);
       m_be.matmul_dw(gw[2], dx, s.a.slice(1, j * fs, fs), false);
       m_be.silu_mul_backward(dg, du, da, s.g.slice(1, j * fs, fs), s.u.slice(1, j * fs, fs));
+      bias_backward(shard(L.g_gate_b, j), dg);
+      bias_backward(shard(L.g_up_b, j), du);
       m_be.matmul_dx(dh2, dg, w[0], true);
       m_be.matmul_dx(dh2, du, w[1], true);
       m_be.matmul_dw(gw[0], dg, s.h2, false);
@@ -201,6 +218,7 @@ void TrainModel::folded_backward(int i, const Tensor& dx, const TrainBatch& b, S
   Tensor dh1 = work({R, d}, "grad.attn.norm", dt);
   {
     Tensor dout = work({R, hq}, "grad.attn.out", dt);
+    bias_backward(L.go_b, dx);
     ring_backward(pack_of(i, "attn.o"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
       SiteScope sc(rec, i, "attn.o_proj.backward");
       m_be.matmul_dx(dout.slice(1, j * qs, qs), dx, w[0], false);
@@ -216,6 +234,9 @@ void TrainModel::folded_backward(int i, const Tensor& dx, const TrainBatch& b, S
       m_be.rope_backward(dq, c.n_heads, int(hd), pos_rows, m_model.rope_freqs());
       m_be.rope_backward(dk, c.n_kv_heads, int(hd), pos_rows, m_model.rope_freqs());
     }
+    bias_backward(L.gq_b, dq);
+    bias_backward(L.gk_b, dk);
+    bias_backward(L.gv_b, dv);
     m_be.fill(dh1, 0.0f);
     ring_backward(pack_of(i, "attn.qkv"), [&](int j, const std::vector<Tensor>& w, const std::vector<Tensor>& gw) {
       SiteScope sc(rec, i, "attn.qkv.backward");

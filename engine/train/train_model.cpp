@@ -14,6 +14,7 @@
 #include "train/train_model.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -30,10 +31,6 @@ const char* recompute_name(Recompute r) {
 }
 
 void TrainModel::check_supported(const ModelConfig& cfg, int tp) {
-  if (cfg.qkv_bias || cfg.o_bias || cfg.mlp_bias)
-    throw UsageError("training has no backward for projection biases yet (this config has " +
-                     std::string(cfg.qkv_bias ? "q/k/v" : cfg.o_bias ? "o_proj" : "MLP") +
-                     " biases: qwen2, or attention_bias/mlp_bias true); run, launch and simulate take them");
   for (int i = 0; i < cfg.n_layers; ++i) {
     const LayerKind k = cfg.layer_kind(i);
     if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
@@ -142,6 +139,16 @@ void TrainModel::allocate_grads() {
       *slots[k].first = weight_of(names[k], i);
       *slots[k].second = grad_of(names[k], i);
     }
+    const std::tuple<bool, const char*, Tensor*, Tensor*> biases[] = {
+        {m_cfg.qkv_bias, "q_proj.bias", &L.q_b, &L.gq_b},       {m_cfg.qkv_bias, "k_proj.bias", &L.k_b, &L.gk_b},
+        {m_cfg.qkv_bias, "v_proj.bias", &L.v_b, &L.gv_b},       {m_cfg.o_bias, "o_proj.bias", &L.o_b, &L.go_b},
+        {m_cfg.mlp_bias, "gate_proj.bias", &L.gate_b, &L.g_gate_b}, {m_cfg.mlp_bias, "up_proj.bias", &L.up_b, &L.g_up_b},
+        {m_cfg.mlp_bias, "down_proj.bias", &L.down_b, &L.g_down_b}};
+    for (const auto& [has, name, w, g] : biases)
+      if (has) {
+        *w = weight_of(name, i);
+        *g = grad_of(name, i);
+      }
   }
   const bool backbone = m_cfg.family == Family::Mamba || m_cfg.family == Family::Mamba2;
   const char* embed = backbone ? "embeddings.weight" : "embed_tokens.weight";
@@ -366,6 +373,9 @@ void TrainModel::attention_forward(int i, const Tensor& x_in, const Tensor& x_ou
     m_be.matmul(s.q, s.h1, L.q);
     m_be.matmul(s.k, s.h1, L.k);
     m_be.matmul(s.v, s.h1, L.v);
+    add_bias(s.q, L.q_b);
+    add_bias(s.k, L.k_b);
+    add_bias(s.v, L.v_b);
   }
   {
     SiteScope sc(rec, i, "attn.rope");
@@ -378,6 +388,7 @@ void TrainModel::attention_forward(int i, const Tensor& x_in, const Tensor& x_ou
   s.x_mid = act({R, d}, "residual.mid", c.residual_dtype());
   m_be.copy(s.x_mid, x_in);
   project_out(i, s.x_mid, s.o, L.o, "attn.o_proj");
+  add_bias(s.x_mid, L.o_b);
 
   s.h2 = act({R, d}, "mlp.norm", dt);
   {
@@ -390,6 +401,8 @@ void TrainModel::attention_forward(int i, const Tensor& x_in, const Tensor& x_ou
     SiteScope sc(rec, i, "mlp.gate_up");
     m_be.matmul(s.g, s.h2, L.gate);
     m_be.matmul(s.u, s.h2, L.up);
+    add_bias(s.g, L.gate_b);
+    add_bias(s.u, L.up_b);
   }
   s.a = act({R, F}, "mlp.act", dt);
   {
@@ -398,6 +411,7 @@ void TrainModel::attention_forward(int i, const Tensor& x_in, const Tensor& x_ou
   }
   m_be.copy(x_out, s.x_mid);
   project_out(i, x_out, s.a, L.down, "mlp.down");
+  add_bias(x_out, L.down_b);
   if (!keep) {
     const Tensor x = s.x_in;
     s = Saved{};
@@ -426,6 +440,7 @@ void TrainModel::attention_backward(int i, const Tensor& dx, const TrainBatch& b
         SiteScope sc(rec, i, "mlp.down.backward");
         m_be.matmul_dx(da, dx, L.down, false);
         m_be.matmul_dw(L.g_down, dx, s.a, true);
+        bias_backward(L.g_down_b, dx);
       }
       s.a = Tensor{};
       Tensor dg = work({R, F}, "grad.mlp.gate", dt), du = work({R, F}, "grad.mlp.up", dt);
@@ -436,6 +451,8 @@ void TrainModel::attention_backward(int i, const Tensor& dx, const TrainBatch& b
       da = Tensor{};
       s.g = s.u = Tensor{};
       SiteScope sc(rec, i, "mlp.gate_up.backward");
+      bias_backward(L.g_gate_b, dg);
+      bias_backward(L.g_up_b, du);
       m_be.matmul_dx(dh2, dg, L.gate, false);
       m_be.matmul_dx(dh2, du, L.up, true);
       m_be.matmul_dw(L.g_gate, dg, s.h2, true);
@@ -455,6 +472,7 @@ void TrainModel::attention_backward(int i, const Tensor& dx, const TrainBatch& b
       SiteScope sc(rec, i, "attn.o_proj.backward");
       m_be.matmul_dx(dout, dx, L.o, false);
       m_be.matmul_dw(L.go, dx, s.o, true);
+      bias_backward(L.go_b, dx);
     }
     Tensor dq = work({R, hq}, "grad.attn.q", dt), dk = work({R, hkv}, "grad.attn.k", dt),
            dv = work({R, hkv}, "grad.attn.v", dt);
@@ -467,6 +485,9 @@ void TrainModel::attention_backward(int i, const Tensor& dx, const TrainBatch& b
       m_be.rope_backward(dk, m_shard.kv_heads, int(hd), pos_rows, m_model.rope_freqs());
     }
     SiteScope sc(rec, i, "attn.qkv.backward");
+    bias_backward(L.gq_b, dq);
+    bias_backward(L.gk_b, dk);
+    bias_backward(L.gv_b, dv);
     m_be.matmul_dx(dh1, dq, L.q, false);
     m_be.matmul_dx(dh1, dk, L.k, true);
     m_be.matmul_dx(dh1, dv, L.v, true);

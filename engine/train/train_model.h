@@ -91,6 +91,8 @@ class TrainModel {
     LayerKind kind = LayerKind::Attention;
     Tensor in_norm, q, k, v, o, post_norm, gate, up, down;
     Tensor g_in_norm, gq, gk, gv, go, g_post_norm, g_gate, g_up, g_down;
+    Tensor q_b, k_b, v_b, o_b, gate_b, up_b, down_b;  // projection biases, where the config has them
+    Tensor gq_b, gk_b, gv_b, go_b, g_gate_b, g_up_b, g_down_b;
     Tensor norm, in_proj, conv_w, conv_b, dt_bias, A_log, D, gated_norm, out_proj;
     Tensor g_norm, g_in_proj, g_conv_w, g_conv_b, g_dt_bias, g_A_log, g_D, g_gated_norm, g_out_proj;
     Tensor x_proj, dt_proj_w, dt_proj_b, g_x_proj, g_dt_proj_w, g_dt_proj_b;  // Mamba
@@ -145,6 +147,13 @@ class TrainModel {
                       const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const TrainBatch& b,
                       int layer);
   void tp_sum(const Tensor& t, int layer, const char* site);
+  // Where the projection has a bias (b, db defined): y += b per row; db += the column sums of dy.
+  void add_bias(const Tensor& y, const Tensor& b) {
+    if (b.defined()) m_be.add_bias(y, b);
+  }
+  void bias_backward(const Tensor& db, const Tensor& dy) {
+    if (db.defined()) m_be.bias_backward(db, dy);
+  }
   AttentionArgs attention_args(const TrainBatch& b) const;
   static std::vector<int32_t> row_positions(const TrainBatch& b);  // positions of every row, sequence after sequence
   void recompute(int i, const TrainBatch& b, Saved& s);
