@@ -6,6 +6,7 @@
 #include <QFileInfo>
 #include <QLabel>
 #include <QLineEdit>
+#include <QSpinBox>
 
 #include "engineclient.h"
 #include "mainwindow.h"
@@ -18,31 +19,36 @@ void MainWindow::runExample(Example e) {
     m_status->setText(tr("a run is in progress: stop it before starting an example"));
     return;
   }
-  auto dtype = [this](const char* name) {
-    m_dtype->setCurrentIndex(m_dtype->findData(QString::fromLatin1(name)));
-    m_dtypeChosen = true;
+  // The form as the example needs it: nothing left over from earlier runs
+  // (overrides, capacity, nodes), and the dtype set without counting as the
+  // person's own choice.
+  auto setup = [this](const char* model, const char* backend, const char* strategy, int devices, int prompt,
+                      int decode, const char* dtype) {
+    const QString problem = setSetup(QString::fromLatin1(model), QString::fromLatin1(backend),
+                                     QString::fromLatin1(strategy), devices, prompt, decode);
+    setOptions(1, {}, QStringLiteral("fp32"), {});
+    m_nodes->setValue(1);
+    const bool chosen = m_dtypeChosen;
+    m_dtype->setCurrentIndex(m_dtype->findData(QString::fromLatin1(dtype)));
+    m_dtypeChosen = chosen;
+    if (!problem.isEmpty()) m_status->setText(problem);
+    return problem.isEmpty();
   };
   switch (e) {
     case Example::TpVsTspLongContext:
       setTraining(false);
-      setSetup(QStringLiteral("llama2-7b"), QStringLiteral("sim:mi300x"), QStringLiteral("tp"), 8, 32768, 8);
-      dtype("bf16");
-      setOptions(1, {}, QStringLiteral("fp32"), {});
-      compareTpTsp();
+      if (setup("llama2-7b", "sim:mi300x", "tp", 8, 32768, 8, "bf16")) compareTpTsp();
       break;
     case Example::Int8TextModel:
       setTraining(false);
-      setSetup(QStringLiteral("brown-llama"), QStringLiteral("cpu"), QStringLiteral("tp"), 4, 16, 24);
+      if (!setup("brown-llama", "cpu", "tp", 4, 16, 24, "fp32")) break;
       m_promptText->setText(QStringLiteral("The jury said that"));
-      dtype("fp32");
-      setOptions(1, {}, QStringLiteral("fp32"), {});
       runSweepOf(QStringLiteral("int8,int4"), QStringLiteral("128"));
       break;
     case Example::TrainTsp: {
-      setSetup(QStringLiteral("brown-llama"), QStringLiteral("cpu"), QStringLiteral("tsp"), 4, 256, 8);
+      if (!setup("brown-llama", "cpu", "tsp", 4, 256, 8, "fp32")) break;
       setTraining(true, 128, 1, 8, QStringLiteral("none"));
       m_lr->setText(QStringLiteral("3e-4"));  // a trained model: a small step
-      dtype("fp32");
       // On the training text of the Brown Corpus where setup-deps.sh put it
       // (the engine's cache rule); without it, the engine's synthetic corpus.
       const QString cache = qEnvironmentVariableIsEmpty("SHARDSCOPE_CACHE")
@@ -77,7 +83,7 @@ void MainWindow::addPageNotices() {
          "memory by category against the textbook figure, time to first token and decode rate, bytes on the wire "
          "and how much of it is hidden behind compute, and for a text model the prompt and its answer.\n\nSet up a "
          "run on the left and press Run, or pick an example on the Start page."),
-      [](const RunData& d) { return d.events() == 0; });
+      [this](const RunData& d) { return d.events() == 0 && m_summary->notice().isEmpty() && !m_client->isRunning(); });
   add(m_memory,
       tr("Each device's memory over the run, stacked by category (weights, activations, KV cache, SSM state, "
          "communication buffers, workspace; gradients and optimizer state in training), with the capacity drawn "
@@ -107,5 +113,5 @@ void MainWindow::addPageNotices() {
          "capacity drawn across: where each strategy stops fitting. Choose a simulated backend on the left and "
          "press Scaling sweep."),
       [](const RunData& d) { return d.scalePoints().empty(); });
-  for (PageNotice* n : m_notices) n->update(m_data);
+  for (PageNotice* n : m_notices) n->refresh(m_data);
 }

@@ -601,7 +601,7 @@ void MainWindow::refreshPages() {
   m_summary->refresh();
   m_training->refresh();
   m_timeline->resetZoom();
-  for (PageNotice* n : m_notices) n->update(m_data);
+  for (PageNotice* n : m_notices) n->refresh(m_data);
 }
 
 QString MainWindow::summaryText() const { return m_summary->text(); }
@@ -635,6 +635,7 @@ void MainWindow::onFinished(const RunOutcome& o) {
     for (const QString& l : o.stderrTail)
       if (!o.message.endsWith(l)) tail << l;
     m_summary->setNotice(o.message + (tail.isEmpty() ? QString() : QStringLiteral("\n") + tail.join('\n')));
+    for (PageNotice* n : m_notices) n->refresh(m_data);  // the reason, not "no run yet"
   }
   if (!m_queue.isEmpty() || !m_compared.empty()) {
     m_compared.emplace_back(m_strategy->currentText(), m_data);
@@ -663,8 +664,8 @@ void MainWindow::showBestPage() {
   if (!m_data.scalePoints().empty()) m_tabs->setCurrentWidget(m_scaling);
   else if (sweep) m_tabs->setCurrentWidget(m_quant);
   else if (isTraining(m_data) && m_tabs->currentWidget() != m_summary) m_tabs->setCurrentWidget(m_training);
-  else if (m_tabs->currentWidget() == m_sessions || m_tabs->currentWidget() == m_quant ||
-           m_tabs->currentWidget() == m_scaling)
+  else if (m_tabs->currentWidget() == m_start || m_tabs->currentWidget() == m_sessions ||
+           m_tabs->currentWidget() == m_quant || m_tabs->currentWidget() == m_scaling)
     m_tabs->setCurrentWidget(m_summary);
 }
 

@@ -55,7 +55,7 @@ class MainWindow : public QMainWindow {
   void runSweep();
   // The same with these precisions and block sizes (comma-separated).
   void runSweepOf(const QString& precisions, const QString& blocks);
-  // Sets up one of the Start page's examples and runs it (app/examples.cpp).
+  // Sets up one of the Start page's examples and runs it (app/firstscreen.cpp).
   void runExample(Example e);
   // Simulates every strategy of the setup (its simulated hardware, devices,
   // nodes, mode, dtype, recomputation) from 4K to 1M tokens: the Scaling page.

@@ -59,7 +59,7 @@ PageNotice::PageNotice(QWidget* page, const QString& text, std::function<bool(co
   raise();
 }
 
-void PageNotice::update(const RunData& data) {
+void PageNotice::refresh(const RunData& data) {
   const bool show = m_empty(data);
   if (show == isHidden()) setVisible(show);  // isHidden: hidden itself, not because its tab is
   if (show) raise();

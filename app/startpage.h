@@ -32,7 +32,7 @@ class PageNotice : public QLabel {
   Q_OBJECT
  public:
   PageNotice(QWidget* page, const QString& text, std::function<bool(const RunData&)> empty);
-  void update(const RunData& data);
+  void refresh(const RunData& data);
 
  protected:
   bool eventFilter(QObject* watched, QEvent* event) override;

@@ -367,8 +367,7 @@ class TestEngineCli : public QObject {
       QVERIFY2(std::abs(got - p[i]) <= 5 * se + 1e-12,
                qPrintable(QString("token %1: drawn %2, probability %3").arg(i).arg(got).arg(p[i])));
     }
-    // The same (seed, sequence, step) draws the same token; greedy is the argmax, ties to the lower id.
-    QCOMPARE(ss::sample_token(logits, s, 9, 2, 17), ss::sample_token(logits, s, 9, 2, 17));
+    // Greedy is the argmax, ties to the lower id.
     QCOMPARE(ss::sample_token(logits, ss::Sampling{}, 9, 2, 17), 1);
     QCOMPARE(ss::sample_token(std::vector<float>{0.5f, 2.0f, 2.0f}, ss::Sampling{}, 0, 0, 0), 1);
   }

@@ -200,9 +200,6 @@ class TestExplorer : public QObject {
       QVERIFY2(!m.contains(QStringLiteral("still running")), qPrintable(m));
   }
 
-  // The window opens on the shipped text model with a typed prompt; a
-  // preset of synthetic weights has no tokenizer, so its prompt is a length
-  // and the text field is off. The engine's check accepts both.
   // The first screen: the window opens on Start with its three examples;
   // every page says what it will show while it is empty; one click sets up
   // the form and runs the example, and the pages it fills drop their notice.
@@ -231,8 +228,17 @@ class TestExplorer : public QObject {
     QApplication::processEvents();
     w.grab().save(QDir::temp().filePath("shardscope-empty-memory.png"));
 
-    // An int8 all-reduce on the text model: a sweep against fp32, on the Quantization page.
+    // A run refused before it starts says why where "no run yet" was.
     QSignalSpy done(&w, &MainWindow::runFinished);
+    w.setSetup("tiny-llama", "cpu", "tp", 4, 24, 4);  // 2 kv heads do not split over 4 devices
+    w.runOnce();
+    QVERIFY(done.wait(60000));
+    QVERIFY(!shown(w.findChild<SummaryPage*>()));
+    QVERIFY2(w.summaryText().contains(QStringLiteral("num_key_value_heads")), qPrintable(w.summaryText()));
+    QCOMPARE(w.pages()->currentWidget(), static_cast<QWidget*>(w.findChild<SummaryPage*>()));
+    done.clear();
+
+    // An int8 all-reduce on the text model: a sweep against fp32, on the Quantization page.
     buttons[1]->click();
     QVERIFY(done.wait(240000));
     auto* quant = w.findChild<QuantizationPage*>();
@@ -265,6 +271,9 @@ class TestExplorer : public QObject {
     w.grab().save(QDir::temp().filePath("shardscope-example-train.png"));
   }
 
+  // The window opens on the shipped text model with a typed prompt; a
+  // preset of synthetic weights has no tokenizer, so its prompt is a length
+  // and the text field is off. The engine's check accepts both.
   void promptAsTextWhereTheModelReadsText() {
     MainWindow w;
     QStringList a = w.engineArguments();

@@ -262,6 +262,7 @@ class TestSweep : public QObject {
                                    << "block size";
     QTest::newRow("no all-reduce") << base + QStringList{"--strategy", "sp"} << "has none";
     QTest::newRow("unknown site") << base + QStringList{"--strategy", "tp", "--sites", "ffn"} << "ffn";
+    QTest::newRow("sampling") << base + QStringList{"--strategy", "tp", "--temperature", "0.8"} << "--temperature";
   }
   void refusesBadInput() {
     QFETCH(QStringList, args);

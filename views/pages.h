@@ -112,6 +112,7 @@ class SummaryPage : public QWidget {
   QString text() const;
   // A line above everything else, e.g. why the run ended (plain text).
   void setNotice(const QString& notice);
+  const QString& notice() const { return m_notice; }
 
  private:
   const RunData& m_data;

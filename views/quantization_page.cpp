@@ -190,7 +190,8 @@ void QuantizationPage::refresh() {
   std::map<std::string, std::map<std::string, double>> by_spec;  // spec -> site -> KL
   for (auto& [label, m] : pts) {
     const auto eq = label.find('=');
-    if (eq == std::string::npos || !m.count("kl")) continue;
+    // (Layer ranges, all@L-L=SPEC from --per-layer, are the table's, not sites.)
+    if (eq == std::string::npos || !m.count("kl") || label.find('@') < eq) continue;
     by_spec[label.substr(eq + 1)][label.substr(0, eq)] = std::max(m.at("kl"), 1e-12);
   }
   QVector<double> ticks;

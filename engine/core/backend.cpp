@@ -190,7 +190,7 @@ void Backend::add(const Tensor& y, const Tensor& a, const Tensor& b) {
 void Backend::add_bias(const Tensor& y, const Tensor& b) {
   require_2d(y, "add_bias", "y");
   require(b.shape().size() == 1 && b.shape()[0] == y.cols(), "add_bias",
-          "bias " + b.shape_str() + " for rows of " + std::to_string(y.cols()));
+          "bias " + b.shape_str() + " does not match the " + std::to_string(y.cols()) + " columns of y");
   execute("add_bias", double(y.numel()), 2.0 * fbytes(y) + fbytes(b), {y.rows(), y.cols()}, [&] { k_add_bias(y, b); });
 }
 

@@ -323,8 +323,8 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
                       size_t(cfg.vocab) * 4);
       }
     };
-    // The greedy next token, chosen on the rank holding the last position and
-    // shared with every rank (so all ranks feed the same token).
+    // The next token, chosen on the rank holding the last position and shared
+    // with every rank (so all ranks feed the same token).
     Tensor token_buf;
     auto share_token = [&](int32_t token, int root_rank) -> int32_t {
       if (!g.world) return token;

@@ -181,6 +181,9 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
     o.batch = so.eval_windows;
     o.decode = 0;
   }
+  if (!o.sampling.greedy())
+    throw UsageError("sweep compares each configuration's decode with the reference's greedy tokens; --temperature and "
+                     "--top-k are for run and launch");
   // Refuse before any run: the strategy must all-reduce, the grid must parse.
   RunOptions probe = o;
   probe.comm_precision = "int8";
