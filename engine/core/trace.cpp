@@ -57,6 +57,7 @@ void Recorder::mem_sample(int64_t t, const MemState& m) {
 }
 
 std::vector<proto::Span> Recorder::take_spans() {
+  if (m_flush) m_flush();
   std::lock_guard lock(m_mutex);
   return std::exchange(m_spans, {});
 }

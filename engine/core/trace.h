@@ -57,6 +57,10 @@ class Recorder {
   void set_mem_sampling(bool on) { m_sample_mem = on; }
   // Turns span recording off (a run whose timeline nobody reads: a scaling sweep's batch search).
   void set_span_recording(bool on) { m_record_spans = on; }
+  bool span_recording() const { return m_record_spans; }
+  // Called by take_spans() first: a backend whose spans are measured after
+  // the fact (cuda: events resolved in batches) records what it has.
+  void set_flush(std::function<void()> flush) { m_flush = std::move(flush); }
 
   // Thread-safe: compute and comm streams record concurrently. Take the
   // records with take_*() at step boundaries.
@@ -74,6 +78,7 @@ class Recorder {
   bool m_record_spans = true;
   std::mutex m_mutex;
   std::function<int64_t()> m_clock;
+  std::function<void()> m_flush;
   std::vector<proto::Span> m_spans;
   std::vector<proto::Mem> m_mem;
 };

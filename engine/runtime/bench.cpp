@@ -1,4 +1,5 @@
 #include "runtime/bench.h"
+#include "runtime/rank.h"
 
 #include <cblas.h>
 #include <malloc.h>
@@ -324,12 +325,7 @@ int print_info(std::ostream& out) {
   out << "backends:\n";
   out << "  cpu   available: " << cpu.device_name() << ", " << std::thread::hardware_concurrency()
       << " hardware threads\n";
-#ifdef SHARDSCOPE_HAVE_CUDA
-  out << "  cuda  not available: CUDA and NCCL were found at configure time, but no cuda backend is implemented "
-         "yet (runs use cpu; other hardware is simulated)\n";
-#else
-  out << "  cuda  not available: no cuda backend is implemented, and no nvcc/NCCL was found at configure time\n";
-#endif
+  describe_cuda(out);
   int profiles = 0;
   std::error_code ec;
   for (auto& f : std::filesystem::directory_iterator(resources_dir() / "hardware", ec))

@@ -1,4 +1,5 @@
 #include "runtime/launch.h"
+#include "runtime/rank.h"
 
 #include "runtime/heartbeat.h"
 #include "runtime/host_memory.h"
@@ -116,9 +117,11 @@ Failure diagnose(const StderrLog& log, int mpirun_status) {
 
 int launch(const RunOptions& o, const LaunchOptions& l) {
   // Refuse what cannot run before anything starts.
-  const RunPlan plan = plan_inference(o, "cpu");
+  const bool cuda = o.backend == "cuda";
+  const RunPlan plan = plan_inference(o, cuda ? "cuda" : "cpu");
   // Every rank on this host (with a hostfile, each rank checks its own host as it starts).
-  if (l.hostfile.empty()) check_host_memory(plan.cfg, o, o.devices, host_available_bytes());
+  if (!cuda && l.hostfile.empty()) check_host_memory(plan.cfg, o, o.devices, host_available_bytes());
+  if (cuda) cuda_rank_setup(o.devices);  // refuses here, before any rank starts, where there is no GPU
   return start_ranks(o.devices, l, "run");
 }
 

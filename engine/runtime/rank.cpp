@@ -104,32 +104,34 @@ void step_boundary(Group& g, Recorder& rec, std::vector<std::string>& extra, pro
   out->flush();
 }
 
+void connect_mpi(Group& g, Recorder& rec, int devices) {
+  g.mpi = std::make_unique<MpiWorld>();
+  g.rank = g.mpi->rank();
+  g.size = g.mpi->size();
+  rec.set_rank(g.rank);
+  if (g.size != devices)
+    throw UsageError("this process is one of " + std::to_string(g.size) + " MPI ranks but --devices is " +
+                     std::to_string(devices) + "; start runs with `shardscope-engine launch --devices N ...`");
+  g.hosts = g.mpi->hostnames();
+  // Host memory is read before the start barrier, so no rank reads it
+  // after another has begun to load.
+  g.host_available = host_available_bytes();
+  // One clock per run: every rank starts counting when all have arrived,
+  // so spans of different ranks line up on the timeline (to the barrier's
+  // exit skew, microseconds on one host).
+  MPI_Barrier(MPI_COMM_WORLD);
+  rec.set_origin(std::chrono::steady_clock::now());
+  g.stream = std::make_shared<CommStream>();
+  g.mpi_world = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
+  g.world = g.mpi_world.get();
+}
+
 RankSetup mpi_rank_setup(int devices) {
   RankSetup setup;
   setup.backend = "cpu";
   setup.make_backend = [](Allocator& a, Recorder& r) { return std::make_unique<CpuBackend>(a, r); };
   setup.abort = [](int code) { MPI_Abort(MPI_COMM_WORLD, code); };
-  setup.connect = [devices](Group& g, Recorder& rec) {
-    g.mpi = std::make_unique<MpiWorld>();
-    g.rank = g.mpi->rank();
-    g.size = g.mpi->size();
-    rec.set_rank(g.rank);
-    if (g.size != devices)
-      throw UsageError("this process is one of " + std::to_string(g.size) + " MPI ranks but --devices is " +
-                       std::to_string(devices) + "; start runs with `shardscope-engine launch --devices N ...`");
-    g.hosts = g.mpi->hostnames();
-    // Host memory is read before the start barrier, so no rank reads it
-    // after another has begun to load.
-    g.host_available = host_available_bytes();
-    // One clock per run: every rank starts counting when all have arrived,
-    // so spans of different ranks line up on the timeline (to the barrier's
-    // exit skew, microseconds on one host).
-    MPI_Barrier(MPI_COMM_WORLD);
-    rec.set_origin(std::chrono::steady_clock::now());
-    g.stream = std::make_shared<CommStream>();
-    g.mpi_world = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
-    g.world = g.mpi_world.get();
-  };
+  setup.connect = [devices](Group& g, Recorder& rec) { connect_mpi(g, rec, devices); };
   return setup;
 }
 
@@ -187,7 +189,9 @@ RunResult simulate_ranks(int devices, bool single, const HardwareProfile& hw, in
 void join_group(Group& g, Recorder& rec, const RankSetup& setup, Strategy strategy, int T) {
   if (strategy == Strategy::Single) return;
   setup.connect(g, rec);
-  g.telemetry = g.world->split(0, g.rank, "telemetry");
+  // Telemetry is host bytes: over MPI itself where the world is a device's communicator.
+  Communicator* host = g.mpi_world ? static_cast<Communicator*>(g.mpi_world.get()) : g.world;
+  g.telemetry = host->split(0, g.rank, "telemetry");
   if (strategy == Strategy::TP || strategy == Strategy::SP || strategy == Strategy::TPSP) {
     g.tp = g.world->split(g.rank / T, g.rank % T, "tp");
     g.sp = g.world->split(g.rank % T, g.rank / T, "sp");

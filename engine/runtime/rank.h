@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <ostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,7 +32,8 @@ struct Group {
   std::unique_ptr<MpiWorld> mpi;
   std::shared_ptr<CommStream> stream;
   std::unique_ptr<MpiCommunicator> mpi_world;
-  Communicator* world = nullptr;  // MPI or simulated; null for a single device
+  std::unique_ptr<Communicator> device_world;  // cuda: NCCL over mpi_world's ranks
+  Communicator* world = nullptr;  // MPI, NCCL or simulated; null for a single device
   std::unique_ptr<Communicator> telemetry, tp, sp;
   int rank = 0, size = 1;
   std::vector<std::string> hosts = {host_name()};
@@ -56,6 +58,14 @@ struct RankSetup {
 
 // A cpu rank of an MPI job of `devices` ranks (or one process alone).
 RankSetup mpi_rank_setup(int devices);
+// Joins the MPI job of `devices` ranks: the world, its hosts, one clock, the comm stream.
+void connect_mpi(Group& g, Recorder& rec, int devices);
+// A cuda rank (runtime/cuda_rank.cpp): one process per GPU (its local rank's
+// device), NCCL between the GPUs, MPI for the host side. Refused with the
+// reason where this engine has no CUDA or this machine no usable GPU.
+RankSetup cuda_rank_setup(int devices);
+// What `info` says of the cuda backend: the GPUs, or why there are none.
+void describe_cuda(std::ostream& out);
 
 // Runs `rank_main(out, group, recorder, setup)` on `devices` simulated ranks
 // (threads) of `hw` over `nodes` nodes; rank 0 writes to `out`. Returns rank

@@ -107,8 +107,9 @@ std::pair<int, int> mesh_of(const RunOptions& o) {
 
 void validate(const RunOptions& o, const std::string& backend) {
   if (o.backend != backend)
-    throw UsageError("--backend " + o.backend + " is not available in this command; use --backend " + backend +
-                     (backend == "cpu" ? " (simulated hardware: `shardscope-engine simulate`)" : ""));
+    throw UsageError("--backend " + o.backend + " is not available in this command; use --backend " +
+                     (backend == "sim" ? backend : "cpu or cuda") +
+                     (backend != "sim" ? " (simulated hardware: `shardscope-engine simulate`)" : ""));
   const Strategy s = parse_strategy(o.strategy);
   if (o.devices < 1 || o.devices > 1024) throw UsageError("--devices must be between 1 and 1024");
   if (s == Strategy::Single && o.devices != 1)
@@ -483,7 +484,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out) {
   Recorder rec(0);  // outlives the communicators, which record into it
   rec.set_origin(std::chrono::steady_clock::now());
   Group g;
-  return run_rank(o, &out, g, rec, mpi_rank_setup(o.devices));
+  return run_rank(o, &out, g, rec, o.backend == "cuda" ? cuda_rank_setup(o.devices) : mpi_rank_setup(o.devices));
 }
 
 RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, int replicas, proto::Writer& out) {

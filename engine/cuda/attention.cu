@@ -1,0 +1,425 @@
+// Causal grouped-query attention by position, blockwise with an online
+// softmax (FlashAttention's recurrence, Dao et al. 2022, §3.1): no Tq x Tk
+// matrix ever exists. Two kernels:
+//  - attn_tiled: fp32 arithmetic on tiles staged in shared memory, for any
+//    dtype and head width up to 256; its key range can be split over blocks
+//    (flash-decoding) whose partials attn_combine merges by log-sum-exp, so a
+//    few queries over a long cache still fill the GPU;
+//  - attn_wmma: bf16/fp16 Q, K, V on tensor cores (WMMA 16x16x16, fp32
+//    accumulation) for head widths 64 and 128 and 64 queries or more: S = Q K^T
+//    per warp, the softmax in fp32, P rounded to the dtype for P V, as
+//    FlashAttention does.
+// Softmax statistics, lse and the merge are fp32 whatever the dtype.
+#include "cuda/common.cuh"
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <mma.h>
+#else
+#include "cuda/emu/wmma.h"
+#endif
+
+#include <climits>
+
+namespace ss::SS_CUDA_NS {
+namespace {
+
+constexpr int kThreads = 128;
+
+// ---------------------------------------------------------------- tiled
+
+// Tiles: BQ queries (kRowThreads threads per query row) by BK keys.
+template <int HDMAX>
+struct Tiled {
+  static constexpr int BQ = 16, kRowThreads = kThreads / BQ, BK = HDMAX <= 128 ? 32 : 16;
+  static constexpr int LD = HDMAX + 1;  // padded rows: no bank conflicts down a column
+  static constexpr size_t smem_bytes() { return sizeof(float) * (size_t(BQ + 2 * BK) * LD + BQ * BK) + sizeof(int) * (BK + 2); }
+};
+
+// grid (query tiles, heads, key splits). One split: o and lse are written;
+// several: this block's unnormalised output, max and sum go to `part`
+// ([split][Tq][heads] x (head_dim + 2) floats) for attn_combine.
+template <int HDMAX>
+__global__ void __launch_bounds__(kThreads)
+    attn_tiled_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse,
+                      float* part) {
+  using Tl = Tiled<HDMAX>;
+  constexpr int BQ = Tl::BQ, BK = Tl::BK, RT = Tl::kRowThreads, LD = Tl::LD, PER = HDMAX / RT;
+  const int hd = a.head_dim, h = int(blockIdx.y), kvh = h / (a.n_heads / a.n_kv_heads);
+  const int splits = int(gridDim.z), split = int(blockIdx.z);
+  const int64_t q0 = int64_t(blockIdx.x) * BQ;
+  const int64_t k_begin = a.Tk * split / splits, k_end = a.Tk * (split + 1) / splits;
+  SS_DYNAMIC_SMEM(float, smem);
+  float* Qs = smem;
+  float* Ks = Qs + BQ * LD;
+  float* Vs = Ks + BK * LD;
+  float* Ps = Vs + BK * LD;
+  int* kp = reinterpret_cast<int*>(Ps + BQ * BK);
+  int* flags = kp + BK;  // [0]: the tile's largest query position, [1]: a key tile's smallest key position
+  const int tid = int(threadIdx.x), r = tid / RT, sub = tid % RT;
+
+  for (int i = tid; i < BQ * hd; i += kThreads) {
+    const int rr = i / hd, d = i % hd;
+    const int64_t qi = q0 + rr;
+    Qs[rr * LD + d] = qi < a.Tq ? at(q, qi, int64_t(h) * hd + d) * a.scale : 0.0f;
+  }
+  const int64_t qi = q0 + r;
+  const bool row_valid = qi < a.Tq;
+  const int my_pos = row_valid ? qpos[qi] : INT_MIN;
+  if (tid == 0) {
+    int mx = INT_MIN;
+    for (int rr = 0; rr < BQ && q0 + rr < a.Tq; ++rr) mx = imax(mx, qpos[q0 + rr]);
+    flags[0] = mx;
+  }
+
+  float m = -INFINITY, l = 0.0f, acc[PER];
+  for (int i = 0; i < PER; ++i) acc[i] = 0.0f;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += BK) {
+    const int nb = int(min64(BK, k_end - k0));
+    __syncthreads();  // the previous tile is read
+    for (int i = tid; i < BK * hd; i += kThreads) {
+      const int kk = i / hd, d = i % hd;
+      const bool ok = kk < nb;
+      Ks[kk * LD + d] = ok ? at(k, k0 + kk, int64_t(kvh) * hd + d) : 0.0f;
+      Vs[kk * LD + d] = ok ? at(v, k0 + kk, int64_t(kvh) * hd + d) : 0.0f;
+    }
+    for (int i = tid; i < BK; i += kThreads) kp[i] = i < nb ? kpos[k0 + i] : INT_MAX;
+    __syncthreads();
+    if (tid == 0) {
+      int mn = INT_MAX;
+      for (int i = 0; i < nb; ++i) mn = imin(mn, kp[i]);
+      flags[1] = mn;
+    }
+    __syncthreads();
+    if (flags[1] > flags[0]) continue;  // every key of the tile is in the future of every query
+
+    constexpr int SK = BK / RT;  // scores per thread
+    float s[SK];
+    float mx = m;
+    for (int j = 0; j < SK; ++j) {
+      const int kk = sub + RT * j;
+      float dot = 0.0f;
+      for (int d = 0; d < hd; ++d) dot += Qs[r * LD + d] * Ks[kk * LD + d];
+      const bool visible = row_valid && kk < nb && kp[kk] <= my_pos;
+      s[j] = visible ? dot : -INFINITY;
+      mx = fmaxf(mx, s[j]);
+    }
+    for (int off = RT / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, RT));
+    float psum = 0.0f;
+    for (int j = 0; j < SK; ++j) {
+      const float p = s[j] == -INFINITY ? 0.0f : expf(s[j] - mx);
+      Ps[r * BK + sub + RT * j] = p;
+      psum += p;
+    }
+    for (int off = RT / 2; off > 0; off /= 2) psum += __shfl_xor_sync(0xffffffffu, psum, off, RT);
+    if (mx != -INFINITY) {
+      const float corr = expf(m - mx);
+      l = l * corr + psum;
+      m = mx;
+      for (int i = 0; i < PER; ++i) acc[i] *= corr;
+    }
+    __syncwarp();  // the row's probabilities (written by lanes of this warp) are visible
+    for (int kk = 0; kk < nb; ++kk) {
+      const float p = Ps[r * BK + kk];
+      if (p == 0.0f) continue;
+      for (int i = 0; i < PER; ++i) {
+        const int d = sub + RT * i;
+        if (d < hd) acc[i] += p * Vs[kk * LD + d];
+      }
+    }
+  }
+  if (!row_valid) return;
+  if (!part) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int i = 0; i < PER; ++i) {
+      const int d = sub + RT * i;
+      if (d < hd) put(o, qi, int64_t(h) * hd + d, acc[i] * inv);
+    }
+    if (lse && sub == 0) lse[qi * a.n_heads + h] = l > 0.0f ? m + logf(l) : -INFINITY;
+    return;
+  }
+  float* pr = part + ((int64_t(split) * a.Tq + qi) * a.n_heads + h) * (hd + 2);
+  for (int i = 0; i < PER; ++i) {
+    const int d = sub + RT * i;
+    if (d < hd) pr[d] = acc[i];
+  }
+  if (sub == 0) {
+    pr[hd] = m;
+    pr[hd + 1] = l;
+  }
+}
+
+// A thread per (query, head, value): the splits' partials weighed by e^(m_s - max).
+__global__ void attn_combine_kernel(Mat o, AttnShape a, int splits, const float* part, float* lse) {
+  const int hd = a.head_dim;
+  const int64_t n = a.Tq * a.n_heads * hd;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / hd;  // query * heads + head
+    const int d = int(i % hd);
+    const int64_t stride = a.Tq * a.n_heads * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) {
+      const float* pr = part + s * stride + row * (hd + 2);
+      if (pr[hd + 1] > 0.0f) mx = fmaxf(mx, pr[hd]);
+    }
+    float sum = 0.0f, out = 0.0f;
+    if (mx != -INFINITY)
+      for (int s = 0; s < splits; ++s) {
+        const float* pr = part + s * stride + row * (hd + 2);
+        if (pr[hd + 1] <= 0.0f) continue;
+        const float w = expf(pr[hd] - mx);
+        sum += w * pr[hd + 1];
+        out += w * pr[d];
+      }
+    const int64_t qi = row / a.n_heads;
+    const int h = int(row % a.n_heads);
+    put(o, qi, int64_t(h) * hd + d, sum > 0.0f ? out / sum : 0.0f);
+    if (lse && d == 0) lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+  }
+}
+
+// ------------------------------------------------------------------ wmma
+
+namespace wmma = nvcuda::wmma;
+
+template <int HD>
+struct Wmma {
+  static constexpr int BQ = 64, BK = 64;  // four warps of 16 query rows
+  static constexpr int LDH = HD + 16;     // 16-bit rows (Q, K, V); keeps every fragment 32-byte aligned
+  static constexpr int LDS = BK + 4;      // fp32 scores
+  static constexpr int LDP = BK + 16;     // 16-bit probabilities
+  static constexpr int LDO = HD + 4;      // fp32 output accumulator
+  static constexpr size_t q_off = 0, k_off = q_off + 2 * BQ * LDH, v_off = k_off + 2 * BK * LDH,
+                          s_off = v_off + 2 * BK * LDH, p_off = s_off + 4 * BQ * LDS, o_off = p_off + 2 * BQ * LDP,
+                          stat_off = o_off + 4 * BQ * LDO;
+  // per row: m, l, corr, position; per key: position; two flags
+  static constexpr size_t smem_bytes() { return stat_off + 4 * (4 * BQ + BK + 2); }
+};
+
+// A bf16 or fp16 value's bits from any storage dtype (the same dtype here: a copy).
+SS_DEV uint16_t bits16(const Mat& m, int64_t r, int64_t c) {
+  return static_cast<const uint16_t*>(m.p)[r * m.ld + c];
+}
+SS_DEV uint16_t round16(float v, DType dt) { return dt == DType::BF16 ? float_to_bf16(v) : float_to_f16(v); }
+
+template <class T, int HD>
+__global__ void __launch_bounds__(kThreads)
+    attn_wmma_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse) {
+  using W = Wmma<HD>;
+  constexpr int BQ = W::BQ, BK = W::BK, LDH = W::LDH, LDS = W::LDS, LDP = W::LDP, LDO = W::LDO;
+  SS_DYNAMIC_SMEM(unsigned char, smem);
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem + W::q_off);
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + W::k_off);
+  uint16_t* Vs = reinterpret_cast<uint16_t*>(smem + W::v_off);
+  float* S = reinterpret_cast<float*>(smem + W::s_off);
+  uint16_t* P = reinterpret_cast<uint16_t*>(smem + W::p_off);
+  float* O = reinterpret_cast<float*>(smem + W::o_off);
+  float* row_m = reinterpret_cast<float*>(smem + W::stat_off);
+  float* row_l = row_m + BQ;
+  float* row_corr = row_l + BQ;
+  int* qp = reinterpret_cast<int*>(row_corr + BQ);
+  int* kp = qp + BQ;
+  int* flags = kp + BK;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int h = int(blockIdx.y), kvh = h / (a.n_heads / a.n_kv_heads);
+  const int64_t q0 = int64_t(blockIdx.x) * BQ;
+  const DType dt = q.dt;
+
+  for (int i = tid; i < BQ * HD; i += kThreads) {
+    const int rr = i / HD, d = i % HD;
+    Qs[rr * LDH + d] = q0 + rr < a.Tq ? bits16(q, q0 + rr, int64_t(h) * HD + d) : uint16_t(0);
+  }
+  for (int i = tid; i < BQ * HD; i += kThreads) O[(i / HD) * LDO + i % HD] = 0.0f;
+  for (int i = tid; i < BQ; i += kThreads) {
+    qp[i] = q0 + i < a.Tq ? qpos[q0 + i] : INT_MIN;
+    row_m[i] = -INFINITY;
+    row_l[i] = 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int mx = INT_MIN;
+    for (int i = 0; i < BQ; ++i) mx = imax(mx, qp[i]);
+    flags[0] = mx;
+  }
+
+  for (int64_t k0 = 0; k0 < a.Tk; k0 += BK) {
+    const int nb = int(min64(BK, a.Tk - k0));
+    __syncthreads();  // the previous tile is read
+    for (int i = tid; i < BK * HD; i += kThreads) {
+      const int kk = i / HD, d = i % HD;
+      const bool ok = kk < nb;
+      Ks[kk * LDH + d] = ok ? bits16(k, k0 + kk, int64_t(kvh) * HD + d) : uint16_t(0);
+      Vs[kk * LDH + d] = ok ? bits16(v, k0 + kk, int64_t(kvh) * HD + d) : uint16_t(0);
+    }
+    for (int i = tid; i < BK; i += kThreads) kp[i] = i < nb ? kpos[k0 + i] : INT_MAX;
+    __syncthreads();
+    if (tid == 0) {
+      int mn = INT_MAX;
+      for (int i = 0; i < nb; ++i) mn = imin(mn, kp[i]);
+      flags[1] = mn;
+    }
+    __syncthreads();
+    if (flags[1] > flags[0]) continue;  // the whole tile is in every query's future
+
+    // S_w = Q_w K^T for this warp's 16 rows, 16 keys at a time.
+    const int r0 = warp * 16;
+    for (int n = 0; n < BK / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+      wmma::fill_fragment(sf, 0.0f);
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
+        wmma::load_matrix_sync(qf, reinterpret_cast<const T*>(Qs + r0 * LDH + kk * 16), LDH);
+        wmma::load_matrix_sync(kf, reinterpret_cast<const T*>(Ks + n * 16 * LDH + kk * 16), LDH);
+        wmma::mma_sync(sf, qf, kf, sf);
+      }
+      wmma::store_matrix_sync(S + r0 * LDS + n * 16, sf, LDS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    // Online softmax of the warp's rows: two keys a lane (BK = 64).
+    for (int rr = 0; rr < 16; ++rr) {
+      const int row = r0 + rr;
+      float s0 = S[row * LDS + lane] * a.scale, s1 = S[row * LDS + lane + 32] * a.scale;
+      if (!(lane < nb && kp[lane] <= qp[row])) s0 = -INFINITY;
+      if (!(lane + 32 < nb && kp[lane + 32] <= qp[row])) s1 = -INFINITY;
+      const float m_old = row_m[row];
+      const float mx = warp_max(fmaxf(m_old, fmaxf(s0, s1)));
+      const float p0 = s0 == -INFINITY ? 0.0f : expf(s0 - mx), p1 = s1 == -INFINITY ? 0.0f : expf(s1 - mx);
+      const float psum = warp_sum(p0 + p1);
+      P[row * LDP + lane] = round16(p0, dt);
+      P[row * LDP + lane + 32] = round16(p1, dt);
+      __syncwarp();  // every lane has read row_m[row] before lane 0 updates it
+      if (lane == 0) {
+        const float corr = mx == -INFINITY ? 1.0f : expf(m_old - mx);
+        row_corr[row] = corr;
+        if (mx != -INFINITY) {
+          row_l[row] = row_l[row] * corr + psum;
+          row_m[row] = mx;
+        }
+      }
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * HD; i += 32) O[(r0 + i / HD) * LDO + i % HD] *= row_corr[r0 + i / HD];
+    __syncwarp();
+    // O_w += P_w V, 16 output columns at a time.
+    for (int n = 0; n < HD / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+      wmma::load_matrix_sync(of, O + r0 * LDO + n * 16, LDO, wmma::mem_row_major);
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
+        wmma::load_matrix_sync(pf, reinterpret_cast<const T*>(P + r0 * LDP + kk * 16), LDP);
+        wmma::load_matrix_sync(vf, reinterpret_cast<const T*>(Vs + kk * 16 * LDH + n * 16), LDH);
+        wmma::mma_sync(of, pf, vf, of);
+      }
+      wmma::store_matrix_sync(O + r0 * LDO + n * 16, of, LDO, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < BQ * HD; i += kThreads) {
+    const int rr = i / HD, d = i % HD;
+    const int64_t qi = q0 + rr;
+    if (qi >= a.Tq) continue;
+    const float l = row_l[rr];
+    put(o, qi, int64_t(h) * HD + d, l > 0.0f ? O[rr * LDO + d] / l : 0.0f);
+  }
+  if (lse)
+    for (int i = tid; i < BQ; i += kThreads)
+      if (q0 + i < a.Tq) lse[(q0 + i) * a.n_heads + h] = row_l[i] > 0.0f ? row_m[i] + logf(row_l[i]) : -INFINITY;
+}
+
+// ------------------------------------------------------------------ merge
+
+__global__ void attn_merge_kernel(Mat o, float* lse, Mat o2, const float* lse2, int n_heads, int head_dim) {
+  const int64_t n = o.rows * n_heads * head_dim;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / head_dim;  // token * heads + head
+    const int d = int(i % head_dim);
+    const int64_t t = row / n_heads, c = (row % n_heads) * head_dim + d;
+    const float l1 = lse[row], l2 = lse2[row], mx = fmaxf(l1, l2);
+    if (mx == -INFINITY) continue;
+    const float w1 = expf(l1 - mx), w2 = expf(l2 - mx), inv = 1.0f / (w1 + w2);
+    put(o, t, c, (at(o, t, c) * w1 + at(o2, t, c) * w2) * inv);
+  }
+}
+
+// lse is updated after every value of its row has been merged.
+__global__ void attn_merge_lse_kernel(float* lse, const float* lse2, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float l1 = lse[i], l2 = lse2[i], mx = fmaxf(l1, l2);
+    if (mx != -INFINITY) lse[i] = mx + logf(expf(l1 - mx) + expf(l2 - mx));
+  }
+}
+
+template <int HDMAX>
+void launch_tiled(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a, const int32_t* qpos,
+                  const int32_t* kpos, float* lse, float* part, int splits, Stream s) {
+  using Tl = Tiled<HDMAX>;
+  auto* kernel = &attn_tiled_kernel<HDMAX>;
+  SS_SMEM_LIMIT(kernel, Tl::smem_bytes());
+  const dim3 grid(unsigned((a.Tq + Tl::BQ - 1) / Tl::BQ), unsigned(a.n_heads), unsigned(splits));
+  SS_LAUNCH(kernel, grid, kThreads, Tl::smem_bytes(), s)(o, q, k, v, a, qpos, kpos, lse, part);
+  check_launch("attention");
+}
+
+template <class T, int HD>
+void launch_wmma(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a, const int32_t* qpos,
+                 const int32_t* kpos, float* lse, Stream s) {
+  using W = Wmma<HD>;
+  auto* kernel = &attn_wmma_kernel<T, HD>;
+  SS_SMEM_LIMIT(kernel, W::smem_bytes());
+  const dim3 grid(unsigned((a.Tq + W::BQ - 1) / W::BQ), unsigned(a.n_heads));
+  SS_LAUNCH(kernel, grid, kThreads, W::smem_bytes(), s)(o, q, k, v, a, qpos, kpos, lse);
+  check_launch("attention (wmma)");
+}
+
+}  // namespace
+
+void attention(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a, const int32_t* q_pos,
+               const int32_t* k_pos, float* lse, Scratch& scratch, Stream s) {
+  expect(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.head_dim > 0 && a.head_dim <= 256, "attention",
+         "heads must be a multiple of kv heads, head width 1 to 256");
+  if (a.Tq == 0) return;
+  const bool same16 = (q.dt == DType::BF16 || q.dt == DType::F16) && k.dt == q.dt && v.dt == q.dt;
+  if (same16 && a.Tq >= 64 && a.Tk > 0 && (a.head_dim == 64 || a.head_dim == 128)) {
+    if (q.dt == DType::BF16) {
+      if (a.head_dim == 64) launch_wmma<__nv_bfloat16, 64>(o, q, k, v, a, q_pos, k_pos, lse, s);
+      else launch_wmma<__nv_bfloat16, 128>(o, q, k, v, a, q_pos, k_pos, lse, s);
+    } else {
+      if (a.head_dim == 64) launch_wmma<half, 64>(o, q, k, v, a, q_pos, k_pos, lse, s);
+      else launch_wmma<half, 128>(o, q, k, v, a, q_pos, k_pos, lse, s);
+    }
+    return;
+  }
+  // Split the keys when the (query tile, head) blocks alone would leave most
+  // of a GPU idle: about 256 blocks in all, at least 256 keys a split.
+  const int64_t tiles = (a.Tq + 15) / 16 * a.n_heads;
+  int splits = 1;
+  if (tiles < 128 && a.Tk >= 512) splits = int(min64(min64(64, a.Tk / 256), (256 + tiles - 1) / tiles));
+  float* part = nullptr;
+  if (splits > 1)
+    part = static_cast<float*>(
+        scratch.get(kScratchAttention, int64_t(sizeof(float)) * splits * a.Tq * a.n_heads * (a.head_dim + 2)));
+  const int hd = a.head_dim;
+  if (hd <= 32) launch_tiled<32>(o, q, k, v, a, q_pos, k_pos, lse, part, splits, s);
+  else if (hd <= 64) launch_tiled<64>(o, q, k, v, a, q_pos, k_pos, lse, part, splits, s);
+  else if (hd <= 128) launch_tiled<128>(o, q, k, v, a, q_pos, k_pos, lse, part, splits, s);
+  else launch_tiled<256>(o, q, k, v, a, q_pos, k_pos, lse, part, splits, s);
+  if (splits > 1) {
+    SS_LAUNCH(attn_combine_kernel, blocks_for(a.Tq * a.n_heads * hd, 256), 256, 0, s)(o, a, splits, part, lse);
+    check_launch("attention (combine)");
+  }
+}
+
+void attention_merge(const Mat& o, float* lse, const Mat& o2, const float* lse2, int n_heads, int head_dim,
+                     Stream s) {
+  expect(o.cols == int64_t(n_heads) * head_dim && o2.rows == o.rows, "attention_merge", "shape mismatch");
+  const int64_t n = o.rows * n_heads * head_dim;
+  if (n == 0) return;
+  SS_LAUNCH(attn_merge_kernel, blocks_for(n, 256), 256, 0, s)(o, lse, o2, lse2, n_heads, head_dim);
+  check_launch("attention_merge");
+  SS_LAUNCH(attn_merge_lse_kernel, blocks_for(o.rows * n_heads, 256), 256, 0, s)(lse, lse2, o.rows * n_heads);
+  check_launch("attention_merge (lse)");
+}
+
+}  // namespace ss::SS_CUDA_NS

@@ -1,0 +1,167 @@
+// What every kernel file of the cuda backend shares: the device headers (or
+// the emulator's), the launch macro, loads and stores of any storage dtype
+// computing in fp32, and warp and block reductions.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/kernels.h"
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+// kernel<<<grid, block, smem, stream>>> (a kernel with template arguments is
+// named through a pointer first: the macro's arguments cannot hold commas).
+#define SS_LAUNCH(kernel, grid, block, smem, stream) \
+  kernel<<<(grid), (block), (smem), static_cast<cudaStream_t>(stream)>>>
+#define SS_DYNAMIC_SMEM(T, name)                          \
+  extern __shared__ __align__(128) unsigned char ss_smem_[]; \
+  T* name = reinterpret_cast<T*>(ss_smem_)
+// Dynamic shared memory past the default 48 KiB needs the kernel's opt-in.
+#define SS_SMEM_LIMIT(kernel, bytes) \
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes))
+#else
+#include "cuda/emu/emu.h"
+#define SS_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::ss::emu::dynamic_smem())
+#define SS_SMEM_LIMIT(kernel, bytes) (static_cast<void>(kernel), static_cast<void>(bytes))
+#endif
+
+#define SS_HD __host__ __device__ __forceinline__
+#define SS_DEV __device__ __forceinline__
+
+namespace ss::SS_CUDA_NS {
+
+// After a launch: on a GPU, throws with the launch's error (bad configuration,
+// too much shared memory); the emulator throws from the launch itself.
+void check_launch(const char* kernel);
+// Throws std::logic_error("<op>: <what>") when !ok (shape checks of launchers).
+inline void expect(bool ok, const char* op, const char* what) {
+  if (!ok) throw std::logic_error(std::string("cuda ") + op + ": " + what);
+}
+// Blocks for n items at `per` a block, at least 1.
+inline unsigned blocks_for(int64_t n, int64_t per) {
+  const int64_t b = (n + per - 1) / per;
+  return unsigned(b < 1 ? 1 : (b > 65535 * 1024 ? 65535 * 1024 : b));
+}
+
+SS_HD float bits_to_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+SS_HD uint32_t float_to_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+// bf16: the top half of an fp32; rounding to nearest even (NaN kept quiet),
+// bit for bit as core/dtype.h's f32_to_bf16.
+SS_HD float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+SS_HD uint16_t float_to_bf16(float f) {
+  uint32_t u = float_to_bits(f);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// fp16 (IEEE binary16), rounding to nearest even with subnormals and
+// overflow to infinity, NaN as 0x7e00 with its sign: as core/dtype.h's
+// f32_to_f16 and the F16C instructions the cpu backend uses.
+SS_HD float f16_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h >> 15) << 31;
+  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
+    const float v = float(mant) * 5.9604644775390625e-08f;
+    return bits_to_float(float_to_bits(v) | sign);
+  }
+  if (exp == 31) return bits_to_float(sign | 0x7f800000u | (mant << 13));
+  return bits_to_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+SS_HD uint16_t float_to_f16(float f) {
+  const uint32_t u = float_to_bits(f);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to infinity
+  if (a < 0x38800000u) {                                  // below 2^-14: subnormal grid 2^-24
+    // a * 2^24 rounded half to even: add the magic 0.5 * 2^24... via integer
+    // arithmetic on the mantissa with its implicit bit.
+    const uint32_t exp = a >> 23;
+    if (exp < 102) return sign;  // below 2^-25: rounds to zero
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // value = mant * 2^(exp-150); in units of 2^-24: mant >> (126 - exp)
+    uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return uint16_t(sign | q);
+  }
+  // Normal: keep 10 mantissa bits, round half to even; a carry into the
+  // exponent is the right result (up to infinity, excluded above).
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+  return uint16_t(sign | (((r >> 13) - (112u << 10)) & 0x7fffu));
+}
+
+// A value of any storage dtype, as fp32; and an fp32 rounded into one.
+SS_HD float load(const void* p, int64_t i, DType dt) {
+  switch (dt) {
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::I32: return float(static_cast<const int32_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+SS_HD void store(void* p, int64_t i, DType dt, float v) {
+  switch (dt) {
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
+    case DType::F16: static_cast<uint16_t*>(p)[i] = float_to_f16(v); break;
+    case DType::I32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+    default: static_cast<float*>(p)[i] = v;
+  }
+}
+SS_HD float at(const Mat& m, int64_t r, int64_t c) { return load(m.p, r * m.ld + c, m.dt); }
+SS_HD void put(const Mat& m, int64_t r, int64_t c, float v) { store(m.p, r * m.ld + c, m.dt, v); }
+
+SS_HD float silu(float v) { return v / (1.0f + expf(-v)); }
+SS_HD float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+SS_HD int imin(int a, int b) { return a < b ? a : b; }
+SS_HD int imax(int a, int b) { return a > b ? a : b; }
+SS_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+SS_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Reductions: every lane of the warp (every thread of the block) calls them.
+SS_DEV float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+SS_DEV float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// The block's sum, in every thread (blockDim.x a multiple of 32, 1-D
+// blocks); `red` is shared memory of 32 floats, free again on return.
+SS_DEV float block_sum(float v, float* red) {
+  const unsigned lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, warps = blockDim.x / 32u;
+  v = warp_sum(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? red[lane] : 0.0f;
+  t = warp_sum(t);
+  __syncthreads();
+  return t;
+}
+SS_DEV float block_max(float v, float* red) {
+  const unsigned lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, warps = blockDim.x / 32u;
+  v = warp_max(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? red[lane] : -INFINITY;
+  t = warp_max(t);
+  __syncthreads();
+  return t;
+}
+
+}  // namespace ss::SS_CUDA_NS

@@ -1,0 +1,276 @@
+// The emulator's scheduler: a block's threads as fibers on the launching
+// thread, switched only at barriers (emu.h says why).
+#include "cuda/emu/emu.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SS_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SS_EMU_ASAN 1
+#endif
+#endif
+#ifdef SS_EMU_ASAN
+extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
+extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+#endif
+
+thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+// The context switch: the callee-saved registers pushed on the current
+// stack, the stack pointer saved to *from and `to` loaded, the target's
+// registers popped (x86-64 System V). ucontext's swapcontext would also save
+// the signal mask, a system call at every switch.
+extern "C" void ss_emu_switch(void** from, void* to);
+asm(R"(
+  .text
+  .globl ss_emu_switch
+  .type ss_emu_switch,@function
+ss_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size ss_emu_switch, .-ss_emu_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+
+namespace ss::emu {
+namespace {
+
+constexpr size_t kStackBytes = 256 * 1024;  // reserved, committed as touched
+constexpr unsigned kMaxThreads = 1024;
+
+enum class State { Ready, AtBlockBarrier, AtWarpBarrier, Done };
+
+struct Fiber {
+  void* sp = nullptr;  // saved stack pointer while switched out
+  void* stack = nullptr;
+  dim3 tid;
+  State state = State::Ready;
+};
+
+// One block in flight on this host thread.
+struct Block {
+  std::vector<Fiber>* fibers = nullptr;
+  unsigned count = 0;
+  unsigned current = 0;
+  void* main_sp = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::vector<uint64_t> exchange;  // a slot per thread, for shuffles
+  std::vector<unsigned char> smem_bytes;
+  unsigned char* smem = nullptr;  // 128-byte aligned, as a GPU's shared memory window
+#ifdef SS_EMU_ASAN
+  const void* main_bottom = nullptr;
+  size_t main_size = 0;
+#endif
+};
+
+thread_local Block* tl_block = nullptr;
+thread_local std::vector<Fiber> tl_fibers;  // stacks reused across launches
+
+void switch_to_main(Fiber& f, bool exiting) {
+  Block& b = *tl_block;
+#ifdef SS_EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, b.main_bottom, b.main_size);
+  ss_emu_switch(&f.sp, b.main_sp);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)exiting;
+  ss_emu_switch(&f.sp, b.main_sp);
+#endif
+}
+
+void fiber_entry() {
+  Block& b = *tl_block;
+#ifdef SS_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &b.main_bottom, &b.main_size);
+#endif
+  Fiber& f = (*b.fibers)[b.current];
+  (*b.body)();
+  f.state = State::Done;
+  switch_to_main(f, true);
+}
+
+void resume(Block& b, unsigned i) {
+  Fiber& f = (*b.fibers)[i];
+  b.current = i;
+  threadIdx = f.tid;
+#ifdef SS_EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
+  ss_emu_switch(&b.main_sp, f.sp);
+  __sanitizer_finish_switch_fiber(fake, &b.main_bottom, &b.main_size);
+#else
+  ss_emu_switch(&b.main_sp, f.sp);
+#endif
+}
+
+std::string where() {
+  return "block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+         std::to_string(blockIdx.z) + ")";
+}
+
+// Opens the barriers every thread they wait for has reached. Returns whether
+// any thread can run again; throws for a barrier that can never open.
+bool open_barriers(Block& b) {
+  std::vector<Fiber>& fs = *b.fibers;
+  unsigned at_block = 0, done = 0;
+  for (unsigned i = 0; i < b.count; ++i) {
+    at_block += fs[i].state == State::AtBlockBarrier;
+    done += fs[i].state == State::Done;
+  }
+  bool opened = false;
+  if (at_block > 0 && at_block + done == b.count) {
+    if (done > 0)
+      throw std::runtime_error("emulated kernel: " + std::to_string(at_block) + " threads of " + where() +
+                               " wait at __syncthreads that " + std::to_string(done) +
+                               " threads left without reaching it");
+    for (unsigned i = 0; i < b.count; ++i) fs[i].state = State::Ready;
+    return true;
+  }
+  for (unsigned w0 = 0; w0 < b.count; w0 += 32) {
+    const unsigned w1 = std::min(b.count, w0 + 32);
+    unsigned waiting = 0, gone = 0;
+    for (unsigned i = w0; i < w1; ++i) {
+      waiting += fs[i].state == State::AtWarpBarrier;
+      gone += fs[i].state == State::Done;
+    }
+    if (waiting == 0 || waiting + gone < w1 - w0) continue;
+    if (gone > 0)
+      throw std::runtime_error("emulated kernel: lanes of warp " + std::to_string(w0 / 32) + " in " + where() +
+                               " wait at a warp barrier (__syncwarp or a shuffle) that " +
+                               std::to_string(gone) + " lanes left without reaching it");
+    for (unsigned i = w0; i < w1; ++i) fs[i].state = State::Ready;
+    opened = true;
+  }
+  return opened;
+}
+
+void run_block(Block& b, bool reverse) {
+  std::vector<Fiber>& fs = *b.fibers;
+  for (unsigned i = 0; i < b.count; ++i) {
+    // A fresh stack whose first switch "returns" into fiber_entry: six zero
+    // registers, the entry's address, then a zero return address for it, so
+    // that it starts with the stack aligned as after a call.
+    Fiber& f = fs[i];
+    f.state = State::Ready;
+    auto* top = reinterpret_cast<uintptr_t*>(static_cast<char*>(f.stack) + kStackBytes);
+    top[-1] = 0;
+    top[-2] = reinterpret_cast<uintptr_t>(&fiber_entry);
+    for (int r = 3; r <= 8; ++r) top[-r] = 0;
+    f.sp = top - 8;
+  }
+  for (;;) {
+    bool ran = false;
+    for (unsigned k = 0; k < b.count; ++k) {
+      const unsigned i = reverse ? b.count - 1 - k : k;
+      if (fs[i].state != State::Ready) continue;
+      resume(b, i);
+      ran = true;
+    }
+    bool all_done = true;
+    for (unsigned i = 0; i < b.count; ++i) all_done = all_done && fs[i].state == State::Done;
+    if (all_done) return;
+    if (!open_barriers(b) && !ran)
+      throw std::runtime_error("emulated kernel: the threads of " + where() +
+                               " wait at different barriers (a __syncthreads inside a warp barrier's divergence)");
+  }
+}
+
+bool reverse_order() {
+  static const bool reverse = [] {
+    const char* e = std::getenv("SHARDSCOPE_EMU_ORDER");
+    return e && std::string(e) == "reverse";
+  }();
+  return reverse;
+}
+
+}  // namespace
+
+void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+  const unsigned count = block.x * block.y * block.z;
+  if (count == 0 || count > kMaxThreads)
+    throw std::runtime_error("emulated launch: a block of " + std::to_string(count) + " threads (1 to 1024)");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // an empty grid is an error on a GPU; callers skip it
+  if (tl_block) throw std::runtime_error("emulated launch from inside a kernel");
+  while (tl_fibers.size() < count) {
+    Fiber f;
+    f.stack = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (f.stack == MAP_FAILED) throw std::runtime_error("emulated launch: no memory for a fiber stack");
+    tl_fibers.push_back(f);
+  }
+  Block b;
+  b.fibers = &tl_fibers;
+  b.count = count;
+  b.body = &body;
+  b.exchange.assign(count, 0);
+  unsigned i = 0;
+  for (unsigned z = 0; z < block.z; ++z)
+    for (unsigned y = 0; y < block.y; ++y)
+      for (unsigned x = 0; x < block.x; ++x) tl_fibers[i++].tid = dim3(x, y, z);
+  b.smem_bytes.assign(smem + 128, 0xff);
+  b.smem = b.smem_bytes.data() + (128 - reinterpret_cast<uintptr_t>(b.smem_bytes.data()) % 128) % 128;
+  gridDim = grid;
+  blockDim = block;
+  tl_block = &b;
+  struct Reset {
+    ~Reset() { tl_block = nullptr; }
+  } reset;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = dim3(bx, by, bz);
+        std::fill(b.smem, b.smem + smem, 0xff);
+        run_block(b, reverse_order());
+      }
+}
+
+void* dynamic_smem() { return tl_block ? tl_block->smem : nullptr; }
+
+void sync_block() {
+  Block& b = *tl_block;
+  Fiber& f = (*b.fibers)[b.current];
+  f.state = State::AtBlockBarrier;
+  switch_to_main(f, false);
+}
+
+void sync_warp() {
+  Block& b = *tl_block;
+  Fiber& f = (*b.fibers)[b.current];
+  f.state = State::AtWarpBarrier;
+  switch_to_main(f, false);
+}
+
+uint64_t warp_exchange(uint64_t value, int src) {
+  Block& b = *tl_block;
+  const unsigned me = b.current, base = me - me % 32;
+  b.exchange[me] = value;
+  sync_warp();
+  const unsigned from = base + unsigned(src);
+  const uint64_t got = from < b.count ? b.exchange[from] : value;
+  sync_warp();  // nobody overwrites a slot before every lane has read
+  return got;
+}
+
+}  // namespace ss::emu

@@ -1,0 +1,183 @@
+// CUDA's thread model on the host, so the cuda backend's kernels -- the very
+// source nvcc compiles -- also build with a C++ compiler and run on a CPU
+// (the cuda_emu library, which every CI run tests against the cpu backend).
+//
+// A launch runs the grid's blocks one after another. The threads of a block
+// are fibers on the calling thread: each runs until it reaches a
+// barrier (__syncthreads, __syncwarp, a shuffle), then the next one runs, and
+// a barrier opens when every thread it waits for has arrived. So a missing
+// __syncthreads shows as a wrong result (thread 0 runs a whole phase before
+// thread 1 starts it), a barrier some threads skip or leave early is an
+// error naming the block, and the order threads run in can be reversed
+// (SHARDSCOPE_EMU_ORDER=reverse) to shake out the other direction of a race.
+// Dynamic shared memory starts each block filled with 0xff (NaN as floats),
+// so a read before the write shows.
+//
+// What it cannot show: timing, occupancy, memory-model subtleties beyond
+// barriers, and anything nvcc does differently from the host compiler.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+// One copy per host thread, shared by the fibers (CUDA threads) of the block
+// running on it: blocks run one at a time.
+#define __shared__ static thread_local
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+inline constexpr int warpSize = 32;
+
+namespace ss::emu {
+
+// Runs body() as every thread of every block of the grid. Throws
+// std::runtime_error for a barrier not every thread of a block (or warp)
+// reaches, and for a block of more than 1024 threads.
+void launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body);
+void* dynamic_smem();
+void sync_block();
+void sync_warp();
+// All 32 lanes of the warp call it with a value; each gets the value of lane `src`.
+uint64_t warp_exchange(uint64_t value, int src);
+inline unsigned lane_id() {
+  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  return t % 32u;
+}
+
+template <class T>
+T exchange_as(T v, int src) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = warp_exchange(bits, src);
+  T out;
+  std::memcpy(&out, &bits, sizeof(T));
+  return out;
+}
+
+// `kernel<<<grid, block, smem, stream>>>(args...)` for the emulator:
+// SS_LAUNCH(kernel, grid, block, smem, stream)(args...).
+template <class F>
+struct Launcher {
+  F kernel;
+  dim3 grid, block;
+  size_t smem;
+  template <class... A>
+  void operator()(A&&... args) const {
+    launch(grid, block, smem, [&] { kernel(args...); });
+  }
+};
+template <class F>
+Launcher<F> make_launcher(F kernel, dim3 grid, dim3 block, size_t smem) {
+  return {kernel, grid, block, smem};
+}
+
+}  // namespace ss::emu
+
+inline void __syncthreads() { ss::emu::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ss::emu::sync_warp(); }
+
+template <class T>
+T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  const int lane = int(ss::emu::lane_id());
+  return ss::emu::exchange_as(v, (lane / width) * width + (src % width));
+}
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+  const int lane = int(ss::emu::lane_id());
+  const int seg = (lane / width) * width;
+  return ss::emu::exchange_as(v, seg + ((lane - seg) ^ mask) % width);
+}
+template <class T>
+T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = int(ss::emu::lane_id());
+  const int seg = (lane / width) * width;
+  const int src = lane - seg + int(delta) < width ? lane + int(delta) : lane;
+  return ss::emu::exchange_as(v, src);
+}
+template <class T>
+T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = int(ss::emu::lane_id());
+  const int seg = (lane / width) * width;
+  const int src = lane - int(delta) >= seg ? lane - int(delta) : lane;
+  return ss::emu::exchange_as(v, src);
+}
+
+// Atomics: fibers of a block never interleave inside one, and blocks run in turn.
+inline float atomicAdd(float* p, float v) {
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
+inline double atomicAdd(double* p, double v) {
+  const double old = *p;
+  *p = old + v;
+  return old;
+}
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+inline int atomicMax(int* p, int v) {
+  const int old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+
+// Device math: the classification functions CUDA has at global scope, and
+// what the host library lacks.
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+using std::signbit;
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+
+// A kernel with template arguments is named through a pointer first (the
+// macro's arguments cannot hold their commas).
+#define SS_LAUNCH(kernel, grid, block, smem, stream) \
+  (static_cast<void>(stream), ::ss::emu::make_launcher(kernel, dim3(grid), dim3(block), size_t(smem)))

@@ -1,0 +1,574 @@
+#include "cuda/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "cuda/kernels.h"
+#include "cuda/runtime.h"
+
+namespace ss::SS_CUDA_NS {
+namespace {
+
+// NCCL's entry points, from libnccl.so.2, loaded on first use.
+struct NcclApi {
+  void* lib = nullptr;
+  std::string error;
+  ncclResult_t (*get_unique_id)(ncclUniqueId*) = nullptr;
+  ncclResult_t (*init_rank_config)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;
+  ncclResult_t (*split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;
+  ncclResult_t (*async_error)(ncclComm_t, ncclResult_t*) = nullptr;
+  ncclResult_t (*abort)(ncclComm_t) = nullptr;
+  ncclResult_t (*finalize)(ncclComm_t) = nullptr;
+  ncclResult_t (*destroy)(ncclComm_t) = nullptr;
+  ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                             cudaStream_t) = nullptr;
+  ncclResult_t (*all_gather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*reduce_scatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                 cudaStream_t) = nullptr;
+  ncclResult_t (*broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*group_start)() = nullptr;
+  ncclResult_t (*group_end)() = nullptr;
+  const char* (*error_string)(ncclResult_t) = nullptr;
+  const char* (*last_error)(ncclComm_t) = nullptr;
+  ncclResult_t (*get_version)(int*) = nullptr;
+};
+
+const NcclApi& nccl() {
+  static NcclApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    api.lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!api.lib) {
+      api.error = std::string("libnccl.so.2 not found (") + dlerror() + ")";
+      return;
+    }
+    auto sym = [](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(api.lib, name));
+      if (!fn && api.error.empty()) api.error = std::string("NCCL lacks ") + name;
+    };
+    sym(api.get_unique_id, "ncclGetUniqueId");
+    sym(api.init_rank_config, "ncclCommInitRankConfig");
+    sym(api.split, "ncclCommSplit");
+    sym(api.async_error, "ncclCommGetAsyncError");
+    sym(api.abort, "ncclCommAbort");
+    sym(api.finalize, "ncclCommFinalize");
+    sym(api.destroy, "ncclCommDestroy");
+    sym(api.all_reduce, "ncclAllReduce");
+    sym(api.all_gather, "ncclAllGather");
+    sym(api.reduce_scatter, "ncclReduceScatter");
+    sym(api.broadcast, "ncclBroadcast");
+    sym(api.send, "ncclSend");
+    sym(api.recv, "ncclRecv");
+    sym(api.group_start, "ncclGroupStart");
+    sym(api.group_end, "ncclGroupEnd");
+    sym(api.error_string, "ncclGetErrorString");
+    sym(api.last_error, "ncclGetLastError");
+    sym(api.get_version, "ncclGetVersion");
+  });
+  return api;
+}
+
+const NcclApi& require_nccl() {
+  const NcclApi& api = nccl();
+  if (!api.error.empty()) throw std::runtime_error("nccl: " + api.error);
+  return api;
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+    default: return ncclFloat32;
+  }
+}
+
+cudaStream_t st(Stream s) { return static_cast<cudaStream_t>(s); }
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const char* pa = static_cast<const char*>(a.raw());
+  const char* pb = static_cast<const char*>(b.raw());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+}  // namespace
+
+std::string nccl_unavailable_reason() { return nccl().error; }
+
+std::string nccl_version() {
+  const NcclApi& api = nccl();
+  int v = 0;
+  if (!api.error.empty() || api.get_version(&v) != ncclSuccess) return "";
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+// ------------------------------------------------------------------ state
+
+// One NCCL communicator and what watches it. The watchdog polls NCCL's
+// asynchronous error and the oldest outstanding operation; either failing
+// aborts the communicator, and every later call throws the reason.
+struct NcclCommunicator::State {
+  ncclComm_t comm = nullptr;
+  std::string name;
+  int device = 0;
+  double timeout_s = 0;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  struct Outstanding {
+    Event done;
+    std::chrono::steady_clock::time_point issued;
+    const char* op;
+  };
+  std::deque<Outstanding> outstanding;
+  std::vector<Event> free_events;
+  std::string failure;  // set once, by the watchdog or a failed call
+  bool stop = false;
+  std::thread watchdog;
+
+  ~State() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    cv.notify_all();
+    if (watchdog.joinable()) watchdog.join();
+    const NcclApi& api = nccl();
+    if (comm) {
+      if (failure.empty() && api.finalize(comm) == ncclSuccess) {
+        ncclResult_t state = ncclInProgress;
+        while (state == ncclInProgress && api.async_error(comm, &state) == ncclSuccess) std::this_thread::yield();
+        api.destroy(comm);
+      } else {
+        api.abort(comm);
+      }
+    }
+    for (Event e : free_events) destroy_event(e);
+    for (auto& o : outstanding) destroy_event(o.done);
+  }
+
+  void throw_if_failed() {
+    std::lock_guard lock(mutex);
+    if (!failure.empty()) throw std::runtime_error(failure);
+  }
+  void fail(const std::string& why) {
+    {
+      std::lock_guard lock(mutex);
+      if (!failure.empty()) return;
+      failure = why;
+    }
+    if (comm) nccl().abort(comm);
+  }
+  // After an NCCL call on a non-blocking communicator: wait until it is
+  // enqueued (or has failed), then throw its error.
+  void check(ncclResult_t rc, const char* call) {
+    const NcclApi& api = nccl();
+    const auto start = std::chrono::steady_clock::now();
+    while (rc == ncclInProgress) {
+      if (api.async_error(comm, &rc) != ncclSuccess) break;
+      if (timeout_s > 0 && std::chrono::steady_clock::now() - start > std::chrono::duration<double>(timeout_s)) {
+        fail("nccl: " + std::string(call) + " on " + name + " did not return in " + std::to_string(int(timeout_s)) +
+             " s; the communicator was aborted");
+        break;
+      }
+      std::this_thread::yield();
+    }
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      const char* detail = api.last_error ? api.last_error(comm) : "";
+      fail("nccl: " + std::string(call) + " on " + name + " failed: " + api.error_string(rc) +
+           (detail && *detail ? std::string(" (") + detail + ")" : ""));
+    }
+    throw_if_failed();
+  }
+
+  Event take_event() {
+    std::lock_guard lock(mutex);
+    if (free_events.empty()) return create_event();
+    Event e = free_events.back();
+    free_events.pop_back();
+    return e;
+  }
+  void give_event(Event e) {
+    std::lock_guard lock(mutex);
+    free_events.push_back(e);
+  }
+  void track(Event done, const char* op) {
+    std::lock_guard lock(mutex);
+    outstanding.push_back({done, std::chrono::steady_clock::now(), op});
+  }
+
+  void start_watchdog() {
+    watchdog = std::thread([this] {
+      cudaSetDevice(device);
+      const NcclApi& api = nccl();
+      std::unique_lock lock(mutex);
+      while (!stop) {
+        cv.wait_for(lock, std::chrono::milliseconds(200));
+        if (stop || !failure.empty()) continue;
+        while (!outstanding.empty() && event_done(outstanding.front().done)) {
+          free_events.push_back(outstanding.front().done);
+          outstanding.pop_front();
+        }
+        std::string why;
+        ncclResult_t err = ncclSuccess;
+        if (api.async_error(comm, &err) == ncclSuccess && err != ncclSuccess && err != ncclInProgress) {
+          const char* detail = api.last_error ? api.last_error(comm) : "";
+          why = "nccl: " + name + " failed: " + api.error_string(err) +
+                (detail && *detail ? std::string(" (") + detail + ")" : "") + " (a peer is gone or failed)";
+        } else if (timeout_s > 0 && !outstanding.empty() &&
+                   std::chrono::steady_clock::now() - outstanding.front().issued >
+                       std::chrono::duration<double>(timeout_s)) {
+          why = "nccl: " + std::string(outstanding.front().op) + " on " + name + " did not complete in " +
+                std::to_string(int(timeout_s)) + " s (a peer is gone or hung); the communicator was aborted";
+        }
+        if (why.empty()) continue;
+        failure = why;
+        lock.unlock();
+        api.abort(comm);
+        lock.lock();
+      }
+    });
+  }
+};
+
+// The compute stream's side of an operation: waiting joins the streams.
+namespace {
+struct NcclRequest final : CommRequest {
+  std::shared_ptr<NcclCommunicator::State> state;  // outlives the request's event
+  Event done_event = nullptr;
+  Stream compute = nullptr;
+  std::vector<Tensor> keep;
+  bool joined = false;
+
+  void wait() override {
+    if (!joined) {
+      wait_event(compute, done_event);
+      joined = true;
+    }
+    keep.clear();  // freed in the compute stream's order, after the transfer
+    state->throw_if_failed();
+  }
+  bool done() override { return event_done(done_event); }
+  ~NcclRequest() override {
+    try {
+      if (!joined) wait_event(compute, done_event);  // what `keep` frees comes after the transfer
+    } catch (...) {
+      // A destructor cannot report; the failure is the communicator's to throw.
+    }
+    keep.clear();
+    state->give_event(done_event);  // the waits queued on it keep the state they saw
+  }
+};
+}  // namespace
+
+// ----------------------------------------------------------- communicator
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> host, std::shared_ptr<DeviceContext> ctx,
+                                   Recorder& rec, double timeout_s)
+    : m_host(std::move(host)), m_ctx(std::move(ctx)), m_rec(rec), m_state(std::make_shared<State>()) {
+  const NcclApi& api = require_nccl();
+  set_device(m_ctx->device);
+  // Rank 0's unique id reaches every rank over MPI.
+  ncclUniqueId id{};
+  if (m_host->rank() == 0 && api.get_unique_id(&id) != ncclSuccess)
+    throw std::runtime_error("nccl: ncclGetUniqueId failed on " + m_host->name());
+  m_host->stream()
+      .enqueue([&] {
+        check_mpi(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, m_host->handle()), "MPI_Bcast", m_host->name());
+      })
+      ->wait();
+  State& s = *m_state;
+  s.name = m_host->name();
+  s.device = m_ctx->device;
+  s.timeout_s = timeout_s;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // calls return at once; the watchdog can abort a hung one
+  s.check(api.init_rank_config(&s.comm, m_host->size(), id, m_host->rank(), &config), "ncclCommInitRankConfig");
+  s.start_watchdog();
+}
+
+NcclCommunicator::NcclCommunicator(Adopt, std::unique_ptr<MpiCommunicator> host, std::shared_ptr<DeviceContext> ctx,
+                                   Recorder& rec, std::shared_ptr<State> state)
+    : m_host(std::move(host)), m_ctx(std::move(ctx)), m_rec(rec), m_state(std::move(state)) {
+  m_state->start_watchdog();
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  try {
+    sync_stream(m_ctx->comm);  // nothing of this communicator is still queued when it goes
+  } catch (...) {
+    // A destructor cannot report; an aborted communicator left the stream in error.
+  }
+}
+
+std::vector<int> NcclCommunicator::others() const {
+  std::vector<int> out;
+  for (int r = 0; r < size(); ++r)
+    if (r != rank()) out.push_back(members()[size_t(r)]);
+  return out;
+}
+
+void NcclCommunicator::check_tensor(const Tensor& t, const char* op, const char* what) const {
+  const std::string where = std::string(op) + " on " + name() + ": " + what;
+  if (!t.defined()) throw std::logic_error(where + " is undefined");
+  if (!t.is_contiguous()) throw std::logic_error(where + " must be contiguous, got a strided view " + t.shape_str());
+  if (t.numel() > 0 && !t.has_data()) throw std::logic_error(where + " has no data (a meta tensor)");
+}
+
+void NcclCommunicator::check_peer(int peer, const char* op, const char* what) const {
+  if (peer < 0 || peer >= size())
+    throw std::logic_error(std::string(op) + " on " + name() + ": " + what + " " + std::to_string(peer) +
+                           " is not a rank of a group of " + std::to_string(size()));
+}
+
+Request NcclCommunicator::issue(const char* op, double payload_bytes, std::vector<int64_t> dims,
+                                std::vector<int> peers, std::vector<Tensor> keep, const std::function<void()>& call) {
+  State& s = *m_state;
+  s.throw_if_failed();
+  // The transfer starts after the compute stream's work so far (its inputs).
+  const Event ready = s.take_event();
+  record_event(ready, m_ctx->compute);
+  wait_event(m_ctx->comm, ready);
+  s.give_event(ready);  // a stream's wait keeps the state it saw; the event may be recorded again
+  SpanQueue& spans = *m_ctx->spans;
+  const bool timed = m_rec.span_recording();
+  SpanQueue::Pending p;
+  if (timed) p.start = spans.mark(m_ctx->comm);
+  call();
+  if (timed) {
+    p.end = spans.mark(m_ctx->comm);
+    p.tag = m_rec.tag();
+    p.stream = StreamKind::Comm;
+    p.op = op;
+    p.bytes = wire_bytes(op, payload_bytes, size());
+    p.dims = std::move(dims);
+    p.peers = std::move(peers);
+    spans.push(std::move(p));
+  }
+  auto req = std::make_shared<NcclRequest>();
+  req->state = m_state;
+  req->compute = m_ctx->compute;
+  req->keep = std::move(keep);
+  req->done_event = s.take_event();
+  record_event(req->done_event, m_ctx->comm);
+  // The watchdog times the operation; the request keeps its own event.
+  const Event watched = s.take_event();
+  record_event(watched, m_ctx->comm);
+  s.track(watched, op);
+  return req;
+}
+
+void NcclCommunicator::reduce_16bit(void* data, int64_t n, DType dt, void* out_block, bool gather_back) {
+  const NcclApi& api = nccl();
+  State& s = *m_state;
+  const int D = size(), me = rank();
+  std::vector<int64_t> first(size_t(D) + 1);
+  for (int r = 0; r <= D; ++r) first[size_t(r)] = n * r / D;
+  const int64_t mine = first[size_t(me) + 1] - first[size_t(me)];
+  // Staging for every rank's copy of this rank's block (the communicator's own, as NCCL's buffers are).
+  void* staging = malloc_device(2 * mine * D, m_ctx->comm);
+  if (!staging && mine > 0) throw std::runtime_error("nccl: no device memory to stage a 16-bit reduction");
+  char* base = static_cast<char*>(data);
+  s.check(api.group_start(), "ncclGroupStart");
+  for (int r = 0; r < D; ++r) {
+    const int64_t count = first[size_t(r) + 1] - first[size_t(r)];
+    api.send(base + 2 * first[size_t(r)], size_t(2 * count), ncclUint8, r, s.comm, st(m_ctx->comm));
+    api.recv(static_cast<char*>(staging) + 2 * mine * r, size_t(2 * mine), ncclUint8, r, s.comm, st(m_ctx->comm));
+  }
+  s.check(api.group_end(), "ncclGroupEnd (16-bit reduce)");
+  void* dst = gather_back ? base + 2 * first[size_t(me)] : out_block;
+  sum_rows(dst, staging, D, mine, dt, m_ctx->comm);
+  free_device(staging, m_ctx->comm);
+  if (!gather_back) return;
+  s.check(api.group_start(), "ncclGroupStart");
+  for (int r = 0; r < D; ++r) {
+    if (r == me) continue;
+    api.send(dst, size_t(2 * mine), ncclUint8, r, s.comm, st(m_ctx->comm));
+    const int64_t count = first[size_t(r) + 1] - first[size_t(r)];
+    api.recv(base + 2 * first[size_t(r)], size_t(2 * count), ncclUint8, r, s.comm, st(m_ctx->comm));
+  }
+  s.check(api.group_end(), "ncclGroupEnd (16-bit gather)");
+}
+
+Request NcclCommunicator::iall_reduce(const Tensor& buf) {
+  check_tensor(buf, "all_reduce", "buf");
+  const DType dt = buf.dtype();
+  return issue("all_reduce", double(buf.nbytes()), {buf.numel()}, others(), {buf}, [this, buf, dt] {
+    if (dt == DType::F32 || dt == DType::I32) {
+      State& s = *m_state;
+      s.check(nccl().all_reduce(buf.raw(), buf.raw(), size_t(buf.numel()), nccl_type(dt), ncclSum, s.comm,
+                                st(m_ctx->comm)),
+              "ncclAllReduce");
+    } else {
+      reduce_16bit(buf.raw(), buf.numel(), dt, nullptr, true);
+    }
+  });
+}
+
+void NcclCommunicator::all_reduce(const Tensor& buf) { iall_reduce(buf)->wait(); }
+
+void NcclCommunicator::reduce_scatter(const Tensor& out, const Tensor& in) {
+  check_tensor(out, "reduce_scatter", "out");
+  check_tensor(in, "reduce_scatter", "in");
+  if (in.numel() != int64_t(size()) * out.numel())
+    throw std::logic_error("reduce_scatter on " + name() + ": in has " + std::to_string(in.numel()) +
+                           " elements, expected size() * out = " + std::to_string(size()) + " * " +
+                           std::to_string(out.numel()));
+  if (overlaps(out, in)) throw std::logic_error("reduce_scatter on " + name() + ": out and in overlap");
+  if (in.dtype() != out.dtype()) throw std::logic_error("reduce_scatter on " + name() + ": in and out dtypes differ");
+  const DType dt = in.dtype();
+  issue("reduce_scatter", double(in.nbytes()), {in.numel()}, others(), {out, in}, [this, out, in, dt] {
+    if (dt == DType::F32 || dt == DType::I32) {
+      State& s = *m_state;
+      s.check(nccl().reduce_scatter(in.raw(), out.raw(), size_t(out.numel()), nccl_type(dt), ncclSum, s.comm,
+                                    st(m_ctx->comm)),
+              "ncclReduceScatter");
+    } else {
+      reduce_16bit(in.raw(), in.numel(), dt, out.raw(), false);
+    }
+  })->wait();
+}
+
+Request NcclCommunicator::iall_gather(const Tensor& out, const Tensor& in) {
+  check_tensor(out, "all_gather", "out");
+  check_tensor(in, "all_gather", "in");
+  const int64_t n = in.numel();
+  if (out.numel() != int64_t(size()) * n)
+    throw std::logic_error("all_gather on " + name() + ": out has " + std::to_string(out.numel()) +
+                           " elements, expected size() * in = " + std::to_string(size()) + " * " + std::to_string(n));
+  if (in.dtype() != out.dtype()) throw std::logic_error("all_gather on " + name() + ": in and out dtypes differ");
+  const bool in_place = n > 0 && static_cast<char*>(in.raw()) == static_cast<char*>(out.raw()) + rank() * in.nbytes();
+  if (!in_place && overlaps(out, in))
+    throw std::logic_error("all_gather on " + name() + ": in overlaps out other than as this rank's block");
+  return issue("all_gather", double(out.nbytes()), {out.numel()}, others(), {out, in}, [this, out, in] {
+    State& s = *m_state;
+    s.check(nccl().all_gather(in.raw(), out.raw(), size_t(in.nbytes()), ncclUint8, s.comm, st(m_ctx->comm)),
+            "ncclAllGather");
+  });
+}
+
+void NcclCommunicator::all_gather(const Tensor& out, const Tensor& in) { iall_gather(out, in)->wait(); }
+
+void NcclCommunicator::all_to_all(const Tensor& out, const Tensor& in) {
+  check_tensor(out, "all_to_all", "out");
+  check_tensor(in, "all_to_all", "in");
+  if (in.numel() != out.numel() || in.numel() % size() != 0)
+    throw std::logic_error("all_to_all on " + name() + ": in and out need the same number of elements, a multiple of "
+                           "size() = " + std::to_string(size()));
+  if (overlaps(out, in)) throw std::logic_error("all_to_all on " + name() + ": out and in overlap");
+  if (in.dtype() != out.dtype()) throw std::logic_error("all_to_all on " + name() + ": in and out dtypes differ");
+  const int64_t block = in.nbytes() / size();
+  issue("all_to_all", double(in.nbytes()), {in.numel()}, others(), {out, in}, [this, out, in, block] {
+    const NcclApi& api = nccl();
+    State& s = *m_state;
+    s.check(api.group_start(), "ncclGroupStart");
+    for (int r = 0; r < size(); ++r) {
+      api.send(static_cast<char*>(in.raw()) + block * r, size_t(block), ncclUint8, r, s.comm, st(m_ctx->comm));
+      api.recv(static_cast<char*>(out.raw()) + block * r, size_t(block), ncclUint8, r, s.comm, st(m_ctx->comm));
+    }
+    s.check(api.group_end(), "ncclGroupEnd (all_to_all)");
+  })->wait();
+}
+
+Request NcclCommunicator::ibroadcast(const Tensor& buf, int root) {
+  check_tensor(buf, "broadcast", "buf");
+  check_peer(root, "broadcast", "root");
+  return issue("broadcast", double(buf.nbytes()), {buf.numel()}, others(), {buf}, [this, buf, root] {
+    State& s = *m_state;
+    s.check(nccl().broadcast(buf.raw(), buf.raw(), size_t(buf.nbytes()), ncclUint8, root, s.comm, st(m_ctx->comm)),
+            "ncclBroadcast");
+  });
+}
+
+void NcclCommunicator::broadcast(const Tensor& buf, int root) { ibroadcast(buf, root)->wait(); }
+
+Request NcclCommunicator::isendrecv(const Tensor& send_t, int dst, const Tensor& recv_t, int src) {
+  check_tensor(send_t, "sendrecv", "send");
+  check_tensor(recv_t, "sendrecv", "recv");
+  check_peer(dst, "sendrecv", "dst");
+  check_peer(src, "sendrecv", "src");
+  if (overlaps(send_t, recv_t)) throw std::logic_error("sendrecv on " + name() + ": send and recv overlap");
+  if (send_t.dtype() != recv_t.dtype())
+    throw std::logic_error("sendrecv on " + name() + ": send and recv dtypes differ");
+  return issue("sendrecv", double(send_t.nbytes()), {send_t.numel()},
+               {members()[size_t(dst)], members()[size_t(src)]}, {send_t, recv_t}, [this, send_t, dst, recv_t, src] {
+                 const NcclApi& api = nccl();
+                 State& s = *m_state;
+                 s.check(api.group_start(), "ncclGroupStart");
+                 api.send(send_t.raw(), size_t(send_t.nbytes()), ncclUint8, dst, s.comm, st(m_ctx->comm));
+                 api.recv(recv_t.raw(), size_t(recv_t.nbytes()), ncclUint8, src, s.comm, st(m_ctx->comm));
+                 s.check(api.group_end(), "ncclGroupEnd (sendrecv)");
+               });
+}
+
+void NcclCommunicator::sendrecv(const Tensor& send_t, int dst, const Tensor& recv_t, int src) {
+  isendrecv(send_t, dst, recv_t, src)->wait();
+}
+
+void NcclCommunicator::send(const Tensor& buf, int dst) {
+  check_tensor(buf, "send", "buf");
+  check_peer(dst, "send", "dst");
+  issue("send", double(buf.nbytes()), {buf.numel()}, {members()[size_t(dst)]}, {buf}, [this, buf, dst] {
+    State& s = *m_state;
+    s.check(nccl().send(buf.raw(), size_t(buf.nbytes()), ncclUint8, dst, s.comm, st(m_ctx->comm)), "ncclSend");
+  })->wait();
+}
+
+void NcclCommunicator::recv(const Tensor& buf, int src) {
+  check_tensor(buf, "recv", "buf");
+  check_peer(src, "recv", "src");
+  // A receive puts nothing on the wire: its bytes are the sender's.
+  issue("recv", 0, {buf.numel()}, {members()[size_t(src)]}, {buf}, [this, buf, src] {
+    State& s = *m_state;
+    s.check(nccl().recv(buf.raw(), size_t(buf.nbytes()), ncclUint8, src, s.comm, st(m_ctx->comm)), "ncclRecv");
+  })->wait();
+}
+
+// Every rank's queued work done, then the host barrier.
+void NcclCommunicator::barrier() {
+  m_state->throw_if_failed();
+  sync_stream(m_ctx->comm);
+  sync_stream(m_ctx->compute);
+  m_state->throw_if_failed();
+  m_host->barrier();
+}
+
+std::vector<std::string> NcclCommunicator::gather_blobs(const std::string& blob, int root) {
+  return m_host->gather_blobs(blob, root);
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& child) {
+  m_state->throw_if_failed();
+  // Both are collective over this group, in the same order on every rank.
+  std::unique_ptr<Communicator> host_child = m_host->split(color, key, child);
+  auto* mpi_child = dynamic_cast<MpiCommunicator*>(host_child.get());
+  if (!mpi_child) throw std::logic_error("nccl: the host communicator did not split into an MPI one");
+  host_child.release();
+  std::unique_ptr<MpiCommunicator> host(mpi_child);
+  auto state = std::make_shared<State>();
+  state->name = child;
+  state->device = m_ctx->device;
+  state->timeout_s = m_state->timeout_s;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t rc = nccl().split(m_state->comm, color, key, &state->comm, &config);
+  if (rc != ncclSuccess && rc != ncclInProgress) m_state->check(rc, "ncclCommSplit");
+  state->check(rc, "ncclCommSplit");  // polls the child until it is ready
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(Adopt{}, std::move(host), m_ctx, m_rec, std::move(state)));
+}
+
+}  // namespace ss::SS_CUDA_NS

@@ -1,0 +1,94 @@
+// RMSNorm and Mamba2's gated RMSNorm (also in its two-step form for groups
+// that span ranks). Statistics in fp32 whatever the dtype.
+#include "cuda/common.cuh"
+
+namespace ss::SS_CUDA_NS {
+namespace {
+
+constexpr int kThreads = 256;
+
+// The value normalised: x, or x * silu(z) for the gated form.
+SS_DEV float normed_input(const Mat& x, const Mat& z, int64_t r, int64_t c) {
+  const float v = at(x, r, c);
+  return z.p ? v * silu(at(z, r, c)) : v;
+}
+
+// A block per (row, group of columns), looping when there are more of them
+// than blocks: the group's sum of squares, then y = v / sqrt(mean + eps) * w.
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Mat y, Mat x, Mat z, Mat w, float eps, int64_t group) {
+  __shared__ float red[32];
+  const int64_t groups = x.cols / group;
+  for (int64_t item = blockIdx.x; item < x.rows * groups; item += gridDim.x) {
+    const int64_t r = item / groups, c0 = (item % groups) * group;
+    float ss = 0;
+    for (int64_t c = c0 + threadIdx.x; c < c0 + group; c += blockDim.x) {
+      const float v = normed_input(x, z, r, c);
+      ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / float(group) + eps);
+    for (int64_t c = c0 + threadIdx.x; c < c0 + group; c += blockDim.x)
+      put(y, r, c, normed_input(x, z, r, c) * inv * (w.p ? at(w, 0, c) : 1.0f));
+  }
+}
+
+// A block per row: its sums of squares of x * silu(z) per local group into
+// ss[r, slot0 + g]; the row's other slots are zeroed.
+__global__ void __launch_bounds__(kThreads) gated_sumsq_kernel(float* ss, int64_t slots, Mat x, Mat z,
+                                                               int64_t local_group, int64_t slot0) {
+  __shared__ float red[32];
+  const int64_t groups = x.cols / local_group;
+  for (int64_t r = blockIdx.x; r < x.rows; r += gridDim.x) {
+    float* out = ss + r * slots;
+    for (int64_t s = threadIdx.x; s < slots; s += blockDim.x)
+      if (s < slot0 || s >= slot0 + groups) out[s] = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      float sum = 0;
+      for (int64_t c = g * local_group + threadIdx.x; c < (g + 1) * local_group; c += blockDim.x) {
+        const float v = normed_input(x, z, r, c);
+        sum += v * v;
+      }
+      sum = block_sum(sum, red);
+      if (threadIdx.x == 0) out[slot0 + g] = sum;
+    }
+  }
+}
+
+__global__ void gated_apply_kernel(Mat y, Mat x, Mat z, Mat w, const float* ss, int64_t slots, float eps,
+                                   int64_t local_group, int64_t total_group, int64_t slot0) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < x.rows * x.cols;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / x.cols, c = i % x.cols;
+    const float inv = 1.0f / sqrtf(ss[r * slots + slot0 + c / local_group] / float(total_group) + eps);
+    put(y, r, c, normed_input(x, z, r, c) * inv * at(w, 0, c));
+  }
+}
+
+}  // namespace
+
+void rmsnorm(const Mat& y, const Mat& x, const Mat& z, const Mat& w, float eps, int64_t group, Stream s) {
+  expect(group > 0 && x.cols % group == 0, "rmsnorm", "the group does not divide the columns");
+  const int64_t items = x.rows * (x.cols / group);
+  if (items == 0) return;
+  SS_LAUNCH(rmsnorm_kernel, blocks_for(items, 1), kThreads, 0, s)(y, x, z, w, eps, group);
+  check_launch("rmsnorm");
+}
+
+void gated_norm_sumsq(float* ss, int64_t slots, const Mat& x, const Mat& z, int64_t local_group, int64_t slot0,
+                      Stream s) {
+  expect(local_group > 0 && x.cols % local_group == 0 && slot0 + x.cols / local_group <= slots, "gated_norm_sumsq",
+         "groups do not fit the slots");
+  if (x.rows == 0) return;
+  SS_LAUNCH(gated_sumsq_kernel, blocks_for(x.rows, 1), kThreads, 0, s)(ss, slots, x, z, local_group, slot0);
+  check_launch("gated_norm_sumsq");
+}
+
+void gated_rmsnorm_apply(const Mat& y, const Mat& x, const Mat& z, const Mat& w, const float* ss, int64_t slots,
+                         float eps, int64_t local_group, int64_t total_group, int64_t slot0, Stream s) {
+  if (x.rows * x.cols == 0) return;
+  SS_LAUNCH(gated_apply_kernel, blocks_for(x.rows * x.cols, kThreads), kThreads, 0, s)(
+      y, x, z, w, ss, slots, eps, local_group, total_group, slot0);
+  check_launch("gated_rmsnorm_apply");
+}
+
+}  // namespace ss::SS_CUDA_NS

@@ -1,0 +1,112 @@
+// A rank of a cuda run: one process per GPU (the local rank's), MPI for the
+// host side (start-up, telemetry), NCCL between the GPUs (engine/cuda).
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "runtime/rank.h"
+
+#ifdef SHARDSCOPE_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#include "cuda/nccl_communicator.h"
+#include "cuda/runtime.h"
+#endif
+
+namespace ss {
+
+#ifndef SHARDSCOPE_HAVE_CUDA
+
+RankSetup cuda_rank_setup(int) {
+  throw UsageError("--backend cuda: this engine was built without CUDA (nvcc and the NCCL header were not found when "
+                   "it was configured); use --backend cpu, or simulate the GPU with `shardscope-engine simulate`");
+}
+
+void describe_cuda(std::ostream& out) {
+  out << "  cuda  not available: this engine was built without CUDA (no nvcc or NCCL header at configure time)\n";
+}
+
+#else
+
+namespace {
+
+// This process's rank among those on its host, from the launcher's environment.
+int local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 0;
+}
+int local_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* v = std::getenv(name)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
+// Seconds an NCCL operation may stay outstanding before the run is ended
+// (a peer that stopped answering); SHARDSCOPE_NCCL_TIMEOUT overrides.
+double nccl_timeout_s() {
+  if (const char* v = std::getenv("SHARDSCOPE_NCCL_TIMEOUT")) return std::atof(v);
+  return 120.0;
+}
+
+}  // namespace
+
+RankSetup cuda_rank_setup(int devices) {
+  const std::string why = cuda::unavailable_reason();
+  if (!why.empty())
+    throw UsageError("--backend cuda: " + why + " (`shardscope-engine info` says what was found); use --backend cpu, "
+                     "or simulate the GPU with `shardscope-engine simulate`");
+  const int gpus = cuda::device_count();
+  // Local ranks take the host's GPUs in turn; several share one where there are more ranks than GPUs.
+  const int device = local_rank() % gpus;
+  const int sharing = (local_size() + gpus - 1 - device) / gpus;
+  auto ctx = std::make_shared<std::shared_ptr<cuda::DeviceContext>>();
+  RankSetup setup;
+  setup.backend = "cuda";
+  // The device's free memory (its share when ranks share it), less room for
+  // what the allocator does not see: the CUDA context, cuBLAS's workspace,
+  // NCCL's buffers and the kernels' scratch.
+  const cuda::DeviceProps props = cuda::device_props(device);
+  const int64_t reserve = std::max<int64_t>(int64_t(768) << 20, props.total_bytes / 20);
+  setup.default_capacity = std::max<int64_t>(0, props.free_bytes / sharing - reserve);
+  setup.config = {{"gpu", {{"name", props.name},
+                           {"device", device},
+                           {"memory_bytes", props.total_bytes},
+                           {"compute_capability", std::to_string(props.cc_major) + "." + std::to_string(props.cc_minor)},
+                           {"runtime", cuda::runtime_version()}}}};
+  setup.abort = [](int code) { MPI_Abort(MPI_COMM_WORLD, code); };
+  setup.connect = [devices, device, ctx](Group& g, Recorder& rec) {
+    connect_mpi(g, rec, devices);
+    *ctx = std::make_shared<cuda::DeviceContext>(device, rec);
+    auto host = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
+    g.device_world = std::make_unique<cuda::NcclCommunicator>(std::move(host), *ctx, rec, nccl_timeout_s());
+    g.world = g.device_world.get();
+  };
+  setup.make_backend = [device, ctx](Allocator& a, Recorder& r) -> std::unique_ptr<Backend> {
+    if (!*ctx) *ctx = std::make_shared<cuda::DeviceContext>(device, r);  // one device: no group
+    return std::make_unique<cuda::CudaBackend>(a, r, *ctx);
+  };
+  return setup;
+}
+
+void describe_cuda(std::ostream& out) {
+  const std::string why = cuda::unavailable_reason();
+  if (!why.empty()) {
+    out << "  cuda  not available: " << why << " (built for sm_80 and sm_90; " << cuda::runtime_version() << ")\n";
+    return;
+  }
+  const std::string nccl = cuda::nccl_version();
+  out << "  cuda  available: " << cuda::device_count() << " GPU(s), " << cuda::runtime_version() << ", NCCL "
+      << (nccl.empty() ? "not found (" + cuda::nccl_unavailable_reason() + "): one GPU per run" : nccl) << "\n";
+  for (int d = 0; d < cuda::device_count(); ++d) {
+    const cuda::DeviceProps p = cuda::device_props(d);
+    char line[256];
+    std::snprintf(line, sizeof line, "        %d: %s, %.1f GiB (%.1f GiB free), compute capability %d.%d, %d SMs\n", d,
+                  p.name.c_str(), double(p.total_bytes) / double(1 << 30), double(p.free_bytes) / double(1 << 30),
+                  p.cc_major, p.cc_minor, p.sm_count);
+    out << line;
+  }
+}
+
+#endif
+
+}  // namespace ss
