@@ -1,6 +1,9 @@
 // Every strategy equals single: `shardscope-engine launch` over 2, 3 and 4
 // ranks must give the logits a one-device `run` gives, row for row, for every
-// model family. Also checks the memory each strategy promises per rank (from
+// model family. The launched ranks use the backend SHARDSCOPE_STRATEGIES_BACKEND
+// names (cpu by default; ctest also runs the suite with cuda-emu, the cuda
+// kernels under the host emulator over MPI, and cuda, on a GPU), the
+// reference is always a cpu run. Also checks the memory each strategy promises per rank (from
 // the stream's per-rank metrics, against closed forms worked out here from the
 // model dimensions), and what happens when a rank dies or a shape cannot be
 // split: the launcher must say which rank or which number, and start nothing
@@ -202,6 +205,12 @@ class TestStrategies : public QObject {
   // Reference logits by run arguments: the file, or why the run failed.
   std::map<QString, std::pair<QString, QString>> m_single;
   int m_hung = 0;  // runs that did not finish in time
+  // The launched runs' backend; the single-device reference is always cpu.
+  const QString m_backend = qEnvironmentVariable("SHARDSCOPE_STRATEGIES_BACKEND", "cpu");
+  // What only the cpu backend's rows check (a killed rank, refusals before launch).
+  void cpu_only() {
+    if (m_backend != "cpu") QSKIP(qPrintable("checked with --backend cpu (this pass runs " + m_backend + ")"));
+  }
 
   // Runs the engine, counting runs that hang (a tiny run takes a second).
   Ran engine_run(const QStringList& args) {
@@ -300,7 +309,7 @@ class TestStrategies : public QObject {
     const QString file =
         m_dir.filePath(QString("%1.npy").arg(QTest::currentDataTag()).replace('/', '_'));
     const Ran r = engine_run(
-        QStringList{"launch", "--strategy", strategy, "--devices", QString::number(devices)} +
+        QStringList{"launch", "--backend", m_backend, "--strategy", strategy, "--devices", QString::number(devices)} +
         extra + common + QStringList{"--logits-out", file});
     QVERIFY2(!r.timed_out, "launch did not finish in 60 s");
     QVERIFY2(r.exit_code == 0, qPrintable(QString("launch exit %1: %2")
@@ -368,6 +377,11 @@ class TestStrategies : public QObject {
   void initTestCase() {
     QVERIFY2(QFileInfo::exists(SHARDSCOPE_ENGINE_BIN), SHARDSCOPE_ENGINE_BIN);
     QVERIFY(m_dir.isValid());
+    if (m_backend == "cuda") {
+      const Ran info = engine({"info"});
+      if (!info.out.contains("cuda  available"))
+        QSKIP("skipped: no CUDA device (`shardscope-engine info` finds none)");
+    }
   }
 
   // --- 1. every strategy equals single ------------------------------------
@@ -408,6 +422,8 @@ class TestStrategies : public QObject {
     // decode tokens, so the check sees which rank stores which.
     const int64_t P = 24, decode = 7;
     QStringList args = {"launch",
+                        "--backend",
+                        m_backend,
                         "--model",
                         "tiny-llama",
                         "--strategy",
@@ -474,8 +490,8 @@ class TestStrategies : public QObject {
     std::map<QString, double> worst;
     for (const QString strategy : {"tp", "sp"}) {
       const Ran r =
-          engine(with_sets({"launch", "--model", "tiny-llama", "--strategy", strategy, "--devices",
-                            "4", "--prompt-len", "96", "--decode", "2", "--seed", "3"},
+          engine(with_sets({"launch", "--backend", m_backend, "--model", "tiny-llama", "--strategy", strategy,
+                            "--devices", "4", "--prompt-len", "96", "--decode", "2", "--seed", "3"},
                            dims.sets()));
       QVERIFY2(r.exit_code == 0, r.err.constData());
       const auto metrics = read_stream(r.out).rank_metrics();
@@ -496,6 +512,7 @@ class TestStrategies : public QObject {
   // SIGKILL one rank mid-run: the launcher ends soon, non-zero, and its stream
   // ends with an error naming that rank and done failed; no rank lives on.
   void killedRank() {
+    cpu_only();
     QProcess p;
     p.start(SHARDSCOPE_ENGINE_BIN,
             {"launch", "--model", "small-llama", "--strategy", "tp", "--devices", "2",
@@ -599,6 +616,7 @@ class TestStrategies : public QObject {
   }
 
   void refusedBeforeLaunch() {
+    cpu_only();
     QFETCH(QStringList, args);
     QFETCH(QStringList, names);
     QProcess p;

@@ -10,6 +10,7 @@
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "cpu/kernels.h"
+#include "cuda/cuda_backend.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
 #include "runtime/bench.h"
@@ -20,6 +21,7 @@
 #include "runtime/host_memory.h"
 #include "runtime/launch.h"
 #include "runtime/prompt.h"
+#include "runtime/rank.h"
 #include "runtime/run.h"
 #include "runtime/scale.h"
 #include "runtime/summary.h"
@@ -184,6 +186,10 @@ int run_command(ss::RunOptions& o, const std::string& tokens, const std::string&
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --backend cuda-emu: the cuda kernels under the host emulator, for the tests.
+  ss::register_emulated_cuda([](ss::Allocator& a, ss::Recorder& r) -> std::unique_ptr<ss::Backend> {
+    return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
+  });
   // Hand-written kernels and OpenBLAS take turns on the cores: idle OpenMP
   // threads must sleep rather than spin.
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);

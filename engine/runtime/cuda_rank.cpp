@@ -14,6 +14,31 @@
 
 namespace ss {
 
+namespace {
+BackendFactory& emulated_factory() {
+  static BackendFactory make;
+  return make;
+}
+}  // namespace
+
+void register_emulated_cuda(BackendFactory make) { emulated_factory() = std::move(make); }
+
+RankSetup emulated_cuda_rank_setup(int devices) {
+  if (!emulated_factory())
+    throw UsageError("--backend cuda-emu: this program was built without the cuda emulator (it is the tests' "
+                     "backend); use --backend cpu or cuda");
+  RankSetup setup = mpi_rank_setup(devices);
+  setup.backend = "cuda-emu";
+  setup.make_backend = emulated_factory();
+  return setup;
+}
+
+RankSetup rank_setup_for(const std::string& backend, int devices) {
+  if (backend == "cuda") return cuda_rank_setup(devices);
+  if (backend == "cuda-emu") return emulated_cuda_rank_setup(devices);
+  return mpi_rank_setup(devices);
+}
+
 #ifndef SHARDSCOPE_HAVE_CUDA
 
 RankSetup cuda_rank_setup(int) {

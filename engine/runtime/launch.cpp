@@ -117,11 +117,11 @@ Failure diagnose(const StderrLog& log, int mpirun_status) {
 
 int launch(const RunOptions& o, const LaunchOptions& l) {
   // Refuse what cannot run before anything starts.
-  const bool cuda = o.backend == "cuda";
-  const RunPlan plan = plan_inference(o, cuda ? "cuda" : "cpu");
+  const bool gpu = o.backend == "cuda";
+  const RunPlan plan = plan_inference(o, o.backend == "cuda" || o.backend == "cuda-emu" ? o.backend : "cpu");
   // Every rank on this host (with a hostfile, each rank checks its own host as it starts).
-  if (!cuda && l.hostfile.empty()) check_host_memory(plan.cfg, o, o.devices, host_available_bytes());
-  if (cuda) cuda_rank_setup(o.devices);  // refuses here, before any rank starts, where there is no GPU
+  if (!gpu && l.hostfile.empty()) check_host_memory(plan.cfg, o, o.devices, host_available_bytes());
+  rank_setup_for(o.backend, o.devices);  // refuses here, before any rank starts, what cannot run
   return start_ranks(o.devices, l, "run");
 }
 

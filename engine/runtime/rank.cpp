@@ -225,7 +225,7 @@ Parallel make_parallel(const Group& g, Strategy strategy, int T, int S, bool zig
 
 int64_t device_capacity(const Group& g, const RankSetup& setup, const ModelConfig& cfg, const RunOptions& o) {
   int64_t capacity = o.capacity > 0 ? o.capacity : setup.default_capacity;
-  if (setup.backend == "cpu") {
+  if (setup.backend == "cpu" || setup.backend == "cuda-emu") {  // host memory, host threads
     // A cpu device's memory is its share of the host's (measured as the
     // ranks start, before any has loaded): a setup whose weights cannot fit
     // is refused here, and an allocation past the share is an oom.

@@ -64,6 +64,15 @@ void connect_mpi(Group& g, Recorder& rec, int devices);
 // device), NCCL between the GPUs, MPI for the host side. Refused with the
 // reason where this engine has no CUDA or this machine no usable GPU.
 RankSetup cuda_rank_setup(int devices);
+// The same kernels under the host emulator of engine/cuda/emu (`--backend
+// cuda-emu`, for the tests: slow, no GPU involved), with MPI between the
+// ranks as the cpu backend has. The executable that links the emulator
+// registers how to make its backend.
+using BackendFactory = std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)>;
+void register_emulated_cuda(BackendFactory make);
+RankSetup emulated_cuda_rank_setup(int devices);
+// The rank setup of --backend cpu, cuda or cuda-emu.
+RankSetup rank_setup_for(const std::string& backend, int devices);
 // What `info` says of the cuda backend: the GPUs, or why there are none.
 void describe_cuda(std::ostream& out);
 

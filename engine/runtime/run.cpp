@@ -196,7 +196,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     const bool zigzag = plan.zigzag;
     join_group(g, rec, setup, strategy, T);
     if (!g.root()) out = nullptr;
-    if (setup.backend == "cpu") {
+    if (setup.backend == "cpu" || setup.backend == "cuda-emu") {  // host memory, host threads
       if (o.threads > 0) cpu::set_threads(o.threads);
       else if (distributed) cpu::set_threads(1);  // ranks share the host's cores
     }
@@ -484,7 +484,7 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out) {
   Recorder rec(0);  // outlives the communicators, which record into it
   rec.set_origin(std::chrono::steady_clock::now());
   Group g;
-  return run_rank(o, &out, g, rec, o.backend == "cuda" ? cuda_rank_setup(o.devices) : mpi_rank_setup(o.devices));
+  return run_rank(o, &out, g, rec, rank_setup_for(o.backend, o.devices));
 }
 
 RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, int replicas, proto::Writer& out) {

@@ -165,7 +165,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
     const int64_t L = plan.tokens;
     join_group(g, rec, setup, strategy, T);
     if (!g.root()) out = nullptr;
-    if (setup.backend == "cpu") {
+    if (setup.backend == "cpu" || setup.backend == "cuda-emu") {  // host memory, host threads
       if (r.threads > 0) cpu::set_threads(r.threads);
       else if (strategy != Strategy::Single) cpu::set_threads(1);
     }
