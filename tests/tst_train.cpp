@@ -3,7 +3,10 @@
 // 1e-5 per tensor), --lr 0 leaving the weights bit-identical, the measured
 // memory of every category against its closed form, the simulator's memory
 // against the cpu run's, learning on the synthetic corpus, resume, and the
-// refusals of bad input.
+// refusals of bad input. The multi-device runs use the backend
+// SHARDSCOPE_TRAIN_BACKEND names (cpu by default; ctest also runs the
+// strategy rows with cuda-emu, the cuda kernels under the host emulator, and
+// cuda on a GPU); the single-device references are always cpu runs.
 #include <QTemporaryDir>
 #include <QtTest>
 
@@ -75,8 +78,18 @@ class TestTrain : public QObject {
   Q_OBJECT
   QTemporaryDir m_dir;
   QString path(const QString& name) const { return m_dir.filePath(name); }
+  // The backend the runs under test use; references are cpu runs.
+  const QString m_backend = qEnvironmentVariable("SHARDSCOPE_TRAIN_BACKEND", "cpu");
+  QStringList backend_args() const { return {"--backend", m_backend}; }
+  void cpu_only() {
+    if (m_backend != "cpu") QSKIP(qPrintable("checked with --backend cpu (this pass runs " + m_backend + ")"));
+  }
 
  private slots:
+  void initTestCase() {
+    if (m_backend == "cuda" && !engine({"info"}).out.contains("cuda  available"))
+      QSKIP("skipped: no CUDA device (`shardscope-engine info` finds none)");
+  }
   // Strategy rows: (strategy args, the single run's --micro-batch for the
   // same global batch, extra model overrides).
   void gradientsEqualSingle_data() {
@@ -143,7 +156,8 @@ class TestTrain : public QObject {
     if (args.contains("--seq-len")) single_args = model_and(set + QStringList{"--seq-len", args[args.indexOf("--seq-len") + 1], "--steps", "1", "--micro-batch", QString::number(single_batch)});
     const Ran one = train(single_args + QStringList{"--dump-grads", path("single_" + tag)});
     VERIFY_RAN(one);
-    const Ran many = train(model_and(set + args + QStringList{"--steps", "1", "--dump-grads", path(tag)}));
+    const Ran many =
+        train(model_and(set + args + backend_args() + QStringList{"--steps", "1", "--dump-grads", path(tag)}));
     VERIFY_RAN(many);
     const Tensors want = load_tensors(path("single_" + tag + "/gradients.safetensors"));
     const Tensors got = load_tensors(path(tag + "/gradients.safetensors"));
@@ -181,6 +195,7 @@ class TestTrain : public QObject {
     QTest::newRow("falcon-mamba") << "tiny-falcon-mamba" << QStringList{};
   }
   void modelGradientMatchesFiniteDifference() {
+    cpu_only();
     QFETCH(QString, model);
     QFETCH(QStringList, sets);
     const QString base = path("fd_" + QString(QTest::currentDataTag()).replace(' ', '_').replace(',', ""));
@@ -265,7 +280,7 @@ class TestTrain : public QObject {
     const Ran one = train(model_and(model + opt + QStringList{"--micro-batch", QString::number(single_batch),
                                                               "--save", path("adam_single_" + tag)}));
     VERIFY_RAN(one);
-    const Ran many = train(model_and(opt + args + QStringList{"--save", path("adam_" + tag)}));
+    const Ran many = train(model_and(opt + args + backend_args() + QStringList{"--save", path("adam_" + tag)}));
     VERIFY_RAN(many);
     // Weights within 1e-5. The moments are checked too, at 1e-4: the second
     // is quadratic in the gradient, so its relative error is twice the
@@ -284,6 +299,7 @@ class TestTrain : public QObject {
 
   // --lr 0: the weights written are the initial weights, bit for bit.
   void lrZeroLeavesWeights() {
+    cpu_only();
     const Ran ex = engine({"export", "--model", "tiny-llama", "--seed", "3", "--out", path("initial")});
     QVERIFY2(ex.exit_code == 0, ex.err.constData());
     const Ran r = train(kModel + QStringList{"--steps", "2", "--lr", "0", "--weight-decay", "0.1", "--strategy", "tp",
@@ -322,7 +338,7 @@ class TestTrain : public QObject {
   }
   void memoryMatchesClosedForm() {
     QFETCH(QStringList, args);
-    const Ran r = train(model_and(args + QStringList{"--steps", "2"}));
+    const Ran r = train(model_and(args + backend_args() + QStringList{"--steps", "2"}));
     VERIFY_RAN(r);
     const auto per_rank = read_stream(r.out).rank_metrics();
     QVERIFY(!per_rank.empty());
@@ -335,6 +351,7 @@ class TestTrain : public QObject {
   }
 
   void recomputationKeepsLess() {
+    cpu_only();
     std::map<QString, double> act;
     for (const char* rc : {"none", "selective", "full"}) {
       const Ran r = train(kModel + QStringList{"--recompute", rc, "--steps", "1"});
@@ -352,6 +369,7 @@ class TestTrain : public QObject {
     QTest::newRow("tsp 2") << QStringList{"--strategy", "tsp", "--devices", "2"};
   }
   void simMemoryEqualsCpu() {
+    cpu_only();
     QFETCH(QStringList, strategy);
     const QStringList args = kModel + strategy + QStringList{"--steps", "1", "--recompute", "selective"};
     const Ran cpu = train(args);
@@ -376,6 +394,7 @@ class TestTrain : public QObject {
   // equal to 1e-7 for 40 steps, drift apart chaotically once Adam normalises
   // near-zero gradients, so the rate is 3e-3).
   void learnsTheSyntheticCorpus() {
+    cpu_only();
     // Minutes of arithmetic over code paths the other cases already cover;
     // the plain leg runs it, the sanitizer leg (10x slower) does not.
     if (qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG")) QSKIP("runs in the plain leg");
@@ -400,6 +419,7 @@ class TestTrain : public QObject {
 
   // Two steps, a save, two more from the folder: the four-step run's weights.
   void resumeContinues() {
+    cpu_only();
     const QStringList opt = {"--lr", "1e-2", "--min-lr-ratio", "1", "--clip", "0.5"};
     VERIFY_RAN(train(kModel + opt + QStringList{"--steps", "4", "--save", path("straight")}));
     VERIFY_RAN(train(kModel + opt + QStringList{"--steps", "2", "--save", path("half") + "/"}));  // "DIR/" is DIR
@@ -435,6 +455,7 @@ class TestTrain : public QObject {
                                                 << "trainer_state.json";
   }
   void refusals() {
+    cpu_only();
     QFETCH(QStringList, args);
     QFETCH(QString, says);
     const Ran r = train(args);
@@ -447,6 +468,7 @@ class TestTrain : public QObject {
 
   // A checkpoint from another model's shapes is refused before the run starts.
   void resumeWithOtherShapesIsRefused() {
+    cpu_only();
     VERIFY_RAN(train(kModel + QStringList{"--steps", "1", "--save", path("shapes")}));
     const Ran r = train({"--resume", path("shapes"), "--seq-len", "32", "--set", "intermediate_size=96"});
     QCOMPARE(r.exit_code, 2);
@@ -456,6 +478,7 @@ class TestTrain : public QObject {
   // A loss that becomes non-finite stops the run naming the step and the
   // layer, and the good checkpoint already at --save stays as it was.
   void nonFiniteLossStopsTheRun() {
+    cpu_only();
     VERIFY_RAN(train(kModel + QStringList{"--steps", "1", "--save", path("good")}));
     const Tensors good = load_tensors(path("good/model.safetensors"));
     const Ran r = train(kModel + QStringList{"--steps", "3", "--lr", "1e30", "--clip", "0", "--save", path("good")});

@@ -164,4 +164,18 @@ SS_DEV float block_max(float v, float* red) {
   return t;
 }
 
+// The block's sum in double, in every thread; `red` is shared memory of
+// blockDim.x doubles (a power of two), free again on return.
+SS_DEV double block_sum_double(double v, double* red) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) red[threadIdx.x] += red[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double out = red[0];
+  __syncthreads();
+  return out;
+}
+
 }  // namespace ss::SS_CUDA_NS

@@ -1,7 +1,9 @@
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 
 #include "comm/quantize.h"
@@ -441,6 +443,139 @@ void CudaBackend::k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const 
                                         int64_t slot0) {
   kern::gated_rmsnorm_apply(mat(y), mat(x), mat(z), mat(w), static_cast<const float*>(ss.raw()), ss.cols(), eps,
                       local_group, total_group, slot0, m_compute);
+}
+
+// ---------------------------------------------------------------- training
+
+void CudaBackend::k_matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate) {
+  gemm(dy.rows(), w.cols(), dy.cols(), dy, false, w, false, dx, 1.0f, accumulate ? 1.0f : 0.0f);
+}
+
+void CudaBackend::k_matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate) {
+  gemm(dy.cols(), x.cols(), dy.rows(), dy, true, x, false, dw, 1.0f, accumulate ? 1.0f : 0.0f);
+}
+
+// The batch's tokens grouped by value on the host (each distinct token, where
+// its rows start in `order`, the rows), so every table row has one writer.
+void CudaBackend::k_embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens) {
+  std::vector<int32_t> order(tokens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return tokens[size_t(a)] < tokens[size_t(b)]; });
+  std::vector<int32_t> uniq, offsets;
+  for (size_t i = 0; i < order.size(); ++i)
+    if (i == 0 || tokens[size_t(order[i])] != tokens[size_t(order[i - 1])]) {
+      uniq.push_back(tokens[size_t(order[i])]);
+      offsets.push_back(int32_t(i));
+    }
+  offsets.push_back(int32_t(order.size()));
+  kern::embedding_backward(mat(dtable), mat(dy), device_copy(std::span<const int32_t>(uniq)),
+                           device_copy(std::span<const int32_t>(offsets)), device_copy(std::span<const int32_t>(order)),
+                           int64_t(uniq.size()), m_compute);
+}
+
+void CudaBackend::k_bias_backward(const Tensor& db, const Tensor& dy) {
+  kern::bias_backward(static_cast<float*>(db.raw()), mat(dy), m_compute);
+}
+
+void CudaBackend::k_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                     const Tensor& w, float eps, int64_t group) {
+  kern::rmsnorm_backward(mat(dx), mat(dw), mat(dy), mat(x), mat(w), eps, group, *m_scratch, m_compute);
+}
+
+void CudaBackend::k_silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                                      const Tensor& up) {
+  kern::silu_mul_backward(mat(dgate), mat(dup), mat(dy), mat(gate), mat(up), m_compute);
+}
+
+void CudaBackend::k_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                       const Tensor& lse, const AttentionArgs& a) {
+  AttnShape s;
+  s.Tq = q.rows();
+  s.Tk = k.rows();
+  s.n_heads = a.n_heads;
+  s.n_kv_heads = a.n_kv_heads;
+  s.head_dim = a.head_dim;
+  s.scale = a.scale;
+  kern::attention_backward(mat(dq), mat(dk), mat(dv), mat(dout), mat(q), mat(k), mat(v), mat(o),
+                           static_cast<const float*>(lse.raw()), s, device_copy(a.q_pos), device_copy(a.k_pos),
+                           *m_scratch, m_compute);
+}
+
+void CudaBackend::k_cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets,
+                                  float scale) {
+  kern::cross_entropy(mat(logits), static_cast<float*>(loss.raw()), device_copy(targets), scale, m_compute);
+}
+
+void CudaBackend::k_sum_squares(const Tensor& out, const Tensor& t) {
+  kern::sum_squares(static_cast<float*>(out.raw()), mat(t), false, *m_scratch, m_compute);
+}
+
+void CudaBackend::k_count_nonfinite(const Tensor& out, const Tensor& t) {
+  kern::sum_squares(static_cast<float*>(out.raw()), mat(t), true, *m_scratch, m_compute);
+}
+
+void CudaBackend::k_conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate,
+                                    const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                                    const Tensor& state, bool silu) {
+  kern::conv1d_backward(mat(dx), mat(dw), mat(db), mat(dstate), mat(dy), mat(x), mat(w), mat(b), mat(state), silu,
+                        *m_scratch, m_compute);
+}
+
+namespace {
+ScanGradsDev scan_grads(const Tensor& dx, const Tensor& ddt, const Tensor& dz, const Tensor& dB, const Tensor& dC,
+                        const Tensor& d_dt_bias, const Tensor& dA_log, const Tensor& dD, const Tensor& dstate_out,
+                        const Tensor& dstate_in) {
+  ScanGradsDev g;
+  g.dx = mat(dx);
+  g.ddt = mat(ddt);
+  g.dz = mat(dz);
+  g.dB = mat(dB);
+  g.dC = mat(dC);
+  g.d_dt_bias = mat(d_dt_bias);
+  g.dA_log = mat(dA_log);
+  g.dD = mat(dD);
+  g.dstate_out = f32_ptr(dstate_out);
+  g.dstate_in = f32_ptr(dstate_in);
+  return g;
+}
+}  // namespace
+
+void CudaBackend::k_ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g) {
+  kern::ssd_scan_backward(ssd_args(a), mat(dy),
+                          scan_grads(g.dx, g.ddt, Tensor{}, g.dB, g.dC, g.d_dt_bias, g.dA_log, g.dD, g.dstate_out,
+                                     g.dstate_in),
+                          *m_scratch, m_compute);
+}
+
+void CudaBackend::k_selective_scan_backward(const SelectiveScanArgs& a, const Tensor& dy, const SelectiveGrads& g) {
+  kern::selective_scan_backward(selective_args(a), mat(dy),
+                                scan_grads(g.dx, g.ddt, g.dz, g.dB, g.dC, g.d_dt_bias, g.dA_log, g.dD, g.dstate_out,
+                                           g.dstate_in),
+                                a.chunk, *m_scratch, m_compute);
+}
+
+void CudaBackend::k_gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
+                                           const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                                           int64_t group) {
+  kern::gated_rmsnorm_backward(mat(dx), mat(dz), mat(dw), mat(dy), mat(x), mat(z), mat(w), eps, group, *m_scratch,
+                               m_compute);
+}
+
+// The bias corrections on the host as the cpu takes them (float pow), so both step alike.
+void CudaBackend::k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+                          const Tensor& v, const AdamWArgs& a) {
+  AdamWStep s;
+  s.lr = a.lr;
+  s.beta1 = a.beta1;
+  s.beta2 = a.beta2;
+  s.eps = a.eps;
+  s.weight_decay = a.weight_decay;
+  s.grad_scale = a.grad_scale;
+  const float bc1 = 1.0f - std::pow(a.beta1, float(a.step)), bc2 = 1.0f - std::pow(a.beta2, float(a.step));
+  s.step_size = a.lr / bc1;
+  s.inv_bc2 = 1.0f / bc2;
+  kern::adamw(mat(param), f32_ptr(master), mat(grad), f32_ptr(m), f32_ptr(v), param.numel(), s, m_compute);
 }
 
 }  // namespace ss::SS_CUDA_NS

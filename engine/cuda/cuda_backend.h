@@ -123,6 +123,30 @@ class CudaBackend final : public Backend {
                           int64_t slot0) override;
   void k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss,
                              float eps, int64_t local_group, int64_t total_group, int64_t slot0) override;
+  // Training (train_kernels.cu, attention_backward.cu, ssd_backward.cu, selective_backward.cu, conv1d.cu).
+  void k_matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate) override;
+  void k_matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate) override;
+  void k_embedding_backward(const Tensor& dtable, const Tensor& dy, std::span<const int32_t> tokens) override;
+  void k_bias_backward(const Tensor& db, const Tensor& dy) override;
+  void k_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                          float eps, int64_t group) override;
+  void k_silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                           const Tensor& up) override;
+  void k_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                            const AttentionArgs& a) override;
+  void k_cross_entropy(const Tensor& logits, const Tensor& loss, std::span<const int32_t> targets,
+                       float scale) override;
+  void k_sum_squares(const Tensor& out, const Tensor& t) override;
+  void k_count_nonfinite(const Tensor& out, const Tensor& t) override;
+  void k_conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dstate, const Tensor& dy,
+                         const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& state, bool silu) override;
+  void k_ssd_scan_backward(const SsdArgs& a, const Tensor& dy, const SsdGrads& g) override;
+  void k_selective_scan_backward(const SelectiveScanArgs& a, const Tensor& dy, const SelectiveGrads& g) override;
+  void k_gated_rmsnorm_backward(const Tensor& dx, const Tensor& dz, const Tensor& dw, const Tensor& dy,
+                                const Tensor& x, const Tensor& z, const Tensor& w, float eps, int64_t group) override;
+  void k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+               const AdamWArgs& a) override;
 
  private:
   // Row-major y[M,N] = alpha op(A) op(B) (+ beta y) on cuBLAS (column-major).

@@ -39,7 +39,17 @@ class Scratch {
   virtual ~Scratch() = default;
   virtual void* get(int slot, int64_t bytes) = 0;
 };
-enum ScratchSlot : int { kScratchAttention = 0, kScratchScan, kScratchScan2, kScratchScan3, kScratchReduce, kScratchSlots };
+enum ScratchSlot : int {
+  kScratchAttention = 0,
+  kScratchScan,
+  kScratchScan2,
+  kScratchScan3,
+  kScratchReduce,
+  kScratchGrad,
+  kScratchGrad2,
+  kScratchGrad3,
+  kScratchSlots
+};
 
 // ---- elementwise.cu
 void fill(const Mat& y, float value, Stream s);
@@ -118,5 +128,49 @@ struct QuantArgs {
 };
 void quantize(const Mat& in, int64_t n, const QuantArgs& q, uint64_t counter, uint8_t* out, Stream s);
 void dequantize(const uint8_t* in, int64_t n, const QuantArgs& q, const Mat& out, bool accumulate, Stream s);
+
+// ---- training: backward kernels and the optimizer. Gradients are written
+// or, where said, added, in their tensors' dtypes (sums in fp32 or double).
+// train_kernels.cu:
+// dtable[uniq[j]] += the rows order[offsets[j] .. offsets[j + 1]) of dy (the
+// batch's tokens grouped by value on the host: deterministic, no atomics).
+void embedding_backward(const Mat& dtable, const Mat& dy, const int32_t* uniq, const int32_t* offsets,
+                        const int32_t* order, int64_t n_uniq, Stream s);
+// RMSNorm per group: dx += dL/dx; dw += dL/dw when dw is given.
+void rmsnorm_backward(const Mat& dx, const Mat& dw, const Mat& dy, const Mat& x, const Mat& w, float eps, int64_t group,
+                      Scratch& scratch, Stream s);
+// Gated RMSNorm: dx, dz written; dw added.
+void gated_rmsnorm_backward(const Mat& dx, const Mat& dz, const Mat& dw, const Mat& dy, const Mat& x, const Mat& z,
+                            const Mat& w, float eps, int64_t group, Scratch& scratch, Stream s);
+void bias_backward(float* db, const Mat& dy, Stream s);  // db[n] += sum_t dy[t, n]
+void silu_mul_backward(const Mat& dgate, const Mat& dup, const Mat& dy, const Mat& gate, const Mat& up, Stream s);
+// In place over fp32 logits: row r becomes scale (softmax - onehot(target)), loss[r] = lse - logit[target].
+void cross_entropy(const Mat& logits, float* loss, const int32_t* targets, float scale, Stream s);
+// out[0] += the sum of squares of t's values (or, with `nonfinite`, how many are inf or NaN).
+void sum_squares(float* out, const Mat& t, bool nonfinite, Scratch& scratch, Stream s);
+struct AdamWStep {
+  float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
+  float step_size = 0, inv_bc2 = 0;  // lr / (1 - beta1^step), 1 / (1 - beta2^step): taken on the host as the cpu does
+};
+// On fp32 values: `master` when the parameter is 16-bit (the parameter gets it rounded), else the parameter.
+void adamw(const Mat& param, float* master, const Mat& grad, float* m, float* v, int64_t n, const AdamWStep& a,
+           Stream s);
+// conv1d.cu: dx written; dw, db added; dstate (optional) the state rows' gradient.
+void conv1d_backward(const Mat& dx, const Mat& dw, const Mat& db, const Mat& dstate, const Mat& dy, const Mat& x,
+                     const Mat& w, const Mat& b, const Mat& state, bool silu, Scratch& scratch, Stream s);
+// attention_backward.cu: from the forward's output and fp32 lse; dq, dk, dv written.
+void attention_backward(const Mat& dq, const Mat& dk, const Mat& dv, const Mat& dout, const Mat& q, const Mat& k,
+                        const Mat& v, const Mat& o, const float* lse, const AttnShape& a, const int32_t* q_pos,
+                        const int32_t* k_pos, Scratch& scratch, Stream s);
+// ssd_backward.cu and selective_backward.cu (core/backend.h's SsdGrads, SelectiveGrads).
+struct ScanGradsDev {
+  Mat dx, ddt, dz, dB, dC;          // written (dz: selective only)
+  Mat d_dt_bias, dA_log, dD;        // added
+  const float* dstate_out = nullptr;  // in, optional: the final state's gradient
+  float* dstate_in = nullptr;         // out, optional: the initial state's
+};
+void ssd_scan_backward(const SsdDev& a, const Mat& dy, const ScanGradsDev& g, Scratch& scratch, Stream s);
+void selective_scan_backward(const SelectiveDev& a, const Mat& dy, const ScanGradsDev& g, int64_t chunk,
+                             Scratch& scratch, Stream s);
 
 }  // namespace ss::SS_CUDA_NS

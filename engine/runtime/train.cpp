@@ -66,8 +66,8 @@ double lr_at(const TrainOptions& o, int step, int total) {
 
 TrainPlan plan_training(const TrainOptions& o) {
   const RunOptions& r = o.run;
-  if (r.backend != "cpu" && r.backend != "sim")
-    throw UsageError("--backend " + r.backend + " cannot train here; use cpu or sim (with --hardware)");
+  if (r.backend != "cpu" && r.backend != "sim" && r.backend != "cuda" && r.backend != "cuda-emu")
+    throw UsageError("--backend " + r.backend + " cannot train; use cpu, cuda or sim (with --hardware)");
   if (r.backend == "sim" && o.hardware.empty()) throw UsageError("--backend sim needs --hardware PROFILE");
   const Strategy s = parse_strategy(r.strategy);
   if (r.devices < 1 || r.devices > 1024) throw UsageError("--devices must be between 1 and 1024");
@@ -476,7 +476,7 @@ RunResult run_training(const TrainOptions& o, proto::Writer& out) {
   Recorder rec(0);
   rec.set_origin(std::chrono::steady_clock::now());
   Group g;
-  return train_rank(o, &out, g, rec, mpi_rank_setup(o.run.devices));
+  return train_rank(o, &out, g, rec, rank_setup_for(o.run.backend, o.run.devices));
 }
 
 RunResult simulate_training(const TrainOptions& o, proto::Writer& out) {
@@ -500,7 +500,8 @@ int train_command(const TrainOptions& o, const LaunchOptions& l) {
     std::printf("ok\n");
     return 0;
   }
-  if (o.run.backend == "cpu" && o.run.devices > 1) return start_ranks(o.run.devices, l, "train-rank");
+  if (o.run.backend != "sim") rank_setup_for(o.run.backend, o.run.devices);  // refuses a backend this machine lacks
+  if (o.run.backend != "sim" && o.run.devices > 1) return start_ranks(o.run.devices, l, "train-rank");
   std::FILE* f = stdout;
   if (!l.events.empty() && l.events != "-") {
     f = std::fopen(l.events.c_str(), "w");
