@@ -578,6 +578,32 @@ class TestEngineCli : public QObject {
     if (args.size() > 1) QVERIFY2(r.out.contains(args.front().toUtf8()), r.out.constData());
   }
 
+  // The cuda backend without a GPU: `info` says why in one line, runs are
+  // refused before they start with the reason, and the GPU benchmark's code
+  // runs whole on the emulated device (its figures mean nothing there).
+  void cudaWithoutGpu() {
+    const Ran info = engine({"info"});
+    QCOMPARE(info.exit_code, 0);
+    QVERIFY2(info.out.contains("  cuda  "), info.out.constData());
+    if (info.out.contains("cuda  available")) QSKIP("this machine has a GPU: the gpu suites cover it");
+    for (const QStringList& args : {QStringList{"run", "--backend", "cuda", "--prompt-len", "8"},
+                                    QStringList{"launch", "--backend", "cuda", "--devices", "2", "--strategy", "tp",
+                                                "--prompt-len", "8"},
+                                    QStringList{"train", "--backend", "cuda", "--seq-len", "16", "--steps", "1"},
+                                    QStringList{"bench", "--backend", "cuda"}}) {
+      const Ran r = engine(args);
+      QCOMPARE(r.exit_code, 2);
+      const QList<QByteArray> lines = r.err.trimmed().split('\n');
+      QCOMPARE(lines.size(), 1);
+      QVERIFY2(lines[0].contains("--backend cuda") || lines[0].contains("bench --backend cuda"), r.err.constData());
+      QVERIFY(r.out.isEmpty() || !r.out.contains("\"span\""));
+    }
+    const Ran bench = engine({"bench", "--backend", "cuda-emu", "--quick"});
+    QCOMPARE(bench.exit_code, 0);
+    for (const char* part : {"forward GEMMs", "of bare", "decode, batch 1", "of the limit", "ssd_scan"})
+      QVERIFY2(bench.out.contains(part), bench.out.constData());
+  }
+
   // --events FILE: the stream goes to the file, stdout stays empty, and it is
   // the stream stdout would have carried.
   void eventsFile() {

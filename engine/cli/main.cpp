@@ -10,6 +10,7 @@
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "cpu/kernels.h"
+#include "cuda/bench.h"
 #include "cuda/cuda_backend.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
@@ -187,9 +188,11 @@ int run_command(ss::RunOptions& o, const std::string& tokens, const std::string&
 
 int main(int argc, char** argv) {
   // --backend cuda-emu: the cuda kernels under the host emulator, for the tests.
-  ss::register_emulated_cuda([](ss::Allocator& a, ss::Recorder& r) -> std::unique_ptr<ss::Backend> {
-    return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
-  });
+  ss::register_emulated_cuda(
+      [](ss::Allocator& a, ss::Recorder& r) -> std::unique_ptr<ss::Backend> {
+        return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
+      },
+      [](const ss::CudaBenchOptions& o, std::ostream& out) { return ss::cuda_emu::run_bench(o, out); });
   // Hand-written kernels and OpenBLAS take turns on the cores: idle OpenMP
   // threads must sleep rather than spin.
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
@@ -370,6 +373,17 @@ int main(int argc, char** argv) {
                   "training: one device's step against bare sgemm, then each strategy on --devices ranks");
   bench->add_option("--seq-len", tb.seq_len, "--train: tokens per sequence")->capture_default_str();
   bench->add_option("--steps", tb.steps, "--train: steps per run (the first is not counted)")->capture_default_str();
+  std::string bench_backend = "cpu";
+  ss::CudaBenchOptions gpu_bench;
+  bench->add_option("--backend", bench_backend,
+                    "cpu, or cuda: the GPU's GEMMs against bare cuBLAS, kernels against a copy, prefill MFU, decode "
+                    "against the weight-bandwidth limit, NCCL bus bandwidth")
+      ->capture_default_str();
+  bench->add_option("--peak-tflops", gpu_bench.peak_tflops, "--backend cuda: the dtype's dense TFLOP/s for MFU "
+                                                            "(default: the hardware profile naming this GPU)");
+  bench->add_flag("--quick", gpu_bench.quick, "--backend cuda: tiny models and buffers (a smoke test)");
+  auto* nccl_rank = app.add_subcommand("bench-nccl-rank", "(internal) one rank of bench --backend cuda's NCCL table");
+  nccl_rank->group("");
   bool bench_sim = false;
   ss::SimBenchOptions simb;
   bench->add_flag("--sim", bench_sim, "simulator speed, and simulated vs measured per-op time on this machine");
@@ -510,6 +524,14 @@ int main(int argc, char** argv) {
     }
     if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);
     if (*bench && bench_sim) return ss::run_sim_bench(simb, std::cout);
+    if (*bench && bench_backend != "cpu") {
+      if (bench->count("--models")) gpu_bench.model = bench_opts.models.front();
+      if (bench->count("--prompt-len")) gpu_bench.prompt = bench_prompt;
+      if (bench->count("--decode")) gpu_bench.decode = bench_opts.decode;
+      if (bench->count("--dtype")) gpu_bench.dtype = bench_opts.dtype;
+      return ss::run_cuda_bench(bench_backend, gpu_bench, std::cout);
+    }
+    if (*nccl_rank) return ss::run_nccl_bench_rank();
     if (*bench && bench_train) {
       tb.devices = bench_devices;
       if (bench->count("--models")) tb.model = bench_opts.models.front();

@@ -16,6 +16,16 @@ __global__ void fill_kernel(Mat y, float v) {
   SS_FOR_EACH_VALUE(y.rows, y.cols) put(y, i_ / y.cols, i_ % y.cols, v);
 }
 
+__global__ void fill_random_kernel(Mat y, uint64_t seed, float scale) {
+  SS_FOR_EACH_VALUE(y.rows, y.cols) {
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + uint64_t(i_) + 0x632be59bd9b4e019ull;  // splitmix64
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    put(y, i_ / y.cols, i_ % y.cols, scale * (float(x >> 40) * 1.1920928955078125e-07f - 1.0f));  // 2^-23
+  }
+}
+
 __global__ void convert_kernel(Mat dst, Mat src) {
   SS_FOR_EACH_VALUE(dst.rows, dst.cols) {
     const int64_t r = i_ / dst.cols, c = i_ % dst.cols;
@@ -115,6 +125,12 @@ void fill(const Mat& y, float value, Stream s) {
   if (y.rows * y.cols == 0) return;
   SS_LAUNCH(fill_kernel, grid_for(y.rows * y.cols), kThreads, 0, s)(y, value);
   check_launch("fill");
+}
+
+void fill_random(const Mat& y, uint64_t seed, float scale, Stream s) {
+  if (y.rows * y.cols == 0) return;
+  SS_LAUNCH(fill_random_kernel, grid_for(y.rows * y.cols), kThreads, 0, s)(y, seed, scale);
+  check_launch("fill_random");
 }
 
 void convert(const Mat& dst, const Mat& src, Stream s) {

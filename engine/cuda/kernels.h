@@ -53,6 +53,8 @@ enum ScratchSlot : int {
 
 // ---- elementwise.cu
 void fill(const Mat& y, float value, Stream s);
+// Uniform values in [-scale, scale) from a counter hash of (seed, index): weights made on the device (bench).
+void fill_random(const Mat& y, uint64_t seed, float scale, Stream s);
 void convert(const Mat& dst, const Mat& src, Stream s);  // any dtypes, same shape, strided rows
 void add(const Mat& y, const Mat& a, const Mat& b, Stream s);
 void add_bias(const Mat& y, const Mat& bias, Stream s);

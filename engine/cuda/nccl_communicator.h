@@ -30,6 +30,8 @@ namespace ss::SS_CUDA_NS {
 // NCCL's library loaded once; "" when it can be used, else why not.
 std::string nccl_unavailable_reason();
 std::string nccl_version();  // "2.28.9", or "" when not loaded
+// The rank side of bench --backend cuda's NCCL table (nccl_bench.cpp).
+int nccl_bench_rank();
 
 class NcclCommunicator final : public Communicator {
  public:

@@ -7,6 +7,7 @@
 #include "runtime/rank.h"
 
 #ifdef SHARDSCOPE_HAVE_CUDA
+#include "cuda/bench.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/nccl_communicator.h"
 #include "cuda/runtime.h"
@@ -19,9 +20,16 @@ BackendFactory& emulated_factory() {
   static BackendFactory make;
   return make;
 }
+CudaBenchFn& emulated_bench() {
+  static CudaBenchFn bench;
+  return bench;
+}
 }  // namespace
 
-void register_emulated_cuda(BackendFactory make) { emulated_factory() = std::move(make); }
+void register_emulated_cuda(BackendFactory make, CudaBenchFn bench) {
+  emulated_factory() = std::move(make);
+  emulated_bench() = std::move(bench);
+}
 
 RankSetup emulated_cuda_rank_setup(int devices) {
   if (!emulated_factory())
@@ -37,6 +45,31 @@ RankSetup rank_setup_for(const std::string& backend, int devices) {
   if (backend == "cuda") return cuda_rank_setup(devices);
   if (backend == "cuda-emu") return emulated_cuda_rank_setup(devices);
   return mpi_rank_setup(devices);
+}
+
+int run_cuda_bench(const std::string& backend, const CudaBenchOptions& o, std::ostream& out) {
+  if (backend == "cuda-emu") {
+    if (!emulated_bench()) throw UsageError("--backend cuda-emu: this program was built without the cuda emulator");
+    return emulated_bench()(o, out);
+  }
+#ifdef SHARDSCOPE_HAVE_CUDA
+  const std::string why = cuda::unavailable_reason();
+  if (!why.empty()) throw UsageError("bench --backend cuda: " + why + " (`shardscope-engine info` says what was found)");
+  return cuda::run_bench(o, out);
+#else
+  (void)o;
+  (void)out;
+  throw UsageError("bench --backend cuda: this engine was built without CUDA (nvcc and the NCCL header were not "
+                   "found when it was configured)");
+#endif
+}
+
+int run_nccl_bench_rank() {
+#ifdef SHARDSCOPE_HAVE_CUDA
+  return cuda::nccl_bench_rank();
+#else
+  throw UsageError("bench-nccl-rank: this engine was built without CUDA");
+#endif
 }
 
 #ifndef SHARDSCOPE_HAVE_CUDA

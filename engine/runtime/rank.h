@@ -17,6 +17,7 @@
 #include "core/allocator.h"
 #include "core/backend.h"
 #include "core/trace.h"
+#include "cuda/bench_options.h"
 #include "model/config.h"
 #include "model/parallel.h"
 #include "protocol/events.h"
@@ -69,10 +70,14 @@ RankSetup cuda_rank_setup(int devices);
 // ranks as the cpu backend has. The executable that links the emulator
 // registers how to make its backend.
 using BackendFactory = std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)>;
-void register_emulated_cuda(BackendFactory make);
+using CudaBenchFn = std::function<int(const CudaBenchOptions&, std::ostream&)>;
+void register_emulated_cuda(BackendFactory make, CudaBenchFn bench);
 RankSetup emulated_cuda_rank_setup(int devices);
 // The rank setup of --backend cpu, cuda or cuda-emu.
 RankSetup rank_setup_for(const std::string& backend, int devices);
+// bench --backend cuda (or cuda-emu), and the NCCL table's ranks (bench-nccl-rank).
+int run_cuda_bench(const std::string& backend, const CudaBenchOptions& o, std::ostream& out);
+int run_nccl_bench_rank();
 // What `info` says of the cuda backend: the GPUs, or why there are none.
 void describe_cuda(std::ostream& out);
 
