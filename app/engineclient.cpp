@@ -24,6 +24,23 @@ EngineClient::~EngineClient() {
   }
 }
 
+int EngineClient::gpuCount() {
+  static const int count = [] {
+    QProcess info;
+    info.start(enginePath(), {QStringLiteral("info")});
+    if (!info.waitForFinished(10000)) {
+      info.kill();
+      info.waitForFinished();
+      return 0;
+    }
+    // "  cuda  available: N GPU(s), ..." (engine/runtime/cuda_rank.cpp)
+    const QByteArray out = info.readAllStandardOutput();
+    const qsizetype at = out.indexOf("cuda  available: ");
+    return at < 0 ? 0 : out.mid(at + 17).split(' ').front().toInt();
+  }();
+  return count;
+}
+
 QString EngineClient::enginePath() {
   const QString env = qEnvironmentVariable("SHARDSCOPE_ENGINE");
   if (!env.isEmpty()) return env;

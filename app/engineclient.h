@@ -35,6 +35,8 @@ class EngineClient : public QObject {
 
   // $SHARDSCOPE_ENGINE, else next to the application, else the build tree, else PATH.
   static QString enginePath();
+  // GPUs the engine's cuda backend can use here (its `info`), 0 when none or no cuda backend; asked once.
+  static int gpuCount();
 
   // Starts `shardscope-engine <args>`; events arrive on eventsReceived.
   void start(const QStringList& args);

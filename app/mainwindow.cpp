@@ -152,6 +152,9 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_model->setToolTip(tr("A preset, or the path of a Hugging Face model folder (config.json + safetensors)"));
   m_backend = new QComboBox(setup);
   m_backend->addItem(tr("CPU devices (MPI ranks)"), QStringLiteral("cpu"));
+  // GPUs only where the engine finds some (its `info`); a process per GPU, NCCL between them.
+  if (const int gpus = EngineClient::gpuCount(); gpus > 0)
+    m_backend->addItem(tr("GPUs (CUDA, %n found)", nullptr, gpus), QStringLiteral("cuda"));
   for (const QFileInfo& f : QDir(resourcesDir() + "/hardware").entryInfoList({"*.json"}, QDir::Files, QDir::Name))
     m_backend->addItem(tr("simulated %1").arg(f.completeBaseName()), QStringLiteral("sim:") + f.completeBaseName());
   m_strategy = new QComboBox(setup);
@@ -362,8 +365,9 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   connect(m_dtype, &QComboBox::activated, this, [this] { m_dtypeChosen = true; });
   connect(m_backend, &QComboBox::currentIndexChanged, this, [this] {
     if (m_dtypeChosen) return;
-    const bool sim = m_backend->currentData().toString().startsWith(QLatin1String("sim:"));
-    m_dtype->setCurrentIndex(m_dtype->findData(sim ? QStringLiteral("bf16") : QStringLiteral("fp32")));
+    const QString b = m_backend->currentData().toString();
+    const bool gpu = b.startsWith(QLatin1String("sim:")) || b == QLatin1String("cuda");
+    m_dtype->setCurrentIndex(m_dtype->findData(gpu ? QStringLiteral("bf16") : QStringLiteral("fp32")));
   });
   for (QSpinBox* b : {m_devices, m_prompt, m_decode, m_batch, m_nodes, m_seqLen, m_microBatch, m_steps})
     connect(b, &QSpinBox::valueChanged, this, changed);
@@ -450,7 +454,8 @@ QString MainWindow::setSetup(const QString& model, const QString& backend, const
   m_model->setCurrentText(model);
   const int b = m_backend->findData(backend);
   if (b >= 0) m_backend->setCurrentIndex(b);
-  else problem = tr("unknown backend '%1' (cpu, or sim:PROFILE with a profile from resources/hardware)").arg(backend);
+  else problem = tr("unknown backend '%1' (cpu, cuda where there are GPUs, or sim:PROFILE with a profile from "
+                    "resources/hardware)").arg(backend);
   const int st = m_strategy->findText(strategy);
   if (st >= 0) m_strategy->setCurrentIndex(st);
   else if (problem.isEmpty()) problem = tr("unknown strategy '%1' (single, dp, tp, sp, tp_sp, tsp)").arg(strategy);
@@ -473,6 +478,8 @@ QStringList MainWindow::engineArguments() const {
     if (backend.startsWith(QLatin1String("sim:"))) {
       args << "--backend" << "sim" << "--hardware" << backend.mid(4);
       if (m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());
+    } else if (backend == QLatin1String("cuda")) {
+      args << "--backend" << "cuda";
     }
     if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
     if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
@@ -484,6 +491,7 @@ QStringList MainWindow::engineArguments() const {
   else args << (strategy == QLatin1String("single") ? "run" : "launch");
   args << "--model" << m_model->currentText() << "--strategy" << strategy << promptArguments() << "--decode"
        << QString::number(m_decode->value()) << "--dtype" << m_dtype->currentData().toString();
+  if (backend == QLatin1String("cuda")) args << "--backend" << "cuda";
   if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
   if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
   if (backend.startsWith(QLatin1String("sim:")) && m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());

@@ -211,6 +211,11 @@ class TestStrategies : public QObject {
   void cpu_only() {
     if (m_backend != "cpu") QSKIP(qPrintable("checked with --backend cpu (this pass runs " + m_backend + ")"));
   }
+  int m_gpus = 0;  // --backend cuda: GPUs here (NCCL runs one rank per GPU)
+  void enough_gpus(int devices) {
+    if (m_backend == "cuda" && devices > m_gpus)
+      QSKIP(qPrintable(QString("skipped: %1 ranks need %1 GPUs, this machine has %2").arg(devices).arg(m_gpus)));
+  }
 
   // Runs the engine, counting runs that hang (a tiny run takes a second).
   Ran engine_run(const QStringList& args) {
@@ -295,6 +300,7 @@ class TestStrategies : public QObject {
     // Every row runs in well under a minute; once runs hang, more would only
     // run into the test's time limit.
     if (m_hung >= 3) QFAIL("three engine runs hung already; not starting another");
+    enough_gpus(devices);
 
     QStringList common =
         with_sets({"--model", model, "--prompt-len", QString::number(kPrompt), "--decode",
@@ -381,6 +387,7 @@ class TestStrategies : public QObject {
       const Ran info = engine({"info"});
       if (!info.out.contains("cuda  available"))
         QSKIP("skipped: no CUDA device (`shardscope-engine info` finds none)");
+      m_gpus = info.out.mid(info.out.indexOf("cuda  available: ") + 17).split(' ').front().toInt();
     }
   }
 
@@ -417,6 +424,7 @@ class TestStrategies : public QObject {
     QFETCH(int, devices);
     QFETCH(int, T);
     QFETCH(int, S);
+    enough_gpus(devices);
     const Dims dims;
     // An odd decode count leaves the sp ranks with different numbers of
     // decode tokens, so the check sees which rank stores which.
@@ -486,6 +494,7 @@ class TestStrategies : public QObject {
   // A long prompt: each sp rank holds a quarter of the activations, each tp
   // rank all tokens' residual stream.
   void spActivationsBelowTp() {
+    enough_gpus(4);
     const Dims dims;
     std::map<QString, double> worst;
     for (const QString strategy : {"tp", "sp"}) {

@@ -84,11 +84,19 @@ class TestTrain : public QObject {
   void cpu_only() {
     if (m_backend != "cpu") QSKIP(qPrintable("checked with --backend cpu (this pass runs " + m_backend + ")"));
   }
+  int m_gpus = 0;  // --backend cuda: GPUs here (NCCL runs one rank per GPU)
+  void enough_gpus(const QStringList& args) {
+    const int devices = args.contains("--devices") ? args[args.indexOf("--devices") + 1].toInt() : 1;
+    if (m_backend == "cuda" && devices > m_gpus)
+      QSKIP(qPrintable(QString("skipped: %1 ranks need %1 GPUs, this machine has %2").arg(devices).arg(m_gpus)));
+  }
 
  private slots:
   void initTestCase() {
-    if (m_backend == "cuda" && !engine({"info"}).out.contains("cuda  available"))
-      QSKIP("skipped: no CUDA device (`shardscope-engine info` finds none)");
+    if (m_backend != "cuda") return;
+    const Ran info = engine({"info"});
+    if (!info.out.contains("cuda  available")) QSKIP("skipped: no CUDA device (`shardscope-engine info` finds none)");
+    m_gpus = info.out.mid(info.out.indexOf("cuda  available: ") + 17).split(' ').front().toInt();
   }
   // Strategy rows: (strategy args, the single run's --micro-batch for the
   // same global batch, extra model overrides).
@@ -113,6 +121,11 @@ class TestTrain : public QObject {
           if (std::string(strategy) == "tp_sp") args += {"--mesh", "2x2"};
           QTest::addRow("%s, %s %d", family, strategy, D) << args << (std::string(strategy) == "dp" ? D : 1) << set;
         }
+    // One device of the backend under test against the cpu's (for the
+    // cuda passes: a GPU's kernels alone, where one GPU cannot run the rest).
+    if (m_backend != "cpu")
+      for (auto [family, model] : families)
+        QTest::addRow("%s, single", family) << QStringList{"--strategy", "single"} << 1 << QStringList{"--model", model};
     // Variants: micro-batches of several sequences, gradient accumulation,
     // tied embeddings, the contiguous split.
     QTest::newRow("llama, tp 2, micro-batch 2") << QStringList{"--strategy", "tp", "--devices", "2", "--micro-batch", "2"}
@@ -150,6 +163,7 @@ class TestTrain : public QObject {
     QFETCH(QStringList, args);
     QFETCH(int, single_batch);
     QFETCH(QStringList, set);
+    enough_gpus(args);
     const QString tag = QString::fromLatin1(QTest::currentDataTag()).replace(' ', '_').replace(',', '_');
     QStringList single_args = model_and(set + QStringList{"--steps", "1", "--micro-batch", QString::number(single_batch)});
     if (args.contains("--grad-accum")) single_args += {"--grad-accum", args[args.indexOf("--grad-accum") + 1]};
@@ -265,6 +279,7 @@ class TestTrain : public QObject {
   void adamwStepsEqualSingle() {
     QFETCH(QStringList, args);
     QFETCH(int, single_batch);
+    enough_gpus(args);
     const QString tag = QString::fromLatin1(QTest::currentDataTag()).replace(' ', '_').replace(',', '_');
     // Adam's update is m / (sqrt(v) + eps) ~ lr sign(g) where |g| >> eps:
     // an element whose gradient is within fp32 noise of zero moves +-lr in
@@ -338,6 +353,7 @@ class TestTrain : public QObject {
   }
   void memoryMatchesClosedForm() {
     QFETCH(QStringList, args);
+    enough_gpus(args);
     const Ran r = train(model_and(args + backend_args() + QStringList{"--steps", "2"}));
     VERIFY_RAN(r);
     const auto per_rank = read_stream(r.out).rank_metrics();

@@ -74,6 +74,8 @@ int run_nccl_bench_rank() {
 
 #ifndef SHARDSCOPE_HAVE_CUDA
 
+void check_gpu_count(int) {}
+
 RankSetup cuda_rank_setup(int) {
   throw UsageError("--backend cuda: this engine was built without CUDA (nvcc and the NCCL header were not found when "
                    "it was configured); use --backend cpu, or simulate the GPU with `shardscope-engine simulate`");
@@ -108,24 +110,34 @@ double nccl_timeout_s() {
 
 }  // namespace
 
+void check_gpu_count(int devices) {
+  const int gpus = cuda::device_count();
+  if (devices > gpus)
+    throw UsageError("--backend cuda --devices " + std::to_string(devices) + ": this host has " + std::to_string(gpus) +
+                     " GPU(s) and NCCL runs one rank per GPU; lower --devices to " + std::to_string(gpus) +
+                     ", give a --hostfile, or use --backend cpu");
+}
+
 RankSetup cuda_rank_setup(int devices) {
   const std::string why = cuda::unavailable_reason();
   if (!why.empty())
     throw UsageError("--backend cuda: " + why + " (`shardscope-engine info` says what was found); use --backend cpu, "
                      "or simulate the GPU with `shardscope-engine simulate`");
   const int gpus = cuda::device_count();
-  // Local ranks take the host's GPUs in turn; several share one where there are more ranks than GPUs.
+  // NCCL runs one rank per GPU: the host's local ranks take its GPUs in turn.
+  if (devices > 1 && local_size() > gpus)
+    throw UsageError("--backend cuda: " + std::to_string(local_size()) + " ranks on this host but " +
+                     std::to_string(gpus) + " GPU(s); NCCL runs one rank per GPU: lower --devices, or use --backend cpu");
   const int device = local_rank() % gpus;
-  const int sharing = (local_size() + gpus - 1 - device) / gpus;
   auto ctx = std::make_shared<std::shared_ptr<cuda::DeviceContext>>();
   RankSetup setup;
   setup.backend = "cuda";
-  // The device's free memory (its share when ranks share it), less room for
-  // what the allocator does not see: the CUDA context, cuBLAS's workspace,
-  // NCCL's buffers and the kernels' scratch.
+  // The device's free memory, less room for what the allocator does not
+  // see: the CUDA context, cuBLAS's workspace, NCCL's buffers and the
+  // kernels' scratch.
   const cuda::DeviceProps props = cuda::device_props(device);
   const int64_t reserve = std::max<int64_t>(int64_t(768) << 20, props.total_bytes / 20);
-  setup.default_capacity = std::max<int64_t>(0, props.free_bytes / sharing - reserve);
+  setup.default_capacity = std::max<int64_t>(0, props.free_bytes - reserve);
   setup.config = {{"gpu", {{"name", props.name},
                            {"device", device},
                            {"memory_bytes", props.total_bytes},

@@ -122,6 +122,7 @@ int launch(const RunOptions& o, const LaunchOptions& l) {
   // Every rank on this host (with a hostfile, each rank checks its own host as it starts).
   if (!gpu && l.hostfile.empty()) check_host_memory(plan.cfg, o, o.devices, host_available_bytes());
   rank_setup_for(o.backend, o.devices);  // refuses here, before any rank starts, what cannot run
+  if (gpu && l.hostfile.empty()) check_gpu_count(o.devices);
   return start_ranks(o.devices, l, "run");
 }
 
@@ -157,10 +158,7 @@ int start_ranks(int devices, const LaunchOptions& l, const std::string& subcomma
     setpgid(0, 0);  // the whole job in one group, so a stop reaches every rank
     dup2(err_pipe[1], STDERR_FILENO);
     dup2(err_pipe[1], STDOUT_FILENO);  // rank stdout is empty: the stream goes to the file
-    if (geteuid() == 0) {
-      setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-      setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    }
+    for (auto& [k, v] : mpirun_environment(l.hostfile.empty())) setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);

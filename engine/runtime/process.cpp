@@ -1,5 +1,7 @@
 #include "runtime/process.h"
 
+#include <cstdlib>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,14 +23,42 @@ std::string self_exe() {
   return ec ? "shardscope-engine" : p.string();
 }
 
-const char* mpirun_program() { return SHARDSCOPE_MPIEXEC; }
+// SHARDSCOPE_MPIRUN: another mpirun (an OpenMPI carried to a machine with none, tests/gpu/bundle.sh).
+const char* mpirun_program() {
+  const char* env = std::getenv("SHARDSCOPE_MPIRUN");
+  return env && *env ? env : SHARDSCOPE_MPIEXEC;
+}
 
 bool needs_oversubscribe(int ranks) { return unsigned(ranks) > std::max(1u, std::thread::hardware_concurrency()); }
+
+namespace {
+bool on_path(const char* program) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (size_t at = 0; at <= dirs.size();) {
+    const size_t colon = std::min(dirs.find(':', at), dirs.size());
+    const std::string file = dirs.substr(at, colon - at) + "/" + program;
+    if (colon > at && access(file.c_str(), X_OK) == 0) return true;
+    at = colon + 1;
+  }
+  return false;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> mpirun_environment(bool local_only) {
+  std::vector<std::pair<std::string, std::string>> env;
+  if (geteuid() == 0) env.insert(env.end(), {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}});
+  // OpenMPI's launcher looks for ssh even when every rank is local, and
+  // refuses to start without one (containers, GPU machines lent bare).
+  if (local_only && !std::getenv("OMPI_MCA_plm_rsh_agent") && !on_path("ssh") && !on_path("rsh"))
+    env.push_back({"OMPI_MCA_plm_rsh_agent", "false"});
+  return env;
+}
 
 std::string mpirun_self_command(int ranks, const std::string& args) {
   std::string cmd = std::string(mpirun_program()) + " -np " + std::to_string(ranks) +
                     (needs_oversubscribe(ranks) ? " --oversubscribe" : "") + " '" + self_exe() + "' " + args;
-  if (geteuid() == 0) cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + cmd;
+  for (auto& [k, v] : mpirun_environment(true)) cmd = k + "=" + v + " " + cmd;
   return cmd;
 }
 

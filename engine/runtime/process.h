@@ -7,6 +7,7 @@
 
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ss {
@@ -17,6 +18,9 @@ std::string self_exe();
 const char* mpirun_program();
 // Whether `ranks` ranks need --oversubscribe here (more ranks than cores).
 bool needs_oversubscribe(int ranks);
+// What mpirun needs in its environment here: the run-as-root variables as
+// root; with every rank on this host and no ssh, an agent that is never used.
+std::vector<std::pair<std::string, std::string>> mpirun_environment(bool local_only);
 // A shell command running `ranks` ranks of this executable with `args`
 // (already quoted), with the run-as-root variables when running as root.
 std::string mpirun_self_command(int ranks, const std::string& args);

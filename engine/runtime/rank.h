@@ -65,6 +65,8 @@ void connect_mpi(Group& g, Recorder& rec, int devices);
 // device), NCCL between the GPUs, MPI for the host side. Refused with the
 // reason where this engine has no CUDA or this machine no usable GPU.
 RankSetup cuda_rank_setup(int devices);
+// Refuses more ranks than this host has GPUs (NCCL runs one rank per GPU).
+void check_gpu_count(int devices);
 // The same kernels under the host emulator of engine/cuda/emu (`--backend
 // cuda-emu`, for the tests: slow, no GPU involved), with MPI between the
 // ranks as the cpu backend has. The executable that links the emulator

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Every GPU check and the GPU benchmark in one go, on a machine with an NVIDIA
+# GPU (tests/gpu/README.md):
+#   tests/gpu/run.sh OUTDIR
+# writes OUTDIR/log.txt (everything) and OUTDIR/summary.md (a row per check:
+# passed, failed, skipped, seconds; then the benchmark's tables).
+#
+# The binaries: from .gpu-bundle/shardscope-gpu.tar.xz when it was carried
+# here (tests/gpu/bundle.sh made it on a build machine), else built here into
+# build-gpu/ (this machine then needs the project's dependencies:
+# packaging/setup-deps.sh). cuBLAS and NCCL are this machine's: the CUDA
+# toolkit's, or the ones Python's nvidia-* packages carry.
+#
+# Checks: shardscope-engine info; tst_cuda_ops (every kernel against the cpu
+# backend, every dtype); tst_cuda_models (every family on one GPU against the
+# cpu, decode against prefill); tst_strategies and tst_train with the cuda
+# backend (rows needing more GPUs than there are say so and skip: NCCL runs
+# one rank per GPU); bench --backend cuda. About 5 minutes on one H100/H200.
+set -uo pipefail
+out="${1:?usage: tests/gpu/run.sh OUTDIR}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+log="$out/log.txt"
+summary="$out/summary.md"
+: > "$log"
+exec > >(tee -a "$log") 2>&1
+start=$(date +%s)
+rows=()
+
+# ---- the binaries
+bundle="$root/.gpu-bundle/shardscope-gpu.tar.xz"
+if [[ -f "$bundle" ]]; then
+  prefix=/tmp/shardscope-gpu
+  rm -rf "$prefix" && mkdir -p "$prefix"
+  if command -v xz >/dev/null; then
+    tar -C "$prefix" -xJf "$bundle" || { echo "run: cannot unpack $bundle"; exit 1; }
+  else  # no xz here: Python's tarfile reads it
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle" "$prefix" ||
+      { echo "run: cannot unpack $bundle (no xz, and python3 could not either)"; exit 1; }
+  fi
+  bin="$prefix/bin"
+  export LD_LIBRARY_PATH="$prefix/lib:$prefix/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export OPAL_PREFIX="$prefix/usr" PATH="$prefix/usr/bin:$PATH" SHARDSCOPE_MPIRUN="$prefix/usr/bin/mpirun"
+  echo "run: the bundle's binaries, unpacked in $prefix"
+else
+  build="$root/build-gpu"
+  echo "run: no bundle here; building into $build"
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSHARDSCOPE_BUILD_GUI=OFF ||
+    { echo "run: configure failed: install the dependencies (packaging/setup-deps.sh) or carry a bundle (tests/gpu/bundle.sh)"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target shardscope-engine tst_cuda_ops tst_cuda_models tst_strategies tst_train ||
+    { echo "run: build failed"; exit 1; }
+  bin="$root/build-gpu/bin-links"
+  mkdir -p "$bin"
+  ln -sf "$build/engine/shardscope-engine" "$bin/"
+  for t in tst_cuda_ops tst_cuda_models tst_strategies tst_train; do ln -sf "$build/tests/$t" "$bin/"; done
+fi
+# cuBLAS and NCCL where this machine keeps them (the engine loads them by name).
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -d "$d" ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+done
+for lib in libcublas.so.13 libnccl.so.2; do
+  found=$(find /usr/local /usr/lib /opt /usr/lib64 -name "$lib" 2>/dev/null | head -1)
+  [[ -n "$found" ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
+done
+export LD_LIBRARY_PATH
+export SHARDSCOPE_TEST_ENGINE="$bin/shardscope-engine" SHARDSCOPE_RESOURCES="$root/resources" QT_QPA_PLATFORM=offscreen
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_WAIT_POLICY=PASSIVE
+command -v ssh >/dev/null || command -v rsh >/dev/null || export OMPI_MCA_plm_rsh_agent=false  # ranks are local
+
+# ---- the checks: each with a time limit, counted from its own output
+check() {  # check NAME TIMEOUT_S COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local t0 status counts
+  t0=$(date +%s)
+  echo "===== $name: $*"
+  timeout "$limit" "$@" > "$out/$name.out" 2>&1
+  status=$?
+  cat "$out/$name.out"
+  local secs=$(( $(date +%s) - t0 ))
+  # Qt Test prints "Totals: P passed, F failed, S skipped" per pass (the ops suite runs one a dtype).
+  counts=$(grep -o 'Totals: [0-9]* passed, [0-9]* failed, [0-9]* skipped' "$out/$name.out" |
+           awk '{p+=$2; f+=$4; s+=$6} END {if (NR) printf "%d | %d | %d", p, f, s; else printf "- | - | -"}')
+  local result=ok
+  [[ $status -eq 124 ]] && result="timed out (${limit} s)"
+  [[ $status -ne 0 && $status -ne 124 ]] && result="FAILED (exit $status)"
+  rows+=("| $name | $result | $counts | $secs |")
+  rm -f "$out/$name.out"
+}
+
+nvidia-smi -L || echo "run: nvidia-smi found no GPU"
+check info 60 "$bin/shardscope-engine" info
+check tst_cuda_ops 300 "$bin/tst_cuda_ops"
+check tst_cuda_models 300 "$bin/tst_cuda_models"
+SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda 600 "$bin/tst_strategies"
+SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda 600 "$bin/tst_train" gradientsEqualSingle adamwStepsEqualSingle \
+  memoryMatchesClosedForm
+t0=$(date +%s)
+echo "===== bench --backend cuda"
+timeout 420 "$bin/shardscope-engine" bench --backend cuda > "$out/bench.txt" 2>&1
+bench_status=$?
+cat "$out/bench.txt"
+rows+=("| bench --backend cuda | $([[ $bench_status -eq 0 ]] && echo ok || echo "FAILED (exit $bench_status)") | - | - | - | $(( $(date +%s) - t0 )) |")
+
+{
+  echo "# GPU checks, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
+  echo
+  echo "| check | result | passed | failed | skipped | seconds |"
+  echo "|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  echo
+  echo "Total: $(( $(date +%s) - start )) s."
+  echo
+  echo '```'
+  cat "$out/bench.txt"
+  echo '```'
+} > "$summary"
+rm -f "$out/bench.txt"
+cat "$summary"
+grep -q "FAILED\|timed out" "$summary" && exit 1
+exit 0
