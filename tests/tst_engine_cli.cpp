@@ -590,7 +590,8 @@ class TestEngineCli : public QObject {
                                     QStringList{"launch", "--backend", "cuda", "--devices", "2", "--strategy", "tp",
                                                 "--prompt-len", "8"},
                                     QStringList{"train", "--backend", "cuda", "--seq-len", "16", "--steps", "1"},
-                                    QStringList{"bench", "--backend", "cuda"}}) {
+                                    QStringList{"bench", "--backend", "cuda"},
+                                    QStringList{"calibrate", "--backend", "cuda", "--out", "/tmp/never.json"}}) {
       const Ran r = engine(args);
       QCOMPARE(r.exit_code, 2);
       const QList<QByteArray> lines = r.err.trimmed().split('\n');
@@ -602,6 +603,14 @@ class TestEngineCli : public QObject {
     QCOMPARE(bench.exit_code, 0);
     for (const char* part : {"forward GEMMs", "of bare", "decode, batch 1", "of the limit", "ssd_scan"})
       QVERIFY2(bench.out.contains(part), bench.out.constData());
+    // calibrate's GPU profile, as a simulation reads it.
+    QTemporaryDir dir;
+    const QString profile = dir.filePath("gpu.json");
+    const Ran cal = engine({"calibrate", "--backend", "cuda-emu", "--quick", "--out", profile});
+    QVERIFY2(cal.exit_code == 0, cal.err.constData());
+    const Ran sim = engine({"simulate", "--hardware", profile, "--model", "tiny-llama", "--prompt-len", "16",
+                            "--events", "/dev/null"});
+    QVERIFY2(sim.exit_code == 0, sim.err.constData());
   }
 
   // --events FILE: the stream goes to the file, stdout stays empty, and it is

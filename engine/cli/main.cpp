@@ -189,10 +189,11 @@ int run_command(ss::RunOptions& o, const std::string& tokens, const std::string&
 int main(int argc, char** argv) {
   // --backend cuda-emu: the cuda kernels under the host emulator, for the tests.
   ss::register_emulated_cuda(
-      [](ss::Allocator& a, ss::Recorder& r) -> std::unique_ptr<ss::Backend> {
-        return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
-      },
-      [](const ss::CudaBenchOptions& o, std::ostream& out) { return ss::cuda_emu::run_bench(o, out); });
+      {[](ss::Allocator& a, ss::Recorder& r) -> std::unique_ptr<ss::Backend> {
+         return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
+       },
+       [](const ss::CudaBenchOptions& o, std::ostream& out) { return ss::cuda_emu::run_bench(o, out); },
+       [](bool quick, std::ostream& log) { return ss::cuda_emu::calibrate(quick, log); }});
   // Hand-written kernels and OpenBLAS take turns on the cores: idle OpenMP
   // threads must sleep rather than spin.
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
@@ -402,7 +403,10 @@ int main(int argc, char** argv) {
   calibrate->add_option("--out", calib_out, "profile file to write")->capture_default_str();
   calibrate->add_option("--ranks", calib_ranks, "ranks per run the profile is for (threads = cores / ranks)")
       ->capture_default_str();
-  std::string calib_for;
+  std::string calib_for, calib_backend = "cpu";
+  bool calib_quick = false;
+  calibrate->add_option("--backend", calib_backend, "cpu (this machine's cores) or cuda (its GPU)")->capture_default_str();
+  calibrate->add_flag("--quick", calib_quick, "--backend cuda: small sizes (a smoke test)");
   calibrate->add_option("--for", calib_for,
                         "also measure the GEMM shapes of this run, e.g. --for '--model small-llama --strategy tp "
                         "--devices 2 --prompt-len 512 --decode 8'");
@@ -519,6 +523,11 @@ int main(int argc, char** argv) {
     if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters, coll_json);
     if (*calibrate) {
       ss::CalibrateOptions options;
+      if (calib_backend != "cpu") {
+        std::cout << "calibrating this machine's GPU ...\n";
+        ss::write_profile(ss::calibrate_cuda(calib_backend, calib_quick, std::cout), calib_out, std::cout);
+        return 0;
+      }
       if (!calib_for.empty()) options.gemm_shapes = ss::gemm_shapes_of(calib_for);
       return ss::run_calibrate(calib_out, calib_ranks, std::cout, options);
     }

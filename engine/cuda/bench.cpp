@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -283,6 +285,152 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
          "(n-1)/n all_gather, 1 sendrecv):\n" << std::flush;
   stream_command(mpirun_self_command(gpus, "bench-nccl-rank"), out);
   return 0;
+}
+
+namespace {
+
+// Rate of y[M,N] = x[M,K] w[N,K]^T in `dt` on cuBLAS, FLOP/s (best of a few).
+double gemm_rate(Blas& blas, Stream s, int64_t M, int64_t N, int64_t K, DType dt) {
+  const int64_t es = dtype_size(dt);
+  void* x = malloc_device(M * K * es, s);
+  void* w = malloc_device(N * K * es, s);
+  void* y = malloc_device(M * N * es, s);
+  if (!x || !w || !y) throw std::runtime_error("calibrate: no device memory for a GEMM");
+  fill_random({x, M, K, K, dt}, 3, 1.0f, s);
+  fill_random({w, N, K, K, dt}, 4, 0.02f, s);
+  blas.gemm(true, false, N, M, K, 1.0f, w, dt, K, x, dt, K, 0.0f, y, dt, N, false);
+  Timer t(s);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    t.start();
+    blas.gemm(true, false, N, M, K, 1.0f, w, dt, K, x, dt, K, 0.0f, y, dt, N, false);
+    best = std::min(best, t.stop_ms() * 1e-3);
+  }
+  free_device(x, s);
+  free_device(w, s);
+  free_device(y, s);
+  return 2.0 * double(M) * double(N) * double(K) / best;
+}
+
+// Seconds of one call of `op` through the backend (its span), the median of a few after a warm-up.
+double span_seconds(CudaBackend& be, Recorder& rec, const std::function<void()>& op) {
+  op();
+  be.synchronize();
+  rec.take_spans();
+  std::vector<double> v;
+  for (int r = 0; r < 5; ++r) {
+    op();
+    be.synchronize();
+    for (const auto& sp : rec.take_spans())
+      if (sp.stream == "compute") v.push_back(double(sp.t1 - sp.t0) * 1e-9);
+  }
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+nlohmann::json calibrate(bool quick, std::ostream& log) {
+  using json = nlohmann::json;
+  const DeviceProps props = device_props(0);
+  Allocator alloc;
+  Recorder rec;
+  CudaBackend be(alloc, rec, 0);
+  const Stream s = be.compute_stream();
+  Blas blas(s);
+  const int64_t big = quick ? 64 : 8192, mid = quick ? 64 : 4096;
+  const double f32 = gemm_rate(blas, s, mid, mid, mid, DType::F32);
+  const double bf16 = gemm_rate(blas, s, big, big, big, DType::BF16);
+  const double fp16 = gemm_rate(blas, s, big, big, big, DType::F16);
+  const double bw = copy_bandwidth(s, quick ? (4 << 20) : (int64_t(1) << 30));
+  log << "  gemm: fp32 " << f32 * 1e-12 << ", bf16 " << bf16 * 1e-12 << ", fp16 " << fp16 * 1e-12
+      << " TFLOP/s; copy " << bw * 1e-9 << " GB/s\n";
+
+  // Per-kernel overhead: a tiny add through the backend (its events included).
+  Tensor t1 = be.alloc({1, 8}, Category::Workspace, "tiny");
+  be.fill(t1, 0.0f);
+  const double launch = span_seconds(be, rec, [&] { be.add(t1, t1, t1); });
+  // Elementwise: a memory-bound add over buffers far larger than the L2.
+  const int64_t rows = quick ? 64 : 8192, cols = quick ? 64 : 8192;
+  Tensor a = be.alloc({rows, cols}, Category::Workspace, "a", DType::BF16);
+  Tensor b = be.alloc({rows, cols}, Category::Workspace, "b", DType::BF16);
+  be.fill(a, 0.5f);
+  be.fill(b, 0.25f);
+  const double add_s = span_seconds(be, rec, [&] { be.add(a, a, b); });
+  const double elementwise = std::clamp(3.0 * double(a.nbytes()) / add_s / bw, 0.01, 1.0);
+  // Attention: a causal bf16 prefill's FLOPs against the bf16 rate.
+  const int64_t Tq = quick ? 64 : 4096, H = quick ? 2 : 32, hd = quick ? 64 : 128;
+  Tensor q = be.alloc({Tq, H * hd}, Category::Workspace, "q", DType::BF16);
+  Tensor k = be.alloc({Tq, H * hd}, Category::Workspace, "k", DType::BF16);
+  Tensor v = be.alloc({Tq, H * hd}, Category::Workspace, "v", DType::BF16);
+  Tensor o = be.alloc({Tq, H * hd}, Category::Workspace, "o", DType::BF16);
+  for (Tensor* t : {&q, &k, &v}) fill_random(mat(*t), 5, 1.0f, s);
+  std::vector<int32_t> pos(static_cast<size_t>(Tq));
+  std::iota(pos.begin(), pos.end(), 0);
+  AttentionArgs aa;
+  aa.n_heads = aa.n_kv_heads = int(H);
+  aa.head_dim = int(hd);
+  aa.scale = float(1.0 / std::sqrt(double(hd)));
+  aa.q_pos = aa.k_pos = pos;
+  const double att_s = span_seconds(be, rec, [&] { be.attention(o, q, k, v, aa); });
+  const double att_flops = double(Tq) * double(Tq + 1) / 2 * double(H) * 4.0 * double(hd);
+  const double attention = std::clamp(att_flops / att_s / bf16, 0.01, 1.0);
+  // One-row GEMMs (decode) over more weights than the L2 holds.
+  const int64_t N = quick ? 64 : 11008, K = quick ? 64 : 4096;
+  std::vector<Tensor> ws;
+  for (int i = 0; i < 8; ++i) {
+    ws.push_back(be.alloc({N, K}, Category::Workspace, "w", DType::BF16));
+    fill_random(mat(ws.back()), 6 + i, 0.02f, s);
+  }
+  Tensor xr = be.alloc({1, K}, Category::Workspace, "x1", DType::BF16), yr = be.alloc({1, N}, Category::Workspace, "y1", DType::BF16);
+  be.fill(xr, 0.1f);
+  double gemv_s = 0;
+  for (auto& w : ws) gemv_s += span_seconds(be, rec, [&] { be.matmul(yr, xr, w); });
+  const double gemv = std::clamp(8.0 * double(ws[0].nbytes()) / gemv_s / bw, 0.01, 1.0);
+  log << "  per kernel " << launch * 1e6 << " us; attention " << attention << " of bf16, elementwise " << elementwise
+      << " and one-row GEMMs " << gemv << " of the copy\n";
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  const std::string src = "measured by shardscope-engine calibrate --backend cuda on " + props.name + ", " + date;
+  // The link: NCCL's, when measured; else the datasheet profile naming this GPU (one GPU: nothing to measure).
+  json link = {{"name", "NVLink (not measured)"}, {"bandwidth_gbps", 100.0}, {"latency_us", 10.0},
+               {"source", "assumed: no second GPU here and no profile names this GPU"}};
+  json network = link;
+  for (const std::string& name : hardware_names()) {
+    const HardwareProfile hw = load_hardware(name);
+    for (const char* model : {"H200", "H100", "A100", "A6000"})
+      if (props.name.find(model) != std::string::npos && hw.device_name.find(model) != std::string::npos) {
+        link = hw.source["node"]["link"];
+        network = hw.source["network"];
+        link["source"] = "from the " + name + " profile's datasheet figures: one GPU here, no link to measure";
+        network["source"] = "from the " + name + " profile's datasheet figures";
+      }
+  }
+  return {
+      {"name", props.name + ", calibrated"},
+      {"device",
+       {{"name", props.name},
+        {"memory_bytes", props.total_bytes},
+        {"fp32_tflops", f32 * 1e-12},
+        {"matmul_tflops", f32 * 1e-12},
+        {"bf16_tflops", bf16 * 1e-12},
+        {"fp16_tflops", fp16 * 1e-12},
+        {"memory_bandwidth_gbps", bw * 1e-9},
+        {"kernel_launch_us", launch * 1e6},
+        {"attention_efficiency", attention},
+        {"elementwise_efficiency", elementwise},
+        {"gemv_efficiency", gemv},
+        {"sources",
+         {{"all", src + ": cuBLAS GEMMs of " + std::to_string(big) + "^3 (fp32: " + std::to_string(mid) +
+                      "^3, which is also the vector rate given), a device-to-device copy (bytes read + written), "
+                      "spans of the backend's own kernels"},
+          {"bf16_tflops", src},
+          {"fp16_tflops", src}}}}},
+      {"node", {{"max_devices", std::max(1, device_count())}, {"link", link}}},
+      {"network", network},
+  };
 }
 
 }  // namespace ss::SS_CUDA_NS

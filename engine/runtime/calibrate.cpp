@@ -660,7 +660,11 @@ std::vector<std::array<int64_t, 3>> gemm_shapes_of(const std::string& run_args, 
 int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, const CalibrateOptions& options) {
   if (ranks < 1) throw UsageError("--ranks must be >= 1");
   log << "calibrating this machine for " << ranks << " rank(s) ...\n";
-  const nlohmann::json profile = calibrate_machine(log, ranks, options);
+  write_profile(calibrate_machine(log, ranks, options), out_file, log);
+  return 0;
+}
+
+void write_profile(const nlohmann::json& profile, const std::string& out_file, std::ostream& log) {
   const std::string tmp = out_file + ".tmp";
   {
     std::ofstream f(tmp);
@@ -670,7 +674,6 @@ int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, con
   }
   std::filesystem::rename(tmp, out_file);
   log << "wrote " << out_file << "\n";
-  return 0;
 }
 
 }  // namespace ss

@@ -29,6 +29,8 @@ struct CalibrateOptions {
 // Measures and returns the profile (and prints what it measured to `log`).
 nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options = {});
 int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, const CalibrateOptions& options = {});
+// Writes a profile to `out_file` whole or not at all (a temporary file, then a rename).
+void write_profile(const nlohmann::json& profile, const std::string& out_file, std::ostream& log);
 // The GEMM shapes (M, N, K) a run uses, from a simulation of it: `run_args`
 // are simulate's options without --hardware and --events (e.g. "--model
 // llama2-7b --strategy tp --devices 8 --prompt-len 4096"); any profile gives

@@ -16,28 +16,21 @@
 namespace ss {
 
 namespace {
-BackendFactory& emulated_factory() {
-  static BackendFactory make;
-  return make;
-}
-CudaBenchFn& emulated_bench() {
-  static CudaBenchFn bench;
-  return bench;
+EmulatedCuda& emulated() {
+  static EmulatedCuda e;
+  return e;
 }
 }  // namespace
 
-void register_emulated_cuda(BackendFactory make, CudaBenchFn bench) {
-  emulated_factory() = std::move(make);
-  emulated_bench() = std::move(bench);
-}
+void register_emulated_cuda(EmulatedCuda e) { emulated() = std::move(e); }
 
 RankSetup emulated_cuda_rank_setup(int devices) {
-  if (!emulated_factory())
+  if (!emulated().make_backend)
     throw UsageError("--backend cuda-emu: this program was built without the cuda emulator (it is the tests' "
                      "backend); use --backend cpu or cuda");
   RankSetup setup = mpi_rank_setup(devices);
   setup.backend = "cuda-emu";
-  setup.make_backend = emulated_factory();
+  setup.make_backend = emulated().make_backend;
   return setup;
 }
 
@@ -49,8 +42,8 @@ RankSetup rank_setup_for(const std::string& backend, int devices) {
 
 int run_cuda_bench(const std::string& backend, const CudaBenchOptions& o, std::ostream& out) {
   if (backend == "cuda-emu") {
-    if (!emulated_bench()) throw UsageError("--backend cuda-emu: this program was built without the cuda emulator");
-    return emulated_bench()(o, out);
+    if (!emulated().bench) throw UsageError("--backend cuda-emu: this program was built without the cuda emulator");
+    return emulated().bench(o, out);
   }
 #ifdef SHARDSCOPE_HAVE_CUDA
   const std::string why = cuda::unavailable_reason();
@@ -61,6 +54,23 @@ int run_cuda_bench(const std::string& backend, const CudaBenchOptions& o, std::o
   (void)out;
   throw UsageError("bench --backend cuda: this engine was built without CUDA (nvcc and the NCCL header were not "
                    "found when it was configured)");
+#endif
+}
+
+nlohmann::json calibrate_cuda(const std::string& backend, bool quick, std::ostream& log) {
+  if (backend == "cuda-emu") {
+    if (!emulated().calibrate) throw UsageError("--backend cuda-emu: this program was built without the cuda emulator");
+    return emulated().calibrate(quick, log);
+  }
+  if (backend != "cuda") throw UsageError("calibrate --backend " + backend + ": use cpu (this machine) or cuda (its GPU)");
+#ifdef SHARDSCOPE_HAVE_CUDA
+  const std::string why = cuda::unavailable_reason();
+  if (!why.empty()) throw UsageError("calibrate --backend cuda: " + why + " (`shardscope-engine info` says what was found)");
+  return cuda::calibrate(quick, log);
+#else
+  (void)quick;
+  (void)log;
+  throw UsageError("calibrate --backend cuda: this engine was built without CUDA");
 #endif
 }
 

@@ -71,14 +71,19 @@ void check_gpu_count(int devices);
 // cuda-emu`, for the tests: slow, no GPU involved), with MPI between the
 // ranks as the cpu backend has. The executable that links the emulator
 // registers how to make its backend.
-using BackendFactory = std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)>;
-using CudaBenchFn = std::function<int(const CudaBenchOptions&, std::ostream&)>;
-void register_emulated_cuda(BackendFactory make, CudaBenchFn bench);
+struct EmulatedCuda {
+  std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)> make_backend;
+  std::function<int(const CudaBenchOptions&, std::ostream&)> bench;
+  std::function<nlohmann::json(bool quick, std::ostream& log)> calibrate;
+};
+void register_emulated_cuda(EmulatedCuda emulated);
 RankSetup emulated_cuda_rank_setup(int devices);
 // The rank setup of --backend cpu, cuda or cuda-emu.
 RankSetup rank_setup_for(const std::string& backend, int devices);
 // bench --backend cuda (or cuda-emu), and the NCCL table's ranks (bench-nccl-rank).
 int run_cuda_bench(const std::string& backend, const CudaBenchOptions& o, std::ostream& out);
+// calibrate --backend cuda (or cuda-emu, with `quick` sizes): the GPU's profile for the simulator.
+nlohmann::json calibrate_cuda(const std::string& backend, bool quick, std::ostream& log);
 int run_nccl_bench_rank();
 // What `info` says of the cuda backend: the GPUs, or why there are none.
 void describe_cuda(std::ostream& out);
