@@ -2,7 +2,7 @@
 # The sanitizer leg of CI: builds the engine, the explorer and the tests with
 # AddressSanitizer + UndefinedBehaviorSanitizer (any UB fails the test, no
 # recovery) into build-asan/ (or $SHARDSCOPE_ASAN_BUILD_DIR) and runs every
-# suite but the package check (it inspects the plain build's .deb): parsers,
+# suite (sampled rows, see below) but the package check (it inspects the plain build's .deb): parsers,
 # the stream, sessions, the explorer, the strategies, the simulator. Leak
 # detection is off: MPI and Qt keep process-lifetime allocations. Called by
 # test.sh after the plain leg passes.
@@ -18,10 +18,18 @@ configure_sanitized "$build" "$flags" "-fsanitize=address,undefined"
 cmake --build "$build" -j "$jobs"
 echo "sanitize: built in $(($(date +%s) - start)) s"
 # SHARDSCOPE_SANITIZER_LEG: the two long numeric cases (a 7B sweep, 200 training
-# steps) skip here; the plain leg runs them.
+# steps) skip here; the plain leg runs them. The strategy and training suites
+# run their sample of rows (every strategy of every family on 2 and 4 ranks,
+# a few bf16, optimizer and memory rows): the same code paths as every row,
+# at a fraction of the time; the plain leg runs every row. Of the emulated
+# cuda suites the kernels' own (tst_cuda_ops_emu) runs here, index arithmetic
+# under ASan; the model, strategy and training passes over the same kernels
+# run in the plain leg.
 export QT_QPA_PLATFORM=offscreen SHARDSCOPE_FAULT_TRIALS=5 SHARDSCOPE_SANITIZER_LEG=asan
+export SHARDSCOPE_STRATEGY_ROWS=sample SHARDSCOPE_TRAIN_ROWS=sample
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_odr_violation=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$root/packaging/ubsan.supp"
 t0=$(date +%s)
-ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1800 -E tst_package
+ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1800 \
+  -E '^(tst_package|tst_cuda_models_emu|tst_strategies_cuda_emu|tst_train_cuda_emu)$'
 echo "sanitize: tests took $(($(date +%s) - t0)) s; leg $(($(date +%s) - start)) s"

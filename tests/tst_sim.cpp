@@ -16,6 +16,7 @@
 
 #include "engine_process.h"
 #include "protocol/events.h"
+#include "sim/sim_backend.h"
 
 using namespace ss::proto;
 using json = nlohmann::json;
@@ -495,6 +496,49 @@ class TestSim : public QObject {
     }
   }
 
+  // Contention (device.contention, measured by calibrate for ranks sharing a
+  // host): work on one stream runs 1 + c times slower where the other stream
+  // is busy. The stretch in closed form; then whole runs: tp's collectives
+  // block (no kernel runs beside them), so its times do not move; tsp keeps a
+  // ring transfer in flight beside its GEMMs, so it slows down, by at most
+  // 1 + c overall.
+  void contentionSlowsOverlapOnly() {
+    using ss::SimClock;
+    // 10 ns of work from 0, the other stream busy over [2, 6): 2 ns free, 2 ns
+    // of progress in the 4 busy ns, the 6 left after 6: ends at 12.
+    QCOMPARE(SimClock::stretched_end(0, 10, {{2, 6}}, 1.0), 12.0);
+    QCOMPARE(SimClock::stretched_end(0, 10, {{2, 6}}, 0.0), 10.0);
+    QCOMPARE(SimClock::stretched_end(3, 0.5, {{2, 6}}, 3.0), 5.0);  // at a quarter speed
+    QCOMPARE(SimClock::stretched_end(3, 1, {{2, 6}}, 3.0), 6.25);   // 0.75 by 6, the rest free
+    QCOMPARE(SimClock::stretched_end(0, 4, {{1, 2}, {3, 4}}, 1.0), 5.0);  // 1 + 0.5 + 1 + 0.5 by 4
+    SimClock::Intervals busy;
+    for (auto [a, b] : {std::pair{5.0, 7.0}, {1.0, 2.0}, {6.0, 9.0}, {2.0, 3.0}, {4.0, 4.0}})
+      SimClock::add_busy(busy, a, b);
+    QCOMPARE(busy, (SimClock::Intervals{{1, 3}, {5, 9}}));
+
+    auto end_ns = [&](const QString& strategy, double c) -> int64_t {
+      json j = m_h100;
+      if (c > 0) j["device"]["contention"] = {{"compute", c}, {"comm", c}, {"source", "test"}};
+      const QString file = m_dir.filePath(QString("contention-%1.json").arg(c));
+      {
+        QFile f(file);
+        if (!f.open(QIODevice::WriteOnly)) return -1;
+        f.write(QByteArray::fromStdString(j.dump(2)));
+      }
+      const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", strategy,
+                            "--devices", "2", "--prompt-len", "64", "--decode", "4"});
+      if (r.crashed || r.exit_code != 0) return -1;
+      const Stream st = read_stream(r.out);
+      int64_t end = 0;
+      for (auto* sp : st.all<Span>()) end = std::max(end, sp->t1);
+      return end;
+    };
+    const int64_t tp0 = end_ns("tp", 0), tp1 = end_ns("tp", 1), tsp0 = end_ns("tsp", 0), tsp1 = end_ns("tsp", 1);
+    QVERIFY(tp0 > 0 && tp1 > 0 && tsp0 > 0 && tsp1 > 0);
+    QCOMPARE(tp1, tp0);
+    QVERIFY2(tsp1 > tsp0 && tsp1 <= 2 * tsp0 + 2, qPrintable(QString("tsp: %1 ns without, %2 with").arg(tsp0).arg(tsp1)));
+  }
+
   // calibrate writes a profile the simulator accepts, with the measured tables
   // and per-collective alpha-beta, each with its source.
   void calibratedProfile() {
@@ -511,6 +555,10 @@ class TestSim : public QObject {
     for (const char* op : {"add", "rmsnorm", "rope", "silu_mul", "embedding", "argmax"})
       QVERIFY2(d["kernel_times"].contains(op), op);
     QVERIFY(d["gemm_times"]["shapes"].size() >= 4);
+    // Two ranks: the slowdown of each stream beside the other, measured.
+    QVERIFY(d.contains("contention") && d["contention"].contains("source"));
+    for (const char* k : {"compute", "comm"})
+      QVERIFY2(d["contention"].contains(k) && d["contention"][k].get<double>() >= 0, k);
     for (const char* op : {"all_reduce", "all_gather", "broadcast", "sendrecv"})
       QVERIFY2(p["node"]["link"].contains("collectives") && p["node"]["link"]["collectives"].contains(op), op);
     const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp", "--devices",

@@ -411,6 +411,11 @@ int main(int argc, char** argv) {
                         "also measure the GEMM shapes of this run, e.g. --for '--model small-llama --strategy tp "
                         "--devices 2 --prompt-len 512 --decode 8'");
 
+  auto* calib_rank = app.add_subcommand("calibrate-rank", "(internal) one rank of calibrate --ranks N");
+  calib_rank->group("");
+  std::vector<std::string> calib_rank_shapes;
+  calib_rank->add_option("--shapes", calib_rank_shapes, "GEMM shapes M:N:K")->delimiter(',');
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -521,6 +526,16 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters, coll_json);
+    if (*calib_rank) {
+      ss::CalibrateOptions options;
+      for (const auto& sh : calib_rank_shapes) {
+        std::array<int64_t, 3> mnk{};
+        if (std::sscanf(sh.c_str(), "%ld:%ld:%ld", &mnk[0], &mnk[1], &mnk[2]) != 3)
+          throw ss::UsageError("--shapes takes M:N:K, got " + sh);
+        options.gemm_shapes.push_back(mnk);
+      }
+      return ss::calibrate_rank(options);
+    }
     if (*calibrate) {
       ss::CalibrateOptions options;
       if (calib_backend != "cpu") {

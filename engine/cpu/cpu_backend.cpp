@@ -7,12 +7,11 @@
 #include <stdexcept>
 
 #include "comm/quantize.h"
+#include "cpu/host_blocks.h"
 #include "cpu/kernels.h"
 
 namespace ss {
 namespace {
-
-void free_aligned(void* p) { std::free(p); }
 
 // Applies f(row pointer of dst, row pointer of src, cols) for 2-D views of any row stride.
 template <class F>
@@ -38,11 +37,8 @@ std::string CpuBackend::device_name() const {
   return "host CPU";
 }
 
-void* CpuBackend::allocate_data(int64_t bytes) {
-  const size_t rounded = (size_t(bytes) + 63) & ~size_t(63);
-  return std::aligned_alloc(64, rounded);
-}
-Buffer::FreeFn CpuBackend::free_fn() const { return &free_aligned; }
+void* CpuBackend::allocate_data(int64_t bytes) { return cpu::host_alloc(bytes); }
+Buffer::FreeFn CpuBackend::free_fn() const { return &cpu::host_free; }
 
 // Host values of `src_dtype` into the tensor's dtype: a plain copy when they
 // match (a bf16 checkpoint loads without being widened), otherwise widened to

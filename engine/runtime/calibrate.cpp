@@ -33,10 +33,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
+// Called before every timed call (calibrate_rank.cpp: a rank that only loads
+// the host stops here once the measuring rank is done).
+std::function<void()> g_before_each;
+
 template <class F>
 double best_seconds(int reps, F&& f) {
   double best = 1e30;
   for (int i = 0; i < reps; ++i) {
+    if (g_before_each) g_before_each();
     const auto t0 = Clock::now();
     f();
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
@@ -75,6 +80,7 @@ double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& befo
   const auto start = Clock::now();
   for (int i = 0; i < 200; ++i) {
     if (i >= min_reps && std::chrono::duration<double>(Clock::now() - start).count() > budget_s) break;
+    if (g_before_each) g_before_each();
     before();
     f();
     const auto spans = rec.take_spans();
@@ -395,7 +401,17 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
   return 0;
 }
 
-nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options) {
+void set_calibration_hook(std::function<void()> before_each) { g_before_each = std::move(before_each); }
+
+std::string calibration_source(int threads) {
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  return "measured by shardscope-engine calibrate on " + host_name() + ", " + date + ", " + std::to_string(threads) +
+         " thread(s) per rank";
+}
+
+nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptions& options) {
   // Per-rank figures, with the threads a run gives each rank: all cores for
   // one rank, one thread per rank when several share the host (run.cpp).
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -520,13 +536,67 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   rec.clear();
   log << "  (gemm times)" << elapsed();
 
+  std::ifstream mi("/proc/meminfo");
+  std::string key;
+  int64_t mem_kb = 0;
+  while (mi >> key >> mem_kb)
+    if (key == "MemTotal:") break;
+  const std::string src_note = calibration_source(threads);
+  return {{"name", be.device_name() + ", " + std::to_string(threads) + " thread(s)"},
+          {"memory_bytes", mem_kb * 1024 / std::max(1, ranks)},
+          {"fp32_tflops", vector * 1e-12},
+          {"matmul_tflops", gemm * 1e-12},
+          {"memory_bandwidth_gbps", bw * 1e-9},
+          {"kernel_launch_us", launch * 1e6},
+          {"attention_efficiency", attention_eff},
+          {"scan_efficiency", scan_eff},
+          {"elementwise_efficiency", elementwise_eff},
+          {"gemv_efficiency", gemv_eff},
+          {"kernel_times",
+           [&] {
+             json k = kernels;
+             k["source"] = src_note;
+             k["note"] = "median span of each kernel through the cpu backend at rows x cols (rope and "
+                         "attention_merge: heads of 64); rows and cols are the span's dims (argmax: one row of cols)";
+             return k;
+           }()},
+          {"gemm_times",
+           {{"source", src_note},
+            {"note", "median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level cache "
+                     "(weights not in any cache, as in decode)"},
+            {"shapes", gemms}}},
+          {"attention_times",
+           [&] {
+             json a = attention;
+             a["source"] = src_note;
+             a["note"] = "median attention span, tq queries at the last tq of tk key positions (all keys visible "
+                         "when tq > tk); other head counts and masks scale by FLOPs";
+             return a;
+           }()},
+          {"sources", {{"all", src_note}}}};
+}
+
+nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options) {
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = ranks > 1 ? 1 : cores;
+  const auto started = Clock::now();
+  auto elapsed = [&] {
+    char b[32];
+    std::snprintf(b, sizeof b, " [%.1f s]\n", std::chrono::duration<double>(Clock::now() - started).count());
+    return std::string(b);
+  };
+  // Several ranks: every rank measures at once, as a run's ranks compute at
+  // once on this host's cores and memory (calibrate_rank.cpp).
+  const json device = ranks > 1 ? measure_device_on_ranks(log, ranks, options) : measure_device(log, ranks, options);
+  const double bw = device.value("memory_bandwidth_gbps", 10.0) * 1e9;
+
   // MPI: every collective over message sizes between `ranks` ranks of this
   // host; alpha-beta per collective. The link's own figures are all_reduce's.
   double alpha = 20e-6, beta = bw / 4;
   json colls = json::object();
   if (ranks > 1) {
     const std::string cmd =
-        mpirun_self_command(ranks, "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304 --iterations 100");
+        mpirun_self_command(ranks, "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304,16777216 --iterations 100");
     std::map<std::string, std::vector<std::pair<double, double>>> pts;
     if (std::FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
@@ -555,23 +625,14 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
     log << "  (collectives)" << elapsed();
   }
 
-  std::ifstream mi("/proc/meminfo");
-  std::string key;
-  int64_t mem_kb = 0;
-  while (mi >> key >> mem_kb)
-    if (key == "MemTotal:") break;
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  const std::string src_note = "measured by shardscope-engine calibrate on " + host_name() + ", " + date + ", " +
-                               std::to_string(threads) + " thread(s) per rank";
+  const std::string src_note = calibration_source(threads);
   json link = {{"name", "MPI shared memory"}, {"bandwidth_gbps", beta * 1e-9}, {"latency_us", alpha * 1e6},
                {"source", src_note + "; latency and bandwidth: all_reduce's"}};
   if (!colls.empty()) {
     colls["note"] = "alpha (latency_us, per step) and beta (bandwidth_gbps) fitted (least squares on the relative "
                     "error) to each collective's median time through the engine's communicator, from the last "
                     "rank's start to the last rank's end, each call after a sweep of the private caches, over "
-                    "message sizes 64 B - 4 MiB, for the cost model's formula of that collective at " +
+                    "message sizes 64 B - 16 MiB, for the cost model's formula of that collective at " +
                     std::to_string(ranks) + " ranks";
     link["collectives"] = colls;
   }
@@ -579,39 +640,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   network["name"] = "MPI shared memory (one host)";
   return {
       {"name", "this machine (" + host_name() + "), calibrated, " + std::to_string(ranks) + " ranks"},
-      {"device",
-       {{"name", be.device_name() + ", " + std::to_string(threads) + " thread(s)"},
-        {"memory_bytes", mem_kb * 1024 / std::max(1, ranks)},
-        {"fp32_tflops", vector * 1e-12},
-        {"matmul_tflops", gemm * 1e-12},
-        {"memory_bandwidth_gbps", bw * 1e-9},
-        {"kernel_launch_us", launch * 1e6},
-        {"attention_efficiency", attention_eff},
-        {"scan_efficiency", scan_eff},
-        {"elementwise_efficiency", elementwise_eff},
-        {"gemv_efficiency", gemv_eff},
-        {"kernel_times",
-         [&] {
-           json k = kernels;
-           k["source"] = src_note;
-           k["note"] = "median span of each kernel through the cpu backend at rows x cols (rope and attention_merge: "
-                       "heads of 64); rows and cols are the span's dims (argmax: one row of cols)";
-           return k;
-         }()},
-        {"gemm_times",
-         {{"source", src_note},
-          {"note", "median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level cache "
-                   "(weights not in any cache, as in decode)"},
-          {"shapes", gemms}}},
-        {"attention_times",
-         [&] {
-           json a = attention;
-           a["source"] = src_note;
-           a["note"] = "median attention span, tq queries at the last tq of tk key positions (all keys visible when "
-                       "tq > tk); other head counts and masks scale by FLOPs";
-           return a;
-         }()},
-        {"sources", {{"all", src_note}}}}},
+      {"device", device},
       {"node", {{"max_devices", std::max(cores, ranks)}, {"link", link}}},
       {"network", network},
   };

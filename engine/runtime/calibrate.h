@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct CalibrateOptions {
 };
 
 // Measures and returns the profile (and prints what it measured to `log`).
+// With several ranks the device figures come from every rank measuring at
+// once (calibrate_rank.cpp), with the contention between a rank's kernels and
+// its own collectives.
 nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options = {});
 int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, const CalibrateOptions& options = {});
 // Writes a profile to `out_file` whole or not at all (a temporary file, then a rename).
@@ -39,6 +43,21 @@ std::vector<std::array<int64_t, 3>> gemm_shapes_of(const std::string& run_args, 
 // The profile as calibrate writes it without options: the GEMM shapes and
 // row counts measured only because CalibrateOptions asked for them removed.
 nlohmann::json grid_only(const nlohmann::json& profile);
+
+// The profile's "device" object, measured in this process with the threads a
+// run of `ranks` ranks gives each rank.
+nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptions& options);
+// The same measured on `ranks` MPI ranks at once (rank 0's figures), plus
+// "contention" (see calibrate_rank.cpp).
+nlohmann::json measure_device_on_ranks(std::ostream& log, int ranks, const CalibrateOptions& options);
+// One rank of measure_device_on_ranks (calibrate-rank): rank 0 measures and
+// prints the device object as one JSON line, the others load the host with
+// the same measurements until rank 0 is done; then all measure contention.
+int calibrate_rank(const CalibrateOptions& options);
+// Called before every timed call of measure_device (nullptr: nothing).
+void set_calibration_hook(std::function<void()> before_each);
+// "measured by shardscope-engine calibrate on <host>, <date>, N thread(s) per rank".
+std::string calibration_source(int threads);
 
 // One rank of the collective measurement (bench-collectives-rank --json):
 // each of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all and

@@ -211,6 +211,18 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
   h.scan_efficiency = fraction("scan_efficiency", h.scan_efficiency);
   h.elementwise_efficiency = fraction("elementwise_efficiency", h.elementwise_efficiency);
   h.gemv_efficiency = fraction("gemv_efficiency", h.gemv_efficiency);
+  if (auto it = d.find("contention"); it != d.end()) {
+    // Slowdowns while the other stream is busy (calibrate_rank.cpp); 0 when absent.
+    if (!it->is_object()) throw UsageError(origin + ": field 'device.contention' must be an object");
+    require_source(*it, "device.contention.", origin);
+    for (auto [key, field] : {std::pair{"compute", &h.compute_contention}, {"comm", &h.comm_contention}}) {
+      auto f = it->find(key);
+      if (f == it->end()) continue;
+      if (!f->is_number() || !(f->get<double>() >= 0) || !std::isfinite(f->get<double>()))
+        throw UsageError(origin + ": field 'device.contention." + key + "' must be a number >= 0");
+      *field = f->get<double>();
+    }
+  }
   if (auto it = d.find("kernel_times"); it != d.end()) {
     if (!it->is_object()) throw UsageError(origin + ": field 'device.kernel_times' must be an object");
     require_source(*it, "device.kernel_times.", origin);

@@ -11,6 +11,7 @@
 //       the median span of y[M,N] = x[M,K] w[N,K]^T, w not in any cache;
 //   device.attention_times    {"heads", "kv_heads", "head_dim", "tq": [..], "tk": [..], "us": [[..] per tq]}
 //       the median attention span, Tq queries at the last Tq of Tk key positions;
+//   device.contention          {"compute", "comm"} slowdowns of each stream beside the other;
 //   node.link.collectives.<op> / network.collectives.<op>  {"latency_us", "bandwidth_gbps"}
 //       alpha and beta of <op> fitted to its measured times over message sizes.
 #pragma once
@@ -80,6 +81,11 @@ struct HardwareProfile {
   // of the matmul rate, elementwise kernels of the memory bandwidth.
   double attention_efficiency = 0.5, scan_efficiency = 0.5, elementwise_efficiency = 0.8;
   double gemv_efficiency = 0.8;  // of the memory bandwidth, for GEMMs with a few rows (decode)
+  // Contention between a rank's two streams (optional, measured by calibrate
+  // for ranks sharing a host's cores): while a collective is in flight a
+  // kernel runs 1 + compute_contention times slower, and while kernels run a
+  // collective 1 + comm_contention times slower. 0: the streams are independent.
+  double compute_contention = 0, comm_contention = 0;
   // Measured kernel times (optional, see above).
   std::map<std::string, TimeGrid> kernel_times;  // op -> grid over (rows, cols)
   std::vector<GemmShapeTimes> gemm_times;

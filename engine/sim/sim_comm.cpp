@@ -9,15 +9,35 @@
 namespace ss {
 namespace {
 
+// A collective from `start` (its last participant's arrival) taking `work`
+// ns alone. With comm contention its end moves later by the rank's kernels
+// that overlap it, known once the rank waits (kernels after the wait cannot).
 class SimRequest final : public CommRequest {
  public:
-  SimRequest(SimClock& clock, double end) : m_clock(clock), m_end(end) {}
-  void wait() override { m_clock.compute_ns = std::max(m_clock.compute_ns, m_end); }
-  bool done() override { return m_clock.compute_ns >= m_end; }
+  SimRequest(SimClock& clock, double arrive, double start, double work, double slowdown)
+      : m_clock(clock), m_arrive(arrive), m_start(start), m_work(work), m_slowdown(slowdown) {
+    if (m_slowdown > 0) m_clock.pending.insert(m_arrive);
+  }
+  ~SimRequest() override { release(); }
+  void wait() override {
+    const double end = this->end();
+    m_clock.compute_ns = std::max(m_clock.compute_ns, end);
+    m_clock.comm_ns = std::max(m_clock.comm_ns, end);
+    release();
+  }
+  bool done() override { return m_clock.compute_ns >= end(); }
 
  private:
+  double end() const {
+    return m_slowdown > 0 ? SimClock::stretched_end(m_start, m_work, m_clock.compute_busy, m_slowdown) : m_start + m_work;
+  }
+  void release() {
+    if (m_slowdown > 0 && !m_released) m_clock.pending.erase(m_clock.pending.find(m_arrive));
+    m_released = true;
+  }
   SimClock& m_clock;
-  double m_end;
+  double m_arrive, m_start, m_work, m_slowdown;
+  bool m_released = false;
 };
 
 uint64_t mix(uint64_t a, uint64_t b) {
@@ -81,7 +101,9 @@ Request SimCommunicator::timed(const char* op, double payload, std::vector<int64
   // real communicators record it, so both streams agree on all but times.
   const double wire = std::string_view(op) == "recv" ? 0.0 : wire_bytes(op, payload, size());
   m_rec.span(StreamKind::Comm, op, int64_t(arrive), int64_t(end), 0, wire, std::move(dims), std::move(peers));
-  return std::make_shared<SimRequest>(m_clock, end);
+  const HardwareProfile& hw = m_net.hardware();
+  if (hw.compute_contention > 0) SimClock::add_busy(m_clock.comm_busy, arrive, end);
+  return std::make_shared<SimRequest>(m_clock, arrive, start, end - start, hw.comm_contention);
 }
 
 Request SimCommunicator::iall_reduce(const Tensor& buf) {

@@ -1,0 +1,224 @@
+// calibrate for several ranks: the device figures measured while every rank
+// of the run measures too, and the contention between a rank's kernels and
+// its own collectives.
+//
+// A run of N ranks on one host computes on N ranks at once: they share the
+// memory bandwidth and the last-level cache (a one-row GEMM measured here ran
+// 1.6x slower beside a second rank doing the same than alone), and with more
+// ranks than cores they share the cores. So rank 0 measures while ranks
+// 1..N-1 run the same measurements as load, until rank 0 is done.
+//
+// Contention: a rank's collectives run on its comm-stream thread (MPI polls
+// while it waits), on the cores its kernels use; tsp's rings and sp's
+// attention ring keep a transfer in flight beside the GEMMs, and both slow
+// down. Every rank runs a GEMM alone, then the same GEMM while a chain of
+// ring sendrecvs is in flight on its comm stream, then the chain alone and
+// beside back-to-back GEMMs: compute = t(GEMM beside comm) / t(GEMM alone) - 1
+// and comm = t(chain beside GEMMs) / t(chain alone) - 1, the slowdown of each
+// stream while the other is busy, which the simulator applies to the part of
+// a kernel (or a collective) that overlaps the other stream.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "comm/mpi_communicator.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/kernels.h"
+#include "runtime/calibrate.h"
+#include "runtime/process.h"
+
+namespace ss {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+struct LoadDone {};
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, std::ostream& log) {
+  const int n = world.size(), me = world.rank();
+  // A prefill-sized GEMM (tens of ms on one thread) and ring steps of 4 MiB.
+  Tensor x = be.alloc({256, 1024}, Category::Workspace, "x"), w = be.alloc({2048, 1024}, Category::Workspace, "w");
+  Tensor y = be.alloc({256, 2048}, Category::Workspace, "y");
+  Tensor send = be.alloc({1 << 20}, Category::CommBuffers, "send"), recv = be.alloc({1 << 20}, Category::CommBuffers, "recv");
+  for (Tensor* t : {&x, &w, &send}) be.fill(*t, 0.01f);
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  auto gemm = [&] {
+    const auto t0 = Clock::now();
+    be.matmul(y, x, w);
+    return seconds_since(t0);
+  };
+  auto post = [&](int steps) {
+    std::vector<Request> reqs;
+    for (int i = 0; i < steps; ++i) reqs.push_back(world.isendrecv(send, next, recv, prev));
+    return reqs;
+  };
+  auto wait_all = [](std::vector<Request>& reqs) {
+    for (auto& r : reqs) r->wait();
+  };
+  constexpr int kReps = 7;
+  std::vector<double> alone, beside, chain_alone, chain_beside;
+  for (int i = 0; i < kReps; ++i) {
+    world.barrier();
+    alone.push_back(gemm());
+  }
+  double step = 0;  // one ring step alone
+  {
+    std::vector<double> s;
+    for (int i = 0; i < kReps; ++i) {
+      world.barrier();
+      const auto t0 = Clock::now();
+      world.sendrecv(send, next, recv, prev);
+      s.push_back(seconds_since(t0));
+    }
+    step = std::max(median_of(s), 1e-6);
+  }
+  // The chain lasts about twice the GEMM alone, so the GEMM overlaps it throughout.
+  // (Rank 0's count on every rank: each posts the same chain.)
+  Tensor count = be.alloc({1}, Category::CommBuffers, "steps");
+  be.fill(count, float(std::clamp(std::ceil(2 * median_of(alone) / step), 4.0, 512.0)));
+  world.broadcast(count, 0);
+  float steps_f = 0;
+  be.download(count, &steps_f);
+  const int steps = int(steps_f);
+  for (int i = 0; i < kReps; ++i) {
+    world.barrier();
+    const auto t0 = Clock::now();
+    auto reqs = post(steps);
+    wait_all(reqs);
+    chain_alone.push_back(seconds_since(t0));
+  }
+  for (int i = 0; i < kReps; ++i) {
+    world.barrier();
+    auto reqs = post(steps);
+    beside.push_back(gemm());
+    wait_all(reqs);
+  }
+  for (int i = 0; i < kReps; ++i) {
+    world.barrier();
+    rec.clear();
+    const auto t0 = Clock::now();
+    auto reqs = post(steps);
+    while (!reqs.back()->done()) gemm();
+    wait_all(reqs);
+    // The chain's end: its last span's end (the GEMM that was running then
+    // may end later).
+    double end = 0;
+    for (auto& s : rec.take_spans())
+      if (s.stream == "comm") end = std::max(end, double(s.t1));
+    const double start = double(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count());
+    chain_beside.push_back(std::max(0.0, end - start) * 1e-9);
+  }
+  const double compute = std::max(0.0, median_of(beside) / median_of(alone) - 1);
+  const double comm = std::max(0.0, median_of(chain_beside) / median_of(chain_alone) - 1);
+  char line[300];
+  std::snprintf(line, sizeof line,
+                "  contention: a 256x2048x1024 GEMM %.2f ms alone, %.2f ms beside %d ring steps of 4 MiB (+%.0f%%); "
+                "the steps %.2f ms alone, %.2f ms beside GEMMs (+%.0f%%)\n",
+                median_of(alone) * 1e3, median_of(beside) * 1e3, steps, 100 * compute, median_of(chain_alone) * 1e3,
+                median_of(chain_beside) * 1e3, 100 * comm);
+  log << line;
+  return {{"compute", compute},
+          {"comm", comm},
+          {"source", calibration_source(1) + ", " + std::to_string(n) + " ranks"},
+          {"note", "slowdown of a rank's kernels while its comm stream has a collective in flight (compute), and "
+                   "of its collectives while its kernels run (comm): a 256x2048x1024 GEMM beside a chain of 4 MiB "
+                   "ring sendrecvs on every rank at once, against each alone (medians of 7)"}};
+}
+
+}  // namespace
+
+int calibrate_rank(const CalibrateOptions& options) {
+  MpiWorld mpi;
+  const int ranks = mpi.size(), me = mpi.rank();
+  json device;
+  // Rank 0 measures; the others repeat the same measurements as load until
+  // rank 0 enters the barrier that ends the phase.
+  MPI_Request done = MPI_REQUEST_NULL;
+  if (me == 0) {
+    std::ostringstream log;
+    device = measure_device(log, ranks, options);
+    std::printf("%s", log.str().c_str());
+    check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &done), "MPI_Ibarrier", "calibrate");
+  } else {
+    check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &done), "MPI_Ibarrier", "calibrate");
+    set_calibration_hook([&done] {
+      int finished = 0;
+      check_mpi(MPI_Test(&done, &finished, MPI_STATUS_IGNORE), "MPI_Test", "calibrate");
+      if (finished) throw LoadDone{};
+    });
+    std::ostringstream sink;
+    try {
+      for (;;) measure_device(sink, ranks, options);
+    } catch (const LoadDone&) {
+    }
+    set_calibration_hook(nullptr);
+  }
+  if (done != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&done, MPI_STATUS_IGNORE), "MPI_Wait", "calibrate");
+
+  Recorder rec(me);
+  rec.set_origin(Clock::time_point{});
+  rec.set_mem_sampling(false);
+  auto stream = std::make_shared<CommStream>();
+  {
+    MpiCommunicator world(stream, MPI_COMM_WORLD, rec, "calibrate");
+    Allocator alloc;
+    CpuBackend be(alloc, rec);
+    std::ostringstream log;
+    const json contention = measure_contention(world, be, rec, log);
+    if (me == 0) {
+      device["contention"] = contention;
+      std::printf("%s@device %s\n", log.str().c_str(), device.dump().c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+json measure_device_on_ranks(std::ostream& log, int ranks, const CalibrateOptions& options) {
+  std::string args = "calibrate-rank";
+  if (!options.gemm_shapes.empty()) {
+    args += " --shapes ";
+    for (size_t i = 0; i < options.gemm_shapes.size(); ++i) {
+      const auto& s = options.gemm_shapes[i];
+      args += (i ? "," : "") + std::to_string(s[0]) + ":" + std::to_string(s[1]) + ":" + std::to_string(s[2]);
+    }
+  }
+  log << "  (every figure measured on rank 0 of " << ranks << " ranks measuring at once)\n" << std::flush;
+  std::FILE* p = popen((mpirun_self_command(ranks, args) + " 2>&1").c_str(), "r");
+  if (!p) throw std::runtime_error("calibrate: cannot start mpirun");
+  std::string line, tail;
+  json device;
+  char buf[1 << 16];
+  while (std::fgets(buf, sizeof buf, p)) {
+    line += buf;
+    if (line.empty() || line.back() != '\n') continue;
+    if (line.rfind("@device ", 0) == 0) device = json::parse(line.substr(8), nullptr, false);
+    else {
+      log << line << std::flush;
+      tail = line;
+    }
+    line.clear();
+  }
+  const int rc = pclose(p);
+  if (rc != 0 || device.is_discarded() || !device.is_object())
+    throw std::runtime_error("calibrate: the " + std::to_string(ranks) + " measuring ranks failed (" +
+                             (tail.empty() ? "no output" : tail.substr(0, tail.size() - 1)) + ")");
+  return device;
+}
+
+}  // namespace ss
