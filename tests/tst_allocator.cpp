@@ -6,6 +6,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/host_blocks.h"
 
 class TestAllocator : public QObject {
   Q_OBJECT
@@ -55,6 +56,39 @@ class TestAllocator : public QObject {
     }
     QCOMPARE(a.state().total, int64_t(0));
     QCOMPARE(a.state().peak_total, int64_t(16 * 8 * 4));
+  }
+
+  // The cpu backend's host memory keeps freed blocks of 1 MiB and more for a
+  // request of the same size (fresh pages fault on first touch), never more
+  // than kCacheBytes in all, and the accounting does not see it.
+  void hostBlocksAreReusedBySize() {
+    ss::Allocator a;
+    ss::Recorder rec;
+    ss::CpuBackend be(a, rec);
+    const int64_t n = (int64_t(3) << 20) / 4 + 5;  // just over 3 MiB of floats
+    const void* first = nullptr;
+    {
+      ss::Tensor t = be.alloc({n}, ss::Category::CommBuffers, "a");
+      first = t.raw();
+      QCOMPARE(reinterpret_cast<uintptr_t>(first) % 64, uintptr_t(0));
+    }
+    QCOMPARE(a.state().total, int64_t(0));
+    QVERIFY(ss::cpu::host_cached_bytes() >= size_t(n) * 4);
+    {
+      ss::Tensor other = be.alloc({n + 1024}, ss::Category::CommBuffers, "other size");
+      QVERIFY(other.raw() != first);
+      ss::Tensor again = be.alloc({n}, ss::Category::CommBuffers, "b");
+      QCOMPARE(static_cast<const void*>(again.raw()), first);  // the same block, already mapped
+      ss::Tensor small = be.alloc({16}, ss::Category::Workspace, "small");  // below 1 MiB: not kept
+      QCOMPARE(a.state().total, int64_t(n * 4 + (n + 1024) * 4 + 64));
+    }
+    // Freeing far more than the cap keeps at most the cap.
+    {
+      std::vector<ss::Tensor> many;
+      for (int i = 0; i < 40; ++i) many.push_back(be.alloc({(int64_t(4) << 20) / 4 + i * 16}, ss::Category::Workspace, "m"));
+    }
+    QVERIFY(ss::cpu::host_cached_bytes() <= ss::cpu::kCacheBytes);
+    QVERIFY(ss::cpu::host_cached_bytes() >= ss::cpu::kCacheBytes - (size_t(5) << 20));
   }
 
   void listenerSeesEveryChange() {

@@ -5,6 +5,24 @@
 #include <mutex>
 #include <new>
 
+// Under AddressSanitizer a kept block is poisoned until it is handed out
+// again, so a use after free of a tensor still fails there.
+#if defined(__SANITIZE_ADDRESS__)
+#define SS_HOST_BLOCKS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SS_HOST_BLOCKS_ASAN 1
+#endif
+#endif
+#ifdef SS_HOST_BLOCKS_ASAN
+#include <sanitizer/asan_interface.h>
+#define SS_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define SS_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define SS_POISON(p, n) ((void)(p), (void)(n))
+#define SS_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace ss::cpu {
 namespace {
 
@@ -35,6 +53,7 @@ void* host_alloc(int64_t bytes) {
         void* block = it->second;
         c.bytes -= size;
         c.blocks.erase(it);
+        SS_UNPOISON(static_cast<char*>(block) + kHeader, size);
         return static_cast<char*>(block) + kHeader;
       }
   }
@@ -51,10 +70,12 @@ void host_free(void* p) {
   if (size >= kMinCachedBytes && size <= kCacheBytes) {
     Cache& c = cache();
     std::lock_guard lock(c.mutex);
+    SS_POISON(p, size);
     c.blocks.emplace_front(size, block);
     c.bytes += size;
     while (c.bytes > kCacheBytes) {
       c.bytes -= c.blocks.back().first;
+      SS_UNPOISON(static_cast<char*>(c.blocks.back().second) + kHeader, c.blocks.back().first);
       std::free(c.blocks.back().second);
       c.blocks.pop_back();
     }
