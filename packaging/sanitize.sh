@@ -18,8 +18,8 @@ configure_sanitized "$build" "$flags" "-fsanitize=address,undefined"
 cmake --build "$build" -j "$jobs"
 echo "sanitize: built in $(($(date +%s) - start)) s"
 # SHARDSCOPE_SANITIZER_LEG: the two long numeric cases (a 7B sweep, 200 training
-# steps) skip here; the plain leg runs them. The strategy and training suites
-# run their sample of rows (every strategy of every family on 2 and 4 ranks,
+# steps) skip here; the plain leg runs them. The strategy, simulator and
+# training suites run their sample of rows (every strategy of every family on 2 and 4 ranks,
 # a few bf16, optimizer and memory rows): the same code paths as every row,
 # at a fraction of the time; the plain leg runs every row. Of the emulated
 # cuda suites the kernels' own (tst_cuda_ops_emu) runs here, index arithmetic

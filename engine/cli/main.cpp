@@ -388,6 +388,8 @@ int main(int argc, char** argv) {
   bool bench_sim = false;
   ss::SimBenchOptions simb;
   bench->add_flag("--sim", bench_sim, "simulator speed, and simulated vs measured per-op time on this machine");
+  bench->add_flag("--sim-accuracy", simb.accuracy_only,
+                  "with --sim: only simulated vs measured (per op, and end to end for every strategy on 2 and 4 ranks)");
   std::vector<int64_t> coll_sizes;
   int coll_iters = 10;
   auto* coll_rank = app.add_subcommand("bench-collectives-rank", "(internal) one rank of bench --collectives");

@@ -22,6 +22,7 @@ struct SimBenchOptions {
   std::string check_model = "small-llama";  // measured vs simulated on this machine
   int check_devices = 2;
   int64_t check_prompt = 512;
+  bool accuracy_only = false;  // skip the simulator's speed and the scaling sweep
 };
 // Wall time and events/s of large simulations (D = 8 and 64, a 32-layer
 // model), then simulated against measured per-op times on a profile

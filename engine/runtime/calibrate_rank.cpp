@@ -70,7 +70,7 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, s
   auto wait_all = [](std::vector<Request>& reqs) {
     for (auto& r : reqs) r->wait();
   };
-  constexpr int kReps = 7;
+  constexpr int kReps = 9;
   std::vector<double> alone, beside, chain_alone, chain_beside;
   for (int i = 0; i < kReps; ++i) {
     world.barrier();
@@ -137,7 +137,7 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, s
           {"source", calibration_source(1) + ", " + std::to_string(n) + " ranks"},
           {"note", "slowdown of a rank's kernels while its comm stream has a collective in flight (compute), and "
                    "of its collectives while its kernels run (comm): a 256x2048x1024 GEMM beside a chain of 4 MiB "
-                   "ring sendrecvs on every rank at once, against each alone (medians of 7)"}};
+                   "ring sendrecvs on every rank at once, against each alone (medians of 9)"}};
 }
 
 }  // namespace
