@@ -393,6 +393,12 @@ class TestSim : public QObject {
     QTest::newRow("collective") << "collective"
                                 << "node.link.collectives.all_reduce.latency_us"
                                 << "must be positive";
+    QTest::newRow("contention") << "contention"
+                                << "device.contention.comm"
+                                << "must be a number >= 0";
+    QTest::newRow("contention-source") << "contention-source"
+                                       << "device.contention.source"
+                                       << "is missing";
     QTest::newRow("collective-missing") << "collective-missing"
                                         << "network.collectives.broadcast.bandwidth_gbps"
                                         << "is missing";
@@ -420,6 +426,8 @@ class TestSim : public QObject {
                                         {"tq", {1}}, {"tk", {64}}, {"us", {{1}}}};
     if (edit == "collective") j["node"]["link"]["collectives"] = {{"all_reduce", {{"latency_us", -2}, {"bandwidth_gbps", 5}}}};
     if (edit == "collective-missing") j["network"]["collectives"] = {{"broadcast", {{"latency_us", 2}}}};
+    if (edit == "contention") j["device"]["contention"] = {{"source", "test"}, {"compute", 1}, {"comm", -0.5}};
+    if (edit == "contention-source") j["device"]["contention"] = {{"compute", 1}, {"comm", 1}};
     const QString file = m_dir.filePath(edit + ".json");
     {
       QFile f(file);

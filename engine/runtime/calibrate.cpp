@@ -119,6 +119,20 @@ class CacheSweep {
   volatile float m_sink = 0;
 };
 
+// " [12.3 s]\n": the time since `t0`, for the progress lines.
+std::string since(Clock::time_point t0) {
+  char b[32];
+  std::snprintf(b, sizeof b, " [%.1f s]\n", std::chrono::duration<double>(Clock::now() - t0).count());
+  return b;
+}
+
+// A measured table with its source and what it holds.
+json with_source(json table, const std::string& source, const char* note) {
+  table["source"] = source;
+  table["note"] = note;
+  return table;
+}
+
 double round_us(double seconds) { return std::round(seconds * 1e8) / 100; }  // microseconds, 2 decimals
 
 constexpr int kHeadDim = 64;  // of rope and attention_merge in the kernel grids
@@ -418,11 +432,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   const int threads = ranks > 1 ? 1 : cores;
   cpu::set_threads(threads);
   const auto started = Clock::now();
-  auto elapsed = [&] {
-    char b[32];
-    std::snprintf(b, sizeof b, " [%.1f s]\n", std::chrono::duration<double>(Clock::now() - started).count());
-    return std::string(b);
-  };
+  auto elapsed = [&] { return since(started); };
   Allocator alloc;
   Recorder rec;
   rec.set_mem_sampling(false);
@@ -552,27 +562,18 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
           {"scan_efficiency", scan_eff},
           {"elementwise_efficiency", elementwise_eff},
           {"gemv_efficiency", gemv_eff},
-          {"kernel_times",
-           [&] {
-             json k = kernels;
-             k["source"] = src_note;
-             k["note"] = "median span of each kernel through the cpu backend at rows x cols (rope and "
-                         "attention_merge: heads of 64); rows and cols are the span's dims (argmax: one row of cols)";
-             return k;
-           }()},
+          {"kernel_times", with_source(kernels, src_note,
+                                       "median span of each kernel through the cpu backend at rows x cols (rope and "
+                                       "attention_merge: heads of 64); rows and cols are the span's dims (argmax: "
+                                       "one row of cols)")},
           {"gemm_times",
            {{"source", src_note},
             {"note", "median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level cache "
                      "(weights not in any cache, as in decode)"},
             {"shapes", gemms}}},
-          {"attention_times",
-           [&] {
-             json a = attention;
-             a["source"] = src_note;
-             a["note"] = "median attention span, tq queries at the last tq of tk key positions (all keys visible "
-                         "when tq > tk); other head counts and masks scale by FLOPs";
-             return a;
-           }()},
+          {"attention_times", with_source(attention, src_note,
+                                          "median attention span, tq queries at the last tq of tk key positions (all "
+                                          "keys visible when tq > tk); other head counts and masks scale by FLOPs")},
           {"sources", {{"all", src_note}}}};
 }
 
@@ -580,11 +581,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = ranks > 1 ? 1 : cores;
   const auto started = Clock::now();
-  auto elapsed = [&] {
-    char b[32];
-    std::snprintf(b, sizeof b, " [%.1f s]\n", std::chrono::duration<double>(Clock::now() - started).count());
-    return std::string(b);
-  };
+  auto elapsed = [&] { return since(started); };
   // Several ranks: every rank measures at once, as a run's ranks compute at
   // once on this host's cores and memory (calibrate_rank.cpp).
   const json device = ranks > 1 ? measure_device_on_ranks(log, ranks, options) : measure_device(log, ranks, options);

@@ -23,7 +23,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <iostream>
 #include <sstream>
 
 #include "comm/mpi_communicator.h"
