@@ -77,7 +77,13 @@ class TestDtype : public QObject {
   //    (activations, K/V and the residual stream in bf16, fp32
   //    accumulation): worst row relative L2 under 2e-2.
   //  - Against the fp32 model itself, which adds the weights' own rounding
-  //    (2^-9 relative on average, through every GEMM): under 4e-2.
+  //    (2^-9 relative on average, through every GEMM): under 4e-2 on the
+  //    random-weight presets (measured here: small-llama 0.021,
+  //    small-mamba2 0.028), where the weights are drawn in fp32. The trained
+  //    text models (brown-*, prompted with a sentence of English) ship in
+  //    bf16, as trained checkpoints are published, so their fp32 model has
+  //    the bf16 weights and both checks are the one: under 2e-2
+  //    (measured: brown-llama 0.0047, brown-mamba2 0.0042).
   //  - bf16's greedy choice equals fp32's at every decode step where fp32's
   //    top-2 margin is above what bf16 resolves there: the larger of the
   //    spacing of bf16 numbers at the top logit, 2^(floor(log2 |top|) - 7),
@@ -87,16 +93,23 @@ class TestDtype : public QObject {
   //    coin flips for any bf16 implementation and are only counted.
   void bf16AgainstFp32_data() {
     QTest::addColumn<QString>("model");
-    QTest::newRow("small-llama") << "small-llama";
-    QTest::newRow("small-mamba2") << "small-mamba2";
+    QTest::addColumn<QStringList>("prompt");
+    QTest::addColumn<double>("model_bound");
+    const QStringList synthetic = {"--prompt-len", QString::number(kPrompt), "--seed", "5"};
+    const QStringList text = {"--prompt", "The jury said that the city of Atlanta had been given a report on the"};
+    QTest::newRow("small-llama") << "small-llama" << synthetic << 4e-2;
+    QTest::newRow("small-mamba2") << "small-mamba2" << synthetic << 4e-2;
+    QTest::newRow("brown-llama") << "brown-llama" << text << 2e-2;
+    QTest::newRow("brown-mamba2") << "brown-mamba2" << text << 2e-2;
   }
   void bf16AgainstFp32() {
     QFETCH(QString, model);
+    QFETCH(QStringList, prompt);
+    QFETCH(double, model_bound);
     const QString f32 = m_dir.filePath(model + "-fp32.npy"),
                   b16 = m_dir.filePath(model + "-bf16.npy"),
                   same = m_dir.filePath(model + "-fp32-bf16-weights.npy"),
                   ckpt = m_dir.filePath(model + "-bf16");
-    const QStringList prompt = {"--prompt-len", QString::number(kPrompt), "--seed", "5"};
     run_ok(QStringList{"run", "--model", model, "--decode", QString::number(kDecode),
                        "--logits-out", f32} +
            prompt);
@@ -105,8 +118,10 @@ class TestDtype : public QObject {
     QVERIFY2(ex.exit_code == 0, ex.err.constData());
     if (QTest::currentTestFailed()) return;
     const ss::NpyArray a = ss::read_npy(f32.toStdString());
+    QVERIFY(a.shape.size() == 2 && a.shape[0] > kDecode);
+    const int64_t P = a.shape[0] - kDecode;  // the prompt's tokens (a text prompt's count is its encoding's)
     QStringList tokens;  // fp32's greedy tokens: rows P-1 .. P+kDecode-2 chose them
-    for (int k = 0; k < kDecode; ++k) tokens << QString::number(argmax_row(a, kPrompt - 1 + k));
+    for (int k = 0; k < kDecode; ++k) tokens << QString::number(argmax_row(a, P - 1 + k));
     const QStringList forced = {"--decode", QString::number(kDecode), "--force-decode",
                                 tokens.join(',')};
     run_ok(QStringList{"run", "--model", model, "--dtype", "bf16", "--logits-out", b16} + prompt +
@@ -121,7 +136,7 @@ class TestDtype : public QObject {
     const int64_t V = a.shape.back();
     int qualified = 0, agreed = 0;
     for (int k = 0; k < kDecode; ++k) {
-      const int64_t row = kPrompt - 1 + k;
+      const int64_t row = P - 1 + k;
       std::vector<float> r(a.data.begin() + row * V, a.data.begin() + (row + 1) * V);
       double sq = 0;
       for (int64_t c = 0; c < V; ++c) {
@@ -139,13 +154,13 @@ class TestDtype : public QObject {
     }
     qInfo(
         "%s: bf16 vs fp32 on the same bf16 weights %.3g (bound 2e-2), vs the fp32 model %.3g "
-        "(bound 4e-2); "
+        "(bound %.0e); "
         "%d of %d decode steps have an fp32 top-2 margin above bf16's resolution, bf16 picks "
         "fp32's token at %d",
-        qPrintable(model), numerics, overall, qualified, kDecode, agreed);
+        qPrintable(model), numerics, overall, model_bound, qualified, kDecode, agreed);
     QVERIFY2(numerics < 2e-2,
              qPrintable(QString("bf16 numerics: logits differ by %1").arg(numerics)));
-    QVERIFY2(overall < 4e-2,
+    QVERIFY2(overall < model_bound,
              qPrintable(QString("bf16 against the fp32 model: logits differ by %1").arg(overall)));
     QVERIFY2(qualified > 0,
              "no decode step has a margin bf16 resolves: the check would say nothing");

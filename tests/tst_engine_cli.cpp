@@ -402,6 +402,36 @@ class TestEngineCli : public QObject {
     QVERIFY(differ >= 2);
   }
 
+  // export of a model folder writes its own weights (not synthetic ones) in
+  // --dtype, with its tokenizer: brown-llama ships in bf16, so widening it
+  // to f32 and rounding that back are both exact, and all three folders give
+  // the same logits for the same text.
+  void exportKeepsAFolderModel() {
+    QTemporaryDir dir;
+    const QString f32 = dir.filePath("f32"), back = dir.filePath("bf16");
+    Ran ex = engine({"export", "--model", "brown-llama", "--dtype", "f32", "--out", f32});
+    QVERIFY2(ex.exit_code == 0, ex.err.constData());
+    ex = engine({"export", "--model", f32, "--dtype", "bf16", "--out", back});
+    QVERIFY2(ex.exit_code == 0, ex.err.constData());
+    QVERIFY(QFile::exists(f32 + "/tokenizer.json") && QFile::exists(back + "/tokenizer.json"));
+    QVERIFY(QFileInfo(f32 + "/model.safetensors").size() > QFileInfo(back + "/model.safetensors").size());
+    std::vector<ss::NpyArray> logits;
+    for (const QString& m : {QString("brown-llama"), f32, back}) {
+      const QString out = dir.filePath(QString("logits-%1.npy").arg(logits.size()));
+      const Ran r = engine({"run", "--model", m, "--prompt", "The jury said that the city", "--decode", "3",
+                            "--logits-out", out});
+      QVERIFY2(r.exit_code == 0, r.err.constData());
+      logits.push_back(ss::read_npy(out.toStdString()));
+    }
+    QCOMPARE(logits[1].shape, logits[0].shape);
+    QVERIFY(logits[1].data == logits[0].data);
+    QVERIFY(logits[2].data == logits[0].data);
+    // Its own folder is refused before anything is written.
+    const Ran self = engine({"export", "--model", f32, "--out", f32});
+    QCOMPARE(self.exit_code, 2);
+    QVERIFY2(self.err.contains("--out is the model's own folder"), self.err.constData());
+  }
+
   // --prompt: a model folder's tokenizer.json encodes the text; the stream
   // carries it as a `prompt` record and the answer as `generation` records
   // that grow a token at a time, decoded by the same tokenizer.

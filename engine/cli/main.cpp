@@ -330,8 +330,10 @@ int main(int argc, char** argv) {
   std::string export_dir, export_dtype = "f32";
   int export_shards = 1;
   ss::RunOptions ex_opts;
-  auto* exp = app.add_subcommand("export", "write a Hugging Face model folder with the synthetic weights of --seed");
-  exp->add_option("--model", ex_opts.model, "preset name")->required();
+  auto* exp = app.add_subcommand(
+      "export", "write a Hugging Face model folder: a preset's synthetic weights of --seed, or a model folder's own "
+                "weights in --dtype");
+  exp->add_option("--model", ex_opts.model, "preset name or model folder")->required();
   exp->add_option("--set", ex_opts.overrides, "override a config.json field (repeatable)");
   exp->add_option("--seed", ex_opts.seed, "seed of the synthetic weights")->capture_default_str();
   exp->add_option("--out", export_dir, "folder to write")->required();
@@ -523,7 +525,9 @@ int main(int argc, char** argv) {
                      : export_dtype == "f16"  ? ss::DType::F16
                                               : throw ss::UsageError("--dtype must be f32, bf16 or f16");
       if (export_shards < 1) throw ss::UsageError("--shards must be >= 1");
-      ss::export_checkpoint(cfg, ex_opts.seed, export_dir, dt, export_shards);
+      if (!dir.empty() && std::filesystem::exists(export_dir) && std::filesystem::equivalent(dir, export_dir))
+        throw ss::UsageError("--out is the model's own folder; give export another folder to write");
+      ss::export_checkpoint(cfg, ex_opts.seed, export_dir, dt, export_shards, dir);
       std::printf("wrote %s (%s, %d file(s))\n", export_dir.c_str(), export_dtype.c_str(), export_shards);
       return 0;
     }

@@ -1,6 +1,7 @@
 #include "io/checkpoint.h"
 
 #include <fstream>
+#include <optional>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -10,17 +11,27 @@
 namespace ss {
 namespace fs = std::filesystem;
 
-CheckpointSource::CheckpointSource(const fs::path& dir, const std::vector<WeightSpec>& needed)
-    : m_dir(dir), m_index(SafetensorsIndex::open_dir(dir)) {
+namespace {
+
+// Every weight the model needs is in the folder with the shape config.json
+// implies; one FormatError naming the file and tensor otherwise.
+void check_present(const fs::path& dir, const SafetensorsIndex& index, const std::vector<WeightSpec>& needed) {
   const std::string where = fs::exists(dir / "model.safetensors.index.json") ? (dir / "model.safetensors.index.json").string()
                                                                               : (dir / "model.safetensors").string();
   for (const WeightSpec& w : needed) {
-    const SafetensorsEntry* e = m_index.find(w.name);
+    const SafetensorsEntry* e = index.find(w.name);
     if (!e) throw FormatError(where + ": tensor '" + w.name + "' is missing (config.json asks for it)");
     if (e->shape != w.shape)
       throw FormatError(e->file.string() + ": tensor '" + w.name + "' has shape " + shape_str(e->shape) +
                         " but config.json implies " + shape_str(w.shape));
   }
+}
+
+}  // namespace
+
+CheckpointSource::CheckpointSource(const fs::path& dir, const std::vector<WeightSpec>& needed)
+    : m_dir(dir), m_index(SafetensorsIndex::open_dir(dir)) {
+  check_present(dir, m_index, needed);
 }
 
 void CheckpointSource::fill(Backend& be, const WeightSpec& w, const Tensor& dst) {
@@ -41,29 +52,34 @@ void CheckpointSource::fill(Backend& be, const WeightSpec& w, const Tensor& dst)
   be.upload(dst, local.data(), e.dtype);
 }
 
-void export_checkpoint(const ModelConfig& cfg, uint64_t seed, const fs::path& dir, DType dtype, int shards) {
+void export_checkpoint(const ModelConfig& cfg, uint64_t seed, const fs::path& dir, DType dtype, int shards,
+                       const fs::path& from) {
   // Describe the weights on a meta backend: nothing is allocated.
   Allocator acc;
   Recorder rec;
   std::vector<TensorBlob> blobs;
+  std::optional<SafetensorsIndex> src;
+  if (!from.empty()) src = SafetensorsIndex::open_dir(from);
   {
     MetaBackend be(acc, rec);
     Model model(cfg, be);
+    if (src) check_present(from, *src, model.weights());
+    std::vector<float> values;
     for (const WeightSpec& w : model.weights()) {
       TensorBlob b;
       b.name = w.name;
       b.dtype = dtype;
       b.shape = w.shape;
       const int64_t n = numel(w.shape);
-      b.bytes.resize(size_t(n * dtype_size(dtype)));
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = synthetic_value(w, seed, i);
-        if (dtype == DType::F32) std::memcpy(b.bytes.data() + 4 * i, &v, 4);
-        else {
-          const uint16_t h = dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
-          std::memcpy(b.bytes.data() + 2 * i, &h, 2);
-        }
+      values.resize(size_t(n));
+      if (src) {  // the folder's own values, widened from its dtype and rounded once into `dtype`
+        const std::vector<uint8_t> bytes = src->read(w.name);
+        widen(bytes.data(), src->find(w.name)->dtype, n, values.data());
+      } else {
+        for (int64_t i = 0; i < n; ++i) values[size_t(i)] = synthetic_value(w, seed, i);
       }
+      b.bytes.resize(size_t(n * dtype_size(dtype)));
+      narrow(values.data(), n, dtype, b.bytes.data());
       blobs.push_back(std::move(b));
     }
   }
@@ -72,6 +88,9 @@ void export_checkpoint(const ModelConfig& cfg, uint64_t seed, const fs::path& di
   j["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
   std::ofstream(dir / "config.json") << j.dump(2) << "\n";
   write_checkpoint_tensors(dir, blobs, shards);
+  // A text model stays one: its tokenizer goes with its weights.
+  if (!from.empty() && fs::exists(from / "tokenizer.json"))
+    fs::copy_file(from / "tokenizer.json", dir / "tokenizer.json", fs::copy_options::overwrite_existing);
 }
 
 }  // namespace ss

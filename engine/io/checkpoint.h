@@ -25,7 +25,9 @@ class CheckpointSource final : public TensorSource {
 
 // Writes a model folder (config.json + safetensors in `dtype`, in `shards`
 // files) with the synthetic weights of `seed`: what tests and demos load.
+// With `from` (a model folder's checkpoint), its weights instead, rounded
+// once into `dtype` (to nearest even), and its tokenizer.json beside them.
 void export_checkpoint(const ModelConfig& cfg, uint64_t seed, const std::filesystem::path& dir, DType dtype,
-                       int shards);
+                       int shards, const std::filesystem::path& from = {});
 
 }  // namespace ss
