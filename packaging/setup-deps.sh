@@ -7,7 +7,7 @@ set -euo pipefail
 
 packages=(
   # toolchain
-  g++ cmake make pkg-config dpkg-dev file procps
+  g++ cmake make ninja-build pkg-config dpkg-dev file procps
   # GUI: Qt 6 Widgets/Sql/Test/PrintSupport/Svg, SQLite driver, plots
   qt6-base-dev qt6-base-dev-tools libqt6sql6-sqlite libxkbcommon-dev qt6-svg-dev
   libqcustomplot-dev libqcustomplot2.1-qt6

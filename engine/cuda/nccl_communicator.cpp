@@ -95,7 +95,7 @@ ncclDataType_t nccl_type(DType t) {
   }
 }
 
-cudaStream_t st(Stream s) { return static_cast<cudaStream_t>(s); }
+cudaStream_t nccl_st(Stream s) { return static_cast<cudaStream_t>(s); }
 
 bool overlaps(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
@@ -385,8 +385,8 @@ void NcclCommunicator::reduce_16bit(void* data, int64_t n, DType dt, void* out_b
   s.check(api.group_start(), "ncclGroupStart");
   for (int r = 0; r < D; ++r) {
     const int64_t count = first[size_t(r) + 1] - first[size_t(r)];
-    api.send(base + 2 * first[size_t(r)], size_t(2 * count), ncclUint8, r, s.comm, st(m_ctx->comm));
-    api.recv(static_cast<char*>(staging) + 2 * mine * r, size_t(2 * mine), ncclUint8, r, s.comm, st(m_ctx->comm));
+    api.send(base + 2 * first[size_t(r)], size_t(2 * count), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
+    api.recv(static_cast<char*>(staging) + 2 * mine * r, size_t(2 * mine), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
   }
   s.check(api.group_end(), "ncclGroupEnd (16-bit reduce)");
   void* dst = gather_back ? base + 2 * first[size_t(me)] : out_block;
@@ -396,9 +396,9 @@ void NcclCommunicator::reduce_16bit(void* data, int64_t n, DType dt, void* out_b
   s.check(api.group_start(), "ncclGroupStart");
   for (int r = 0; r < D; ++r) {
     if (r == me) continue;
-    api.send(dst, size_t(2 * mine), ncclUint8, r, s.comm, st(m_ctx->comm));
+    api.send(dst, size_t(2 * mine), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
     const int64_t count = first[size_t(r) + 1] - first[size_t(r)];
-    api.recv(base + 2 * first[size_t(r)], size_t(2 * count), ncclUint8, r, s.comm, st(m_ctx->comm));
+    api.recv(base + 2 * first[size_t(r)], size_t(2 * count), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
   }
   s.check(api.group_end(), "ncclGroupEnd (16-bit gather)");
 }
@@ -410,7 +410,7 @@ Request NcclCommunicator::iall_reduce(const Tensor& buf) {
     if (dt == DType::F32 || dt == DType::I32) {
       State& s = *m_state;
       s.check(nccl().all_reduce(buf.raw(), buf.raw(), size_t(buf.numel()), nccl_type(dt), ncclSum, s.comm,
-                                st(m_ctx->comm)),
+                                nccl_st(m_ctx->comm)),
               "ncclAllReduce");
     } else {
       reduce_16bit(buf.raw(), buf.numel(), dt, nullptr, true);
@@ -434,7 +434,7 @@ void NcclCommunicator::reduce_scatter(const Tensor& out, const Tensor& in) {
     if (dt == DType::F32 || dt == DType::I32) {
       State& s = *m_state;
       s.check(nccl().reduce_scatter(in.raw(), out.raw(), size_t(out.numel()), nccl_type(dt), ncclSum, s.comm,
-                                    st(m_ctx->comm)),
+                                    nccl_st(m_ctx->comm)),
               "ncclReduceScatter");
     } else {
       reduce_16bit(in.raw(), in.numel(), dt, out.raw(), false);
@@ -455,7 +455,7 @@ Request NcclCommunicator::iall_gather(const Tensor& out, const Tensor& in) {
     throw std::logic_error("all_gather on " + name() + ": in overlaps out other than as this rank's block");
   return issue("all_gather", double(out.nbytes()), {out.numel()}, others(), {out, in}, [this, out, in] {
     State& s = *m_state;
-    s.check(nccl().all_gather(in.raw(), out.raw(), size_t(in.nbytes()), ncclUint8, s.comm, st(m_ctx->comm)),
+    s.check(nccl().all_gather(in.raw(), out.raw(), size_t(in.nbytes()), ncclUint8, s.comm, nccl_st(m_ctx->comm)),
             "ncclAllGather");
   });
 }
@@ -476,8 +476,8 @@ void NcclCommunicator::all_to_all(const Tensor& out, const Tensor& in) {
     State& s = *m_state;
     s.check(api.group_start(), "ncclGroupStart");
     for (int r = 0; r < size(); ++r) {
-      api.send(static_cast<char*>(in.raw()) + block * r, size_t(block), ncclUint8, r, s.comm, st(m_ctx->comm));
-      api.recv(static_cast<char*>(out.raw()) + block * r, size_t(block), ncclUint8, r, s.comm, st(m_ctx->comm));
+      api.send(static_cast<char*>(in.raw()) + block * r, size_t(block), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
+      api.recv(static_cast<char*>(out.raw()) + block * r, size_t(block), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
     }
     s.check(api.group_end(), "ncclGroupEnd (all_to_all)");
   })->wait();
@@ -488,7 +488,7 @@ Request NcclCommunicator::ibroadcast(const Tensor& buf, int root) {
   check_peer(root, "broadcast", "root");
   return issue("broadcast", double(buf.nbytes()), {buf.numel()}, others(), {buf}, [this, buf, root] {
     State& s = *m_state;
-    s.check(nccl().broadcast(buf.raw(), buf.raw(), size_t(buf.nbytes()), ncclUint8, root, s.comm, st(m_ctx->comm)),
+    s.check(nccl().broadcast(buf.raw(), buf.raw(), size_t(buf.nbytes()), ncclUint8, root, s.comm, nccl_st(m_ctx->comm)),
             "ncclBroadcast");
   });
 }
@@ -508,8 +508,8 @@ Request NcclCommunicator::isendrecv(const Tensor& send_t, int dst, const Tensor&
                  const NcclApi& api = nccl();
                  State& s = *m_state;
                  s.check(api.group_start(), "ncclGroupStart");
-                 api.send(send_t.raw(), size_t(send_t.nbytes()), ncclUint8, dst, s.comm, st(m_ctx->comm));
-                 api.recv(recv_t.raw(), size_t(recv_t.nbytes()), ncclUint8, src, s.comm, st(m_ctx->comm));
+                 api.send(send_t.raw(), size_t(send_t.nbytes()), ncclUint8, dst, s.comm, nccl_st(m_ctx->comm));
+                 api.recv(recv_t.raw(), size_t(recv_t.nbytes()), ncclUint8, src, s.comm, nccl_st(m_ctx->comm));
                  s.check(api.group_end(), "ncclGroupEnd (sendrecv)");
                });
 }
@@ -523,7 +523,7 @@ void NcclCommunicator::send(const Tensor& buf, int dst) {
   check_peer(dst, "send", "dst");
   issue("send", double(buf.nbytes()), {buf.numel()}, {members()[size_t(dst)]}, {buf}, [this, buf, dst] {
     State& s = *m_state;
-    s.check(nccl().send(buf.raw(), size_t(buf.nbytes()), ncclUint8, dst, s.comm, st(m_ctx->comm)), "ncclSend");
+    s.check(nccl().send(buf.raw(), size_t(buf.nbytes()), ncclUint8, dst, s.comm, nccl_st(m_ctx->comm)), "ncclSend");
   })->wait();
 }
 
@@ -533,7 +533,7 @@ void NcclCommunicator::recv(const Tensor& buf, int src) {
   // A receive puts nothing on the wire: its bytes are the sender's.
   issue("recv", 0, {buf.numel()}, {members()[size_t(src)]}, {buf}, [this, buf, src] {
     State& s = *m_state;
-    s.check(nccl().recv(buf.raw(), size_t(buf.nbytes()), ncclUint8, src, s.comm, st(m_ctx->comm)), "ncclRecv");
+    s.check(nccl().recv(buf.raw(), size_t(buf.nbytes()), ncclUint8, src, s.comm, nccl_st(m_ctx->comm)), "ncclRecv");
   })->wait();
 }
 

@@ -68,7 +68,7 @@ std::vector<proto::Event> capture(const std::function<RunResult(proto::Writer&)>
   return events;
 }
 
-struct Point {
+struct ScaleCase {
   ScaleVariant v;
   int64_t seq_len = 0;
   int micro_batch = 1;
@@ -79,7 +79,7 @@ class Sweep {
   Sweep(const ScaleOptions& o, HardwareProfile hw, ModelConfig cfg) : m_o(o), m_hw(std::move(hw)), m_cfg(std::move(cfg)) {}
 
   // One whole simulated run of the point; its figures, or why it cannot run.
-  proto::ScalePoint simulate(const Point& p) const {
+  proto::ScalePoint simulate(const ScaleCase& p) const {
     proto::ScalePoint sp;
     sp.strategy = p.v.strategy;
     sp.mesh = p.v.mesh;
@@ -152,7 +152,7 @@ class Sweep {
   }
 
   // The textbook terms of the point (sim/textbook.h).
-  nlohmann::json textbook_of(const Point& p) const {
+  nlohmann::json textbook_of(const ScaleCase& p) const {
     TextbookCase c;
     c.strategy = parse_strategy(p.v.strategy);
     c.devices = p.v.devices;
@@ -184,7 +184,7 @@ class Sweep {
   // below it. Every size named fits by simulation; a bracket left open after
   // kSearchRuns runs (which convexity rules out) reports the largest size
   // simulated to fit.
-  int largest_micro_batch(const Point& p, bool fits, int64_t peak_at_mb) const {
+  int largest_micro_batch(const ScaleCase& p, bool fits, int64_t peak_at_mb) const {
     constexpr int kSearchRuns = 40, kMaxMicroBatch = 4096;
     const int64_t cap = m_hw.memory_bytes;
     // lo fits (0: nothing yet); hi fails, or is past the search.
@@ -197,7 +197,7 @@ class Sweep {
       else if (slope == 0) guess = 2 * lo;
       else if (slope > 0) guess = int(std::min<int64_t>(hi - 1, lo + (cap - peak_lo) / slope));
       guess = std::clamp(guess, lo + 1, hi - 1);
-      Point q = p;
+      ScaleCase q = p;
       q.micro_batch = guess;
       const int64_t peak = peak_of(q);
       if (peak >= 0 && peak <= cap) {
@@ -215,7 +215,7 @@ class Sweep {
  private:
   // The peak of a run without its timeline; -1 when the strategy refuses
   // the size (a usage error). Any other failure ends the sweep.
-  int64_t peak_of(const Point& p) const {
+  int64_t peak_of(const ScaleCase& p) const {
     try {
       const proto::RunStats st = proto::analyze(run_point(p, false));
       if (st.status == "ok") return st.max_peak();
@@ -229,7 +229,7 @@ class Sweep {
   }
 
   // The options of the point's run: training's or inference's.
-  TrainOptions train_options(const Point& p) const {
+  TrainOptions train_options(const ScaleCase& p) const {
     TrainOptions t;
     fill_run(t.run, p);
     t.seq_len = p.seq_len;
@@ -239,7 +239,7 @@ class Sweep {
     t.nodes = p.v.nodes;
     return t;
   }
-  RunOptions infer_options(const Point& p) const {
+  RunOptions infer_options(const ScaleCase& p) const {
     RunOptions r;
     fill_run(r, p);
     r.prompt_len = p.seq_len;
@@ -251,7 +251,7 @@ class Sweep {
   }
 
   // The point's whole run; without `timeline`, only its summary records (peaks).
-  std::vector<proto::Event> run_point(const Point& p, bool timeline = true) const {
+  std::vector<proto::Event> run_point(const ScaleCase& p, bool timeline = true) const {
     if (m_o.mode == "train") {
       TrainOptions t = train_options(p);
       t.run.timeline = timeline;
@@ -262,7 +262,7 @@ class Sweep {
     return capture([&](proto::Writer& w) { return ss::simulate(r, m_hw, p.v.nodes, 1, w); });
   }
 
-  void fill_run(RunOptions& r, const Point& p) const {
+  void fill_run(RunOptions& r, const ScaleCase& p) const {
     r.model = m_o.model;
     r.overrides = m_o.overrides;
     r.strategy = p.v.strategy;
@@ -281,7 +281,7 @@ class Sweep {
   // strategy's).
   void check(const std::vector<int64_t>& lengths) const {
     for (int64_t L : lengths) {
-      const Point p{{"single", "", 1, 1}, L, 1};
+      const ScaleCase p{{"single", "", 1, 1}, L, 1};
       if (m_o.mode == "train") plan_training(train_options(p));
       else plan_inference(infer_options(p), "sim");
     }
@@ -396,7 +396,7 @@ int run_scale(const ScaleOptions& o, proto::Writer& out, std::ostream& progress,
   const std::vector<ScaleVariant> variants = scale_variants(o);
   if (variants.empty()) throw UsageError("--strategies: none of them runs on --devices " + std::to_string(o.devices));
 
-  std::vector<Point> points;
+  std::vector<ScaleCase> points;
   for (auto& v : variants)
     for (int64_t L : lengths)
       for (int mb : o.micro_batches) points.push_back({v, L, mb});

@@ -50,7 +50,7 @@ std::vector<std::string> run_args(const RunOptions& o) {
   return a;
 }
 
-struct Point {
+struct SweepPoint {
   std::string label, precision, site;
   int block = 0;
   bool ok = false;
@@ -61,7 +61,7 @@ struct Point {
 };
 
 // Runs one configuration; returns its logits and fills wire and site errors.
-NpyArray run_point(const RunOptions& o, const std::string& precision, const std::string& base, Point& pt,
+NpyArray run_point(const RunOptions& o, const std::string& precision, const std::string& base, SweepPoint& pt,
                    const std::vector<int32_t>& forced = {}) {
   const std::string npy = base + ".npy", events = base + ".jsonl", err = base + ".err";
   std::string cmd = quote(self_exe()) + " launch";
@@ -226,7 +226,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
 
   const std::string base = "/tmp/shardscope-sweep-" + std::to_string(getpid());
   // The reference: the all-reduces unquantized, in the run's own dtype.
-  Point ref;
+  SweepPoint ref;
   ref.label = dtype;
   const NpyArray R = run_point(o, dtype, base, ref);
   if (!ref.ok) {
@@ -285,7 +285,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   entropy /= double(std::max<int64_t>(rows, 1));
   std::sort(margin_steps.begin(), margin_steps.end());
   const double median_margin = margin_steps.empty() ? 0 : margin_steps[margin_steps.size() / 2];
-  auto emit = [&](const Point& p) {
+  auto emit = [&](const SweepPoint& p) {
     auto acc = [&](const char* metric, double v, const std::string& site = "") {
       out.write(proto::Accuracy{metric, site, -1, v, p.label});
     };
@@ -332,13 +332,13 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
         configs.push_back({spec, name, "layer " + std::to_string(l),
                            "all@" + std::to_string(l) + "-" + std::to_string(l) + "=" + spec});
   }
-  std::vector<Point> points;
+  std::vector<SweepPoint> points;
   int index = 0;
   const int total = int(configs.size());
   for (const Config& c : configs) {
     const std::string& spec = c.spec;
     {
-      Point p;
+      SweepPoint p;
       p.precision = c.name;
       p.block = parse_quant_spec(spec).is_block() ? parse_quant_spec(spec).block : 0;
       p.site = c.site;
@@ -393,7 +393,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   std::snprintf(line, sizeof line, "%-22s %12s %9s %12s %10s %10s %10s %10s %s\n", "config", "wire B/rank", versus.c_str(),
                 "logits KL", "top-1", "decided", "diverges", "perplexity", "site rel L2");
   table << line;
-  auto row = [&](const Point& p, bool pareto) {
+  auto row = [&](const SweepPoint& p, bool pareto) {
     std::string sites_err;
     for (auto& [s, v] : p.site_rel_l2) {
       char b[48];
@@ -411,13 +411,13 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
     table << line;
   };
   row(ref, false);
-  for (const Point& p : points) {
+  for (const SweepPoint& p : points) {
     if (!p.ok) {
       table << p.label << ": failed: " << p.error << "\n";
       continue;
     }
     bool dominated = false;
-    for (const Point& q : points)
+    for (const SweepPoint& q : points)
       if (q.ok && q.site == "all" && p.site == "all" && (q.wire <= p.wire && q.kl <= p.kl) &&
           (q.wire < p.wire || q.kl < p.kl))
         dominated = true;

@@ -17,23 +17,23 @@ struct PreTokenizer::Step {
   bool prefix_space = false;                   // or: put a space before a piece that lacks one
 };
 
-namespace {
-
-[[noreturn]] void fail(const std::string& origin, const std::string& field, const std::string& why) {
+void field_error(const std::string& origin, const std::string& field, const std::string& why) {
   throw FormatError(origin + ": field '" + field + "' " + why);
 }
 
+namespace {
+
 std::string type_of(const json& j, const std::string& origin, const std::string& field) {
-  if (!j.is_object()) fail(origin, field, "must be an object");
+  if (!j.is_object()) field_error(origin, field, "must be an object");
   const auto t = j.find("type");
-  if (t == j.end() || !t->is_string()) fail(origin, field + ".type", "is missing");
+  if (t == j.end() || !t->is_string()) field_error(origin, field + ".type", "is missing");
   return t->get<std::string>();
 }
 
 bool flag(const json& j, const char* key, bool def, const std::string& origin, const std::string& field) {
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return def;
-  if (!it->is_boolean()) fail(origin, field + "." + key, "must be true or false");
+  if (!it->is_boolean()) field_error(origin, field + "." + key, "must be true or false");
   return it->get<bool>();
 }
 
@@ -45,7 +45,7 @@ std::shared_ptr<PreTokenizer::Step> regex_step(const std::string& pattern, bool 
   step->pattern.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern),
                                                  literal ? UREGEX_LITERAL : 0, where, status));
   if (U_FAILURE(status) || !step->pattern)
-    fail(origin, field, "is a regex that does not compile (" + std::string(u_errorName(status)) + " at offset " +
+    field_error(origin, field, "is a regex that does not compile (" + std::string(u_errorName(status)) + " at offset " +
                             std::to_string(where.offset) + ")");
   step->where = origin + ": field '" + field + "'";
   return step;
@@ -67,16 +67,16 @@ void split_step(const json& j, const std::string& origin, const std::string& fie
                 std::vector<std::shared_ptr<const PreTokenizer::Step>>& steps) {
   const auto behavior = j.find("behavior");
   if (behavior == j.end() || !behavior->is_string() || *behavior != "Isolated")
-    fail(origin, field + ".behavior", "must be \"Isolated\" (the only Split behavior read)");
-  if (flag(j, "invert", false, origin, field)) fail(origin, field + ".invert", "is true; inverted splits are not read");
+    field_error(origin, field + ".behavior", "must be \"Isolated\" (the only Split behavior read)");
+  if (flag(j, "invert", false, origin, field)) field_error(origin, field + ".invert", "is true; inverted splits are not read");
   const auto p = j.find("pattern");
-  if (p == j.end() || !p->is_object()) fail(origin, field + ".pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
+  if (p == j.end() || !p->is_object()) field_error(origin, field + ".pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
   if (const auto r = p->find("Regex"); r != p->end() && r->is_string())
     steps.push_back(regex_step(r->get<std::string>(), false, origin, field + ".pattern.Regex"));
   else if (const auto s = p->find("String"); s != p->end() && s->is_string())
     steps.push_back(regex_step(s->get<std::string>(), true, origin, field + ".pattern.String"));
   else
-    fail(origin, field + ".pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
+    field_error(origin, field + ".pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
 }
 
 void pre_step(const json& j, const std::string& origin, const std::string& field,
@@ -88,11 +88,11 @@ void pre_step(const json& j, const std::string& origin, const std::string& field
     split_step(j, origin, field, steps);
   } else if (type == "Sequence") {
     const auto list = j.find("pretokenizers");
-    if (list == j.end() || !list->is_array()) fail(origin, field + ".pretokenizers", "must be a list");
+    if (list == j.end() || !list->is_array()) field_error(origin, field + ".pretokenizers", "must be a list");
     for (size_t i = 0; i < list->size(); ++i)
       pre_step((*list)[i], origin, field + ".pretokenizers[" + std::to_string(i) + "]", steps);
   } else {
-    fail(origin, field + ".type", "is \"" + type + "\"; only ByteLevel, Split and Sequence pre-tokenizers are read");
+    field_error(origin, field + ".type", "is \"" + type + "\"; only ByteLevel, Split and Sequence pre-tokenizers are read");
   }
 }
 
@@ -159,9 +159,9 @@ PreTokenizer PreTokenizer::from_json(const json& normalizer, const json& pre, co
     const bool empty_sequence = type == "Sequence" && list != normalizer.end() && list->is_array() && list->empty();
     if (type == "NFC") p.nfc_ = true;
     else if (!empty_sequence)
-      fail(origin, "normalizer.type", "is \"" + type + "\"; only NFC (or none) is read");
+      field_error(origin, "normalizer.type", "is \"" + type + "\"; only NFC (or none) is read");
   }
-  if (pre.is_null()) fail(origin, "pre_tokenizer", "is missing; only byte-level BPE tokenizers are read");
+  if (pre.is_null()) field_error(origin, "pre_tokenizer", "is missing; only byte-level BPE tokenizers are read");
   pre_step(pre, origin, "pre_tokenizer", p.steps_);
   return p;
 }

@@ -14,6 +14,9 @@
 
 namespace ss::text {
 
+// Throws the FormatError a tokenizer.json field gets: "ORIGIN: field 'FIELD' WHY".
+[[noreturn]] void field_error(const std::string& origin, const std::string& field, const std::string& why);
+
 // GPT-2's split, the one a ByteLevel pre-tokenizer with use_regex applies.
 inline constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";

@@ -21,10 +21,6 @@ namespace {
 // and the table by id must stay small whatever a file says.
 constexpr int64_t kMaxId = int64_t(1) << 24;
 
-[[noreturn]] void fail(const std::string& origin, const std::string& field, const std::string& why) {
-  throw FormatError(origin + ": field '" + field + "' " + why);
-}
-
 // j[key], or null when j has no such member.
 const json& member(const json& j, const char* key) {
   static const json null;
@@ -33,9 +29,9 @@ const json& member(const json& j, const char* key) {
 }
 
 int32_t token_id(const json& v, const std::string& origin, const std::string& field) {
-  if (!v.is_number_integer()) fail(origin, field, "must be an integer id");
+  if (!v.is_number_integer()) field_error(origin, field, "must be an integer id");
   const int64_t id = v.get<int64_t>();
-  if (id < 0 || id >= kMaxId) fail(origin, field, "is " + std::to_string(id) + ", outside 0 .. 2^24");
+  if (id < 0 || id >= kMaxId) field_error(origin, field, "is " + std::to_string(id) + ", outside 0 .. 2^24");
   return int32_t(id);
 }
 
@@ -43,7 +39,7 @@ int32_t token_id(const json& v, const std::string& origin, const std::string& fi
 void template_tokens(const json& p, const std::string& origin, const std::string& field, std::vector<int32_t>& prefix,
                      std::vector<int32_t>& suffix) {
   const json& single = member(p, "single");
-  if (!single.is_array()) fail(origin, field + ".single", "must be a list");
+  if (!single.is_array()) field_error(origin, field + ".single", "must be a list");
   const json& specials = member(p, "special_tokens");
   bool seen_sequence = false;
   for (size_t i = 0; i < single.size(); ++i) {
@@ -55,40 +51,40 @@ void template_tokens(const json& p, const std::string& origin, const std::string
     }
     if (!item.is_object() || !item.contains("SpecialToken") || !item["SpecialToken"].is_object() ||
         !item["SpecialToken"].contains("id") || !item["SpecialToken"]["id"].is_string())
-      fail(origin, at, "must be {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": ...}");
+      field_error(origin, at, "must be {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": ...}");
     const std::string name = item["SpecialToken"]["id"].get<std::string>();
     if (!specials.is_object() || !specials.contains(name) || !specials[name].is_object() ||
         !specials[name].contains("ids") || !specials[name]["ids"].is_array())
-      fail(origin, field + ".special_tokens", "has no ids for \"" + name + "\"");
+      field_error(origin, field + ".special_tokens", "has no ids for \"" + name + "\"");
     for (const json& id : specials[name]["ids"])
       (seen_sequence ? suffix : prefix).push_back(token_id(id, origin, field + ".special_tokens." + name + ".ids"));
   }
-  if (!seen_sequence) fail(origin, field + ".single", "has no {\"Sequence\": {\"id\": \"A\"}}");
+  if (!seen_sequence) field_error(origin, field + ".single", "has no {\"Sequence\": {\"id\": \"A\"}}");
 }
 
 void post_processor(const json& p, const std::string& origin, const std::string& field, std::vector<int32_t>& prefix,
                     std::vector<int32_t>& suffix) {
   if (p.is_null()) return;
-  if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) fail(origin, field + ".type", "is missing");
+  if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) field_error(origin, field + ".type", "is missing");
   const std::string type = p["type"].get<std::string>();
   if (type == "ByteLevel") return;  // offsets only
   if (type == "TemplateProcessing") return template_tokens(p, origin, field, prefix, suffix);
   if (type == "Sequence") {
     const json& list = member(p, "processors");
-    if (!list.is_array()) fail(origin, field + ".processors", "must be a list");
+    if (!list.is_array()) field_error(origin, field + ".processors", "must be a list");
     for (size_t i = 0; i < list.size(); ++i)
       post_processor(list[i], origin, field + ".processors[" + std::to_string(i) + "]", prefix, suffix);
     return;
   }
-  fail(origin, field + ".type", "is \"" + type + "\"; only TemplateProcessing, ByteLevel and Sequence are read");
+  field_error(origin, field + ".type", "is \"" + type + "\"; only TemplateProcessing, ByteLevel and Sequence are read");
 }
 
 void check_decoder(const json& d, const std::string& origin) {
   if (d.is_null()) return;
-  if (!d.is_object() || !d.contains("type") || !d["type"].is_string()) fail(origin, "decoder.type", "is missing");
+  if (!d.is_object() || !d.contains("type") || !d["type"].is_string()) field_error(origin, "decoder.type", "is missing");
   const std::string type = d["type"].get<std::string>();
   if (type != "ByteLevel")
-    fail(origin, "decoder.type", "is \"" + type + "\"; only the ByteLevel decoder of byte-level BPE is read");
+    field_error(origin, "decoder.type", "is \"" + type + "\"; only the ByteLevel decoder of byte-level BPE is read");
 }
 
 }  // namespace
@@ -111,20 +107,20 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
   if (!j.is_object()) throw FormatError(origin + ": not a tokenizer.json (its top level is not an object)");
   Tokenizer t;
   const json& model = member(j, "model");
-  if (!model.is_object()) fail(origin, "model", "is missing");
+  if (!model.is_object()) field_error(origin, "model", "is missing");
   const json& type = member(model, "type");
-  if (!type.is_string()) fail(origin, "model.type", "is missing");
+  if (!type.is_string()) field_error(origin, "model.type", "is missing");
   if (type != "BPE")
-    fail(origin, "model.type", "is \"" + type.get<std::string>() + "\"; only byte-level BPE tokenizers are read");
+    field_error(origin, "model.type", "is \"" + type.get<std::string>() + "\"; only byte-level BPE tokenizers are read");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const json& v = member(model, key);
     if (!v.is_null() && !(v.is_string() && v.get<std::string>().empty()))
-      fail(origin, std::string("model.") + key, "is set; byte-level BPE has none");
+      field_error(origin, std::string("model.") + key, "is set; byte-level BPE has none");
   }
   if (const json& v = member(model, "byte_fallback"); v.is_boolean() && v.get<bool>())
-    fail(origin, "model.byte_fallback", "is true; that is SentencePiece-style BPE, not byte-level");
+    field_error(origin, "model.byte_fallback", "is true; that is SentencePiece-style BPE, not byte-level");
   if (const json& v = member(model, "ignore_merges"); !v.is_null()) {
-    if (!v.is_boolean()) fail(origin, "model.ignore_merges", "must be true or false");
+    if (!v.is_boolean()) field_error(origin, "model.ignore_merges", "must be true or false");
     t.ignore_merges_ = v.get<bool>();
   }
 
@@ -135,16 +131,16 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
 
   // The vocabulary, then the added tokens, into one table by id.
   const json& vocab = member(model, "vocab");
-  if (!vocab.is_object()) fail(origin, "model.vocab", vocab.is_null() ? "is missing" : "must be an object");
+  if (!vocab.is_object()) field_error(origin, "model.vocab", vocab.is_null() ? "is missing" : "must be an object");
   const auto put = [&](int32_t id, const std::string& text, const std::string& field) {
     if (size_t(id) >= t.tokens_.size())
       t.tokens_.resize(size_t(id) + 1), t.added_.resize(size_t(id) + 1), t.in_vocab_.resize(size_t(id) + 1);
     if (!t.tokens_[size_t(id)].empty() && t.tokens_[size_t(id)] != text)
-      fail(origin, field, "gives id " + std::to_string(id) + " to a second token");
+      field_error(origin, field, "gives id " + std::to_string(id) + " to a second token");
     t.tokens_[size_t(id)] = text;
   };
   for (const auto& [text, v] : vocab.items()) {
-    if (text.empty()) fail(origin, "model.vocab", "has an empty token");
+    if (text.empty()) field_error(origin, "model.vocab", "has an empty token");
     const int32_t id = token_id(v, origin, "model.vocab." + text);
     put(id, text, "model.vocab");
     t.in_vocab_[size_t(id)] = 1;
@@ -156,28 +152,28 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
     if (it == t.ids_.end()) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02X", b);
-      fail(origin, "model.vocab", std::string("lacks the byte-level token for byte ") + hex + " (\"" + sym[size_t(b)] +
+      field_error(origin, "model.vocab", std::string("lacks the byte-level token for byte ") + hex + " (\"" + sym[size_t(b)] +
                                       "\"); not a byte-level BPE vocabulary");
     }
     t.byte_id_[size_t(b)] = it->second;
   }
 
   const json& added = member(j, "added_tokens");
-  if (!added.is_null() && !added.is_array()) fail(origin, "added_tokens", "must be a list");
+  if (!added.is_null() && !added.is_array()) field_error(origin, "added_tokens", "must be a list");
   if (added.is_array()) {
     for (size_t i = 0; i < added.size(); ++i) {
       const std::string at = "added_tokens[" + std::to_string(i) + "]";
       const json& a = added[i];
       if (!a.is_object() || !a.contains("content") || !a["content"].is_string() || a["content"].get<std::string>().empty())
-        fail(origin, at + ".content", "must be a non-empty string");
+        field_error(origin, at + ".content", "must be a non-empty string");
       const int32_t id = token_id(a.contains("id") ? a["id"] : json(), origin, at + ".id");
       const std::string content = a["content"].get<std::string>();
       const bool special = a.contains("special") && a["special"].is_boolean() && a["special"].get<bool>();
       // An added token is the vocabulary's own (same id, same spelling) or new to it on both counts.
       if (size_t(id) < t.tokens_.size() && !t.tokens_[size_t(id)].empty() && t.tokens_[size_t(id)] != content)
-        fail(origin, at + ".id", "is " + std::to_string(id) + ", which is \"" + t.tokens_[size_t(id)] + "\" already");
+        field_error(origin, at + ".id", "is " + std::to_string(id) + ", which is \"" + t.tokens_[size_t(id)] + "\" already");
       if (const auto known = t.ids_.find(content); known != t.ids_.end() && known->second != id)
-        fail(origin, at + ".content", "\"" + content + "\" is id " + std::to_string(known->second) + " already");
+        field_error(origin, at + ".content", "\"" + content + "\" is id " + std::to_string(known->second) + " already");
       put(id, content, at + ".id");
       t.added_[size_t(id)] = special ? 2 : 1;
       t.ids_[content] = id;
@@ -193,7 +189,7 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
 
   // Merges, by rank: "left right" or [left, right], each pair and its union in the vocabulary.
   const json& merges = member(model, "merges");
-  if (!merges.is_array()) fail(origin, "model.merges", merges.is_null() ? "is missing" : "must be a list");
+  if (!merges.is_array()) field_error(origin, "model.merges", merges.is_null() ? "is missing" : "must be a list");
   t.merges_.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
     const std::string at = "model.merges[" + std::to_string(r) + "]";
@@ -203,17 +199,17 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
       const std::string s = m.get<std::string>();
       const size_t space = s.find(' ');
       if (space == std::string::npos || space == 0 || space + 1 == s.size() || s.find(' ', space + 1) != std::string::npos)
-        fail(origin, at, "must be two tokens separated by one space");
+        field_error(origin, at, "must be two tokens separated by one space");
       left = s.substr(0, space), right = s.substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       left = m[0].get<std::string>(), right = m[1].get<std::string>();
     } else {
-      fail(origin, at, "must be \"left right\" or [\"left\", \"right\"]");
+      field_error(origin, at, "must be \"left right\" or [\"left\", \"right\"]");
     }
     const auto l = t.ids_.find(left), rr = t.ids_.find(right), u = t.ids_.find(left + right);
     if (l == t.ids_.end() || rr == t.ids_.end())
-      fail(origin, at, "names \"" + (l == t.ids_.end() ? left : right) + "\", which is not in model.vocab");
-    if (u == t.ids_.end()) fail(origin, at, "makes \"" + left + right + "\", which is not in model.vocab");
+      field_error(origin, at, "names \"" + (l == t.ids_.end() ? left : right) + "\", which is not in model.vocab");
+    if (u == t.ids_.end()) field_error(origin, at, "makes \"" + left + right + "\", which is not in model.vocab");
     const uint64_t key = (uint64_t(uint32_t(l->second)) << 32) | uint32_t(rr->second);
     if (t.merge_of_.emplace(key, std::make_pair(int32_t(r), u->second)).second)
       t.merges_.emplace_back(l->second, rr->second);
@@ -224,7 +220,7 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& origin) {
   for (const auto* ids : {&t.prefix_, &t.suffix_})
     for (const int32_t id : *ids)
       if (size_t(id) >= t.tokens_.size() || t.tokens_[size_t(id)].empty())
-        fail(origin, "post_processor", "puts id " + std::to_string(id) + ", which has no token, around the text");
+        field_error(origin, "post_processor", "puts id " + std::to_string(id) + ", which has no token, around the text");
   return t;
 }
 
