@@ -79,7 +79,10 @@ class TestDtype : public QObject {
   //  - Against the fp32 model itself, which adds the weights' own rounding
   //    (2^-9 relative on average, through every GEMM): under 4e-2 on the
   //    random-weight presets (measured here: small-llama 0.021,
-  //    small-mamba2 0.028), where the weights are drawn in fp32. The trained
+  //    small-mamba2 0.028), where the weights are drawn in fp32; the
+  //    rounding of those weights alone, every op then run in fp32, moves the
+  //    logits by 0.013 and 0.022, so no bf16 run of them reaches 2e-2 against
+  //    the fp32 model (the info line prints that figure too). The trained
   //    text models (brown-*, prompted with a sentence of English) ship in
   //    bf16, as trained checkpoints are published, so their fp32 model has
   //    the bf16 weights and both checks are the one: under 2e-2
@@ -132,7 +135,8 @@ class TestDtype : public QObject {
     const ss::NpyArray b = ss::read_npy(b16.toStdString()), c = ss::read_npy(same.toStdString());
     QCOMPARE(b.shape, a.shape);
     QCOMPARE(c.shape, a.shape);
-    const double numerics = worst_row(b, c).first, overall = worst_row(b, a).first;
+    const double numerics = worst_row(b, c).first, overall = worst_row(b, a).first,
+                 weights = worst_row(c, a).first;  // the weights' rounding alone, computed in fp32
     const int64_t V = a.shape.back();
     int qualified = 0, agreed = 0;
     for (int k = 0; k < kDecode; ++k) {
@@ -154,10 +158,10 @@ class TestDtype : public QObject {
     }
     qInfo(
         "%s: bf16 vs fp32 on the same bf16 weights %.3g (bound 2e-2), vs the fp32 model %.3g "
-        "(bound %.0e); "
+        "(bound %.0e; the weights' rounding alone, run in fp32: %.3g); "
         "%d of %d decode steps have an fp32 top-2 margin above bf16's resolution, bf16 picks "
         "fp32's token at %d",
-        qPrintable(model), numerics, overall, model_bound, qualified, kDecode, agreed);
+        qPrintable(model), numerics, overall, model_bound, weights, qualified, kDecode, agreed);
     QVERIFY2(numerics < 2e-2,
              qPrintable(QString("bf16 numerics: logits differ by %1").arg(numerics)));
     QVERIFY2(overall < model_bound,
