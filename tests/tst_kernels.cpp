@@ -513,6 +513,7 @@ void TestKernels::attention_data() {
       {"decode Tq=1 Tk=777, MQA", {1, 777, 8, 1, 64, "suffix", false}},
       {"decode Tq=3 Tk=600, head_dim 128", {3, 600, 4, 2, 128, "suffix", false}},
       {"decode Tq=2 Tk=70, head_dim 24", {2, 70, 2, 1, 24, "suffix", false}},
+      {"decode Tq=1 Tk=300, groups of 6", {1, 300, 12, 2, 64, "suffix", false}},
       {"chunk Tq=37 Tk=1100", {37, 1100, 4, 2, 32, "suffix", false}},
       {"zigzag rank 1 of 3, L=1200", {400, 1200, 4, 2, 32, "zigzag", false}},
       {"shuffled keys 300/700", {300, 700, 2, 1, 16, "shuffled", false}},

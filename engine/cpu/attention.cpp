@@ -47,53 +47,101 @@ inline float load1(const uint16_t* p) {
   return bf16_to_f32(*p);
 }
 
+// Keys per block of the decode path; the kernels' score rows are this long.
+constexpr int kDecodeBlock = 32;
+
+// The scores of G query heads that share a K head (GQA's group) over a
+// block of keys: each K row is loaded (and widened) once for the whole
+// group, two keys at a time against every head's query.
+// sc[g * kBlock + j] = scale * <q_g, k_j>.
 template <int HD, class E>
-void block_scores(const float* q, const void* const* rows, int64_t off, int nb, float scale,
+void block_scores(const float* q, int G, const void* const* rows, int64_t off, int nb, float scale,
                   float* sc) {
-  auto krow = [rows](int j) { return static_cast<const E*>(rows[j]); };
-  __m256 qv[HD / 8];
-  for (int d = 0; d < HD / 8; ++d) qv[d] = _mm256_loadu_ps(q + 8 * d);
-  int j = 0;
-  for (; j + 4 <= nb; j += 4) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int d = 0; d < HD / 8; ++d) {
-      a0 = _mm256_fmadd_ps(qv[d], load8(krow(j) + off + 8 * d), a0);
-      a1 = _mm256_fmadd_ps(qv[d], load8(krow(j + 1) + off + 8 * d), a1);
-      a2 = _mm256_fmadd_ps(qv[d], load8(krow(j + 2) + off + 8 * d), a2);
-      a3 = _mm256_fmadd_ps(qv[d], load8(krow(j + 3) + off + 8 * d), a3);
+  auto krow = [rows, off](int j) { return static_cast<const E*>(rows[j]) + off; };
+  const __m256 sv = _mm256_set1_ps(scale);
+  int g = 0;
+  for (; g + 4 <= G; g += 4) {
+    const float* q0 = q + g * HD;
+    int j = 0;
+    for (; j + 2 <= nb; j += 2) {
+      __m256 a[4][2];
+      for (auto& r : a) r[0] = r[1] = _mm256_setzero_ps();
+      for (int d = 0; d < HD / 8; ++d) {
+        const __m256 k0 = load8(krow(j) + 8 * d), k1 = load8(krow(j + 1) + 8 * d);
+        for (int h = 0; h < 4; ++h) {
+          const __m256 qv = _mm256_loadu_ps(q0 + h * HD + 8 * d);
+          a[h][0] = _mm256_fmadd_ps(qv, k0, a[h][0]);
+          a[h][1] = _mm256_fmadd_ps(qv, k1, a[h][1]);
+        }
+      }
+      // Per 128-bit lane, hadd(hadd(x0, x1), hadd(x2, x3)) holds the lane sums of x0..x3:
+      // lanes [h0k0, h0k1, h1k0, h1k1] and [h2k0, h2k1, h3k0, h3k1].
+      const __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(a[0][0], a[0][1]), _mm256_hadd_ps(a[1][0], a[1][1]));
+      const __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(a[2][0], a[2][1]), _mm256_hadd_ps(a[3][0], a[3][1]));
+      alignas(16) float s01[4], s23[4];
+      _mm_store_ps(s01, _mm_add_ps(_mm256_castps256_ps128(h01), _mm256_extractf128_ps(h01, 1)));
+      _mm_store_ps(s23, _mm_add_ps(_mm256_castps256_ps128(h23), _mm256_extractf128_ps(h23, 1)));
+      const float* sums[4] = {s01, s01 + 2, s23, s23 + 2};
+      for (int h = 0; h < 4; ++h) {
+        sc[(g + h) * kDecodeBlock + j] = sums[h][0] * scale;
+        sc[(g + h) * kDecodeBlock + j + 1] = sums[h][1] * scale;
+      }
     }
-    // Per 128-bit lane, hadd(hadd(a0, a1), hadd(a2, a3)) holds the lane sums of a0..a3.
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    _mm_storeu_ps(sc + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+    for (; j < nb; ++j)
+      for (int h = 0; h < 4; ++h) {
+        float dot = 0;
+        for (int d = 0; d < HD; ++d) dot += q0[h * HD + d] * load1(krow(j) + d);
+        sc[(g + h) * kDecodeBlock + j] = dot * scale;
+      }
   }
-  for (; j < nb; ++j) {
-    float dot = 0;
-    for (int d = 0; d < HD; ++d) dot += q[d] * load1(krow(j) + off + d);
-    sc[j] = dot * scale;
-  }
+  for (; g < G; ++g)  // a group that is not a multiple of 4: one head at a time
+    for (int j = 0; j < nb; ++j) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int d = 0; d < HD / 8; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * HD + 8 * d), load8(krow(j) + 8 * d), acc);
+      alignas(32) float t[8];
+      _mm256_store_ps(t, _mm256_mul_ps(acc, sv));
+      sc[g * kDecodeBlock + j] = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    }
 }
+// acc_g = corr_g acc_g + sum_j p_gj v_j for the G heads of a group: 16
+// columns of every head's output in registers at a time, each V row loaded
+// (and widened) once for the group.
 template <int HD, class E>
-void block_accumulate(float* acc, float corr, const float* p, const void* const* rows, int64_t off,
-                      int nb) {
-  __m256 av[HD / 8];
-  const __m256 c = _mm256_set1_ps(corr);
-  for (int d = 0; d < HD / 8; ++d) av[d] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * d), c);
-  for (int j = 0; j < nb; ++j) {
-    if (p[j] == 0.0f) continue;  // masked
-    const __m256 pj = _mm256_set1_ps(p[j]);
-    for (int d = 0; d < HD / 8; ++d)
-      av[d] = _mm256_fmadd_ps(pj, load8(static_cast<const E*>(rows[j]) + off + 8 * d), av[d]);
+void block_accumulate(float* acc, int G, const float* corr, const float* p, const void* const* rows,
+                      int64_t off, int nb) {
+  constexpr int kHeads = 4;
+  for (int g0 = 0; g0 < G; g0 += kHeads) {
+    const int gn = std::min(kHeads, G - g0);
+    for (int d = 0; d < HD / 8; d += 2) {
+      __m256 av[kHeads][2];
+      for (int h = 0; h < gn; ++h) {
+        const __m256 c = _mm256_set1_ps(corr[g0 + h]);
+        av[h][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + (g0 + h) * HD + 8 * d), c);
+        av[h][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + (g0 + h) * HD + 8 * d + 8), c);
+      }
+      for (int j = 0; j < nb; ++j) {
+        const E* vr = static_cast<const E*>(rows[j]) + off + 8 * d;
+        const __m256 v0 = load8(vr), v1 = load8(vr + 8);
+        for (int h = 0; h < gn; ++h) {
+          const __m256 pj = _mm256_set1_ps(p[(g0 + h) * kDecodeBlock + j]);
+          av[h][0] = _mm256_fmadd_ps(pj, v0, av[h][0]);
+          av[h][1] = _mm256_fmadd_ps(pj, v1, av[h][1]);
+        }
+      }
+      for (int h = 0; h < gn; ++h) {
+        _mm256_storeu_ps(acc + (g0 + h) * HD + 8 * d, av[h][0]);
+        _mm256_storeu_ps(acc + (g0 + h) * HD + 8 * d + 8, av[h][1]);
+      }
+    }
   }
-  for (int d = 0; d < HD / 8; ++d) _mm256_storeu_ps(acc + 8 * d, av[d]);
 }
 
 // The register kernels for a head width and the K/V rows' storage (fp32, or
 // bf16 read in place), chosen once per call; empty for other widths, which
 // take the generic loops over fp32 rows.
 struct DecodeKernels {
-  void (*scores)(const float*, const void* const*, int64_t, int, float, float*) = nullptr;
-  void (*accumulate)(float*, float, const float*, const void* const*, int64_t, int) = nullptr;
+  void (*scores)(const float*, int, const void* const*, int64_t, int, float, float*) = nullptr;
+  void (*accumulate)(float*, int, const float*, const float*, const void* const*, int64_t, int) = nullptr;
 };
 template <int HD, class E>
 DecodeKernels kernels_for() {
@@ -133,7 +181,7 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
     // A block of keys at a time: its K and V rows read once for every head
     // (widened once when not fp32), the scores of each (query, head) over the
     // block, one softmax correction per block, the exponentials vectorised.
-    constexpr int kBlock = 32;
+    constexpr int kBlock = kDecodeBlock;
     const bool f32 = k.dtype() == DType::F32 && v.dtype() == DType::F32;
     // bf16 K and V at the head widths with a register kernel are read in
     // place; other dtypes and widths are widened a block at a time.
@@ -143,7 +191,7 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
     std::vector<float> kb(f32 || raw16 ? 0 : static_cast<size_t>(kBlock * hkv)), vb(kb.size());
     const void* krow[kBlock];
     const void* vrow[kBlock];
-    alignas(32) float sc[kBlock];
+    std::vector<float> sc(static_cast<size_t>(group * kBlock)), corr(static_cast<size_t>(group));  // per head of a group
     for (int64_t b0 = j0; b0 < j1; b0 += kBlock) {
       const int nb = int(std::min<int64_t>(kBlock, j1 - b0));
       for (int jj = 0; jj < nb; ++jj) {
@@ -157,48 +205,57 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
         krow[jj] = kb.data() + jj * hkv;
         vrow[jj] = vb.data() + jj * hkv;
       }
+      // One K/V head at a time with its group of query heads: the kernels
+      // read each K and V row once for the whole group.
       for (int64_t i = 0; i < Tq; ++i)
-        for (int h = 0; h < nh; ++h) {
-          const int64_t ih = i * nh + h, off = int64_t(h / group) * hd;
-          const float* qh = qf.data() + ih * hd;
-          float mx = m[ih];
-          if (kern.scores) kern.scores(qh, krow, off, nb, a.scale, sc);
-          for (int jj = 0; jj < nb; ++jj) {
-            if (a.k_pos[b0 + jj] > a.q_pos[i]) {
-              sc[jj] = kNegInf;
+        for (int g = 0; g < nh / group; ++g) {
+          const int64_t ih0 = i * nh + int64_t(g) * group, off = int64_t(g) * hd;
+          if (kern.scores) kern.scores(qf.data() + ih0 * hd, group, krow, off, nb, a.scale, sc.data());
+          for (int h = 0; h < group; ++h) {
+            const int64_t ih = ih0 + h;
+            const float* qh = qf.data() + ih * hd;
+            float* sh = sc.data() + h * kDecodeBlock;
+            float mx = m[ih];
+            for (int jj = 0; jj < nb; ++jj) {
+              if (a.k_pos[b0 + jj] > a.q_pos[i]) {
+                sh[jj] = kNegInf;
+                continue;
+              }
+              if (!kern.scores) {
+                const float* kh = static_cast<const float*>(krow[jj]) + off;
+                float dot = 0;
+#pragma omp simd reduction(+ : dot)
+                for (int d = 0; d < hd; ++d) dot += qh[d] * kh[d];
+                sh[jj] = dot * a.scale;
+              }
+              mx = std::max(mx, sh[jj]);
+            }
+            if (mx == kNegInf) {  // nothing visible yet: the output stays as it is
+              corr[size_t(h)] = 1.0f;
+              std::fill_n(sh, nb, 0.0f);
               continue;
             }
-            if (!kern.scores) {
-              const float* kh = static_cast<const float*>(krow[jj]) + off;
-              float dot = 0;
-#pragma omp simd reduction(+ : dot)
-              for (int d = 0; d < hd; ++d) dot += qh[d] * kh[d];
-              sc[jj] = dot * a.scale;
-            }
-            mx = std::max(mx, sc[jj]);
-          }
-          if (mx == kNegInf) continue;  // nothing visible yet
-          const float corr = fast_exp(m[ih] - mx);
-          float sum = 0;
+            const float c = fast_exp(m[ih] - mx);
+            float sum = 0;
 #pragma omp simd reduction(+ : sum)
-          for (int jj = 0; jj < nb; ++jj) {
-            sc[jj] = sc[jj] == kNegInf ? 0.0f : fast_exp(sc[jj] - mx);
-            sum += sc[jj];
-          }
-          m[ih] = mx;
-          l[ih] = l[ih] * corr + sum;
-          float* ar = acc + ih * hd;
-          if (kern.accumulate) {
-            kern.accumulate(ar, corr, sc, vrow, off, nb);
-          } else {
-            for (int d = 0; d < hd; ++d) ar[d] *= corr;
             for (int jj = 0; jj < nb; ++jj) {
-              const float p = sc[jj];
+              sh[jj] = sh[jj] == kNegInf ? 0.0f : fast_exp(sh[jj] - mx);
+              sum += sh[jj];
+            }
+            m[ih] = mx;
+            l[ih] = l[ih] * c + sum;
+            corr[size_t(h)] = c;
+            if (kern.accumulate) continue;
+            float* ar = acc + ih * hd;
+            for (int d = 0; d < hd; ++d) ar[d] *= c;
+            for (int jj = 0; jj < nb; ++jj) {
+              const float p = sh[jj];
               const float* vh = static_cast<const float*>(vrow[jj]) + off;
 #pragma omp simd
               for (int d = 0; d < hd; ++d) ar[d] += p * vh[d];
             }
           }
+          if (kern.accumulate) kern.accumulate(acc + ih0 * hd, group, corr.data(), sc.data(), vrow, off, nb);
         }
     }
   }
