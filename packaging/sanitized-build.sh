@@ -6,13 +6,14 @@
 # such as nlohmann's JSON_ASSERT on); CUDA is off (no sanitizer covers
 # device code).
 # On failure it prints the configure log and exits.
+source "$root/packaging/generator.sh"
+
 configure_sanitized() {
   local build=$1 flags=$2 link=$3
   shift 3
   mkdir -p "$build"
-  local gen=()  # Ninja for a new folder, as build.sh
-  [[ -f "$build/CMakeCache.txt" ]] || ! command -v ninja >/dev/null || gen=(-G Ninja)
-  cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDSCOPE_WITH_CUDA=OFF \
+  # shellcheck disable=SC2046
+  cmake -S "$root" -B "$build" $(generator_args "$build") -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDSCOPE_WITH_CUDA=OFF \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$link" \
     -DCMAKE_SHARED_LINKER_FLAGS="$link" "$@" > "$build/configure.log" 2>&1 ||
     { cat "$build/configure.log"; exit 1; }

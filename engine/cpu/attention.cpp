@@ -40,15 +40,19 @@ inline __m256 load8(const uint16_t* p) {  // bf16, widened in registers
   return _mm256_castsi256_ps(_mm256_slli_epi32(
       _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
-inline float load1(const float* p) {
-  return *p;
-}
-inline float load1(const uint16_t* p) {
-  return bf16_to_f32(*p);
-}
 
 // Keys per block of the decode path; the kernels' score rows are this long.
 constexpr int kDecodeBlock = 32;
+
+// <q, k> over HD values, k in fp32 or bf16: the tails of block_scores.
+template <int HD, class E>
+float dot_row(const float* q, const E* k) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int d = 0; d < HD / 8; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * d), load8(k + 8 * d), acc);
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
+}
 
 // The scores of G query heads that share a K head (GQA's group) over a
 // block of keys: each K row is loaded (and widened) once for the whole
@@ -58,7 +62,6 @@ template <int HD, class E>
 void block_scores(const float* q, int G, const void* const* rows, int64_t off, int nb, float scale,
                   float* sc) {
   auto krow = [rows, off](int j) { return static_cast<const E*>(rows[j]) + off; };
-  const __m256 sv = _mm256_set1_ps(scale);
   int g = 0;
   for (; g + 4 <= G; g += 4) {
     const float* q0 = q + g * HD;
@@ -87,21 +90,11 @@ void block_scores(const float* q, int G, const void* const* rows, int64_t off, i
         sc[(g + h) * kDecodeBlock + j + 1] = sums[h][1] * scale;
       }
     }
-    for (; j < nb; ++j)
-      for (int h = 0; h < 4; ++h) {
-        float dot = 0;
-        for (int d = 0; d < HD; ++d) dot += q0[h * HD + d] * load1(krow(j) + d);
-        sc[(g + h) * kDecodeBlock + j] = dot * scale;
-      }
+    for (; j < nb; ++j)  // an odd last key
+      for (int h = 0; h < 4; ++h) sc[(g + h) * kDecodeBlock + j] = dot_row<HD>(q0 + h * HD, krow(j)) * scale;
   }
   for (; g < G; ++g)  // a group that is not a multiple of 4: one head at a time
-    for (int j = 0; j < nb; ++j) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int d = 0; d < HD / 8; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * HD + 8 * d), load8(krow(j) + 8 * d), acc);
-      alignas(32) float t[8];
-      _mm256_store_ps(t, _mm256_mul_ps(acc, sv));
-      sc[g * kDecodeBlock + j] = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-    }
+    for (int j = 0; j < nb; ++j) sc[g * kDecodeBlock + j] = dot_row<HD>(q + g * HD, krow(j)) * scale;
 }
 // acc_g = corr_g acc_g + sum_j p_gj v_j for the G heads of a group: 16
 // columns of every head's output in registers at a time, each V row loaded

@@ -432,7 +432,6 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   const int threads = ranks > 1 ? 1 : cores;
   cpu::set_threads(threads);
   const auto started = Clock::now();
-  auto elapsed = [&] { return since(started); };
   Allocator alloc;
   Recorder rec;
   rec.set_mem_sampling(false);
@@ -458,7 +457,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
     const double copy_s = best_seconds(3, [&] { std::copy(src.begin(), src.end(), dst.begin()); });
     bw = 2.0 * double(n) * 4 / copy_s;
   }
-  log << "  memory copy: " << bw * 1e-9 << " GB/s" << elapsed();
+  log << "  memory copy: " << bw * 1e-9 << " GB/s" << since(started);
   // Vector rate, from the selective scan (the cost model charges it a quarter of it).
   const int64_t T = 256, C = 512, S = 16;
   Tensor x = be.alloc({T, C}, Category::Workspace, "x"), y = be.alloc({T, C}, Category::Workspace, "y");
@@ -522,7 +521,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   // Per-kernel overhead: a tiny op through the backend, span recording included.
   Tensor t1 = be.alloc({1, 8}, Category::Workspace, "tiny");
   const double launch = best_seconds(200, [&] { be.add(t1, t1, t1); });
-  log << "  per-kernel overhead: " << launch * 1e6 << " us" << elapsed();
+  log << "  per-kernel overhead: " << launch * 1e6 << " us" << since(started);
   rec.clear();
 
   // Measured kernel times: the spans the cpu backend records, by size.
@@ -532,7 +531,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
     kernels = kernel_times(be, rec, sweep, log);
     attention = attention_times(be, rec, sweep, log);
   }
-  log << "  (kernel and attention grids)" << elapsed();
+  log << "  (kernel and attention grids)" << since(started);
   std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> shapes;
   for (int64_t N : kGridN)
     for (int64_t K : kGridK)
@@ -544,7 +543,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   }
   const json gemms = gemm_times(be, rec, shapes, log);
   rec.clear();
-  log << "  (gemm times)" << elapsed();
+  log << "  (gemm times)" << since(started);
 
   std::ifstream mi("/proc/meminfo");
   std::string key;
@@ -581,7 +580,6 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = ranks > 1 ? 1 : cores;
   const auto started = Clock::now();
-  auto elapsed = [&] { return since(started); };
   // Several ranks: every rank measures at once, as a run's ranks compute at
   // once on this host's cores and memory (calibrate_rank.cpp).
   const json device = ranks > 1 ? measure_device_on_ranks(log, ranks, options) : measure_device(log, ranks, options);
@@ -619,7 +617,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
       if (op == "all_reduce") alpha = a, beta = b;
     }
     if (!colls.contains("all_reduce")) log << "  mpi: no measurement came back; the link keeps assumed figures\n";
-    log << "  (collectives)" << elapsed();
+    log << "  (collectives)" << since(started);
   }
 
   const std::string src_note = calibration_source(threads);
