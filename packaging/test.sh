@@ -9,6 +9,10 @@ build="${SHARDSCOPE_BUILD_DIR:-$root/build}"
 "$root/packaging/build.sh"
 
 export QT_QPA_PLATFORM=offscreen
+# QtTest stops a test function after 300 s, all its data rows together; on a
+# loaded 2-core machine a long table can pass that with nothing wrong. ctest's
+# --timeout and each suite's TIMEOUT bound a hung suite instead.
+export QTEST_FUNCTION_TIMEOUT=${QTEST_FUNCTION_TIMEOUT:-600000}
 # Two test processes at a time: several suites start MPI ranks of their own.
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 900
 
