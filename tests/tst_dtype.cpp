@@ -109,6 +109,10 @@ class TestDtype : public QObject {
     QFETCH(QString, model);
     QFETCH(QStringList, prompt);
     QFETCH(double, model_bound);
+    // Under a sanitizer the two trained text models run the same kernels
+    // (llama and mamba2, in fp32 and bf16) in a twentieth of the time.
+    if (qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG") && !model.startsWith("brown-"))
+      QSKIP("the random-weight presets run in the plain leg");
     const QString f32 = m_dir.filePath(model + "-fp32.npy"),
                   b16 = m_dir.filePath(model + "-bf16.npy"),
                   same = m_dir.filePath(model + "-fp32-bf16-weights.npy"),
