@@ -107,6 +107,7 @@ enum class Break {
   ShapeOverflows,
   OffsetsBeyondInt64,
   UnsupportedDtype,
+  IntegerTensor,
   TruncatedData,
   TruncatedHeader,
   CorruptHeader,
@@ -267,6 +268,8 @@ class TestCheckpoint : public QObject {
     QTest::newRow("shape product overflows") << int(Break::ShapeOverflows) << 1 << single << kVictim;
     QTest::newRow("data_offsets beyond int64") << int(Break::OffsetsBeyondInt64) << 1 << single << kVictim;
     QTest::newRow("unsupported dtype") << int(Break::UnsupportedDtype) << 1 << single << kVictim;
+    // A dtype the engine has (token ids) but weights cannot be: refused by name as the file is opened.
+    QTest::newRow("integer weight") << int(Break::IntegerTensor) << 1 << single << kVictim;
     QTest::newRow("truncated data") << int(Break::TruncatedData) << 1 << single << "";
     QTest::newRow("truncated header") << int(Break::TruncatedHeader) << 1 << single << "";
     QTest::newRow("corrupt header") << int(Break::CorruptHeader) << 1 << single << "";
@@ -336,6 +339,9 @@ class TestCheckpoint : public QObject {
       case Break::UnsupportedDtype:
         edit_header(st, [](nlohmann::json& h) { h[kVictim]["dtype"] = "I8"; });
         break;
+      case Break::IntegerTensor:  // the same 4 bytes a value, read as int32
+        edit_header(st, [](nlohmann::json& h) { h[kVictim]["dtype"] = "I32"; });
+        break;
       case Break::TruncatedData:
         fs::resize_file(st, fs::file_size(st) / 2);
         break;
@@ -398,6 +404,7 @@ class TestCheckpoint : public QObject {
     // Sizes that do not fit in int64 are refused as such, not after wrapping around.
     if (Break(how) == Break::ShapeOverflows) QVERIFY2(line.contains("too large"), qPrintable(line));
     if (Break(how) == Break::OffsetsBeyondInt64) QVERIFY2(line.contains("within the file"), qPrintable(line));
+    if (Break(how) == Break::IntegerTensor) QVERIFY2(line.contains("dtype I32 is not supported"), qPrintable(line));
 
     // The stream a GUI reads says the same, and ends.
     ss::proto::Reader reader;
