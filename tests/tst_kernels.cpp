@@ -514,6 +514,8 @@ void TestKernels::attention_data() {
       {"decode Tq=3 Tk=600, head_dim 128", {3, 600, 4, 2, 128, "suffix", false}},
       {"decode Tq=2 Tk=70, head_dim 24", {2, 70, 2, 1, 24, "suffix", false}},
       {"decode Tq=1 Tk=300, groups of 6", {1, 300, 12, 2, 64, "suffix", false}},
+      {"decode Tq=4 over shuffled keys", {4, 500, 8, 2, 64, "shuffled", false}},
+      {"decode Tq=4, three queries before all keys", {4, 333, 4, 1, 128, "gaps", false}},
       {"chunk Tq=37 Tk=1100", {37, 1100, 4, 2, 32, "suffix", false}},
       {"zigzag rank 1 of 3, L=1200", {400, 1200, 4, 2, 32, "zigzag", false}},
       {"shuffled keys 300/700", {300, 700, 2, 1, 16, "shuffled", false}},

@@ -129,6 +129,120 @@ void block_accumulate(float* acc, int G, const float* corr, const float* p, cons
   }
 }
 
+// The same two kernels on 16 lanes, for CPUs with AVX-512 (chosen at run
+// time; the engine is built for AVX2): half the FMAs, loads and widenings a
+// key. Each (head, key) accumulator is folded to 8 lanes and summed as above.
+#define SS_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+// GCC 12 takes the intrinsics' own placeholder operands (_mm512_undefined_*)
+// for uninitialised variables.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+SS_AVX512 inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+SS_AVX512 inline __m512 load16(const uint16_t* p) {  // bf16, widened in registers
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+SS_AVX512 inline __m256 fold(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+
+template <int HD, class E>
+SS_AVX512 void block_scores16(const float* q, int G, const void* const* rows, int64_t off, int nb, float scale,
+                              float* sc) {
+  static_assert(HD % 16 == 0);
+  auto krow = [rows, off](int j) { return static_cast<const E*>(rows[j]) + off; };
+  int g = 0;
+  for (; g + 4 <= G; g += 4) {
+    const float* q0 = q + g * HD;
+    int j = 0;
+    for (; j + 2 <= nb; j += 2) {
+      __m512 a[4][2];
+      for (auto& r : a) r[0] = r[1] = _mm512_setzero_ps();
+      for (int d = 0; d < HD / 16; ++d) {
+        const __m512 k0 = load16(krow(j) + 16 * d), k1 = load16(krow(j + 1) + 16 * d);
+        for (int h = 0; h < 4; ++h) {
+          const __m512 qv = _mm512_loadu_ps(q0 + h * HD + 16 * d);
+          a[h][0] = _mm512_fmadd_ps(qv, k0, a[h][0]);
+          a[h][1] = _mm512_fmadd_ps(qv, k1, a[h][1]);
+        }
+      }
+      const __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(fold(a[0][0]), fold(a[0][1])),
+                                        _mm256_hadd_ps(fold(a[1][0]), fold(a[1][1])));
+      const __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(fold(a[2][0]), fold(a[2][1])),
+                                        _mm256_hadd_ps(fold(a[3][0]), fold(a[3][1])));
+      alignas(16) float s01[4], s23[4];
+      _mm_store_ps(s01, _mm_add_ps(_mm256_castps256_ps128(h01), _mm256_extractf128_ps(h01, 1)));
+      _mm_store_ps(s23, _mm_add_ps(_mm256_castps256_ps128(h23), _mm256_extractf128_ps(h23, 1)));
+      const float* sums[4] = {s01, s01 + 2, s23, s23 + 2};
+      for (int h = 0; h < 4; ++h) {
+        sc[(g + h) * kDecodeBlock + j] = sums[h][0] * scale;
+        sc[(g + h) * kDecodeBlock + j + 1] = sums[h][1] * scale;
+      }
+    }
+    for (; j < nb; ++j)
+      for (int h = 0; h < 4; ++h) sc[(g + h) * kDecodeBlock + j] = dot_row<HD>(q0 + h * HD, krow(j)) * scale;
+  }
+  for (; g < G; ++g)
+    for (int j = 0; j < nb; ++j) sc[g * kDecodeBlock + j] = dot_row<HD>(q + g * HD, krow(j)) * scale;
+}
+
+template <int HD, class E>
+SS_AVX512 void block_accumulate16(float* acc, int G, const float* corr, const float* p, const void* const* rows,
+                                  int64_t off, int nb) {
+  static_assert(HD % 32 == 0);
+  constexpr int kHeads = 4;
+  for (int g0 = 0; g0 < G; g0 += kHeads) {
+    const int gn = std::min(kHeads, G - g0);
+    for (int d = 0; d < HD / 16; d += 2) {
+      __m512 av[kHeads][2];
+      for (int h = 0; h < gn; ++h) {
+        const __m512 c = _mm512_set1_ps(corr[g0 + h]);
+        av[h][0] = _mm512_mul_ps(_mm512_loadu_ps(acc + (g0 + h) * HD + 16 * d), c);
+        av[h][1] = _mm512_mul_ps(_mm512_loadu_ps(acc + (g0 + h) * HD + 16 * d + 16), c);
+      }
+      for (int j = 0; j < nb; ++j) {
+        const E* vr = static_cast<const E*>(rows[j]) + off + 16 * d;
+        const __m512 v0 = load16(vr), v1 = load16(vr + 16);
+        for (int h = 0; h < gn; ++h) {
+          const __m512 pj = _mm512_set1_ps(p[(g0 + h) * kDecodeBlock + j]);
+          av[h][0] = _mm512_fmadd_ps(pj, v0, av[h][0]);
+          av[h][1] = _mm512_fmadd_ps(pj, v1, av[h][1]);
+        }
+      }
+      for (int h = 0; h < gn; ++h) {
+        _mm512_storeu_ps(acc + (g0 + h) * HD + 16 * d, av[h][0]);
+        _mm512_storeu_ps(acc + (g0 + h) * HD + 16 * d + 16, av[h][1]);
+      }
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+// The largest of a block's kDecodeBlock scores.
+inline float block_max(const float* s) {
+  __m256 m = _mm256_loadu_ps(s);
+  for (int j = 8; j < kDecodeBlock; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+// s_j <- exp(s_j - mx) over a block (0 where s_j is -inf: a hidden key or
+// the tail of a short block), and their sum.
+inline float block_exp(float* s, float mx) {
+  const __m256 vmx = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(kNegInf);
+  __m256 sum = _mm256_setzero_ps();
+  for (int j = 0; j < kDecodeBlock; j += 8) {
+    const __m256 x = _mm256_loadu_ps(s + j);
+    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, vmx)));
+    _mm256_storeu_ps(s + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  return hsum8(sum);
+}
+
 // The register kernels for a head width and the K/V rows' storage (fp32, or
 // bf16 read in place), chosen once per call; empty for other widths, which
 // take the generic loops over fp32 rows.
@@ -138,6 +252,7 @@ struct DecodeKernels {
 };
 template <int HD, class E>
 DecodeKernels kernels_for() {
+  if (cpu_has_avx512()) return {&block_scores16<HD, E>, &block_accumulate16<HD, E>};
   return {&block_scores<HD, E>, &block_accumulate<HD, E>};
 }
 DecodeKernels decode_kernels(int hd, bool bf16_rows) {
@@ -185,6 +300,7 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
     const void* krow[kBlock];
     const void* vrow[kBlock];
     std::vector<float> sc(static_cast<size_t>(group * kBlock)), corr(static_cast<size_t>(group));  // per head of a group
+    std::vector<char> visible(size_t(Tq), 0);
     for (int64_t b0 = j0; b0 < j1; b0 += kBlock) {
       const int nb = int(std::min<int64_t>(kBlock, j1 - b0));
       for (int jj = 0; jj < nb; ++jj) {
@@ -198,6 +314,21 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
         krow[jj] = kb.data() + jj * hkv;
         vrow[jj] = vb.data() + jj * hkv;
       }
+      // The next block's K and V rows are fetched while this one is computed
+      // (with the first block, that one too): in decode they come from
+      // memory, the weights streamed since then having evicted them.
+      const int64_t row_bytes = hkv * dtype_size(k.dtype());
+      for (int64_t j = b0 == j0 ? b0 : b0 + nb; j < std::min(j1, b0 + nb + kBlock); ++j)
+        for (int64_t c = 0; c < row_bytes; c += 64) {
+          _mm_prefetch(static_cast<const char*>(k.row_ptr(j)) + c, _MM_HINT_T0);
+          _mm_prefetch(static_cast<const char*>(v.row_ptr(j)) + c, _MM_HINT_T0);
+        }
+      // Whether every key of the block is visible to query i (decode's usual
+      // case: the whole cache lies in its past), so no key needs its mask.
+      for (int64_t i = 0; i < Tq; ++i) {
+        visible[size_t(i)] = true;
+        for (int jj = 0; jj < nb; ++jj) visible[size_t(i)] = visible[size_t(i)] && a.k_pos[b0 + jj] <= a.q_pos[i];
+      }
       // One K/V head at a time with its group of query heads: the kernels
       // read each K and V row once for the whole group.
       for (int64_t i = 0; i < Tq; ++i)
@@ -208,35 +339,28 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
             const int64_t ih = ih0 + h;
             const float* qh = qf.data() + ih * hd;
             float* sh = sc.data() + h * kDecodeBlock;
-            float mx = m[ih];
-            for (int jj = 0; jj < nb; ++jj) {
-              if (a.k_pos[b0 + jj] > a.q_pos[i]) {
-                sh[jj] = kNegInf;
-                continue;
-              }
-              if (!kern.scores) {
+            if (!kern.scores)
+              for (int jj = 0; jj < nb; ++jj) {
                 const float* kh = static_cast<const float*>(krow[jj]) + off;
                 float dot = 0;
 #pragma omp simd reduction(+ : dot)
                 for (int d = 0; d < hd; ++d) dot += qh[d] * kh[d];
                 sh[jj] = dot * a.scale;
               }
-              mx = std::max(mx, sh[jj]);
-            }
+            // Keys this query may not see (and a short block's tail) score -inf.
+            if (!visible[size_t(i)])
+              for (int jj = 0; jj < nb; ++jj)
+                if (a.k_pos[b0 + jj] > a.q_pos[i]) sh[jj] = kNegInf;
+            std::fill(sh + nb, sh + kDecodeBlock, kNegInf);
+            const float mx = std::max(m[ih], block_max(sh));
             if (mx == kNegInf) {  // nothing visible yet: the output stays as it is
               corr[size_t(h)] = 1.0f;
-              std::fill_n(sh, nb, 0.0f);
+              std::fill_n(sh, kDecodeBlock, 0.0f);
               continue;
             }
             const float c = fast_exp(m[ih] - mx);
-            float sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int jj = 0; jj < nb; ++jj) {
-              sh[jj] = sh[jj] == kNegInf ? 0.0f : fast_exp(sh[jj] - mx);
-              sum += sh[jj];
-            }
             m[ih] = mx;
-            l[ih] = l[ih] * c + sum;
+            l[ih] = l[ih] * c + block_exp(sh, mx);
             corr[size_t(h)] = c;
             if (kern.accumulate) continue;
             float* ar = acc + ih * hd;

@@ -1,5 +1,7 @@
 #include "cpu/cpu_backend.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -17,8 +19,7 @@ namespace {
 template <class F>
 void for_rows(const Tensor& t, F&& f) {
   if (t.ndim() == 2) {
-#pragma omp parallel for schedule(static) if (t.numel() > (1 << 16))
-    for (int64_t r = 0; r < t.rows(); ++r) f(r);
+    cpu::parallel_for(t.rows(), t.numel() > (1 << 16), f);
   } else {
     throw std::logic_error("elementwise kernels take 2-D tensors, got " + t.shape_str());
   }
@@ -121,7 +122,7 @@ void CpuBackend::k_silu_mul(const Tensor& y, const Tensor& gate, const Tensor& u
     const float* g = cpu::row_f32(gate, r, 0);
     const float* u = cpu::row_f32(up, r, 1);
     float* yr = cpu::row_out(y, r, 3);
-    for (int64_t c = 0; c < y.cols(); ++c) yr[c] = cpu::silu(g[c]) * u[c];
+    cpu::silu_times(g, u, yr, y.cols());
     cpu::store_row(y, r, yr);
   });
 }
@@ -234,11 +235,29 @@ void CpuBackend::k_gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const T
 }
 
 int32_t CpuBackend::k_argmax_row(const Tensor& x, int64_t row) {
+  // The largest value (a vectorised pass), then the first column holding it.
   const float* r = cpu::row_f32(x, row, 0);
-  int64_t best = 0;
-  for (int64_t c = 1; c < x.cols(); ++c)
-    if (r[c] > r[best]) best = c;
-  return int32_t(best);
+  const int64_t n = x.cols();
+  __m256 m0 = _mm256_set1_ps(r[0]), m1 = m0, m2 = m0, m3 = m0;
+  int64_t c = 0;
+  for (; c + 32 <= n; c += 32) {
+    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(r + c));
+    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(r + c + 8));
+    m2 = _mm256_max_ps(m2, _mm256_loadu_ps(r + c + 16));
+    m3 = _mm256_max_ps(m3, _mm256_loadu_ps(r + c + 24));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  float top = r[0];
+  for (float v : lanes) top = std::max(top, v);
+  for (; c < n; ++c) top = std::max(top, r[c]);
+  const __m256 t8 = _mm256_set1_ps(top);
+  for (c = 0; c + 8 <= n; c += 8)
+    if (const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + c), t8, _CMP_EQ_OQ)))
+      return int32_t(c + __builtin_ctz(unsigned(hit)));
+  for (; c < n; ++c)
+    if (r[c] == top) return int32_t(c);
+  return 0;  // NaN logits
 }
 
 // Training kernels (cpu/train_kernels.cpp, cpu/attention_backward.cpp, cpu/gemm.cpp).

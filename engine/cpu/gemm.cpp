@@ -29,6 +29,10 @@
 namespace ss::cpu {
 namespace {
 
+// How far ahead of its loads the GEMV prefetches a weight row's stream:
+// across the next 4 KiB page, where the hardware prefetchers stop.
+constexpr int64_t kPrefetchBytes = 4096;
+
 // Rows up to which the GEMV path runs (each weight row is read once for all of them).
 constexpr int64_t kGemvRows = 4;
 
@@ -148,6 +152,16 @@ bool bf16_gemm_available() {
   return ok;
 }
 
+bool cpu_has_avx512() {
+  static const bool ok = [] {
+    if (const char* no = std::getenv("SHARDSCOPE_NO_AVX512"); no && *no && std::string(no) != "0") return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  }();
+  return ok;
+}
+
 namespace {
 
 // y = x wᵀ (+ y) for tensors: w [N,K] is read transposed in place.
@@ -188,11 +202,12 @@ inline float load1_f16(const void* p, int64_t k) {
 // One input row with one weight row: four accumulator chains, 32 values an
 // iteration (measured here: interleaving several weight rows is slower; one
 // stream per thread lets the prefetcher run ahead).
-template <class Load8, class Load1>
+template <int es, class Load8, class Load1>
 inline float dot1(const float* x, const void* wr, int64_t K, Load8 load8, Load1 load1) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
+    _mm_prefetch(static_cast<const char*>(wr) + k * es + kPrefetchBytes, _MM_HINT_T0);
     a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load8(wr, k), a0);
     a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), load8(wr, k + 8), a1);
     a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 16), load8(wr, k + 16), a2);
@@ -240,16 +255,15 @@ void gemv(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
   F32Out out(y, accumulate);
   const DType wt = w.dtype();
   constexpr int64_t kCols = 64;  // output columns per task
-#pragma omp parallel for schedule(static) if (N * K > (1 << 16))
-  for (int64_t n0 = 0; n0 < N; n0 += kCols) {
+  parallel_for((N + kCols - 1) / kCols, N * K > (1 << 16), [&](int64_t task) {
     float d[kGemvRows];
-    const int64_t n1 = std::min(N, n0 + kCols);
+    const int64_t n0 = task * kCols, n1 = std::min(N, n0 + kCols);
     for (int64_t n = n0; n < n1; ++n) {
       if (M == 1) {
         const void* wr = w.row_ptr(n);
-        d[0] = wt == DType::BF16  ? dot1(xr[0], wr, K, load8_bf16, load1_bf16)
-               : wt == DType::F16 ? dot1(xr[0], wr, K, load8_f16, load1_f16)
-                                  : dot1(xr[0], wr, K, load8_f32, load1_f32);
+        d[0] = wt == DType::BF16  ? dot1<2>(xr[0], wr, K, load8_bf16, load1_bf16)
+               : wt == DType::F16 ? dot1<2>(xr[0], wr, K, load8_f16, load1_f16)
+                                  : dot1<4>(xr[0], wr, K, load8_f32, load1_f32);
       } else if (wt == DType::BF16)
         dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_bf16, load1_bf16);
       else if (wt == DType::F16)
@@ -258,7 +272,7 @@ void gemv(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
         dot_rows(xr, int(M), w.row_ptr(n), K, d, load8_f32, load1_f32);
       for (int64_t m = 0; m < M; ++m) out.row(m)[n] = accumulate ? out.row(m)[n] + d[m] : d[m];
     }
-  }
+  });
   out.commit();
 }
 

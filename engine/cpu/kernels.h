@@ -2,6 +2,8 @@
 // Each has a float64 reference in tests/reference.h that it is checked against.
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -51,6 +53,20 @@ void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_
 void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& ss, float eps,
                          int64_t local_group, int64_t total_group, int64_t slot0);
 
+// body(i) for i in [0, n): on the OpenMP threads when `parallel`, else on
+// this thread without entering OpenMP at all. An OpenMP construct whose `if`
+// clause is false still sets up a team of one, about 1 us here (a futex call
+// on this virtual machine), which is what a one-row kernel of decode costs.
+template <class F>
+void parallel_for(int64_t n, bool parallel, F&& body) {
+  if (!parallel || n < 2) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
 // exp for the kernels' inner loops: plain arithmetic the compiler can
 // vectorise (no libm call). Range reduction x = n ln2 + r in two parts
 // (Cody-Waite), then the degree-5 minimax polynomial for e^r of the Cephes
@@ -74,8 +90,69 @@ inline float fast_exp(float x) {
   return e * scale;
 }
 
+// fast_exp on eight lanes, the same operations in the same order.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33f)), _mm256_set1_ps(88.72f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+}
+// The sum of eight lanes.
+inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// silu on eight lanes, as silu below: v / (1 + fast_exp(-v)).
+inline __m256 silu8(__m256 v) {
+  return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+}
+// Sum of x_i^2 in fp32, four 8-lane partial sums: a serial sum would wait on
+// each add (these are most of a norm's time on a single row).
+inline float sum_squares(const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+    const __m256 x2 = _mm256_loadu_ps(x + i + 16), x3 = _mm256_loadu_ps(x + i + 24);
+    a0 = _mm256_fmadd_ps(x0, x0, a0);
+    a1 = _mm256_fmadd_ps(x1, x1, a1);
+    a2 = _mm256_fmadd_ps(x2, x2, a2);
+    a3 = _mm256_fmadd_ps(x3, x3, a3);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), a0);
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
 inline float silu(float v) { return v / (1.0f + fast_exp(-v)); }
 inline float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
+
+// y_i = silu(y_i).
+inline void silu_in_place(float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, silu8(_mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] = silu(y[i]);
+}
+// y_i = silu(g_i) * u_i (y may alias g or u).
+inline void silu_times(const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+  for (; i < n; ++i) y[i] = silu(g[i]) * u[i];
+}
 
 // Storage dtypes. Kernels read and write tensors in their own dtype (f32,
 // bf16, f16) and compute in fp32: a row is used in place when it is f32 and
@@ -130,6 +207,11 @@ struct F32Out {
   float* row(int64_t r) const { return p + r * ld; }
   void commit();
 };
+
+// Whether the CPU runs AVX-512 (F, BW, DQ, VL): the kernels that have a
+// 16-lane version take it then. SHARDSCOPE_NO_AVX512=1 says no on any CPU
+// (to test the AVX2 versions).
+bool cpu_has_avx512();
 
 // Whether bf16 GEMMs run on the library's bf16 kernels here (see gemm.cpp).
 bool bf16_gemm_available();

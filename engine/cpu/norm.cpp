@@ -14,27 +14,19 @@ void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
              int64_t group) {
   const int64_t T = x.rows(), n = x.cols();
   const float* W = vec_f32(w, 4);  // read by every thread
-#pragma omp parallel for schedule(static) if (T * n > (1 << 16))
-  for (int64_t t = 0; t < T; ++t) {
+  parallel_for(T, T * n > (1 << 16), [&](int64_t t) {
     const float* xr = row_f32(x, t, 0);
     const float* zr = row_f32(z, t, 1);
     float* yr = row_out(y, t, 3);
     for (int64_t g0 = 0; g0 < n; g0 += group) {
-      float ss = 0;
-      if (zr) {
-        for (int64_t i = g0; i < g0 + group; ++i) {
-          yr[i] = xr[i] * silu(zr[i]);
-          ss += yr[i] * yr[i];
-        }
-      } else {
-        for (int64_t i = g0; i < g0 + group; ++i) ss += xr[i] * xr[i];
-      }
+      if (zr) silu_times(zr + g0, xr + g0, yr + g0, group);
+      const float ss = sum_squares((zr ? yr : xr) + g0, group);
       const float inv = 1.0f / std::sqrt(ss / float(group) + eps);
       const float* src = zr ? yr : xr;
       for (int64_t i = g0; i < g0 + group; ++i) yr[i] = src[i] * inv * (W ? W[i] : 1.0f);
     }
     store_row(y, t, yr);
-  }
+  });
 }
 
 // Rotary position embedding, rotate-half pairing as in HF Llama:
@@ -42,8 +34,7 @@ void rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
 void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> pos, std::span<const double> inv_freq) {
   const int half = head_dim / 2;
   const int64_t T = x.rows();
-#pragma omp parallel for schedule(static) if (T * n_heads * head_dim > (1 << 16))
-  for (int64_t t = 0; t < T; ++t) {
+  parallel_for(T, T * n_heads * head_dim > (1 << 16), [&](int64_t t) {
     const float* in = row_f32(x, t, 0);
     float* row = row_out(x, t, 3);
     if (row != in) std::copy_n(in, x.cols(), row);
@@ -58,7 +49,7 @@ void rope(const Tensor& x, int n_heads, int head_dim, std::span<const int32_t> p
       }
     }
     store_row(x, t, row);
-  }
+  });
 }
 
 // Gated norm whose groups span ranks, step 1: this rank's share of each
@@ -71,10 +62,10 @@ void gated_norm_sumsq(const Tensor& ss, const Tensor& x, const Tensor& z, int64_
     std::fill_n(out, slots, 0.0f);
     const float* xr = row_f32(x, t, 0);
     const float* zr = row_f32(z, t, 1);
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = xr[i] * silu(zr[i]);
-      out[slot0 + i / local_group] += g * g;
-    }
+    float* g = scratch(2, n);
+    silu_times(zr, xr, g, n);
+    for (int64_t g0 = 0; g0 < n; g0 += local_group)
+      out[slot0 + g0 / local_group] += sum_squares(g + g0, std::min(local_group, n - g0));
   }
 }
 
@@ -89,9 +80,10 @@ void gated_rmsnorm_apply(const Tensor& y, const Tensor& x, const Tensor& z, cons
     const float* zr = row_f32(z, t, 1);
     float* yr = row_out(y, t, 3);
     const float* sr = ss.data<float>() + t * slots;
-    for (int64_t i = 0; i < n; ++i) {
-      const float inv = 1.0f / std::sqrt(sr[slot0 + i / local_group] / float(total_group) + eps);
-      yr[i] = xr[i] * silu(zr[i]) * inv * W[i];
+    silu_times(zr, xr, yr, n);
+    for (int64_t g0 = 0; g0 < n; g0 += local_group) {
+      const float inv = 1.0f / std::sqrt(sr[slot0 + g0 / local_group] / float(total_group) + eps);
+      for (int64_t i = g0; i < std::min(n, g0 + local_group); ++i) yr[i] = yr[i] * inv * W[i];
     }
     store_row(y, t, yr);
   }

@@ -57,8 +57,7 @@ void selective_state_correction(const SelectiveScanArgs& a) {
   const int64_t T = a.x.rows(), Di = a.x.cols(), N = a.A_log.numel() / Di;
   const F32Rows DT(a.dt), Cm(a.C), Z(a.z), A_log(a.A_log), bias_v(a.dt_bias);
   F32Out Y(a.y, true);
-#pragma omp parallel for schedule(static) if (T * Di * N > (1 << 15))
-  for (int64_t c = 0; c < Di; ++c) {
+  parallel_for(Di, T * Di * N > (1 << 15), [&](int64_t c) {
     const float bias = bias_v[c];
     const float* Alog = A_log.p + c * N;
     const float* S = a.state.data<float>() + c * N;
@@ -71,7 +70,7 @@ void selective_state_correction(const SelectiveScanArgs& a) {
       if (a.z.defined()) acc *= silu(Z.row(t)[c]);
       Y.row(t)[c] += acc;
     }
-  }
+  });
   Y.commit();
 }
 

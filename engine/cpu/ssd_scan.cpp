@@ -99,8 +99,7 @@ void ssd_scan(const SsdArgs& a) {
   if (T <= kRecurrentTokens) {
     const DType xt = op.bf16 ? DType::BF16 : DType::F32;
     const int64_t HPN = int64_t(H) * P * N;
-#pragma omp parallel for schedule(static) if (HPN * T >= (1 << 16))
-    for (int h = 0; h < H; ++h) {
+    parallel_for(H, HPN * T >= (1 << 16), [&](int h) {
       const int g = h / heads_per_group;
       std::vector<float> x(static_cast<size_t>(P)), Bt(static_cast<size_t>(N)),
           Ct(static_cast<size_t>(N)), y(static_cast<size_t>(P));
@@ -124,7 +123,7 @@ void ssd_scan(const SsdArgs& a) {
         narrow(y.data(), P, a.y.dtype(),
                static_cast<char*>(a.y.row_ptr(t)) + int64_t(h) * P * dtype_size(a.y.dtype()));
       }
-    }
+    });
   } else {
     const int64_t n_chunks = (T + L - 1) / L;
     std::vector<float> CB(size_t(n_chunks) * L * L);

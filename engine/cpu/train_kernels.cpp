@@ -93,8 +93,7 @@ void bias_backward(const Tensor& db, const Tensor& dy) {
 void silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
                        const Tensor& up) {
   const int64_t T = dy.rows(), n = dy.cols();
-#pragma omp parallel for schedule(static) if (T * n > (1 << 16))
-  for (int64_t t = 0; t < T; ++t) {
+  parallel_for(T, T * n > (1 << 16), [&](int64_t t) {
     const float* g = row_f32(gate, t, 0);
     const float* u = row_f32(up, t, 1);
     const float* d = row_f32(dy, t, 2);
@@ -107,7 +106,7 @@ void silu_mul_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy,
     }
     store_row(dgate, t, dg);
     store_row(dup, t, du);
-  }
+  });
 }
 
 // y = act(b + sum_j w[c][j] xp[t+j][c]) over xp = (K-1 state rows, then x),
@@ -122,8 +121,7 @@ void conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
     if (m >= K - 1) return X.row(m - (K - 1))[c];
     return state.defined() ? St.p[m * C + c] : 0.0f;
   };
-#pragma omp parallel for schedule(static) if (T * C * K > (1 << 16))
-  for (int64_t c = 0; c < C; ++c) {
+  parallel_for(C, T * C * K > (1 << 16), [&](int64_t c) {
     std::vector<float> dpre(static_cast<size_t>(T));
     const float* wc = W.row(c);
     double db_c = 0;
@@ -151,7 +149,7 @@ void conv1d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
       if (m >= K - 1) dX.row(m - (K - 1))[c] = acc;
       else if (dstate.defined()) dSt.p[m * C + c] = acc;
     }
-  }
+  });
   for (F32Out* o : {&dX, &dW, &dB, &dSt})
     if (o->t.defined()) o->commit();
 }

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -116,6 +117,10 @@ struct Row {
   double read_bytes_per_s = 0;       // streaming read, median of samples between decode steps
   double decode_step_median_s = 0;   // decode step, median of the steps those samples sit between
   double elementwise_bytes_per_s = 0;
+  // The median decode step's time by kind of kernel (seconds); the rest of
+  // the step ran outside any kernel (dispatch, allocation, sampling).
+  double step_gemm_s = 0, step_attn_s = 0, step_other_s = 0;
+  int step_kernels = 0;
   int64_t weight_bytes = 0, param_bytes = 0, peak_accounted = 0, peak_rss = 0, base_rss = 0;
   bool rss_reset = false;
 };
@@ -190,16 +195,30 @@ Row measure(const std::string& preset, int64_t P, int decode, int repeat, DType 
       next = be.argmax_row(logits, 0);
     }
     std::vector<double> step_s, read;
+    std::vector<std::array<double, 3>> kinds;  // gemm, attention, other kernels
+    std::vector<int> counts;
+    rec.clear();
     for (int k = 0; k < decode; ++k) {
       const int32_t p1 = int32_t(P + k);
       const auto t0 = Clock::now();
       Tensor logits = model.forward(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&p1, 1), cache, false);
       next = be.argmax_row(logits, 0);
       step_s.push_back(seconds_since(t0));
+      std::array<double, 3> k3{};
+      const std::vector<proto::Span> spans = rec.take_spans();
+      for (const auto& s : spans) k3[s.op == "gemm" ? 0 : s.op == "attention" ? 1 : 2] += double(s.t1 - s.t0) * 1e-9;
+      kinds.push_back(k3);
+      counts.push_back(int(spans.size()));
       read.push_back(stream_read_bytes_per_s(stream));
     }
     r.decode_step_median_s = median(step_s);
     r.read_bytes_per_s = median(read);
+    for (size_t k = 0; k < step_s.size(); ++k)
+      if (step_s[k] == r.decode_step_median_s) {
+        std::tie(r.step_gemm_s, r.step_attn_s, r.step_other_s) = std::tuple(kinds[k][0], kinds[k][1], kinds[k][2]);
+        r.step_kernels = counts[k];
+        break;
+      }
   }
 
   double flops = 0, gemm_flops = 0, gemm_ns = 0, attn_ns = 0, scan_ns = 0, ew_bytes = 0, ew_ns = 0;
@@ -291,6 +310,19 @@ int run_bench(const BenchOptions& o, std::ostream& out) {
                   step * 1e3, mib(r.weight_read_per_token).c_str(), r.read_bytes_per_s * 1e-9, limit * 1e3,
                   limit / step, r.elementwise_bytes_per_s * 1e-9, copy_bw * 1e-9,
                   r.elementwise_bytes_per_s / copy_bw);
+    out << line;
+  }
+  out << "\nThe median decode step by kind (ms): its GEMMs (and the weight bytes they read per second), attention, the "
+         "other kernels, and the time outside any kernel (dispatch, allocation, sampling).\n";
+  std::snprintf(line, sizeof line, "%-13s %6s %6s %9s %9s %9s %9s %9s %9s %8s\n", "model", "prompt", "dtype",
+                "step ms", "gemm ms", "gemm GB/s", "attn ms", "other ms", "outside", "kernels");
+  out << line;
+  for (const Row& r : rows) {
+    const double step = r.decode_step_median_s;
+    std::snprintf(line, sizeof line, "%-13s %6lld %6s %9.2f %9.2f %9.1f %9.2f %9.2f %9.2f %8d\n", r.model.c_str(),
+                  static_cast<long long>(r.prompt), dt.c_str(), step * 1e3, r.step_gemm_s * 1e3,
+                  r.weight_read_per_token / std::max(r.step_gemm_s, 1e-12) * 1e-9, r.step_attn_s * 1e3,
+                  r.step_other_s * 1e3, (step - r.step_gemm_s - r.step_attn_s - r.step_other_s) * 1e3, r.step_kernels);
     out << line;
   }
   out << "\nMemory (MiB). weights: accounted vs exact parameter bytes; RSS over the baseline measured before "
