@@ -135,8 +135,10 @@ void block_accumulate(float* acc, int G, const float* corr, const float* p, cons
 #define SS_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 // GCC 12 takes the intrinsics' own placeholder operands (_mm512_undefined_*)
 // for uninitialised variables.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 SS_AVX512 inline __m512 load16(const float* p) {
   return _mm512_loadu_ps(p);
 }
@@ -219,7 +221,9 @@ SS_AVX512 void block_accumulate16(float* acc, int G, const float* corr, const fl
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 // The largest of a block's kDecodeBlock scores.
 inline float block_max(const float* s) {
