@@ -1,5 +1,8 @@
 #include "cpu/host_blocks.h"
 
+#include <sys/mman.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <list>
 #include <mutex>
@@ -26,13 +29,67 @@
 namespace ss::cpu {
 namespace {
 
-// Each block starts with a 64-byte header holding its rounded size, so the
-// data stays 64-byte aligned and host_free knows what it frees.
+// Each block's data is preceded by a 64-byte header holding its rounded size
+// and the address the block was allocated at, so the data stays 64-byte
+// aligned and host_free knows what it frees.
 constexpr size_t kHeader = 64;
+struct Header {
+  size_t size;
+  void* base;
+};
+
+// Blocks of a huge page or more are mapped with their data on a huge-page
+// boundary, and the whole huge pages inside are offered to the kernel as
+// transparent huge pages. A first touch costs one fault per 2 MiB instead of
+// one per 4 KiB: measured here, 10.5 us per 4 KiB fault against ~120 us per
+// 2 MiB one (0.23 us per 4 KiB of it), which loading weights and a first
+// prefill's activations otherwise pay hundreds of thousands of times. The
+// tail of a block stays in 4 KiB pages, so no huge page is backed by memory
+// the block does not use; the header sits alone in the 4 KiB page before
+// the data.
+constexpr size_t kHugePage = size_t(2) << 20;
+
+size_t mapped_bytes(size_t size) {
+  return (size + kHugePage - 1) / kHugePage * kHugePage + kHugePage;
+}
+
+Header& header_of(void* p) {
+  return *reinterpret_cast<Header*>(static_cast<char*>(p) - kHeader);
+}
+
+void* fresh_block(size_t size) {
+  if (size < kHugePage) {
+    void* base = std::aligned_alloc(64, size + kHeader);
+    if (!base) throw std::bad_alloc();
+    void* p = static_cast<char*>(base) + kHeader;
+    header_of(p) = {size, base};
+    return p;
+  }
+  // Mapped fresh (a heap block could reuse pages already faulted in 4 KiB),
+  // one huge page more than the data, so the data can start on one.
+  void* base = mmap(nullptr, mapped_bytes(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(base) + kHeader + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
+  void* p = reinterpret_cast<void*>(first);
+#ifdef MADV_HUGEPAGE
+  // Advice only: where transparent huge pages are off, the pages stay 4 KiB.
+  madvise(p, size / kHugePage * kHugePage, MADV_HUGEPAGE);
+#endif
+  header_of(p) = {size, base};
+  return p;
+}
+
+void release(void* p) {
+  const Header h = header_of(p);
+  if (h.size < kHugePage)
+    std::free(h.base);
+  else
+    munmap(h.base, mapped_bytes(h.size));
+}
 
 struct Cache {
   std::mutex mutex;
-  std::list<std::pair<size_t, void*>> blocks;  // (size, block), most recently freed first
+  std::list<std::pair<size_t, void*>> blocks;  // (size, data), most recently freed first
   size_t bytes = 0;
 };
 
@@ -50,38 +107,35 @@ void* host_alloc(int64_t bytes) {
     std::lock_guard lock(c.mutex);
     for (auto it = c.blocks.begin(); it != c.blocks.end(); ++it)
       if (it->first == size) {
-        void* block = it->second;
+        void* p = it->second;
         c.bytes -= size;
         c.blocks.erase(it);
-        SS_UNPOISON(static_cast<char*>(block) + kHeader, size);
-        return static_cast<char*>(block) + kHeader;
+        SS_UNPOISON(p, size);
+        return p;
       }
   }
-  void* block = std::aligned_alloc(64, size + kHeader);
-  if (!block) throw std::bad_alloc();
-  *static_cast<size_t*>(block) = size;
-  return static_cast<char*>(block) + kHeader;
+  return fresh_block(size);
 }
 
 void host_free(void* p) {
   if (!p) return;
-  void* block = static_cast<char*>(p) - kHeader;
-  const size_t size = *static_cast<size_t*>(block);
-  if (size >= kMinCachedBytes && size <= kCacheBytes) {
+  const Header h = header_of(p);
+  if (h.size >= kMinCachedBytes && h.size <= kCacheBytes) {
     Cache& c = cache();
     std::lock_guard lock(c.mutex);
-    SS_POISON(p, size);
-    c.blocks.emplace_front(size, block);
-    c.bytes += size;
+    SS_POISON(p, h.size);
+    c.blocks.emplace_front(h.size, p);
+    c.bytes += h.size;
     while (c.bytes > kCacheBytes) {
+      void* last = c.blocks.back().second;
       c.bytes -= c.blocks.back().first;
-      SS_UNPOISON(static_cast<char*>(c.blocks.back().second) + kHeader, c.blocks.back().first);
-      std::free(c.blocks.back().second);
+      SS_UNPOISON(last, c.blocks.back().first);
+      release(last);
       c.blocks.pop_back();
     }
     return;
   }
-  std::free(block);
+  release(p);
 }
 
 size_t host_cached_bytes() {
