@@ -54,6 +54,23 @@ float dot_row(const float* q, const E* k) {
   return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
 }
 
+// sc[h * kDecodeBlock + k] = scale * (the sum of a[h][k]'s lanes), for
+// four heads h and two keys k. Per 128-bit lane, hadd(hadd(x0, x1),
+// hadd(x2, x3)) holds the lane sums of x0..x3: lanes [h0k0, h0k1, h1k0,
+// h1k1] and [h2k0, h2k1, h3k0, h3k1].
+inline void store_pair_scores(const __m256 (&a)[4][2], float scale, float* sc) {
+  const __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(a[0][0], a[0][1]), _mm256_hadd_ps(a[1][0], a[1][1]));
+  const __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(a[2][0], a[2][1]), _mm256_hadd_ps(a[3][0], a[3][1]));
+  alignas(16) float s01[4], s23[4];
+  _mm_store_ps(s01, _mm_add_ps(_mm256_castps256_ps128(h01), _mm256_extractf128_ps(h01, 1)));
+  _mm_store_ps(s23, _mm_add_ps(_mm256_castps256_ps128(h23), _mm256_extractf128_ps(h23, 1)));
+  const float* sums[4] = {s01, s01 + 2, s23, s23 + 2};
+  for (int h = 0; h < 4; ++h) {
+    sc[h * kDecodeBlock] = sums[h][0] * scale;
+    sc[h * kDecodeBlock + 1] = sums[h][1] * scale;
+  }
+}
+
 // The scores of G query heads that share a K head (GQA's group) over a
 // block of keys: each K row is loaded (and widened) once for the whole
 // group, two keys at a time against every head's query.
@@ -77,18 +94,7 @@ void block_scores(const float* q, int G, const void* const* rows, int64_t off, i
           a[h][1] = _mm256_fmadd_ps(qv, k1, a[h][1]);
         }
       }
-      // Per 128-bit lane, hadd(hadd(x0, x1), hadd(x2, x3)) holds the lane sums of x0..x3:
-      // lanes [h0k0, h0k1, h1k0, h1k1] and [h2k0, h2k1, h3k0, h3k1].
-      const __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(a[0][0], a[0][1]), _mm256_hadd_ps(a[1][0], a[1][1]));
-      const __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(a[2][0], a[2][1]), _mm256_hadd_ps(a[3][0], a[3][1]));
-      alignas(16) float s01[4], s23[4];
-      _mm_store_ps(s01, _mm_add_ps(_mm256_castps256_ps128(h01), _mm256_extractf128_ps(h01, 1)));
-      _mm_store_ps(s23, _mm_add_ps(_mm256_castps256_ps128(h23), _mm256_extractf128_ps(h23, 1)));
-      const float* sums[4] = {s01, s01 + 2, s23, s23 + 2};
-      for (int h = 0; h < 4; ++h) {
-        sc[(g + h) * kDecodeBlock + j] = sums[h][0] * scale;
-        sc[(g + h) * kDecodeBlock + j + 1] = sums[h][1] * scale;
-      }
+      store_pair_scores(a, scale, sc + g * kDecodeBlock + j);
     }
     for (; j < nb; ++j)  // an odd last key
       for (int h = 0; h < 4; ++h) sc[(g + h) * kDecodeBlock + j] = dot_row<HD>(q0 + h * HD, krow(j)) * scale;
@@ -170,18 +176,9 @@ SS_AVX512 void block_scores16(const float* q, int G, const void* const* rows, in
           a[h][1] = _mm512_fmadd_ps(qv, k1, a[h][1]);
         }
       }
-      const __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(fold(a[0][0]), fold(a[0][1])),
-                                        _mm256_hadd_ps(fold(a[1][0]), fold(a[1][1])));
-      const __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(fold(a[2][0]), fold(a[2][1])),
-                                        _mm256_hadd_ps(fold(a[3][0]), fold(a[3][1])));
-      alignas(16) float s01[4], s23[4];
-      _mm_store_ps(s01, _mm_add_ps(_mm256_castps256_ps128(h01), _mm256_extractf128_ps(h01, 1)));
-      _mm_store_ps(s23, _mm_add_ps(_mm256_castps256_ps128(h23), _mm256_extractf128_ps(h23, 1)));
-      const float* sums[4] = {s01, s01 + 2, s23, s23 + 2};
-      for (int h = 0; h < 4; ++h) {
-        sc[(g + h) * kDecodeBlock + j] = sums[h][0] * scale;
-        sc[(g + h) * kDecodeBlock + j + 1] = sums[h][1] * scale;
-      }
+      __m256 a8[4][2];
+      for (int h = 0; h < 4; ++h) a8[h][0] = fold(a[h][0]), a8[h][1] = fold(a[h][1]);
+      store_pair_scores(a8, scale, sc + g * kDecodeBlock + j);
     }
     for (; j < nb; ++j)
       for (int h = 0; h < 4; ++h) sc[(g + h) * kDecodeBlock + j] = dot_row<HD>(q0 + h * HD, krow(j)) * scale;
