@@ -49,9 +49,7 @@ template <int HD, class E>
 float dot_row(const float* q, const E* k) {
   __m256 acc = _mm256_setzero_ps();
   for (int d = 0; d < HD / 8; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * d), load8(k + 8 * d), acc);
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
+  return hsum8(acc);
 }
 
 // sc[h * kDecodeBlock + k] = scale * (the sum of a[h][k]'s lanes), for

@@ -171,11 +171,6 @@ void dnnl_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumul
 }
 
 // ---- GEMV-shaped path for a few rows ---------------------------------------
-inline float hsum256(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
 
 inline __m256 load8_f32(const void* p, int64_t k) {
   return _mm256_loadu_ps(static_cast<const float*>(p) + k);
@@ -213,7 +208,7 @@ inline float dot1(const float* x, const void* wr, int64_t K, Load8 load8, Load1 
     a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 16), load8(wr, k + 16), a2);
     a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 24), load8(wr, k + 24), a3);
   }
-  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   for (; k < K; ++k) s += x[k] * load1(wr, k);
   return s;
 }
@@ -233,7 +228,7 @@ inline void dot_rows(const float* const* xr, int rows, const void* wr, int64_t K
     }
   }
   for (int m = 0; m < rows; ++m) {
-    out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
+    out[m] = hsum8(_mm256_add_ps(acc[m][0], acc[m][1]));
     for (int64_t kk = k; kk < K; ++kk) out[m] += xr[m][kk] * load1(wr, kk);
   }
 }
