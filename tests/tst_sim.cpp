@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -399,6 +400,12 @@ class TestSim : public QObject {
     QTest::newRow("contention-source") << "contention-source"
                                        << "device.contention.source"
                                        << "is missing";
+    QTest::newRow("core-share") << "core-share"
+                                << "device.core_share.share"
+                                << "at most 1";
+    QTest::newRow("core-share-count") << "core-share-count"
+                                      << "device.core_share.share"
+                                      << "one share per kernel_us";
     QTest::newRow("collective-missing") << "collective-missing"
                                         << "network.collectives.broadcast.bandwidth_gbps"
                                         << "is missing";
@@ -428,6 +435,10 @@ class TestSim : public QObject {
     if (edit == "collective-missing") j["network"]["collectives"] = {{"broadcast", {{"latency_us", 2}}}};
     if (edit == "contention") j["device"]["contention"] = {{"source", "test"}, {"compute", 1}, {"comm", -0.5}};
     if (edit == "contention-source") j["device"]["contention"] = {{"compute", 1}, {"comm", 1}};
+    if (edit == "core-share")
+      j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {0.4, 1.5}}};
+    if (edit == "core-share-count")
+      j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {0.4}}};
     const QString file = m_dir.filePath(edit + ".json");
     {
       QFile f(file);
@@ -553,6 +564,71 @@ class TestSim : public QObject {
     QVERIFY2(tsp1 > tsp0 && tsp1 <= 2 * tsp0 + 2, qPrintable(QString("tsp: %1 ns without, %2 with").arg(tsp0).arg(tsp1)));
   }
 
+  // Core share (device.core_share, measured by calibrate for more ranks than
+  // cores): a kernel's time is divided by the share at its length, log-linear
+  // between the measured lengths. In closed form, then a whole run: at a flat
+  // share of 1/2 every kernel span is twice as long, and comm spans keep their
+  // lengths.
+  void coreShareDividesKernelTimes() {
+    ss::HardwareProfile hw;
+    QCOMPARE(ss::core_share_at(hw, 1e-3), 1.0);
+    hw.core_share_seconds = {1e-4, 1e-2};
+    hw.core_share = {0.3, 0.5};
+    QCOMPARE(ss::core_share_at(hw, 1e-5), 0.3);
+    QCOMPARE(ss::core_share_at(hw, 1.0), 0.5);
+    QVERIFY(std::abs(ss::core_share_at(hw, 1e-3) - 0.4) < 1e-12);  // halfway on a log scale
+
+    auto spans = [&](const char* name, double share) {
+      json j = m_h100;
+      if (share < 1) j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {1}}, {"share", {share}}};
+      const QString file = m_dir.filePath(name);
+      {
+        QFile f(file);
+        if (!f.open(QIODevice::WriteOnly)) return std::vector<std::pair<std::string, int64_t>>{};
+        f.write(QByteArray::fromStdString(j.dump(2)));
+      }
+      const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp",
+                            "--devices", "2", "--prompt-len", "32", "--decode", "2"});
+      std::vector<std::pair<std::string, int64_t>> out;
+      if (r.crashed || r.exit_code != 0) return out;
+      const Stream st = read_stream(r.out);
+      for (auto* sp : st.all<Span>()) out.emplace_back(sp->stream + ":" + sp->op, sp->t1 - sp->t0);
+      return out;
+    };
+    const auto whole = spans("share-1.json", 1), half = spans("share-half.json", 0.5);
+    QVERIFY(!whole.empty());
+    QCOMPARE(half.size(), whole.size());
+    int kernels = 0;
+    for (size_t i = 0; i < whole.size(); ++i) {
+      QCOMPARE(half[i].first, whole[i].first);
+      const bool compute = whole[i].first.rfind("compute:", 0) == 0;
+      kernels += compute;
+      const int64_t want = compute ? 2 * whole[i].second : whole[i].second;
+      QVERIFY2(std::abs(half[i].second - want) <= 2,
+               qPrintable(QString("%1: %2 ns at share 1/2, %3 at 1").arg(QString::fromStdString(half[i].first))
+                              .arg(half[i].second).arg(whole[i].second)));
+    }
+    QVERIFY(kernels > 10);
+  }
+
+  // With more ranks than cores, calibrate measures the core share at a few
+  // kernel lengths, each a fraction of a core with its source.
+  void calibrateOversubscribed() {
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    if (cores > 4) QSKIP("more than 4 cores: a calibration with more ranks than cores would be long here");
+    const QString file = m_dir.filePath("calibrated-over.json");
+    const Ran c = engine({"calibrate", "--ranks", QString::number(cores + 1), "--out", file}, 300000);
+    QVERIFY(!c.crashed);
+    QVERIFY2(c.exit_code == 0, c.err.constData());
+    const json d = read_json(file)["device"];
+    QVERIFY2(d.contains("core_share") && d["core_share"].contains("source"), d.dump().c_str());
+    const json& cs = d["core_share"];
+    QCOMPARE(cs["share"].size(), cs["kernel_us"].size());
+    QVERIFY(cs["share"].size() >= 2);
+    for (const auto& v : cs["share"]) QVERIFY2(v.get<double>() > 0 && v.get<double>() <= 1, cs.dump().c_str());
+    QVERIFY(!d.contains("core_steps"));  // the raw steps stay inside calibrate
+  }
+
   // calibrate writes a profile the simulator accepts, with the measured tables
   // and per-collective alpha-beta, each with its source.
   void calibratedProfile() {
@@ -573,6 +649,7 @@ class TestSim : public QObject {
     QVERIFY(d.contains("contention") && d["contention"].contains("source"));
     for (const char* k : {"compute", "comm"})
       QVERIFY2(d["contention"].contains(k) && d["contention"][k].get<double>() >= 0, k);
+    if (std::thread::hardware_concurrency() >= 2) QVERIFY(!d.contains("core_share"));  // a core for each rank
     for (const char* op : {"all_reduce", "all_gather", "broadcast", "sendrecv"})
       QVERIFY2(p["node"]["link"].contains("collectives") && p["node"]["link"]["collectives"].contains(op), op);
     const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp", "--devices",

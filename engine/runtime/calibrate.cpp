@@ -37,14 +37,35 @@ using json = nlohmann::json;
 // the host stops here once the measuring rank is done).
 std::function<void()> g_before_each;
 
+// With more ranks than cores the scheduler shares each core between ranks
+// in slices of milliseconds: a kernel's wall time then holds the waits of the
+// slices it spans, and a kernel shorter than a slice mostly none, so wall
+// times of short and long kernels are not comparable. There every kernel
+// figure is taken on the rank's thread CPU clock instead (one thread per rank:
+// the time the kernel ran, beside the rank that shares the memory with it),
+// and the profile's core_share (calibrate_rank.cpp) says what part of a core
+// a rank gets; the simulator divides kernel times by it.
+bool g_cpu_clock = false;
+
+double g_clock_cost = 0;  // of reading the CPU clock (a system call), taken off each interval
+
+double clock_seconds() {
+  return g_cpu_clock ? thread_cpu_seconds() : std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// The seconds since `t0` (a clock_seconds()), less the clock's own cost.
+double clock_since(double t0) {
+  return std::max(0.0, clock_seconds() - t0 - g_clock_cost);
+}
+
 template <class F>
 double best_seconds(int reps, F&& f) {
   double best = 1e30;
   for (int i = 0; i < reps; ++i) {
     if (g_before_each) g_before_each();
-    const auto t0 = Clock::now();
+    const double t0 = clock_seconds();
     f();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    best = std::min(best, clock_since(t0));
   }
   return best;
 }
@@ -70,9 +91,9 @@ int64_t l3_bytes() {
 }
 
 // The median duration of the last span each call of `f` records: what a run
-// on the cpu backend records for that kernel. Each call after `before`
-// (untimed); at least `min_reps` calls, more while under `budget_s` seconds in
-// all (at most 200).
+// on the cpu backend records for that kernel (on the CPU clock: the call's
+// thread CPU time). Each call after `before` (untimed); at least `min_reps`
+// calls, more while under `budget_s` seconds in all (at most 200).
 template <class F, class B>
 double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& before) {
   std::vector<double> d;
@@ -82,9 +103,11 @@ double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& befo
     if (i >= min_reps && std::chrono::duration<double>(Clock::now() - start).count() > budget_s) break;
     if (g_before_each) g_before_each();
     before();
+    const double t0 = clock_seconds();
     f();
+    const double cpu = clock_since(t0);
     const auto spans = rec.take_spans();
-    if (!spans.empty()) d.push_back(double(spans.back().t1 - spans.back().t0) * 1e-9);
+    if (!spans.empty()) d.push_back(g_cpu_clock ? cpu : double(spans.back().t1 - spans.back().t0) * 1e-9);
   }
   return median(d);
 }
@@ -417,6 +440,12 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
 
 void set_calibration_hook(std::function<void()> before_each) { g_before_each = std::move(before_each); }
 
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 std::string calibration_source(int threads) {
   char date[32];
   const std::time_t now = std::time(nullptr);
@@ -431,6 +460,15 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = ranks > 1 ? 1 : cores;
   cpu::set_threads(threads);
+  g_cpu_clock = ranks > cores;
+  if (g_cpu_clock) {
+    std::vector<double> d(101);
+    for (double& v : d) {
+      const double t0 = clock_seconds();
+      v = clock_seconds() - t0;
+    }
+    g_clock_cost = median(d);
+  }
   const auto started = Clock::now();
   Allocator alloc;
   Recorder rec;
@@ -550,7 +588,11 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   int64_t mem_kb = 0;
   while (mi >> key >> mem_kb)
     if (key == "MemTotal:") break;
-  const std::string src_note = calibration_source(threads);
+  const std::string src_note =
+      calibration_source(threads) +
+      (g_cpu_clock ? ", " + std::to_string(ranks) + " ranks on " + std::to_string(cores) +
+                         " cores: kernel times on the rank's thread CPU clock (see core_share)"
+                   : std::string());
   return {{"name", be.device_name() + ", " + std::to_string(threads) + " thread(s)"},
           {"memory_bytes", mem_kb * 1024 / std::max(1, ranks)},
           {"fp32_tflops", vector * 1e-12},
@@ -576,13 +618,53 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
           {"sources", {{"all", src_note}}}};
 }
 
+namespace {
+
+// The core share of each measured step (calibrate_rank.cpp): the GEMM's CPU
+// time over the step's wall time less what the simulator charges for the
+// step's all-reduce (the cost model's formula, ring all-reduce: 2(n-1) steps
+// of alpha plus 2(n-1)/n of the bytes at beta, with the alpha and beta fitted
+// above), so that a simulated run of the same steps takes their measured time.
+json core_share_of(const json& steps, int ranks, int cores, double alpha, double beta, std::ostream& log) {
+  const double n = ranks, bytes = steps.value("sync_bytes", 0.0);
+  const double reduce_us = 1e6 * (2 * (n - 1) * alpha + 2 * (n - 1) / n * bytes / beta);
+  json kernel_us = json::array(), share = json::array();
+  std::string text;
+  for (const auto& s : steps["steps"]) {
+    const double k = s.value("kernel_us", 0.0), step = s.value("step_us", 0.0);
+    const double v = std::clamp(k / std::max(step - reduce_us, k), 0.01, 1.0);
+    if (!kernel_us.empty() && !(k > kernel_us.back().get<double>())) continue;  // the grid must increase
+    kernel_us.push_back(k);
+    share.push_back(v);
+    char b[96];
+    std::snprintf(b, sizeof b, "%s%.1f%% at %.2f ms", text.empty() ? "" : ", ", 100 * v, 1e-3 * k);
+    text += b;
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "  core share: %d ranks on %d cores (a fair share is %.1f%%): ", ranks, cores,
+                100.0 * cores / ranks);
+  log << line << text << "\n";
+  return {{"kernel_us", kernel_us},
+          {"share", share},
+          {"source", calibration_source(1) + ", " + std::to_string(ranks) + " ranks on " + std::to_string(cores) +
+                         " cores"},
+          {"note", "every rank runs a GEMM of 4, 32 or 256 rows x 1024 x 1024, then a " +
+                       std::to_string(int64_t(bytes)) +
+                       " B all-reduce, repeatedly (median of 3 trials, means over ranks): the GEMM's thread CPU "
+                       "time over the step's wall time less the fitted all_reduce time of that size; this "
+                       "profile's kernel times are CPU times, which the simulator divides by the share at the "
+                       "kernel's length"}};
+}
+
+}  // namespace
+
 nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options) {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = ranks > 1 ? 1 : cores;
   const auto started = Clock::now();
   // Several ranks: every rank measures at once, as a run's ranks compute at
   // once on this host's cores and memory (calibrate_rank.cpp).
-  const json device = ranks > 1 ? measure_device_on_ranks(log, ranks, options) : measure_device(log, ranks, options);
+  json device = ranks > 1 ? measure_device_on_ranks(log, ranks, options) : measure_device(log, ranks, options);
   const double bw = device.value("memory_bandwidth_gbps", 10.0) * 1e9;
 
   // MPI: every collective over message sizes between `ranks` ranks of this
@@ -619,6 +701,9 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
     if (!colls.contains("all_reduce")) log << "  mpi: no measurement came back; the link keeps assumed figures\n";
     log << "  (collectives)" << since(started);
   }
+
+  if (device.contains("core_steps")) device["core_share"] = core_share_of(device["core_steps"], ranks, cores, alpha, beta, log);
+  device.erase("core_steps");
 
   const std::string src_note = calibration_source(threads);
   json link = {{"name", "MPI shared memory"}, {"bandwidth_gbps", beta * 1e-9}, {"latency_us", alpha * 1e6},

@@ -56,6 +56,8 @@ nlohmann::json measure_device_on_ranks(std::ostream& log, int ranks, const Calib
 int calibrate_rank(const CalibrateOptions& options);
 // Called before every timed call of measure_device (nullptr: nothing).
 void set_calibration_hook(std::function<void()> before_each);
+// The calling thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID).
+double thread_cpu_seconds();
 // "measured by shardscope-engine calibrate on <host>, <date>, N thread(s) per rank".
 std::string calibration_source(int threads);
 

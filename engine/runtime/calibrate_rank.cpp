@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <thread>
 
 #include "comm/mpi_communicator.h"
 #include "core/allocator.h"
@@ -139,6 +140,64 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, s
                    "ring sendrecvs on every rank at once, against each alone (medians of 9)"}};
 }
 
+// With more ranks than cores, how the ranks share the cores while they work
+// as a run's do: a kernel, then a collective that waits for every rank, again
+// and again. A rank that waits polls MPI on its share of a core, and the ranks
+// reach each collective as the scheduler's slices let them. Every rank runs
+// GEMMs of M rows, each followed by a 4 KiB all-reduce; per M, the median of
+// three trials of the GEMM's thread CPU time and the whole step's wall time
+// (means over ranks). calibrate_machine turns them into core shares once it
+// knows what the simulator charges for the all-reduce.
+json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::ostream& log) {
+  const int n = world.size();
+  Tensor w = be.alloc({1024, 1024}, Category::Workspace, "w"), sync = be.alloc({1024}, Category::CommBuffers, "sync");
+  be.fill(w, 0.01f);
+  be.fill(sync, 1.0f);
+  auto mean_over_ranks = [&](double v) {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce", "calibrate");
+    return v / n;
+  };
+  json rows = json::array();
+  std::string text;
+  for (int64_t M : {4, 32, 256}) {  // GEMMs of about 0.15, 1.2 and 5.5 ms of CPU time here
+    Tensor x = be.alloc({M, 1024}, Category::Workspace, "x"), y = be.alloc({M, 1024}, Category::Workspace, "y");
+    be.fill(x, 0.01f);
+    auto steps = [&](int count) {  // (CPU seconds of the GEMMs, wall seconds), over `count` steps
+      double cpu = 0;
+      world.barrier();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < count; ++i) {
+        const double c0 = thread_cpu_seconds();
+        be.matmul(y, x, w);
+        cpu += thread_cpu_seconds() - c0;
+        world.all_reduce(sync);
+      }
+      return std::make_pair(cpu, seconds_since(t0));
+    };
+    // Every rank must make the same number of calls: the count comes from the
+    // slowest rank's probe, for about 0.4 s a trial.
+    double probe = steps(5).second / 5;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &probe, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce",
+              "calibrate");
+    const int count = int(std::clamp(0.4 / std::max(probe, 1e-9), 10.0, 4000.0));
+    std::vector<std::pair<double, double>> trials;  // (kernel us, step us), means over ranks
+    for (int t = 0; t < 3; ++t) {
+      const auto [cpu, wall] = steps(count);
+      trials.emplace_back(mean_over_ranks(1e6 * cpu / count), mean_over_ranks(1e6 * wall / count));
+    }
+    std::sort(trials.begin(), trials.end(),
+              [](auto& l, auto& r) { return l.first / l.second < r.first / r.second; });
+    const auto [kernel_us, step_us] = trials[1];
+    rows.push_back({{"rows", M}, {"kernel_us", kernel_us}, {"step_us", step_us}});
+    char b[120];
+    std::snprintf(b, sizeof b, "%s%.0f us in steps of %.0f us", text.empty() ? "" : ", ", kernel_us, step_us);
+    text += b;
+  }
+  log << "  core steps: " << n << " ranks on " << cores << " cores, a GEMM's CPU time then a 4 KiB all-reduce: "
+      << text << "\n";
+  return {{"sync_bytes", sync.nbytes()}, {"steps", rows}};
+}
+
 }  // namespace
 
 int calibrate_rank(const CalibrateOptions& options) {
@@ -179,8 +238,11 @@ int calibrate_rank(const CalibrateOptions& options) {
     CpuBackend be(alloc, rec);
     std::ostringstream log;
     const json contention = measure_contention(world, be, rec, log);
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    const json steps = ranks > cores ? measure_core_steps(world, be, cores, log) : json();
     if (me == 0) {
       device["contention"] = contention;
+      if (!steps.is_null()) device["core_steps"] = steps;
       std::printf("%s@device %s\n", log.str().c_str(), device.dump().c_str());
       std::fflush(stdout);
     }

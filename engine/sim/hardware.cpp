@@ -223,6 +223,17 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
       *field = f->get<double>();
     }
   }
+  if (auto it = d.find("core_share"); it != d.end()) {
+    if (!it->is_object()) throw UsageError(origin + ": field 'device.core_share' must be an object");
+    require_source(*it, "device.core_share.", origin);
+    h.core_share_seconds = numbers(*it, "device.core_share.", "kernel_us", origin, true);
+    for (double& us : h.core_share_seconds) us *= 1e-6;
+    h.core_share = numbers(*it, "device.core_share.", "share", origin, false);
+    if (h.core_share.size() != h.core_share_seconds.size())
+      throw UsageError(origin + ": field 'device.core_share.share' must hold one share per kernel_us");
+    for (double v : h.core_share)
+      if (v > 1) throw UsageError(origin + ": field 'device.core_share.share' holds fractions of a core, at most 1");
+  }
   if (auto it = d.find("kernel_times"); it != d.end()) {
     if (!it->is_object()) throw UsageError(origin + ": field 'device.kernel_times' must be an object");
     require_source(*it, "device.kernel_times.", origin);
@@ -257,6 +268,17 @@ std::vector<std::string> hardware_names() {
     if (e.path().extension() == ".json") out.push_back(e.path().stem().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+double core_share_at(const HardwareProfile& hw, double cpu_seconds) {
+  const auto& x = hw.core_share_seconds;
+  const auto& y = hw.core_share;
+  if (x.empty()) return 1;
+  if (cpu_seconds <= x.front()) return y.front();
+  if (cpu_seconds >= x.back()) return y.back();
+  const size_t i = size_t(std::upper_bound(x.begin(), x.end(), cpu_seconds) - x.begin());
+  const double f = std::log(cpu_seconds / x[i - 1]) / std::log(x[i] / x[i - 1]);
+  return y[i - 1] + f * (y[i] - y[i - 1]);
 }
 
 HardwareProfile load_hardware(const std::string& spec) {

@@ -12,6 +12,8 @@
 //   device.attention_times    {"heads", "kv_heads", "head_dim", "tq": [..], "tk": [..], "us": [[..] per tq]}
 //       the median attention span, Tq queries at the last Tq of Tk key positions;
 //   device.contention          {"compute", "comm"} slowdowns of each stream beside the other;
+//   device.core_share          {"kernel_us": [..], "share": [..]} the part of a core a rank gets
+//       (more ranks than cores), measured between kernels of those CPU times;
 //   node.link.collectives.<op> / network.collectives.<op>  {"latency_us", "bandwidth_gbps"}
 //       alpha and beta of <op> fitted to its measured times over message sizes.
 #pragma once
@@ -86,6 +88,10 @@ struct HardwareProfile {
   // kernel runs 1 + compute_contention times slower, and while kernels run a
   // collective 1 + comm_contention times slower. 0: the streams are independent.
   double compute_contention = 0, comm_contention = 0;
+  // The part of a core each rank gets (calibrate, for more ranks than cores:
+  // its kernel times are then CPU times), measured at a few kernel lengths
+  // (CPU seconds, increasing); empty: a whole core. See core_share_at.
+  std::vector<double> core_share_seconds, core_share;
   // Measured kernel times (optional, see above).
   std::map<std::string, TimeGrid> kernel_times;  // op -> grid over (rows, cols)
   std::vector<GemmShapeTimes> gemm_times;
@@ -97,6 +103,9 @@ struct HardwareProfile {
 
 // A profile name in resources/hardware or a path to a JSON file. Throws
 // UsageError naming the field and the reason for a malformed profile.
+// The part of a core a kernel of `cpu_seconds` gets: log-linear between the
+// measured lengths, the nearest one outside them, 1 when none was measured.
+double core_share_at(const HardwareProfile& hw, double cpu_seconds);
 HardwareProfile load_hardware(const std::string& spec);
 HardwareProfile parse_hardware(const nlohmann::json& j, const std::string& origin);
 std::vector<std::string> hardware_names();

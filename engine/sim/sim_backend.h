@@ -82,7 +82,8 @@ class SimBackend final : public MetaBackend {
  protected:
   void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
                const std::function<void()>&, DType dtype) override {
-    const double t0 = m_clock.compute_ns, work = kernel_seconds(m_hw, op, flops, bytes, dims, dtype) * 1e9;
+    const double cpu = kernel_seconds(m_hw, op, flops, bytes, dims, dtype);
+    const double t0 = m_clock.compute_ns, work = cpu / core_share_at(m_hw, cpu) * 1e9;
     if (m_hw.compute_contention > 0 || m_hw.comm_contention > 0) {
       m_clock.prune();
       m_clock.compute_ns = SimClock::stretched_end(t0, work, m_clock.comm_busy, m_hw.compute_contention);
