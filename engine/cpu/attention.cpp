@@ -404,7 +404,8 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
 // Causal attention with an online softmax over key blocks (the FlashAttention
 // recurrence, Dao et al. 2022, §3.1): per query block only a
 // kQueryBlock × kKeyBlock score tile exists at a time. Key blocks no query of
-// the block can see are skipped. The tile GEMMs run on oneDNN's bf16 kernel
+// the block can see are skipped, and a block's tile ends at its last key some
+// query of the block can see. The tile GEMMs run on oneDNN's bf16 kernel
 // when Q, K and V are bf16, else on OpenBLAS over fp32 tiles (fp16 tiles
 // widened). The softmax and its statistics are fp32 whatever the dtype; a
 // few queries (decode) take the key-split path above.
@@ -460,7 +461,11 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
       for (int64_t kb = 0; kb < n_kb; ++kb) {
         if (kb_min[kb] > qmax) continue;
         const int64_t j0 = kb * kKeyBlock;
-        const int bk = int(std::min<int64_t>(kKeyBlock, Tk - j0));
+        // Keys after the block's last one some query here can see are masked
+        // for every query: the tile ends there (on the causal diagonal a
+        // query block computes a quarter to all of the key block, not all).
+        int bk = int(std::min<int64_t>(kKeyBlock, Tk - j0));
+        while (a.k_pos[j0 + bk - 1] > qmax) --bk;
         if (bf16) {
           tile_gemm_bf16(bq, bk, hd, at(q, i0, int64_t(h) * hd), q.ld(), false,
                          at(k, j0, int64_t(kvh) * hd), k.ld(), true, S.data(), kKeyBlock, a.scale,
