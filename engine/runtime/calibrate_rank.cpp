@@ -159,7 +159,7 @@ json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::
   };
   json rows = json::array();
   std::string text;
-  for (int64_t M : {4, 32, 256}) {  // GEMMs of about 0.15, 1.2 and 5.5 ms of CPU time here
+  for (int64_t M : {4, 32, 256}) {  // GEMMs of about 0.15, 0.9 and 5.5 ms of CPU time here
     Tensor x = be.alloc({M, 1024}, Category::Workspace, "x"), y = be.alloc({M, 1024}, Category::Workspace, "y");
     be.fill(x, 0.01f);
     auto steps = [&](int count) {  // (CPU seconds of the GEMMs, wall seconds), over `count` steps

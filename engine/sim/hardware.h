@@ -101,11 +101,12 @@ struct HardwareProfile {
   nlohmann::json source;  // the file, for the config event
 };
 
-// A profile name in resources/hardware or a path to a JSON file. Throws
-// UsageError naming the field and the reason for a malformed profile.
 // The part of a core a kernel of `cpu_seconds` gets: log-linear between the
 // measured lengths, the nearest one outside them, 1 when none was measured.
 double core_share_at(const HardwareProfile& hw, double cpu_seconds);
+
+// A profile name in resources/hardware or a path to a JSON file. Throws
+// UsageError naming the field and the reason for a malformed profile.
 HardwareProfile load_hardware(const std::string& spec);
 HardwareProfile parse_hardware(const nlohmann::json& j, const std::string& origin);
 std::vector<std::string> hardware_names();
