@@ -577,38 +577,79 @@ class TestSim : public QObject {
     QCOMPARE(ss::core_share_at(hw, 1e-5), 0.3);
     QCOMPARE(ss::core_share_at(hw, 1.0), 0.5);
     QVERIFY(std::abs(ss::core_share_at(hw, 1e-3) - 0.4) < 1e-12);  // halfway on a log scale
+    QVERIFY(std::abs(ss::segment_wall(hw, 1e-3) - 1e-3 / 0.4) < 1e-15);
 
-    auto spans = [&](const char* name, double share) {
+    // (stream:op, start, duration) of rank 0's spans, in order.
+    using Spans = std::vector<std::tuple<std::string, int64_t, int64_t>>;
+    auto spans = [&](const char* name, const json& share) {
       json j = m_h100;
-      if (share < 1) j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {1}}, {"share", {share}}};
+      if (!share.is_null()) j["device"]["core_share"] = share;
       const QString file = m_dir.filePath(name);
       {
         QFile f(file);
-        if (!f.open(QIODevice::WriteOnly)) return std::vector<std::pair<std::string, int64_t>>{};
+        if (!f.open(QIODevice::WriteOnly)) return Spans{};
         f.write(QByteArray::fromStdString(j.dump(2)));
       }
       const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp",
                             "--devices", "2", "--prompt-len", "32", "--decode", "2"});
-      std::vector<std::pair<std::string, int64_t>> out;
+      Spans out;
       if (r.crashed || r.exit_code != 0) return out;
       const Stream st = read_stream(r.out);
-      for (auto* sp : st.all<Span>()) out.emplace_back(sp->stream + ":" + sp->op, sp->t1 - sp->t0);
+      for (auto* sp : st.all<Span>())
+        if (sp->rank == 0) out.emplace_back(sp->stream + ":" + sp->op, sp->t0, sp->t1 - sp->t0);
+      std::stable_sort(out.begin(), out.end(), [](auto& a, auto& b) { return std::get<1>(a) < std::get<1>(b); });
       return out;
     };
-    const auto whole = spans("share-1.json", 1), half = spans("share-half.json", 0.5);
+    auto flat = [](double v) { return json{{"source", "test"}, {"kernel_us", {1}}, {"share", {v}}}; };
+    const Spans whole = spans("share-none.json", json()), half = spans("share-half.json", flat(0.5));
     QVERIFY(!whole.empty());
     QCOMPARE(half.size(), whole.size());
     int kernels = 0;
     for (size_t i = 0; i < whole.size(); ++i) {
-      QCOMPARE(half[i].first, whole[i].first);
-      const bool compute = whole[i].first.rfind("compute:", 0) == 0;
+      const auto& [op, t0, d] = whole[i];
+      QCOMPARE(std::get<0>(half[i]), op);
+      const bool compute = op.rfind("compute:", 0) == 0;
       kernels += compute;
-      const int64_t want = compute ? 2 * whole[i].second : whole[i].second;
-      QVERIFY2(std::abs(half[i].second - want) <= 2,
-               qPrintable(QString("%1: %2 ns at share 1/2, %3 at 1").arg(QString::fromStdString(half[i].first))
-                              .arg(half[i].second).arg(whole[i].second)));
+      const int64_t want = compute ? 2 * d : d;
+      QVERIFY2(std::abs(std::get<2>(half[i]) - want) <= 2,
+               qPrintable(QString("%1: %2 ns at share 1/2, %3 at 1").arg(QString::fromStdString(op))
+                              .arg(std::get<2>(half[i])).arg(d)));
     }
     QVERIFY(kernels > 10);
+
+    // A share that grows with the segment: between two collectives (tp's
+    // block on every one), the kernels take segment_wall of their summed
+    // CPU time, each the part its own CPU time adds.
+    const json rising = {{"source", "test"}, {"kernel_us", {1, 1000}}, {"share", {0.25, 0.75}}};
+    ss::HardwareProfile hw2;
+    hw2.core_share_seconds = {1e-6, 1e-3};
+    hw2.core_share = {0.25, 0.75};
+    const Spans grown = spans("share-rising.json", rising);
+    QCOMPARE(grown.size(), whole.size());
+    int segments = 0;
+    double cpu = 0, wall = 0;
+    int64_t n = 0;
+    auto close_segment = [&] {
+      if (n == 0) return true;
+      ++segments;
+      const double want = ss::segment_wall(hw2, cpu);
+      const bool ok = std::abs(wall - want) <= 2e-9 * double(n) + 1e-9 * want;
+      if (!ok) qWarning("segment of %lld kernels, %.9f s CPU: %.9f s, want %.9f", (long long)n, cpu, wall, want);
+      cpu = wall = 0;
+      n = 0;
+      return ok;
+    };
+    for (size_t i = 0; i < whole.size(); ++i) {
+      if (std::get<0>(whole[i]).rfind("comm:", 0) == 0) {
+        QVERIFY(close_segment());
+        continue;
+      }
+      cpu += double(std::get<2>(whole[i])) * 1e-9;
+      wall += double(std::get<2>(grown[i])) * 1e-9;
+      ++n;
+    }
+    QVERIFY(close_segment());
+    QVERIFY(segments > 4);
   }
 
   // With more ranks than cores, calibrate measures the core share at a few

@@ -281,6 +281,10 @@ double core_share_at(const HardwareProfile& hw, double cpu_seconds) {
   return y[i - 1] + f * (y[i] - y[i - 1]);
 }
 
+double segment_wall(const HardwareProfile& hw, double cpu_seconds) {
+  return cpu_seconds > 0 ? cpu_seconds / core_share_at(hw, cpu_seconds) : 0.0;
+}
+
 HardwareProfile load_hardware(const std::string& spec) {
   namespace fs = std::filesystem;
   std::error_code ec;

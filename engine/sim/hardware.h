@@ -13,7 +13,7 @@
 //       the median attention span, Tq queries at the last Tq of Tk key positions;
 //   device.contention          {"compute", "comm"} slowdowns of each stream beside the other;
 //   device.core_share          {"kernel_us": [..], "share": [..]} the part of a core a rank gets
-//       (more ranks than cores), measured between kernels of those CPU times;
+//       (more ranks than cores) over that much CPU time of kernels between collectives;
 //   node.link.collectives.<op> / network.collectives.<op>  {"latency_us", "bandwidth_gbps"}
 //       alpha and beta of <op> fitted to its measured times over message sizes.
 #pragma once
@@ -101,9 +101,13 @@ struct HardwareProfile {
   nlohmann::json source;  // the file, for the config event
 };
 
-// The part of a core a kernel of `cpu_seconds` gets: log-linear between the
-// measured lengths, the nearest one outside them, 1 when none was measured.
+// The part of a core a rank gets over a segment of `cpu_seconds` of kernels
+// between two waits for a collective: log-linear between the measured lengths,
+// the nearest one outside them, 1 when none was measured.
 double core_share_at(const HardwareProfile& hw, double cpu_seconds);
+// The wall time of such a segment: cpu_seconds / core_share_at(cpu_seconds).
+// A kernel that extends a segment from s to s + c takes the difference.
+double segment_wall(const HardwareProfile& hw, double cpu_seconds);
 
 // A profile name in resources/hardware or a path to a JSON file. Throws
 // UsageError naming the field and the reason for a malformed profile.

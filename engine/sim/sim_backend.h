@@ -25,6 +25,10 @@ struct SimClock {
   using Intervals = std::vector<std::pair<double, double>>;  // [start, end) in ns, ordered, disjoint
   Intervals comm_busy, compute_busy;
   std::multiset<double> pending;  // arrival times of collectives not yet waited for
+  // CPU seconds of kernels since this rank last stopped to wait for a
+  // collective: where ranks share cores, a segment of work between two waits
+  // takes segment_wall() of its length (sim/hardware.h).
+  double segment_cpu = 0;
 
   // When `work_ns` of progress begun at `t0` ends, if it runs 1 + slowdown
   // times slower inside `busy`.
@@ -82,8 +86,11 @@ class SimBackend final : public MetaBackend {
  protected:
   void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
                const std::function<void()>&, DType dtype) override {
-    const double cpu = kernel_seconds(m_hw, op, flops, bytes, dims, dtype);
-    const double t0 = m_clock.compute_ns, work = cpu / core_share_at(m_hw, cpu) * 1e9;
+    const double cpu = kernel_seconds(m_hw, op, flops, bytes, dims, dtype), s0 = m_clock.segment_cpu;
+    m_clock.segment_cpu += cpu;
+    const double wall =
+        m_hw.core_share.empty() ? cpu : std::max(cpu, segment_wall(m_hw, s0 + cpu) - segment_wall(m_hw, s0));
+    const double t0 = m_clock.compute_ns, work = wall * 1e9;
     if (m_hw.compute_contention > 0 || m_hw.comm_contention > 0) {
       m_clock.prune();
       m_clock.compute_ns = SimClock::stretched_end(t0, work, m_clock.comm_busy, m_hw.compute_contention);

@@ -21,6 +21,7 @@ class SimRequest final : public CommRequest {
   ~SimRequest() override { release(); }
   void wait() override {
     const double end = this->end();
+    if (end > m_clock.compute_ns) m_clock.segment_cpu = 0;  // the rank stops here: its core goes to others
     m_clock.compute_ns = std::max(m_clock.compute_ns, end);
     m_clock.comm_ns = std::max(m_clock.comm_ns, end);
     release();
