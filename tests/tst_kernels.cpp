@@ -21,6 +21,7 @@
 // the padding poisons its result, one that writes it is caught directly.
 #include <QtTest>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -220,6 +221,7 @@ class TestKernels : public QObject {
  private slots:
   void matmul_data();
   void matmul();
+  void matmul_group();
   void embedding();
   void argmax_row();
   void rmsnorm_data();
@@ -281,6 +283,45 @@ void TestKernels::matmul() {
   const ref::Vec want =
       ref::matmul(ref::to_double(xv), ref::to_double(wv), M, N, K, accumulate ? &y0 : nullptr);
   VERIFY_MAT(y, want, "y");
+}
+
+// Projections that share their input (q, k, v) in one call: each output as
+// the float64 reference and bit for bit as its own matmul, in one gemm span
+// [M, sum N, K]. Decode rows take the one-pass GEMV (tasks of 64 columns run
+// across the weights' ends: N = 70, 20, 20); 9 rows take the GEMM per weight.
+// The last output is fp32 whatever the suite's dtype, as a cache of another
+// dtype than the activations would be.
+void TestKernels::matmul_group() {
+  for (int64_t M : {1, 3, 9}) {
+    const int64_t K = 100, Ns[3] = {70, 20, 20};
+    std::mt19937 g(uint32_t(M * 31 + 5));
+    const auto xv = randn(g, size_t(M) * K);
+    Rig r;
+    Mat x = r.mat(M, K, 2, xv);
+    std::vector<std::vector<float>> wv;
+    std::vector<Mat> w, y, alone;
+    for (int i = 0; i < 3; ++i) {
+      wv.push_back(randn(g, size_t(Ns[i] * K)));
+      w.push_back(r.mat(Ns[i], K, 1, wv.back()));
+      y.push_back(r.filled_mat(M, Ns[i], 3, 0.0f));
+      alone.push_back(r.filled_mat(M, Ns[i], 3, 0.0f));
+    }
+    Tensor y_f32 = r.f32_filled({M, Ns[2]}, 0.0f), alone_f32 = r.f32_filled({M, Ns[2]}, 0.0f);
+    r.rec.clear();
+    r.be.matmul_group(std::array{y[0].view, y[1].view, y_f32}, x.view, std::array{w[0].view, w[1].view, w[2].view});
+    const auto spans = r.rec.take_spans();
+    QCOMPARE(int(spans.size()), 1);
+    QCOMPARE(spans[0].op, std::string("gemm"));
+    QCOMPARE(spans[0].dims, (std::vector<int64_t>{M, 110, K}));
+    for (int i = 0; i < 3; ++i) {
+      r.be.matmul(i < 2 ? alone[size_t(i)].view : alone_f32, x.view, w[size_t(i)].view);
+      const ref::Vec want = ref::matmul(ref::to_double(xv), ref::to_double(wv[size_t(i)]), M, Ns[i], K, nullptr);
+      const Tensor got = i < 2 ? y[size_t(i)].view : y_f32;
+      if (i < 2) VERIFY_MAT(y[size_t(i)], want, "y");
+      else VERIFY_CLOSE(read(got), want, "y (fp32)");
+      QCOMPARE(read(got), read(i < 2 ? alone[size_t(i)].view : alone_f32));
+    }
+  }
 }
 
 void TestKernels::embedding() {

@@ -106,6 +106,23 @@ void Backend::matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool acc
   execute("gemm", 2.0 * M * N * K, bytes, {M, N, K}, [&] { k_matmul(y, x, w, accumulate); }, x.dtype());
 }
 
+void Backend::matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws) {
+  require(!ws.empty() && ys.size() == ws.size(), "matmul_group", "one output per weight, at least one");
+  require_2d(x, "matmul_group", "x");
+  const int64_t M = x.rows(), K = x.cols();
+  int64_t N = 0;
+  double bytes = fbytes(x);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    require_2d(ys[i], "matmul_group", "y");
+    require_2d(ws[i], "matmul_group", "w");
+    require(ws[i].cols() == K && ys[i].rows() == M && ys[i].cols() == ws[i].rows(), "matmul_group",
+            "shapes y" + ys[i].shape_str() + " = x" + x.shape_str() + " · w" + ws[i].shape_str() + "^T do not match");
+    N += ws[i].rows();
+    bytes += fbytes(ws[i]) + fbytes(ys[i]);
+  }
+  execute("gemm", 2.0 * M * N * K, bytes, {M, N, K}, [&] { k_matmul_group(ys, x, ws); }, x.dtype());
+}
+
 void Backend::embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) {
   require_2d(y, "embedding", "y");
   require_2d(table, "embedding", "table");
@@ -322,6 +339,9 @@ void Backend::k_upload(const Tensor&, const void*, DType) { no_kernel("upload");
 void Backend::k_download(const Tensor&, float*) { no_kernel("download"); }
 void Backend::k_fill(const Tensor&, float) { no_kernel("fill"); }
 void Backend::k_matmul(const Tensor&, const Tensor&, const Tensor&, bool) { no_kernel("matmul"); }
+void Backend::k_matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws) {
+  for (size_t i = 0; i < ws.size(); ++i) k_matmul(ys[i], x, ws[i], false);
+}
 void Backend::k_embedding(const Tensor&, const Tensor&, std::span<const int32_t>) { no_kernel("embedding"); }
 void Backend::k_rmsnorm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) { no_kernel("rmsnorm"); }
 void Backend::k_rope(const Tensor&, int, int, std::span<const int32_t>, std::span<const double>) { no_kernel("rope"); }

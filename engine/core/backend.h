@@ -111,6 +111,10 @@ class Backend {
 
   // y[M,N] = x[M,K] · w[N,K]^T (+ y when accumulate). Rows may be strided.
   void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate = false);
+  // ys[i] = x · ws[i]^T for weights that share their input (q, k and v; gate
+  // and up): one "gemm" span [M, sum of N_i, K], as a fused projection would
+  // record. A few rows (decode) read every weight in one pass on the cpu.
+  void matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws);
   // y[T,d] = table[tokens[t], :]
   void embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens);
   // RMSNorm per row over groups of `group` columns (group = cols for plain RMSNorm); w may be undefined.
@@ -231,6 +235,8 @@ class Backend {
   virtual void k_download(const Tensor& src, float* dst);
   virtual void k_fill(const Tensor& dst, float value);
   virtual void k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate);
+  // Default: k_matmul of each pair.
+  virtual void k_matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws);
   virtual void k_embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens);
   virtual void k_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w,
                          float eps, int64_t group);

@@ -85,6 +85,10 @@ void CpuBackend::k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, boo
   cpu::matmul(y, x, w, accumulate);
 }
 
+void CpuBackend::k_matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws) {
+  cpu::matmul_group(ys, x, ws);
+}
+
 void CpuBackend::k_embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) {
   for (size_t t = 0; t < tokens.size(); ++t) {
     if (y.dtype() == table.dtype()) {

@@ -16,6 +16,9 @@
 namespace ss::cpu {
 
 void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate);
+// ys[i] = x · ws[i]^T: a few rows (decode) in one parallel pass over every
+// weight's rows; otherwise matmul per weight.
+void matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws);
 // Training (gemm.cpp, train_kernels.cpp, attention_backward.cpp).
 void matmul_dx(const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate);
 void matmul_dw(const Tensor& dw, const Tensor& dy, const Tensor& x, bool accumulate);

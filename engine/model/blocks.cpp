@@ -4,6 +4,7 @@
 // Under sequence parallelism (prefill) each rank holds its own chunks:
 // attention all-gathers K/V, Mamba layers take a conv halo from the previous
 // chunk and pass scan states between chunks (ranks act as SSD chunks).
+#include <array>
 #include <cmath>
 
 #include "model/model.h"
@@ -67,9 +68,7 @@ void Model::attention_block(int layer, const Tensor& x, std::span<const int32_t>
   Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v", m_cfg.kv_dtype);
   {
     SiteScope s(rec, layer, "attn.qkv");
-    m_be.matmul(q, h, w.q);
-    m_be.matmul(k, h, w.k);
-    m_be.matmul(v, h, w.v);
+    m_be.matmul_group(std::array{q, k, v}, h, std::array{w.q, w.k, w.v});
     add_bias(q, w.q_b);
     add_bias(k, w.k_b);
     add_bias(v, w.v_b);
@@ -196,8 +195,7 @@ void Model::mlp_block(int layer, const Tensor& x) {
   Tensor u = m_be.alloc({T, F}, Category::Activations, "mlp.up", m_cfg.dtype);
   {
     SiteScope s(rec, layer, "mlp.gate_up");
-    m_be.matmul(g, h, w.gate);
-    m_be.matmul(u, h, w.up);
+    m_be.matmul_group(std::array{g, u}, h, std::array{w.gate, w.up});
     add_bias(g, w.gate_b);
     add_bias(u, w.up_b);
   }

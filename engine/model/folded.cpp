@@ -7,6 +7,7 @@
 // all-reduce: each rank accumulates its own tokens' outputs. Attention then
 // all-gathers K/V along the sequence, and the Mamba scans pass states between
 // ranks as in sp (model/blocks.cpp).
+#include <array>
 #include <cmath>
 
 #include "model/model.h"
@@ -86,9 +87,8 @@ void Model::attention_block_folded(int layer, const Tensor& x, std::span<const i
   Tensor v = keep_kv ? lc.v.slice(0, held, T) : m_be.alloc({T, hkv}, Category::Activations, "attn.v", m_cfg.kv_dtype);
   stream_pack(m_packs[packs[0]], [&](int j, const std::vector<Tensor>& qkv) {
     SiteScope s(rec, layer, "attn.qkv");
-    m_be.matmul(q.slice(1, j * qs, qs), h, qkv[0]);
-    m_be.matmul(k.slice(1, j * ks, ks), h, qkv[1]);
-    m_be.matmul(v.slice(1, j * ks, ks), h, qkv[2]);
+    m_be.matmul_group(std::array{q.slice(1, j * qs, qs), k.slice(1, j * ks, ks), v.slice(1, j * ks, ks)}, h,
+                      std::array{qkv[0], qkv[1], qkv[2]});
   });
   h = Tensor();
   {
@@ -124,8 +124,7 @@ void Model::mlp_block_folded(int layer, const Tensor& x) {
   auto bias = [&](const Tensor& b, int j) { return b.defined() ? b.slice(0, int64_t(j) * F, F) : Tensor(); };
   stream_pack(m_packs[m_layer_packs[size_t(layer)][2]], [&](int j, const std::vector<Tensor>& mlp) {
     SiteScope s(rec, layer, "mlp.shard");
-    m_be.matmul(g, h, mlp[0]);
-    m_be.matmul(u, h, mlp[1]);
+    m_be.matmul_group(std::array{g, u}, h, std::array{mlp[0], mlp[1]});
     add_bias(g, bias(w.gate_b, j));
     add_bias(u, bias(w.up_b, j));
     m_be.silu_mul(g, g, u);
