@@ -156,6 +156,21 @@ class TestSim : public QObject {
   };
   std::map<QString, Pair> m_pairs;
 
+  // `simulate --hardware` a copy of `profile` written as `name` in the test's
+  // directory, with `args`; a run that exits 3 when the file cannot be written.
+  Ran simulate_with(const QString& name, const json& profile, const QStringList& args) {
+    const QString file = m_dir.filePath(name);
+    QFile f(file);
+    if (!f.open(QIODevice::WriteOnly) || f.write(QByteArray::fromStdString(profile.dump(2))) < 0) {
+      Ran failed;
+      failed.exit_code = 3;
+      failed.err = "cannot write " + file.toUtf8();
+      return failed;
+    }
+    f.close();
+    return engine(QStringList{"simulate", "--hardware", file} + args);
+  }
+
   const Pair& pair(const QStringList& args) {
     const QString key = args.join(' ');
     auto it = m_pairs.find(key);
@@ -476,14 +491,9 @@ class TestSim : public QObject {
     j["device"]["gemm_times"] = {{"source", "test"},
                                  {"shapes", {{{"n", 100}, {"k", 100}, {"m", {1, 101}}, {"us", {100, 1000}}}}}};
     j["node"]["link"]["collectives"] = {{"all_reduce", {{"latency_us", 3}, {"bandwidth_gbps", 2}}}};
-    const QString file = m_dir.filePath("measured.json");
-    {
-      QFile f(file);
-      QVERIFY(f.open(QIODevice::WriteOnly));
-      f.write(QByteArray::fromStdString(j.dump(2)));
-    }
-    const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp", "--devices",
-                          "2", "--prompt-len", "24", "--decode", "4"});
+    const Ran r = simulate_with("measured.json", j,
+                                {"--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "24",
+                                 "--decode", "4"});
     QVERIFY(!r.crashed);
     QVERIFY2(r.exit_code == 0, r.err.constData());
     const Stream s = read_stream(r.out);
@@ -544,14 +554,9 @@ class TestSim : public QObject {
     auto end_ns = [&](const QString& strategy, double c) -> int64_t {
       json j = m_h100;
       if (c > 0) j["device"]["contention"] = {{"compute", c}, {"comm", c}, {"source", "test"}};
-      const QString file = m_dir.filePath(QString("contention-%1.json").arg(c));
-      {
-        QFile f(file);
-        if (!f.open(QIODevice::WriteOnly)) return -1;
-        f.write(QByteArray::fromStdString(j.dump(2)));
-      }
-      const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", strategy,
-                            "--devices", "2", "--prompt-len", "64", "--decode", "4"});
+      const Ran r = simulate_with(QString("contention-%1.json").arg(c), j,
+                                  {"--model", "tiny-llama", "--strategy", strategy, "--devices", "2", "--prompt-len",
+                                   "64", "--decode", "4"});
       if (r.crashed || r.exit_code != 0) return -1;
       const Stream st = read_stream(r.out);
       int64_t end = 0;
@@ -584,14 +589,9 @@ class TestSim : public QObject {
     auto spans = [&](const char* name, const json& share) {
       json j = m_h100;
       if (!share.is_null()) j["device"]["core_share"] = share;
-      const QString file = m_dir.filePath(name);
-      {
-        QFile f(file);
-        if (!f.open(QIODevice::WriteOnly)) return Spans{};
-        f.write(QByteArray::fromStdString(j.dump(2)));
-      }
-      const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp",
-                            "--devices", "2", "--prompt-len", "32", "--decode", "2"});
+      const Ran r = simulate_with(name, j,
+                                  {"--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "32",
+                                   "--decode", "2"});
       Spans out;
       if (r.crashed || r.exit_code != 0) return out;
       const Stream st = read_stream(r.out);

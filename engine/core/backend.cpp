@@ -95,28 +95,31 @@ void Backend::fill(const Tensor& dst, float value) {
   if (has_data()) k_fill(dst, value);
 }
 
-void Backend::matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
-  require_2d(y, "matmul", "y");
-  require_2d(x, "matmul", "x");
-  require_2d(w, "matmul", "w");
-  const int64_t M = x.rows(), K = x.cols(), N = w.rows();
-  require(w.cols() == K && y.rows() == M && y.cols() == N, "matmul",
+namespace {
+// y[M,N] = x[M,K] · w[N,K]^T: 2-D operands of matching shapes.
+void require_matmul_shapes(const char* op, const Tensor& y, const Tensor& x, const Tensor& w) {
+  require_2d(y, op, "y");
+  require_2d(x, op, "x");
+  require_2d(w, op, "w");
+  require(w.cols() == x.cols() && y.rows() == x.rows() && y.cols() == w.rows(), op,
           "shapes y" + y.shape_str() + " = x" + x.shape_str() + " · w" + w.shape_str() + "^T do not match");
+}
+}  // namespace
+
+void Backend::matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
+  require_matmul_shapes("matmul", y, x, w);
+  const int64_t M = x.rows(), K = x.cols(), N = w.rows();
   const double bytes = fbytes(x) + fbytes(w) + fbytes(y) * (accumulate ? 2 : 1);
   execute("gemm", 2.0 * M * N * K, bytes, {M, N, K}, [&] { k_matmul(y, x, w, accumulate); }, x.dtype());
 }
 
 void Backend::matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws) {
   require(!ws.empty() && ys.size() == ws.size(), "matmul_group", "one output per weight, at least one");
-  require_2d(x, "matmul_group", "x");
   const int64_t M = x.rows(), K = x.cols();
   int64_t N = 0;
   double bytes = fbytes(x);
   for (size_t i = 0; i < ws.size(); ++i) {
-    require_2d(ys[i], "matmul_group", "y");
-    require_2d(ws[i], "matmul_group", "w");
-    require(ws[i].cols() == K && ys[i].rows() == M && ys[i].cols() == ws[i].rows(), "matmul_group",
-            "shapes y" + ys[i].shape_str() + " = x" + x.shape_str() + " · w" + ws[i].shape_str() + "^T do not match");
+    require_matmul_shapes("matmul_group", ys[i], x, ws[i]);
     N += ws[i].rows();
     bytes += fbytes(ws[i]) + fbytes(ys[i]);
   }

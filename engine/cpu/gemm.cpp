@@ -233,6 +233,11 @@ inline void dot_rows(const float* const* xr, int rows, const void* wr, int64_t K
   }
 }
 
+// A few rows of any float dtypes take the GEMV path.
+bool takes_gemv(const Tensor& x, const Tensor& w) {
+  return x.rows() <= kGemvRows && is_float(x.dtype()) && is_float(w.dtype());
+}
+
 // The GEMV over one or more weights that share the input row(s): tasks of
 // kCols output columns run over the weights one after another, so the threads
 // read every weight in one parallel pass (q, k and v of a decode step: one
@@ -301,7 +306,7 @@ void matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) 
   const int64_t M = x.rows(), K = x.cols(), N = w.rows();
   if (M == 0 || N == 0) return;
   const DType dx = x.dtype(), dw = w.dtype();
-  if (M <= kGemvRows && is_float(dw) && is_float(dx)) {
+  if (takes_gemv(x, w)) {
     gemv({&y, 1}, x, {&w, 1}, accumulate);
     return;
   }
@@ -356,9 +361,8 @@ void grad_gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, 
 }  // namespace
 
 void matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws) {
-  const int64_t M = x.rows();
-  bool one_pass = M > 0 && M <= kGemvRows && is_float(x.dtype());
-  for (const Tensor& w : ws) one_pass = one_pass && is_float(w.dtype());
+  const bool one_pass =
+      x.rows() > 0 && std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) { return takes_gemv(x, w); });
   if (one_pass) {
     gemv(ys, x, ws, false);
     return;

@@ -26,6 +26,7 @@
 #include "protocol/events.h"
 #include "runtime/process.h"
 #include "runtime/run.h"
+#include "sim/cost_model.h"
 
 namespace ss {
 namespace {
@@ -622,12 +623,14 @@ namespace {
 
 // The core share of each measured step (calibrate_rank.cpp): the GEMM's CPU
 // time over the step's wall time less what the simulator charges for the
-// step's all-reduce (the cost model's formula, ring all-reduce: 2(n-1) steps
-// of alpha plus 2(n-1)/n of the bytes at beta, with the alpha and beta fitted
-// above), so that a simulated run of the same steps takes their measured time.
+// step's all-reduce (its cost model, with the alpha and beta fitted above),
+// so that a simulated run of the same steps takes their measured time.
 json core_share_of(const json& steps, int ranks, int cores, double alpha, double beta, std::ostream& log) {
-  const double n = ranks, bytes = steps.value("sync_bytes", 0.0);
-  const double reduce_us = 1e6 * (2 * (n - 1) * alpha + 2 * (n - 1) / n * bytes / beta);
+  const double bytes = steps.value("sync_bytes", 0.0);
+  LinkProfile link;
+  link.latency = alpha;
+  link.bandwidth = beta;
+  const double reduce_us = 1e6 * collective_seconds(link, "all_reduce", bytes, ranks).seconds;
   json kernel_us = json::array(), share = json::array();
   std::string text;
   for (const auto& s : steps["steps"]) {
@@ -652,8 +655,8 @@ json core_share_of(const json& steps, int ranks, int cores, double alpha, double
                        std::to_string(int64_t(bytes)) +
                        " B all-reduce, repeatedly (median of 3 trials, means over ranks): the GEMM's thread CPU "
                        "time over the step's wall time less the fitted all_reduce time of that size; this "
-                       "profile's kernel times are CPU times, which the simulator divides by the share at the "
-                       "kernel's length"}};
+                       "profile's kernel times are CPU times: the simulator charges a stretch of kernels between "
+                       "two waits for a collective its CPU time over the share at that length"}};
 }
 
 }  // namespace
