@@ -271,7 +271,13 @@ int run_bench(const BenchOptions& o, std::ostream& out) {
   out << "shardscope-engine bench  host " << host_name() << "  cpu " << probe_be.device_name() << "  threads "
       << cpu::threads() << "  " << openblas_get_config() << "  dtype " << dt << "\n";
   const double copy_bw = copy_bytes_per_s();
-  out << "Forward vs bare library GEMMs of the same shapes (" << (o.dtype == DType::BF16 ? "oneDNN bf16" : "OpenBLAS sgemm")
+  // Without a bf16 matmul in oneDNN on this CPU (no AVX-512), bf16 GEMMs are
+  // widened to fp32 for sgemm, and the header says so.
+  const char* library = o.dtype != DType::BF16             ? "OpenBLAS sgemm"
+                        : cpu::bf16_gemm_available() ? "oneDNN bf16"
+                                                           : "bf16 widened to fp32 for OpenBLAS sgemm: oneDNN has no bf16 "
+                                                             "matmul on this CPU";
+  out << "Forward vs bare library GEMMs of the same shapes (" << library
       << (o.dtype == DType::F16 ? " on widened fp16" : "") << "; sgemm: OpenBLAS fp32), measured in this run (best of "
       << o.repeat << ").\n\n";
   std::snprintf(line, sizeof line, "%-13s %6s %6s %10s %9s %9s %9s %9s %8s %8s %8s %7s %7s\n", "model", "prompt",
