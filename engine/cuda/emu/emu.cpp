@@ -94,7 +94,8 @@ void switch_to_main(Fiber& f, bool exiting) {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, b.main_bottom, b.main_size);
   ss_emu_switch(&f.sp, b.main_sp);
-  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+  // Resumed by the launching thread: the stack it left is its own.
+  __sanitizer_finish_switch_fiber(fake, &b.main_bottom, &b.main_size);
 #else
   (void)exiting;
   ss_emu_switch(&f.sp, b.main_sp);
@@ -120,7 +121,12 @@ void resume(Block& b, unsigned i) {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
   ss_emu_switch(&b.main_sp, f.sp);
-  __sanitizer_finish_switch_fiber(fake, &b.main_bottom, &b.main_size);
+  // Back on the launching thread's stack. The stack left behind is the
+  // fiber's: main_bottom/main_size keep the launching thread's, which a
+  // fiber's next switch back names as its target (taking the fiber's here
+  // had ASan treat the fiber's stack as this thread's after a barrier, and
+  // report false stack-buffer underflows once an exception unwound).
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
   ss_emu_switch(&b.main_sp, f.sp);
 #endif
