@@ -31,10 +31,10 @@ namespace {
 
 // How far ahead of its loads the GEMV prefetches a weight row's stream:
 // eight cache lines. Measured on a 2-core Zen 3 VM (small-llama decode at
-// 1024 tokens, alternating binaries), the GEMVs read fp32 weights at 23-27
-// GB/s and bf16 at 25-27 GB/s with 512 bytes, against 20-20.5 and 22.6-22.8
-// GB/s with 4096 (a page ahead: the prefetches then compete with the
-// hardware prefetcher's) and 25.4-25.8 GB/s (bf16) with none.
+// 1024 tokens, alternating runs), the GEMVs read fp32 weights at 23-27 GB/s
+// and bf16 at 25-27 GB/s with 512 bytes, against 20-20.5 and 22.6-22.8 GB/s
+// with 4096 (a page ahead, the earlier choice) and 25.4-25.8 GB/s (bf16)
+// with no software prefetch.
 constexpr int64_t kPrefetchBytes = 512;
 
 // Rows up to which the GEMV path runs (each weight row is read once for all of them).
