@@ -37,7 +37,11 @@ mkdir -p "$artifacts"
 fuzz_one() {
   local t=$1 work t0 done_runs cov
   work=$(mktemp -d)
-  cp -r "$root/fuzz/corpus/$t/." "$work/"
+  if ! cp -r "$root/fuzz/corpus/$t/." "$work/"; then
+    echo "failed" > "$build/fuzz-$t.result"
+    rm -rf "$work"
+    return
+  fi
   local inputs=("$work") dict=()
   [[ -d "$root/fuzz/regressions/$t" ]] && inputs+=("$root/fuzz/regressions/$t")
   case "$t" in safetensors|config|hardware|stream|views) dict=(-dict="$root/fuzz/json.dict") ;; esac
@@ -67,7 +71,7 @@ for t in $targets; do
     echo "fuzz: ${result#ok }"
   else
     echo "fuzz: $t FAILED; the last lines of $build/fuzz-$t.log:" >&2
-    tail -40 "$build/fuzz-$t.log" >&2
+    tail -40 "$build/fuzz-$t.log" >&2 || true
     ls "$artifacts" | grep "^$t-" | sed "s|^|fuzz: kept input $artifacts/|" >&2 || true
     failed+=("$t")
   fi
