@@ -20,6 +20,7 @@
 #ifdef SS_EMU_ASAN
 extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
 extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+extern "C" void __asan_unpoison_memory_region(void const volatile* addr, size_t size);
 #endif
 
 thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -58,6 +59,7 @@ namespace ss::emu {
 namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;  // reserved, committed as touched
+constexpr size_t kEntryFrames = 16 * 1024;  // above any frames fiber_entry and switch_to_main take
 constexpr unsigned kMaxThreads = 1024;
 
 enum class State { Ready, AtBlockBarrier, AtWarpBarrier, Done };
@@ -181,6 +183,14 @@ void run_block(Block& b, bool reverse) {
     // that it starts with the stack aligned as after a call.
     Fiber& f = fs[i];
     f.state = State::Ready;
+#ifdef SS_EMU_ASAN
+    // The last fiber on this stack ended inside fiber_entry and
+    // switch_to_main, whose frames never returned and so keep their redzones
+    // poisoned, at the top of the stack where the new fiber's first frames
+    // fall (clang's ASan reported a kernel's parameter copy there as an
+    // overflow). Every deeper frame returned and unpoisoned itself.
+    __asan_unpoison_memory_region(static_cast<char*>(f.stack) + kStackBytes - kEntryFrames, kEntryFrames);
+#endif
     auto* top = reinterpret_cast<uintptr_t*>(static_cast<char*>(f.stack) + kStackBytes);
     top[-1] = 0;
     top[-2] = reinterpret_cast<uintptr_t>(&fiber_entry);
