@@ -16,6 +16,7 @@
 #include "io/npy.h"
 #include "model/model.h"
 #include "engine_process.h"
+#include "protocol/analysis.h"
 #include "protocol/events.h"
 #include "runtime/sampling.h"
 #include "text/bpe_train.h"
@@ -641,6 +642,51 @@ class TestEngineCli : public QObject {
     const Ran sim = engine({"simulate", "--hardware", profile, "--model", "tiny-llama", "--prompt-len", "16",
                             "--events", "/dev/null"});
     QVERIFY2(sim.exit_code == 0, sim.err.constData());
+  }
+
+  // --warmup runs the same prefill and a decode step first, untimed: the
+  // run's tokens and logits are those of a run without it, byte for byte,
+  // its spans carry phase "warmup" after a "warmup" phase record and before
+  // "prefill", and the run's statistics (bytes communicated, flops) leave
+  // them out. Single and tsp on two ranks (its broadcasts and ring).
+  void warmupChangesOnlyTimes_data() {
+    QTest::addColumn<QStringList>("how");
+    QTest::newRow("single") << QStringList{"run"};
+    QTest::newRow("tsp") << QStringList{"launch", "--strategy", "tsp", "--devices", "2"};
+  }
+  void warmupChangesOnlyTimes() {
+    QFETCH(QStringList, how);
+    QTemporaryDir dir;
+    auto run = [&](bool warm) {
+      const QString logits = dir.filePath(warm ? "warm.npy" : "cold.npy");
+      const Ran r = engine(how + QStringList{"--model", "tiny-llama", "--prompt-len", "24", "--decode", "3",
+                                             "--logits-out", logits} +
+                           (warm ? QStringList{"--warmup"} : QStringList{}));
+      if (r.exit_code != 0) qWarning("%s", r.err.constData());
+      return std::make_pair(read_stream(r.out), ss::read_npy(logits.toStdString()));
+    };
+    const auto [cold, cold_logits] = run(false);
+    const auto [warm, warm_logits] = run(true);
+    QVERIFY(!cold.all<Generation>().empty() && !warm.all<Generation>().empty());
+    QCOMPARE(warm.all<Generation>().back()->tokens, cold.all<Generation>().back()->tokens);
+    QCOMPARE(warm_logits.shape, cold_logits.shape);
+    QVERIFY(warm_logits.data == cold_logits.data);
+
+    std::vector<std::string> phases;
+    for (auto* p : warm.all<Phase>()) phases.push_back(p->name);
+    QCOMPARE(phases, (std::vector<std::string>{"load", "warmup", "prefill", "decode"}));
+    int warm_spans = 0;
+    for (auto* sp : warm.all<Span>()) warm_spans += sp->phase == "warmup";
+    QVERIFY(warm_spans > 0);
+    for (auto* sp : cold.all<Span>()) QVERIFY(sp->phase != "warmup");
+
+    const RunStats a = analyze(cold.events), b = analyze(warm.events);
+    QCOMPARE(b.comm_bytes, a.comm_bytes);
+    QCOMPARE(int(b.ranks.size()), int(a.ranks.size()));
+    for (auto& [rank, r] : a.ranks) {
+      QCOMPARE(b.ranks.at(rank).flops, r.flops);
+      QCOMPARE(b.ranks.at(rank).forward_flops, r.forward_flops);
+    }
   }
 
   // --events FILE: the stream goes to the file, stdout stays empty, and it is

@@ -256,6 +256,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
           {"kv_dtype", std::string(compute_dtype_name(cfg.kv_dtype))},
           {"comm_precision", par.comm_precision.str()},
           {"kv_cache", !o.no_cache},
+          {"warmup", o.warmup},
           {"workload", {{"batch", o.batch}, {"prompt_len", P}, {"decode", o.decode}, {"seed", o.seed}}},
           {"sampling", o.sampling.greedy() ? nlohmann::json("greedy")
                                             : nlohmann::json{{"temperature", o.sampling.temperature},
@@ -348,7 +349,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       return sample_token(v, o.sampling, seed, uint64_t(seq), step);
     };
 
-    if (g.root()) extra.push_back(proto::to_line(proto::Phase{"prefill", rec.now()}));
+    if (g.root()) extra.push_back(proto::to_line(proto::Phase{o.warmup ? "warmup" : "prefill", rec.now()}));
     // Each sequence of this rank (one unless --batch): prefill, then decode.
     for (int seq = 0; seq < o.batch; ++seq) {
       const bool mine = seq >= seq_begin && seq < seq_end;
@@ -358,7 +359,6 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
                                           : seq == 0 || !o.tokens.empty() ? base_prompt
                                                                           : make_prompt(so, cfg.vocab);
       if (!mine) continue;
-      Cache cache = model.make_cache(my_prompt + my_decode_kv);
       std::vector<int32_t> tokens, pos;
       for (auto& [a, b] : my_ranges)
         for (int64_t p = a; p < b; ++p) {
@@ -368,6 +368,28 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       StepLayout layout;
       layout.sequence_sharded = seq_sharded;
       layout.chunks = chunks;
+      if (o.warmup && seq == seq_begin) {
+        // The same prefill and one decode step, untimed, on a cache of their
+        // own that is gone before the real one is made. A first prefill
+        // allocates its activations, received shards and caches fresh, and
+        // each fresh page faults on first touch: on a 2-core VM that cost
+        // 0.1 to 3.2 ms per MiB, so tsp's first layer took 100-400 ms
+        // (its ring and broadcast buffers arrive in fresh pages) against
+        // ~110 ms for each later one. After this the timed run reuses them.
+        rec.set_phase("warmup");
+        Cache warm = model.make_cache(my_prompt + my_decode_kv);
+        model.forward(tokens, pos, warm, false, layout);
+        if (o.decode > 0 && !o.no_cache) {
+          const int32_t p1 = int32_t(P);
+          StepLayout dl;
+          dl.kv_owner = seq_sharded ? int(p1 % S) : 0;
+          const int32_t token = prompt.back();  // the same on every rank, as a decoded token is
+          model.forward(std::span<const int32_t>(&token, 1), std::span<const int32_t>(&p1, 1), warm, false, dl);
+        }
+        step_boundary(g, rec, extra, out);
+        if (g.root()) extra.push_back(proto::to_line(proto::Phase{"prefill", rec.now()}));
+      }
+      Cache cache = model.make_cache(my_prompt + my_decode_kv);
       rec.set_phase("prefill");
       const int64_t t0 = rec.now();
       int32_t next = 0;
