@@ -644,7 +644,7 @@ class TestEngineCli : public QObject {
     QVERIFY2(sim.exit_code == 0, sim.err.constData());
   }
 
-  // --warmup runs the same prefill and a decode step first, untimed: the
+  // --warm-start runs the same prefill and a decode step first, untimed: the
   // run's tokens and logits are those of a run without it, byte for byte,
   // its spans carry phase "warmup" after a "warmup" phase record and before
   // "prefill", and the run's statistics (bytes communicated, flops) leave
@@ -661,7 +661,7 @@ class TestEngineCli : public QObject {
       const QString logits = dir.filePath(warm ? "warm.npy" : "cold.npy");
       const Ran r = engine(how + QStringList{"--model", "tiny-llama", "--prompt-len", "24", "--decode", "3",
                                              "--logits-out", logits} +
-                           (warm ? QStringList{"--warmup"} : QStringList{}));
+                           (warm ? QStringList{"--warm-start"} : QStringList{}));
       if (r.exit_code != 0) qWarning("%s", r.err.constData());
       return std::make_pair(read_stream(r.out), ss::read_npy(logits.toStdString()));
     };

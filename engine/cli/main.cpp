@@ -80,7 +80,7 @@ void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, st
                   "fp32, bf16, fp16, int8[:B][:sr], int4[:B][:sr], fp8[:B][:sr])");
   cmd->add_flag("--measure-sites", o.measure_sites, "record each quantized site's error against an exact reduction");
   cmd->add_flag("--no-cache", o.no_cache, "decode by recomputing the prefix every step (to measure the cache)");
-  cmd->add_flag("--warmup", o.warmup,
+  cmd->add_flag("--warm-start", o.warm_start,
                 "first an untimed prefill and decode step of the same shapes, as a server warms up before its first "
                 "request: the timed run then finds its buffers allocated and their pages faulted in");
   cmd->add_option("--force-decode", o.force_decode, "feed these token ids in decode instead of the greedy ones")

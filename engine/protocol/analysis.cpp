@@ -83,7 +83,7 @@ RunStats analyze(const std::vector<Event>& events) {
   for (const Event& e : events) {
     if (auto* c = std::get_if<Config>(&e)) st.config = c->config;
     else if (auto* s = std::get_if<Span>(&e)) {
-      if (s->phase == "warmup") continue;  // run --warmup: untimed, the run's own spans follow
+      if (s->phase == "warmup") continue;  // run --warm-start: untimed, the run's own spans follow
       RankStats& r = st.ranks[s->rank];
       if (s->stream == "comm") {
         comm[s->rank].emplace_back(s->t0, s->t1);

@@ -177,7 +177,7 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
   char line[320];
   out << "\nSimulated vs measured end to end: " << o.check_model << ", prompt " << o.check_prompt
       << ", decode 8, on D cpu ranks of this host; profile calibrated in this run for D ranks; measured: median "
-         "(and range) of " << kLaunches << " launches with --warmup (a first untimed prefill and decode step, so "
+         "(and range) of " << kLaunches << " launches with --warm-start (a first untimed prefill and decode step, so "
          "that, as in the simulator, buffers are not allocated and faulted in during the timed ones), and the "
          "fastest of them. Goal: within 15%\n";
   std::snprintf(line, sizeof line, "%-8s %2s %24s %9s %9s %7s %7s  %22s %9s %9s %7s %7s\n", "strategy", "D",
@@ -212,7 +212,7 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
     for (auto& r : runs) {
       std::vector<double> ttft, tok;
       for (int i = 0; i < kLaunches; ++i) {
-        const auto [a, b] = metrics("'" + self_exe() + "' launch" + args(r) + " --warmup");
+        const auto [a, b] = metrics("'" + self_exe() + "' launch" + args(r) + " --warm-start");
         if (std::isnan(a)) continue;
         ttft.push_back(a);
         tok.push_back(b);

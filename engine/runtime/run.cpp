@@ -256,7 +256,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
           {"kv_dtype", std::string(compute_dtype_name(cfg.kv_dtype))},
           {"comm_precision", par.comm_precision.str()},
           {"kv_cache", !o.no_cache},
-          {"warmup", o.warmup},
+          {"warm_start", o.warm_start},
           {"workload", {{"batch", o.batch}, {"prompt_len", P}, {"decode", o.decode}, {"seed", o.seed}}},
           {"sampling", o.sampling.greedy() ? nlohmann::json("greedy")
                                             : nlohmann::json{{"temperature", o.sampling.temperature},
@@ -349,7 +349,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       return sample_token(v, o.sampling, seed, uint64_t(seq), step);
     };
 
-    if (g.root()) extra.push_back(proto::to_line(proto::Phase{o.warmup ? "warmup" : "prefill", rec.now()}));
+    if (g.root()) extra.push_back(proto::to_line(proto::Phase{o.warm_start ? "warmup" : "prefill", rec.now()}));
     // Each sequence of this rank (one unless --batch): prefill, then decode.
     for (int seq = 0; seq < o.batch; ++seq) {
       const bool mine = seq >= seq_begin && seq < seq_end;
@@ -368,7 +368,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       StepLayout layout;
       layout.sequence_sharded = seq_sharded;
       layout.chunks = chunks;
-      if (o.warmup && seq == seq_begin) {
+      if (o.warm_start && seq == seq_begin) {
         // The same prefill and one decode step, untimed, on a cache of their
         // own that is gone before the real one is made. A first prefill
         // allocates its activations, received shards and caches fresh, and

@@ -31,7 +31,7 @@ struct RunOptions {
   std::string comm_precision;            // tensor-parallel all-reduce precision per site (comm/quantize.h)
   bool measure_sites = false;            // record each quantized site's error against an exact reduction
   bool no_cache = false;                 // decode by recomputing the whole prefix each step
-  bool warmup = false;                   // an untimed prefill and decode step of the same shapes first
+  bool warm_start = false;               // an untimed prefill and decode step of the same shapes first
   std::vector<int32_t> force_decode;     // feed these tokens in decode instead of the greedy ones
   int64_t prompt_len = 0;                // synthetic prompt of this length ...
   std::vector<int32_t> tokens;           // ... or these tokens
