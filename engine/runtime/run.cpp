@@ -349,7 +349,14 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       return sample_token(v, o.sampling, seed, uint64_t(seq), step);
     };
 
-    if (g.root()) extra.push_back(proto::to_line(proto::Phase{o.warm_start ? "warmup" : "prefill", rec.now()}));
+    // One cached decode step: `token` at position p1, whose K/V the rank
+    // that owns p1 keeps under a sequence split.
+    auto decode_step = [&](int32_t token, int32_t p1, Cache& c) {
+      StepLayout dl;
+      dl.kv_owner = seq_sharded ? int(p1 % S) : 0;
+      return model.forward(std::span<const int32_t>(&token, 1), std::span<const int32_t>(&p1, 1), c, false, dl);
+    };
+
     // Each sequence of this rank (one unless --batch): prefill, then decode.
     for (int seq = 0; seq < o.batch; ++seq) {
       const bool mine = seq >= seq_begin && seq < seq_end;
@@ -376,19 +383,15 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
         // 0.1 to 3.2 ms per MiB, so tsp's first layer took 100-400 ms
         // (its ring and broadcast buffers arrive in fresh pages) against
         // ~110 ms for each later one. After this the timed run reuses them.
+        if (g.root()) extra.push_back(proto::to_line(proto::Phase{"warmup", rec.now()}));
         rec.set_phase("warmup");
         Cache warm = model.make_cache(my_prompt + my_decode_kv);
         model.forward(tokens, pos, warm, false, layout);
-        if (o.decode > 0 && !o.no_cache) {
-          const int32_t p1 = int32_t(P);
-          StepLayout dl;
-          dl.kv_owner = seq_sharded ? int(p1 % S) : 0;
-          const int32_t token = prompt.back();  // the same on every rank, as a decoded token is
-          model.forward(std::span<const int32_t>(&token, 1), std::span<const int32_t>(&p1, 1), warm, false, dl);
-        }
+        // The last prompt token: the same on every rank, as a decoded token is.
+        if (o.decode > 0 && !o.no_cache) decode_step(prompt.back(), int32_t(P), warm);
         step_boundary(g, rec, extra, out);
-        if (g.root()) extra.push_back(proto::to_line(proto::Phase{"prefill", rec.now()}));
       }
+      if (g.root() && seq == seq_begin) extra.push_back(proto::to_line(proto::Phase{"prefill", rec.now()}));
       Cache cache = model.make_cache(my_prompt + my_decode_kv);
       rec.set_phase("prefill");
       const int64_t t0 = rec.now();
@@ -419,8 +422,6 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
         if (seq == seq_begin) res.generated.push_back(next);
         if (seq == seq_begin && report_tokens) generation(true);
         const int32_t p1 = int32_t(P + k);
-        StepLayout dl;
-        dl.kv_owner = seq_sharded ? int(p1 % S) : 0;
         const int64_t d0 = rec.now();
         Tensor logits;
         if (o.no_cache) {
@@ -430,7 +431,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
           Cache fresh = model.make_cache(int64_t(history.size()));
           logits = model.forward(history, all_pos, fresh, false);
         } else {
-          logits = model.forward(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&p1, 1), cache, false, dl);
+          logits = decode_step(next, p1, cache);
         }
         next = choose(logits, 0, o.seed, seq, uint64_t(k) + 1);
         if (strategy != Strategy::DP) next = share_token(next, 0);
