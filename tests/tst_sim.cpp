@@ -686,6 +686,9 @@ class TestSim : public QObject {
     for (const char* op : {"add", "rmsnorm", "rope", "silu_mul", "embedding", "argmax"})
       QVERIFY2(d["kernel_times"].contains(op), op);
     QVERIFY(d["gemm_times"]["shapes"].size() >= 4);
+    // A core for each rank: the ranks measured each GEMM at once, as a tp step runs it.
+    if (std::thread::hardware_concurrency() >= 2)
+      QVERIFY(d["gemm_times"].value("note", "").find("every rank called the same GEMM at once") != std::string::npos);
     // Two ranks: the slowdown of each stream beside the other, measured.
     QVERIFY(d.contains("contention") && d["contention"].contains("source"));
     for (const char* k : {"compute", "comm"})

@@ -405,7 +405,14 @@ static void attention_few_queries(const Tensor& o, const Tensor& q, const Tensor
 // recurrence, Dao et al. 2022, §3.1): per query block only a
 // kQueryBlock × kKeyBlock score tile exists at a time. Key blocks no query of
 // the block can see are skipped, and a block's tile ends at its last key some
-// query of the block can see. The tile GEMMs run on oneDNN's bf16 kernel
+// query of the block can see. Keys need not come in position order: gathered
+// from sequence ranks they come rank by rank, each rank's chunks in order
+// (zigzag on 2 ranks: positions 0-127, 384-511, then 128-383). So a key block
+// is split into runs of ascending positions, and each run's tile ends at its
+// own last visible key; with keys in order a run is the whole block. Trimmed
+// only at the block's end, a zigzag rank 1 computed 40% more scores than
+// rank 0 and its attention took up to twice as long, where the split exists
+// to even them out. The tile GEMMs run on oneDNN's bf16 kernel
 // when Q, K and V are bf16, else on OpenBLAS over fp32 tiles (fp16 tiles
 // widened). The softmax and its statistics are fp32 whatever the dtype; a
 // few queries (decode) take the key-split path above.
@@ -417,11 +424,15 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
     return;
   }
   const int hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
-  // Smallest key position per key block, to skip blocks entirely in the future.
-  const int64_t n_kb = (Tk + kKeyBlock - 1) / kKeyBlock;
-  std::vector<int32_t> kb_min(n_kb, std::numeric_limits<int32_t>::max());
+  // Runs of keys in ascending position, none across a key block's end:
+  // [first key, end), its first key's position the smallest of the run.
+  struct KeyRun {
+    int64_t j0, end;
+  };
+  std::vector<KeyRun> runs;
   for (int64_t j = 0; j < Tk; ++j)
-    kb_min[j / kKeyBlock] = std::min(kb_min[j / kKeyBlock], a.k_pos[j]);
+    if (j % kKeyBlock == 0 || a.k_pos[j] < a.k_pos[j - 1]) runs.push_back({j, j + 1});
+    else runs.back().end = j + 1;
 
   // (head, query block) tiles run in parallel, each with single-threaded
   // GEMMs: many small GEMMs use the cores better side by side than one after
@@ -458,14 +469,14 @@ void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& 
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t kb = 0; kb < n_kb; ++kb) {
-        if (kb_min[kb] > qmax) continue;
-        const int64_t j0 = kb * kKeyBlock;
-        // Keys after the block's last one some query here can see are masked
+      for (const KeyRun& run : runs) {
+        const int64_t j0 = run.j0;
+        if (a.k_pos[j0] > qmax) continue;
+        // Keys after the run's last one some query here can see are masked
         // for every query: the tile ends there (on the causal diagonal a
         // query block computes a quarter to all of the key block, not all).
-        int bk = int(std::min<int64_t>(kKeyBlock, Tk - j0));
-        while (a.k_pos[j0 + bk - 1] > qmax) --bk;
+        const int bk = int(std::upper_bound(a.k_pos.begin() + j0, a.k_pos.begin() + run.end, qmax) -
+                           (a.k_pos.begin() + j0));
         if (bf16) {
           tile_gemm_bf16(bq, bk, hd, at(q, i0, int64_t(h) * hd), q.ld(), false,
                          at(k, j0, int64_t(kvh) * hd), k.ld(), true, S.data(), kKeyBlock, a.scale,

@@ -264,7 +264,7 @@ json kernel_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostream
 // a different place of a pool twice the last-level cache, so they come from
 // memory as a decode step's do (a model's weights exceed the caches).
 json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t, int64_t>, std::set<int64_t>>& shapes,
-                std::ostream& log) {
+                std::ostream& log, const std::function<void()>& before_each) {
   int64_t largest = 0;
   for (auto& [nk, ms] : shapes) largest = std::max(largest, nk.first * nk.second);
   const int64_t pool_elems =
@@ -283,10 +283,13 @@ json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t,
       Tensor x = be.alloc({M, K}, Category::Workspace, "x"), y = be.alloc({M, N}, Category::Workspace, "y");
       be.fill(x, 0.1f);
       const int reps = M <= 2 ? 7 : 3;
-      const double t = median_span(rec, reps, 0.0, [&] {
-        const Tensor w = w_all.slice(0, (next++ % slots) * N, N);
-        be.matmul(y, x, w);
-      });
+      const double t = median_span(
+          rec, reps, 0.0,
+          [&] {
+            const Tensor w = w_all.slice(0, (next++ % slots) * N, N);
+            be.matmul(y, x, w);
+          },
+          before_each);
       m_list.push_back(M);
       us.push_back(round_us(std::max(t, 1e-8)));
     }
@@ -455,6 +458,44 @@ std::string calibration_source(int threads) {
          " thread(s) per rank";
 }
 
+std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> gemm_shape_set(const CalibrateOptions& options) {
+  std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> shapes;
+  for (int64_t N : kGridN)
+    for (int64_t K : kGridK)
+      if (in_grid(N, K)) shapes[{N, K}] = {kGridM.begin(), kGridM.end()};
+  for (auto& [M, N, K] : options.gemm_shapes) {
+    if (M <= 0 || N <= 0 || K <= 0) continue;
+    auto& ms = shapes[{N, K}];
+    ms.insert({1, 2, M});
+  }
+  return shapes;
+}
+
+nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& source, bool in_step) {
+  return {{"source", source},
+          {"note", std::string("median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level "
+                               "cache (weights not in any cache, as in decode)") +
+                       (in_step ? "; every rank called the same GEMM at once (a barrier before each call), as the "
+                                  "ranks of a tensor-parallel step do"
+                                : "")},
+          {"shapes", shapes}};
+}
+
+nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateOptions& options,
+                                  const std::function<void()>& before_each) {
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu::set_threads(ranks > 1 ? 1 : cores);
+  g_cpu_clock = false;
+  const auto started = Clock::now();
+  Allocator alloc;
+  Recorder rec;
+  rec.set_mem_sampling(false);
+  CpuBackend be(alloc, rec);
+  json shapes = gemm_times(be, rec, gemm_shape_set(options), log, before_each);
+  log << "  (gemm times, every rank at once)" << since(started);
+  return shapes;
+}
+
 nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptions& options) {
   // Per-rank figures, with the threads a run gives each rank: all cores for
   // one rank, one thread per rank when several share the host (run.cpp).
@@ -571,18 +612,12 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
     attention = attention_times(be, rec, sweep, log);
   }
   log << "  (kernel and attention grids)" << since(started);
-  std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> shapes;
-  for (int64_t N : kGridN)
-    for (int64_t K : kGridK)
-      if (in_grid(N, K)) shapes[{N, K}] = {kGridM.begin(), kGridM.end()};
-  for (auto& [M, N, K] : options.gemm_shapes) {
-    if (M <= 0 || N <= 0 || K <= 0) continue;
-    auto& ms = shapes[{N, K}];
-    ms.insert({1, 2, M});
+  json gemms;
+  if (!options.gemms_in_step) {
+    gemms = gemm_times(be, rec, gemm_shape_set(options), log, [] {});
+    rec.clear();
+    log << "  (gemm times)" << since(started);
   }
-  const json gemms = gemm_times(be, rec, shapes, log);
-  rec.clear();
-  log << "  (gemm times)" << since(started);
 
   std::ifstream mi("/proc/meminfo");
   std::string key;
@@ -594,7 +629,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
       (g_cpu_clock ? ", " + std::to_string(ranks) + " ranks on " + std::to_string(cores) +
                          " cores: kernel times on the rank's thread CPU clock (see core_share)"
                    : std::string());
-  return {{"name", be.device_name() + ", " + std::to_string(threads) + " thread(s)"},
+  json device = {{"name", be.device_name() + ", " + std::to_string(threads) + " thread(s)"},
           {"memory_bytes", mem_kb * 1024 / std::max(1, ranks)},
           {"fp32_tflops", vector * 1e-12},
           {"matmul_tflops", gemm * 1e-12},
@@ -608,15 +643,12 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
                                        "median span of each kernel through the cpu backend at rows x cols (rope and "
                                        "attention_merge: heads of 64); rows and cols are the span's dims (argmax: "
                                        "one row of cols)")},
-          {"gemm_times",
-           {{"source", src_note},
-            {"note", "median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level cache "
-                     "(weights not in any cache, as in decode)"},
-            {"shapes", gemms}}},
           {"attention_times", with_source(attention, src_note,
                                           "median attention span, tq queries at the last tq of tk key positions (all "
                                           "keys visible when tq > tk); other head counts and masks scale by FLOPs")},
           {"sources", {{"all", src_note}}}};
+  if (!options.gemms_in_step) device["gemm_times"] = gemm_table(gemms, src_note, false);
+  return device;
 }
 
 namespace {

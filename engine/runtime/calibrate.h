@@ -13,7 +13,9 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,9 @@ struct CalibrateOptions {
   // GEMM shapes (M, N, K) to measure besides the grid of weight shapes, e.g.
   // the ones a model uses: each (N, K) at 1, 2 and every M given for it.
   std::vector<std::array<int64_t, 3>> gemm_shapes;
+  // measure_device leaves out gemm_times: the caller measures them with
+  // measure_gemm_times, every rank calling the same GEMM at once.
+  bool gemms_in_step = false;
 };
 
 // Measures and returns the profile (and prints what it measured to `log`).
@@ -52,8 +57,21 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
 nlohmann::json measure_device_on_ranks(std::ostream& log, int ranks, const CalibrateOptions& options);
 // One rank of measure_device_on_ranks (calibrate-rank): rank 0 measures and
 // prints the device object as one JSON line, the others load the host with
-// the same measurements until rank 0 is done; then all measure contention.
+// the same measurements until rank 0 is done; then all measure the GEMM times
+// in step (each rank on a core of its own) and the contention.
 int calibrate_rank(const CalibrateOptions& options);
+// The GEMM weight shapes [N, K] calibrate measures and the row counts of
+// each: the grid every profile gets, and each of options.gemm_shapes at 1, 2
+// and its own M.
+std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> gemm_shape_set(const CalibrateOptions& options);
+// The "shapes" of device.gemm_times measured in this process (one thread when
+// ranks > 1), with `before_each` called untimed before each timed GEMM (a
+// barrier: every rank then streams the same weights' worth from memory at
+// once, as the ranks of a tensor-parallel decode step do).
+nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateOptions& options,
+                                  const std::function<void()>& before_each);
+// device.gemm_times: those shapes with their source and how they were measured.
+nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& source, bool in_step);
 // Called before every timed call of measure_device (nullptr: nothing).
 void set_calibration_hook(std::function<void()> before_each);
 // The calling thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID).

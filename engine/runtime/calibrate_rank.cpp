@@ -6,7 +6,9 @@
 // memory bandwidth and the last-level cache (a one-row GEMM measured here ran
 // 1.6x slower beside a second rank doing the same than alone), and with more
 // ranks than cores they share the cores. So rank 0 measures while ranks
-// 1..N-1 run the same measurements as load, until rank 0 is done.
+// 1..N-1 run the same measurements as load, until rank 0 is done; the GEMM
+// times, where every rank has a core, all ranks measure at once, one GEMM
+// after a barrier, as the ranks of a tensor-parallel step run them.
 //
 // Contention: a rank's collectives run on its comm-stream thread (MPI polls
 // while it waits), on the cores its kernels use; tsp's rings and sp's
@@ -200,9 +202,24 @@ json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::
 
 }  // namespace
 
-int calibrate_rank(const CalibrateOptions& options) {
+int calibrate_rank(const CalibrateOptions& given) {
   MpiWorld mpi;
   const int ranks = mpi.size(), me = mpi.rank();
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  // The GEMM times are measured apart, every rank calling the same GEMM at
+  // once, where each rank has a core of its own: the ranks of a tensor-
+  // parallel step run the same GEMM at the same time (an all-reduce lines
+  // them up every layer), and one-row GEMMs, bound by memory, slow each other
+  // down most. Measured in the load phase instead, where the loading rank
+  // is out of step and mostly inside the long prefill-sized GEMMs, the
+  // one-row GEMMs of small-llama's tp decode on 2 ranks came out 5-27%
+  // faster (gate_up 753 against 953 us, the means of three calibrations
+  // each, alternating), and the measured run's own spans sided with the
+  // latter. With more ranks than cores they take turns on the cores
+  // instead (core_share).
+  const bool gemms_in_step = ranks > 1 && ranks <= cores;
+  CalibrateOptions options = given;
+  options.gemms_in_step = gemms_in_step;
   json device;
   // Rank 0 measures; the others repeat the same measurements as load until
   // rank 0 enters the barrier that ends the phase.
@@ -227,6 +244,13 @@ int calibrate_rank(const CalibrateOptions& options) {
     set_calibration_hook(nullptr);
   }
   if (done != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&done, MPI_STATUS_IGNORE), "MPI_Wait", "calibrate");
+  std::ostringstream gemm_log;
+  if (gemms_in_step) {
+    const json shapes = measure_gemm_times(gemm_log, ranks, options, [] {
+      check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", "calibrate");
+    });
+    if (me == 0) device["gemm_times"] = gemm_table(shapes, device["sources"].value("all", ""), true);
+  }
 
   Recorder rec(me);
   rec.set_origin(Clock::time_point{});
@@ -238,12 +262,11 @@ int calibrate_rank(const CalibrateOptions& options) {
     CpuBackend be(alloc, rec);
     std::ostringstream log;
     const json contention = measure_contention(world, be, rec, log);
-    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
     const json steps = ranks > cores ? measure_core_steps(world, be, cores, log) : json();
     if (me == 0) {
       device["contention"] = contention;
       if (!steps.is_null()) device["core_steps"] = steps;
-      std::printf("%s@device %s\n", log.str().c_str(), device.dump().c_str());
+      std::printf("%s%s@device %s\n", gemm_log.str().c_str(), log.str().c_str(), device.dump().c_str());
       std::fflush(stdout);
     }
   }
