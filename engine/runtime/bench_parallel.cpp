@@ -54,6 +54,19 @@ double hidden_fraction(const std::vector<proto::Event>& ev, const std::set<std::
   return total > 0 ? hidden / total : 0;
 }
 
+// The prefill attention time of the slowest rank over the fastest's: 1 where
+// the causal work is even (tp's heads; sp's and tsp's zigzag chunks, with
+// the kernel trimming each run of gathered keys); NAN without attention.
+double attention_imbalance(const std::vector<proto::Event>& ev) {
+  std::map<int, double> per_rank;
+  for (auto& e : ev)
+    if (auto* s = std::get_if<proto::Span>(&e); s && s->op == "attention" && s->phase == "prefill")
+      per_rank[s->rank] += double(s->t1 - s->t0);
+  double lo = INFINITY, hi = 0;
+  for (auto& [r, t] : per_rank) lo = std::min(lo, t), hi = std::max(hi, t);
+  return per_rank.empty() || !(lo > 0) ? NAN : hi / lo;
+}
+
 int mesh_side(int d) {
   int t = int(std::sqrt(double(d)));
   while (t > 1 && d % t) --t;
@@ -100,12 +113,13 @@ int run_strategy_bench(const StrategyBenchOptions& o, std::ostream& out) {
       << " cpu devices (one MPI rank each, " << sysconf(_SC_NPROCESSORS_ONLN) << " cores), prompt " << o.prompt_len
       << ", decode " << o.decode << "\n";
   out << "bytes/token: wire bytes of all ranks per processed token; hidden: share of comm time overlapped by compute "
-         "(ring/bcast: tsp's weight transfers only); peaks per rank in MiB (max over ranks)\n";
+         "(ring/bcast: tsp's weight transfers only); attn max/min: the prefill attention time of the slowest rank "
+         "over the fastest's; peaks per rank in MiB (max over ranks)\n";
   for (const auto& model : o.models) {
     out << "\n" << model << "\n";
-    std::snprintf(line, sizeof line, "%-7s %3s %10s %10s %12s %7s %10s %9s %9s %9s %9s %9s %9s\n", "strategy", "D",
-                  "prefill/s", "decode/s", "bytes/token", "hidden", "ring/bcast", "weights", "activ.", "kv", "ssm",
-                  "comm buf", "peak");
+    std::snprintf(line, sizeof line, "%-7s %3s %10s %10s %12s %7s %10s %12s %9s %9s %9s %9s %9s %9s\n", "strategy",
+                  "D", "prefill/s", "decode/s", "bytes/token", "hidden", "ring/bcast", "attn max/min", "weights",
+                  "activ.", "kv", "ssm", "comm buf", "peak");
     out << line;
     for (const auto& s : o.strategies) {
       const bool single = s == "single";
@@ -153,9 +167,13 @@ int run_strategy_bench(const StrategyBenchOptions& o, std::ostream& out) {
       char ringbuf[16];
       if (std::isnan(ring)) std::snprintf(ringbuf, sizeof ringbuf, "-");
       else std::snprintf(ringbuf, sizeof ringbuf, "%.0f%%", 100 * ring);
-      std::snprintf(line, sizeof line, "%-7s %3d %10.1f %10.2f %12.0f %6.0f%% %10s %9s %9s %9s %9s %9s %9s\n", s.c_str(), d,
-                    metric("prefill_tokens_per_s"), metric("decode_tokens_per_s"), st.comm_bytes / tokens,
-                    100 * st.hidden_fraction(), ringbuf, mib(double(peak[0])).c_str(), mib(double(peak[1])).c_str(),
+      const double imbalance = attention_imbalance(ev);
+      char attnbuf[16];
+      if (std::isnan(imbalance)) std::snprintf(attnbuf, sizeof attnbuf, "-");
+      else std::snprintf(attnbuf, sizeof attnbuf, "%.2fx", imbalance);
+      std::snprintf(line, sizeof line, "%-7s %3d %10.1f %10.2f %12.0f %6.0f%% %10s %12s %9s %9s %9s %9s %9s %9s\n",
+                    s.c_str(), d, metric("prefill_tokens_per_s"), metric("decode_tokens_per_s"), st.comm_bytes / tokens,
+                    100 * st.hidden_fraction(), ringbuf, attnbuf, mib(double(peak[0])).c_str(), mib(double(peak[1])).c_str(),
                     mib(double(peak[2])).c_str(), mib(double(peak[3])).c_str(), mib(double(peak[4])).c_str(),
                     mib(double(peak_total)).c_str());
       out << line << std::flush;
