@@ -481,10 +481,17 @@ nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& sourc
           {"shapes", shapes}};
 }
 
+namespace {
+// The threads a run gives each of `ranks` ranks (run.cpp): all cores for one
+// rank, one thread per rank when several share the host.
+int threads_per_rank(int ranks) {
+  return ranks > 1 ? 1 : int(std::max(1u, std::thread::hardware_concurrency()));
+}
+}  // namespace
+
 nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateOptions& options,
                                   const std::function<void()>& before_each) {
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  cpu::set_threads(ranks > 1 ? 1 : cores);
+  cpu::set_threads(threads_per_rank(ranks));
   g_cpu_clock = false;
   const auto started = Clock::now();
   Allocator alloc;
@@ -500,7 +507,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   // Per-rank figures, with the threads a run gives each rank: all cores for
   // one rank, one thread per rank when several share the host (run.cpp).
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = ranks > 1 ? 1 : cores;
+  const int threads = threads_per_rank(ranks);
   cpu::set_threads(threads);
   g_cpu_clock = ranks > cores;
   if (g_cpu_clock) {
@@ -695,7 +702,7 @@ json core_share_of(const json& steps, int ranks, int cores, double alpha, double
 
 nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options) {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = ranks > 1 ? 1 : cores;
+  const int threads = threads_per_rank(ranks);
   const auto started = Clock::now();
   // Several ranks: every rank measures at once, as a run's ranks compute at
   // once on this host's cores and memory (calibrate_rank.cpp).
