@@ -774,6 +774,36 @@ void TestKernels::visible_pairs() {
   cases.push_back({shuffled, many});
   for (auto& [q, k] : cases)
     QCOMPARE(ss::detail::visible_pairs(q, k), brute(q, k));
+  // The simulator's query runs: consecutive ascending positions, each with
+  // the keys its last query sees and its own pairs, which add up to the call's.
+  for (auto& [q, k] : cases) {
+    const auto runs = ss::detail::attention_runs(q, k);
+    if (runs.empty()) {
+      QVERIFY(q.empty() || q == many || q == shuffled);  // past the 64 runs: the call is costed whole
+      continue;
+    }
+    size_t first = 0;
+    double pairs = 0;
+    for (const auto& r : runs) {
+      const std::vector<int32_t> run(q.begin() + long(first), q.begin() + long(first) + r.queries);
+      for (size_t i = 1; i < run.size(); ++i) QCOMPARE(run[i], run[i - 1] + 1);
+      QCOMPARE(double(r.keys), brute({run.back()}, k));
+      QCOMPARE(r.pairs, brute(run, k));
+      pairs += r.pairs;
+      first += size_t(r.queries);
+    }
+    QCOMPARE(first, q.size());
+    QCOMPARE(pairs, brute(q, k));
+  }
+  // Zigzag's chunks 0 and 3 of 4 against keys gathered rank by rank: a causal
+  // block of 128 over 128 keys and one of 128 at the end of 512.
+  const auto zz = ss::detail::attention_runs(cat(range(0, 128), range(384, 512)),
+                                             cat(cat(range(0, 128), range(384, 512)), range(128, 384)));
+  QCOMPARE(zz.size(), size_t(2));
+  QCOMPARE(zz[0].keys, int64_t(128));
+  QCOMPARE(zz[1].keys, int64_t(512));
+  QCOMPARE(zz[0].pairs, 128.0 * 129 / 2);
+  QCOMPARE(zz[1].pairs, 128.0 * 384 + 128.0 * 129 / 2);
 }
 
 struct TestKernels::Conv1dCase {

@@ -8,6 +8,7 @@
 // strategy promises, and running out of a simulated device's memory is an
 // `oom` result, not a crash.
 #include <QtTest>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "engine_process.h"
 #include "protocol/events.h"
+#include "sim/cost_model.h"
 #include "sim/sim_backend.h"
 
 using namespace ss::proto;
@@ -412,6 +414,9 @@ class TestSim : public QObject {
     QTest::newRow("contention") << "contention"
                                 << "device.contention.comm"
                                 << "must be a number >= 0";
+    QTest::newRow("contention-hold") << "contention-hold"
+                                     << "device.contention.hold_us"
+                                     << "must be a number >= 0";
     QTest::newRow("contention-source") << "contention-source"
                                        << "device.contention.source"
                                        << "is missing";
@@ -450,6 +455,7 @@ class TestSim : public QObject {
     if (edit == "collective-missing") j["network"]["collectives"] = {{"broadcast", {{"latency_us", 2}}}};
     if (edit == "contention") j["device"]["contention"] = {{"source", "test"}, {"compute", 1}, {"comm", -0.5}};
     if (edit == "contention-source") j["device"]["contention"] = {{"compute", 1}, {"comm", 1}};
+    if (edit == "contention-hold") j["device"]["contention"] = {{"source", "test"}, {"hold_us", -1}};
     if (edit == "core-share")
       j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {0.4, 1.5}}};
     if (edit == "core-share-count")
@@ -567,6 +573,142 @@ class TestSim : public QObject {
     QVERIFY(tp0 > 0 && tp1 > 0 && tsp0 > 0 && tsp1 > 0);
     QCOMPARE(tp1, tp0);
     QVERIFY2(tsp1 > tsp0 && tsp1 <= 2 * tsp0 + 2, qPrintable(QString("tsp: %1 ns without, %2 with").arg(tsp0).arg(tsp1)));
+  }
+
+  // The hold (device.contention.hold_us): a collective posted beside kernels
+  // waits for the core until they stop to wait or the hold passes, making no
+  // progress and slowing nothing meanwhile. In closed form on one rank's
+  // clock (ns; slowdowns 1: a stream at half speed beside the other), then
+  // whole runs.
+  void holdKeepsTheCoreForOneStream() {
+    using ss::SimClock;
+    auto clock = [](double hold) {
+      SimClock c;
+      c.compute_slowdown = c.comm_slowdown = 1;
+      c.hold_ns = hold;
+      return c;
+    };
+    {  // Two short kernels after the post, then the wait: in turn, not beside.
+      SimClock c = clock(100);
+      auto op = c.post(0, 50);
+      QCOMPARE(c.kernel(30), 30.0);
+      QCOMPARE(c.kernel(30), 60.0);
+      QVERIFY(!c.done(op));
+      c.wait(op);
+      QCOMPARE(c.compute_ns, 110.0);
+    }
+    {  // The same without a hold: both at half speed while they overlap.
+      // Kernel 1: 25 of its 30 by 50 (beside the post's estimate), the rest
+      // by 55; kernel 2 alone to 85; the collective, beside both kernels,
+      // makes 42.5 of its 50 by 85 and ends at 92.5.
+      SimClock c = clock(0);
+      auto op = c.post(0, 50);
+      QCOMPARE(c.kernel(30), 55.0);
+      QCOMPARE(c.kernel(30), 85.0);
+      c.wait(op);
+      QCOMPARE(c.compute_ns, 92.5);
+    }
+    {  // A kernel longer than the hold: alone to 100, then both at half speed.
+      // The collective makes its 50 in [100, 200); the kernel, 25 of its
+      // work in [100, 150) (the collective's estimate), ends 25 late.
+      SimClock c = clock(100);
+      auto op = c.post(0, 50);
+      QCOMPARE(c.kernel(300), 325.0);
+      QVERIFY(c.done(op));
+      c.wait(op);
+      QCOMPARE(c.compute_ns, 325.0);
+    }
+    {  // Woken while the comm thread has a second collective: kernels resume
+       // when it is done (at 90), or a hold after the first ends (150).
+      SimClock c = clock(100);
+      auto a = c.post(0, 50), b = c.post(50, 40);
+      c.wait(a);
+      QCOMPARE(c.compute_ns, 90.0);
+      SimClock l = clock(100);
+      auto a2 = l.post(0, 50), b2 = l.post(50, 400);
+      l.wait(a2);
+      QCOMPARE(l.compute_ns, 150.0);
+      l.wait(b2);
+      QCOMPARE(l.compute_ns, 450.0);
+      c.wait(b);
+      QCOMPARE(c.compute_ns, 90.0);
+    }
+
+    // Whole runs. With a hold longer than any stretch of kernels, no kernel
+    // ever has the comm thread beside it: every kernel span keeps its length
+    // from the run without contention, and tsp, whose transfers then wait
+    // for the kernels, ends later. tp blocks on every collective: unchanged.
+    auto run = [&](const QString& strategy, const json& contention) {
+      json j = m_h100;
+      if (!contention.is_null()) j["device"]["contention"] = contention;
+      const Ran r = simulate_with(QString("hold-%1-%2.json").arg(strategy).arg(contention.is_null()), j,
+                                  {"--model", "tiny-llama", "--strategy", strategy, "--devices", "2", "--prompt-len",
+                                   "64", "--decode", "4"});
+      std::vector<int64_t> kernels;
+      int64_t end = -1;
+      if (r.crashed || r.exit_code != 0) return std::make_pair(kernels, end);
+      const Stream st = read_stream(r.out);
+      for (auto* sp : st.all<Span>()) {
+        end = std::max(end, sp->t1);
+        if (sp->rank == 0 && sp->stream == "compute") kernels.push_back(sp->t1 - sp->t0);
+      }
+      return std::make_pair(kernels, end);
+    };
+    const json held = {{"source", "test"}, {"compute", 1}, {"comm", 1}, {"hold_us", 1e6}};
+    const auto [tsp0, tsp_end0] = run("tsp", json());
+    const auto [tsp1, tsp_end1] = run("tsp", held);
+    QVERIFY(!tsp0.empty() && tsp_end0 > 0);
+    QCOMPARE(tsp1.size(), tsp0.size());
+    for (size_t i = 0; i < tsp0.size(); ++i)  // to the ns the span ends are rounded to
+      QVERIFY2(std::abs(tsp1[i] - tsp0[i]) <= 2, qPrintable(QString("kernel %1: %2 ns, %3 without").arg(i).arg(tsp1[i]).arg(tsp0[i])));
+    QVERIFY2(tsp_end1 > tsp_end0, qPrintable(QString("tsp: %1 ns without, %2 with").arg(tsp_end0).arg(tsp_end1)));
+    QCOMPARE(run("tp", held).second, run("tp", json()).second);
+  }
+
+  // A calibrated collective's own times (collectives.<op>.us at `ranks`):
+  // for that many ranks the cost model interpolates them, log-log between
+  // the measured sizes and linear past the last; other counts take the fit.
+  void measuredCollectiveTimes() {
+    ss::LinkProfile l;
+    l.latency = 1e-6;
+    l.bandwidth = 1e9;
+    ss::CollectiveFit& f = l.collectives["broadcast"];
+    f.latency = 2e-6;
+    f.bandwidth = 4e9;
+    f.ranks = 4;
+    f.bytes = {1e3, 1e6, 4e6};
+    f.seconds = {10e-6, 250e-6, 1000e-6};
+    auto at = [&](double bytes, int n) { return ss::collective_seconds(l, "broadcast", bytes, n).seconds; };
+    QCOMPARE(at(1e6, 4), 250e-6);
+    QCOMPARE(at(10, 4), 10e-6);                                  // below the smallest: its time
+    QVERIFY(std::abs(at(2e6, 4) - 500e-6) < 1e-12);              // 250 us * 2^(log 4 / log 4)
+    QVERIFY(std::abs(at(std::pow(10, 4.5), 4) - 50e-6) < 1e-12);  // halfway on a log scale: 10 us * 25^(1/2)
+    QVERIFY(std::abs(at(6e6, 4) - 1500e-6) < 1e-12);             // the last segment's 250 us per MB
+    // 2 ranks: the fitted ring, alpha + S / beta.
+    QVERIFY(std::abs(at(1e6, 2) - (2e-6 + 1e6 / 4e9)) < 1e-15);
+  }
+
+  // The simulator costs an attention call run by run (AttentionRun): from a
+  // measured grid of contiguous causal blocks, zigzag's two chunks take the
+  // time of their two blocks, not that of one block of all their queries.
+  void attentionCostedByRuns() {
+    ss::HardwareProfile hw;
+    auto& a = hw.attention_times;
+    a.heads = 4;
+    a.kv_heads = 4;
+    a.head_dim = 64;
+    a.grid.x = {128, 256};
+    a.grid.y = {128, 512};
+    a.grid.seconds = {{100e-6, 300e-6}, {250e-6, 900e-6}};
+    const double per_pair = 4 * 4.0 * 64;  // the call's heads and head_dim: FLOPs per visible pair
+    const std::vector<ss::AttentionRun> runs = {{128, 128, 128.0 * 129 / 2}, {128, 512, 128.0 * 384 + 128.0 * 129 / 2}};
+    const double pairs = runs[0].pairs + runs[1].pairs;
+    const double t = ss::kernel_seconds(hw, "attention", pairs * per_pair, 0, {256, 512, 4, 64}, ss::DType::F32, runs);
+    QVERIFY2(std::abs(t - 400e-6) < 1e-12, qPrintable(QString::number(t)));
+    // Costed whole (no runs): the 256-query block's time scaled by its pairs.
+    const double whole = ss::kernel_seconds(hw, "attention", pairs * per_pair, 0, {256, 512, 4, 64});
+    const double block_pairs = 256.0 * 512 - 256.0 * 255 / 2;
+    QVERIFY2(std::abs(whole - 900e-6 * pairs / block_pairs) < 1e-12, qPrintable(QString::number(whole)));
   }
 
   // Core share (device.core_share, measured by calibrate for more ranks than
@@ -693,9 +835,17 @@ class TestSim : public QObject {
     QVERIFY(d.contains("contention") && d["contention"].contains("source"));
     for (const char* k : {"compute", "comm"})
       QVERIFY2(d["contention"].contains(k) && d["contention"][k].get<double>() >= 0, k);
-    if (std::thread::hardware_concurrency() >= 2) QVERIFY(!d.contains("core_share"));  // a core for each rank
-    for (const char* op : {"all_reduce", "all_gather", "broadcast", "sendrecv"})
+    if (std::thread::hardware_concurrency() >= 2) {
+      QVERIFY(!d.contains("core_share"));  // a core for each rank
+      // ... which its comm thread shares: how long either waits for the other.
+      QVERIFY2(d["contention"].contains("hold_us") && d["contention"]["hold_us"].get<double>() >= 0,
+               d["contention"].dump().c_str());
+    }
+    for (const char* op : {"all_reduce", "all_gather", "broadcast", "sendrecv"}) {
       QVERIFY2(p["node"]["link"].contains("collectives") && p["node"]["link"]["collectives"].contains(op), op);
+      const json& c = p["node"]["link"]["collectives"][op];  // the measured times beside the fit
+      QVERIFY2(c.value("ranks", 0) == 2 && c["bytes"].size() >= 2 && c["us"].size() == c["bytes"].size(), op);
+    }
     const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp", "--devices",
                           "2", "--prompt-len", "24", "--decode", "4"});
     QVERIFY(!r.crashed);

@@ -51,6 +51,21 @@ double visible_pairs(std::span<const int32_t> q_pos, std::span<const int32_t> k_
   for (int32_t p : q_pos) pairs += double(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
   return pairs;
 }
+std::vector<AttentionRun> attention_runs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos,
+                                         size_t limit) {
+  std::vector<AttentionRun> out;
+  size_t first = 0;
+  for (auto [a, b] : runs_of(q_pos, limit)) {
+    const size_t n = size_t(b - a + 1);
+    AttentionRun r;
+    r.queries = int64_t(n);
+    r.keys = std::count_if(k_pos.begin(), k_pos.end(), [b = b](int32_t k) { return k <= b; });
+    r.pairs = visible_pairs(q_pos.subspan(first, n), k_pos);
+    out.push_back(r);
+    first += n;
+  }
+  return out;
+}
 }  // namespace detail
 
 using namespace detail;
@@ -178,8 +193,10 @@ void Backend::attention(const Tensor& o, const Tensor& q, const Tensor& k, const
   require(!lse.defined() || (lse.is_contiguous() && lse.numel() == q.rows() * a.n_heads), "attention", "lse shape");
   // FLOPs of the visible (query, key) pairs: QK^T and PV, 2*head_dim each.
   const double flops = visible_pairs(a.q_pos, a.k_pos) * a.n_heads * 4.0 * a.head_dim;
+  if (!has_data()) m_attention_runs = detail::attention_runs(a.q_pos, a.k_pos);
   execute("attention", flops, fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o),
           {q.rows(), k.rows(), a.n_heads, a.head_dim}, [&] { k_attention(o, q, k, v, a, lse); }, q.dtype());
+  m_attention_runs.clear();
 }
 
 void Backend::attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2,

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -18,6 +19,16 @@
 #include "core/dtype.h"
 
 namespace ss {
+
+// A run of an attention call's queries at consecutive increasing positions,
+// with the keys visible to its last query and its visible (query, key) pairs.
+// The cpu kernel tiles each run apart (zigzag's two chunks are two causal
+// blocks, each with a diagonal of its own), so the simulator costs a call run
+// by run from the times calibrate measured for contiguous causal blocks.
+struct AttentionRun {
+  int64_t queries = 0, keys = 0;
+  double pairs = 0;
+};
 
 struct AttentionArgs {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
@@ -292,9 +303,14 @@ class Backend {
   virtual void k_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
                        const Tensor& v, const AdamWArgs& a);
 
+  // Inside execute("attention", ...) of a backend without data: the call's
+  // query runs, for the simulator's cost; empty elsewhere.
+  std::span<const AttentionRun> attention_runs() const { return m_attention_runs; }
+
  private:
   Allocator& m_alloc;
   Recorder& m_rec;
+  std::vector<AttentionRun> m_attention_runs;
 };
 
 }  // namespace ss

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -30,5 +31,10 @@ inline double fbytes(const Tensor& t) { return t.defined() ? double(t.nbytes()) 
 // taken run against run in closed form; a list of many short runs falls back
 // to sorting the keys. Exact: the same integer either way.
 double visible_pairs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos);
+
+// An attention call's query runs (AttentionRun, core/backend.h). Empty past
+// `limit` runs.
+std::vector<AttentionRun> attention_runs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos,
+                                         size_t limit = 64);
 
 }  // namespace ss::detail

@@ -218,11 +218,17 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
     const nlohmann::json prof = calibrate_machine(calib_log, D, copt);
     std::ofstream(base + ".json") << prof.dump(2);
     const auto& c = prof["device"].value("contention", nlohmann::json::object());
-    std::snprintf(line, sizeof line, "(D = %d: contention measured %.0f%% compute, %.0f%% comm)\n", D,
-                  100 * c.value("compute", 0.0), 100 * c.value("comm", 0.0));
+    std::snprintf(line, sizeof line, "(D = %d: contention measured %.0f%% compute, %.0f%% comm, hold %.0f us)\n", D,
+                  100 * c.value("compute", 0.0), 100 * c.value("comm", 0.0), c.value("hold_us", 0.0));
     out << line << std::flush;
+    std::string why;  // the last line a failed run wrote to stderr
     auto metrics = [&](const std::string& cmd) -> std::pair<double, double> {
-      if (std::system((cmd + " --events " + base + ".jsonl >/dev/null 2>&1").c_str()) != 0) return {NAN, NAN};
+      if (std::system((cmd + " --events " + base + ".jsonl >/dev/null 2>" + base + ".err").c_str()) != 0) {
+        std::ifstream err(base + ".err");
+        for (std::string l; std::getline(err, l);)
+          if (!l.empty()) why = l;
+        return {NAN, NAN};
+      }
       const auto st = proto::analyze(read_stream(base + ".jsonl"));
       auto m = [&](const char* n) { return st.metrics.count(n) ? st.metrics.at(n) : NAN; };
       return {m("ttft_ms"), m("decode_ms_per_token")};
@@ -237,7 +243,8 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
       }
       const auto [sa, sb] = metrics("'" + self_exe() + "' simulate --hardware '" + base + ".json'" + args(r));
       if (ttft.empty() || std::isnan(sa)) {
-        out << r.first << " D=" << D << ": the measured or simulated run failed\n";
+        out << r.first << " D=" << D << ": the " << (ttft.empty() ? "measured" : "simulated") << " run failed ("
+            << (why.empty() ? "no message" : why) << ")\n";
         ++failed;
         continue;
       }
@@ -259,10 +266,11 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
       out << line << std::flush;
     }
   }
-  for (auto ext : {".json", ".jsonl"}) std::filesystem::remove(base + ext);
+  for (auto ext : {".json", ".jsonl", ".err"}) std::filesystem::remove(base + ext);
   out << "error: simulated / measured median - 1; vs fast: simulated / fastest launch - 1. The profile's kernel "
-         "times were measured with every rank measuring at once; its contention figures slow the overlapped part of "
-         "each stream.\n";
+         "times were measured with every rank measuring at once, its collectives' on data from memory; its "
+         "contention figures hold a collective posted beside kernels until they wait (or the hold passes) and slow "
+         "the overlapped part of each stream after.\n";
   return failed ? 1 : 0;
 }
 
@@ -394,7 +402,7 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
         if (m > 0) err[k].push_back((p - m) / m);
       }
     }
-    // Collectives once more, as the alpha-beta model defines their time: from
+    // Collectives once more, as the cost model defines their time: from
     // the last participant's arrival to the last one's end. A rank's own span
     // also holds its wait for the others, which is the other ranks' compute.
     auto instances = [&](const std::vector<proto::Event>& ev) {
@@ -475,8 +483,8 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
   out << "median: of |simulated - measured| / measured per span; bias: the median signed error; median, grid: the same "
          "with the profile `calibrate` writes (GEMM times on its grid of weight shapes only; above: also this model's "
          "shapes). Comm spans per rank include waiting for the other ranks (their compute, and this host's load); "
-         "'after last arrival' is one value per collective, the time the alpha-beta model predicts. Goal: median "
-         "within 25% per op kind.\n";
+         "'after last arrival' is one value per collective, the time the cost model predicts (the calibrated "
+         "times at that size). Goal: median within 25% per op kind.\n";
   return end_to_end_check(o, out);
 }
 

@@ -282,7 +282,7 @@ json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t,
     for (int64_t M : ms) {
       Tensor x = be.alloc({M, K}, Category::Workspace, "x"), y = be.alloc({M, N}, Category::Workspace, "y");
       be.fill(x, 0.1f);
-      const int reps = M <= 2 ? 7 : 3;
+      const int reps = M <= 2 ? 15 : 3;
       const double t = median_span(
           rec, reps, 0.0,
           [&] {
@@ -399,10 +399,24 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
         const bool split = o == "all_gather" || o == "reduce_scatter" || o == "all_to_all";
         const int64_t per = std::max<int64_t>(1, bytes / 4 / (split ? n : 1));
         const int64_t total = split ? per * n : per;
-        Tensor a = be.alloc({split && o != "all_gather" ? total : per}, Category::CommBuffers, "a");
-        Tensor b = be.alloc({split && o != "reduce_scatter" ? total : per}, Category::CommBuffers, "b");
-        be.fill(a, 1.0f);
+        // Each call moves buffers of its own from a pool of twice the last-
+        // level cache, so its data comes from memory, as a run's weights and
+        // the activations of a whole layer ago do (a 4 MiB broadcast measured
+        // over one buffer, warm in the cache, took half the time the same
+        // broadcast of weights took in a tsp run).
+        const int64_t na = split && o != "all_gather" ? total : per, nb = split && o != "reduce_scatter" ? total : per;
+        const int pool = int(std::clamp<int64_t>(2 * l3_bytes() / (4 * (na + nb)), 1, 64));
+        std::vector<Tensor> as, bs;
+        for (int i = 0; i < pool; ++i) {
+          as.push_back(be.alloc({na}, Category::CommBuffers, "a"));
+          bs.push_back(be.alloc({nb}, Category::CommBuffers, "b"));
+          be.fill(as.back(), 1.0f);
+          be.fill(bs.back(), 0.0f);
+        }
+        int turn = 0;
         auto call = [&] {
+          const Tensor &a = as[size_t(turn % pool)], &b = bs[size_t(turn % pool)];
+          ++turn;
           if (o == "all_reduce") world.all_reduce(a);
           else if (o == "all_gather") world.all_gather(b, a);
           else if (o == "reduce_scatter") world.reduce_scatter(b, a);
@@ -662,13 +676,10 @@ namespace {
 
 // The core share of each measured step (calibrate_rank.cpp): the GEMM's CPU
 // time over the step's wall time less what the simulator charges for the
-// step's all-reduce (its cost model, with the alpha and beta fitted above),
-// so that a simulated run of the same steps takes their measured time.
-json core_share_of(const json& steps, int ranks, int cores, double alpha, double beta, std::ostream& log) {
+// step's all-reduce (its cost model, from the times measured above), so that
+// a simulated run of the same steps takes their measured time.
+json core_share_of(const json& steps, int ranks, int cores, const LinkProfile& link, std::ostream& log) {
   const double bytes = steps.value("sync_bytes", 0.0);
-  LinkProfile link;
-  link.latency = alpha;
-  link.bandwidth = beta;
   const double reduce_us = 1e6 * collective_seconds(link, "all_reduce", bytes, ranks).seconds;
   json kernel_us = json::array(), share = json::array();
   std::string text;
@@ -713,6 +724,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   // host; alpha-beta per collective. The link's own figures are all_reduce's.
   double alpha = 20e-6, beta = bw / 4;
   json colls = json::object();
+  LinkProfile measured;  // what the simulator will make of them
   if (ranks > 1) {
     const std::string cmd =
         mpirun_self_command(ranks, "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304,16777216 --iterations 100");
@@ -733,7 +745,20 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
     for (auto& [op, v] : pts) {
       std::sort(v.begin(), v.end());
       const auto [a, b] = fit_alpha_beta(op, ranks, v);
-      colls[op] = {{"latency_us", a * 1e6}, {"bandwidth_gbps", b * 1e-9}};
+      json sizes = json::array(), us = json::array();
+      for (auto& [bytes, t] : v) {
+        sizes.push_back(bytes);
+        us.push_back(round_us(t));
+      }
+      colls[op] = {{"latency_us", a * 1e6}, {"bandwidth_gbps", b * 1e-9}, {"ranks", ranks}, {"bytes", sizes}, {"us", us}};
+      CollectiveFit& f = measured.collectives[op];
+      f.latency = a;
+      f.bandwidth = b;
+      f.ranks = ranks;
+      for (auto& [bytes, t] : v) {
+        f.bytes.push_back(bytes);
+        f.seconds.push_back(t);
+      }
       log << "  mpi " << op << " over " << ranks << " ranks: alpha " << a * 1e6 << " us, beta " << b * 1e-9
           << " GB/s (";
       for (size_t i = 0; i < v.size(); ++i) log << (i ? ", " : "") << v[i].first << " B " << v[i].second * 1e6 << " us";
@@ -744,18 +769,19 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
     log << "  (collectives)" << since(started);
   }
 
-  if (device.contains("core_steps")) device["core_share"] = core_share_of(device["core_steps"], ranks, cores, alpha, beta, log);
+  if (device.contains("core_steps")) device["core_share"] = core_share_of(device["core_steps"], ranks, cores, measured, log);
   device.erase("core_steps");
 
   const std::string src_note = calibration_source(threads);
   json link = {{"name", "MPI shared memory"}, {"bandwidth_gbps", beta * 1e-9}, {"latency_us", alpha * 1e6},
                {"source", src_note + "; latency and bandwidth: all_reduce's"}};
   if (!colls.empty()) {
-    colls["note"] = "alpha (latency_us, per step) and beta (bandwidth_gbps) fitted (least squares on the relative "
-                    "error) to each collective's median time through the engine's communicator, from the last "
-                    "rank's start to the last rank's end, each call after a sweep of the private caches, over "
-                    "message sizes 64 B - 16 MiB, for the cost model's formula of that collective at " +
-                    std::to_string(ranks) + " ranks";
+    colls["note"] = "us: each collective's median time at `bytes` through the engine's communicator, from the "
+                    "last rank's start to the last rank's end, each call after a sweep of the private caches and on "
+                    "buffers of its own from a pool of twice the last-level cache (data from memory); the "
+                    "simulator interpolates them at " + std::to_string(ranks) + " ranks. alpha (latency_us, per "
+                    "step) and beta (bandwidth_gbps): fitted to them (least squares on the relative error) for the "
+                    "cost model's formula of that collective, for other rank counts";
     link["collectives"] = colls;
   }
   json network = link;

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -51,7 +52,41 @@ double median_of(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, std::ostream& log) {
+// How long a collective posted beside running kernels waits for the core
+// (device.contention.hold_us): the comm thread, busy just before with a chain
+// of ring steps as in a tsp step, is woken by a post of a small all-reduce
+// while a GEMM of about 12 ms runs; from the post to the start of the MPI
+// call, the mean of 15. Measured here (2 ranks on 2 cores) the thread ran at
+// once in about a third of the trials and otherwise after 2-5 ms, the
+// scheduler's slice: whether the woken thread preempts depends on how much
+// of the core it had lately, so the mean is the expected wait. (A thread
+// idle for long before the post ran at once every time, but in a run the
+// comm thread is seldom idle for long.)
+double measure_hold(MpiCommunicator& world, CpuBackend& be, Recorder& rec, const std::function<double()>& gemm,
+                    const std::function<void()>& chain, std::ostream& log) {
+  Tensor tiny = be.alloc({16}, Category::CommBuffers, "hold");
+  be.fill(tiny, 1.0f);
+  std::vector<double> holds;
+  for (int i = 0; i < 15; ++i) {
+    world.barrier();
+    chain();
+    rec.clear();
+    const int64_t posted = rec.now();
+    Request r = world.iall_reduce(tiny);
+    gemm();
+    r->wait();
+    for (auto& s : rec.take_spans())
+      if (s.stream == "comm" && s.op == "all_reduce") holds.push_back(double(std::max<int64_t>(0, s.t0 - posted)) * 1e-9);
+  }
+  double hold = 0;
+  for (double h : holds) hold += h / double(holds.size());
+  const auto at_once = std::count_if(holds.begin(), holds.end(), [](double h) { return h < 100e-6; });
+  log << "  hold: a collective posted beside a GEMM starts " << std::lround(hold * 1e6) << " us later (mean of "
+      << holds.size() << "; " << at_once << " started within 0.1 ms)\n";
+  return hold;
+}
+
+json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, bool own_cores, std::ostream& log) {
   const int n = world.size(), me = world.rank();
   // A prefill-sized GEMM (tens of ms on one thread) and ring steps of 4 MiB.
   Tensor x = be.alloc({256, 1024}, Category::Workspace, "x"), w = be.alloc({2048, 1024}, Category::Workspace, "w");
@@ -125,6 +160,12 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, s
     const double start = double(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count());
     chain_beside.push_back(std::max(0.0, end - start) * 1e-9);
   }
+  // Where each rank has cores of its own, its two threads share them as the
+  // hold describes; with more ranks than cores, core_share does instead.
+  const double hold = own_cores ? measure_hold(world, be, rec, gemm, [&] {
+    auto reqs = post(8);
+    wait_all(reqs);
+  }, log) : 0.0;
   const double compute = std::max(0.0, median_of(beside) / median_of(alone) - 1);
   const double comm = std::max(0.0, median_of(chain_beside) / median_of(chain_alone) - 1);
   char line[300];
@@ -134,12 +175,19 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, s
                 median_of(alone) * 1e3, median_of(beside) * 1e3, steps, 100 * compute, median_of(chain_alone) * 1e3,
                 median_of(chain_beside) * 1e3, 100 * comm);
   log << line;
-  return {{"compute", compute},
+  json out = {{"compute", compute},
           {"comm", comm},
           {"source", calibration_source(1) + ", " + std::to_string(n) + " ranks"},
           {"note", "slowdown of a rank's kernels while its comm stream has a collective in flight (compute), and "
                    "of its collectives while its kernels run (comm): a 256x2048x1024 GEMM beside a chain of 4 MiB "
                    "ring sendrecvs on every rank at once, against each alone (medians of 9)"}};
+  if (own_cores) {
+    out["hold_us"] = hold * 1e6;
+    out["note"] = out["note"].get<std::string>() +
+                  "; hold_us: from the post of a small all-reduce, the comm thread just busy with 8 ring steps, to "
+                  "its start while a GEMM runs (mean of 15)";
+  }
+  return out;
 }
 
 // With more ranks than cores, how the ranks share the cores while they work
@@ -261,7 +309,7 @@ int calibrate_rank(const CalibrateOptions& given) {
     Allocator alloc;
     CpuBackend be(alloc, rec);
     std::ostringstream log;
-    const json contention = measure_contention(world, be, rec, log);
+    const json contention = measure_contention(world, be, rec, ranks <= cores, log);
     const json steps = ranks > cores ? measure_core_steps(world, be, cores, log) : json();
     if (me == 0) {
       device["contention"] = contention;

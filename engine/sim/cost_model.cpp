@@ -44,7 +44,7 @@ double attention_pairs(double tq, double tk) { return tq <= tk ? tq * tk - tq * 
 }  // namespace
 
 double kernel_seconds(const HardwareProfile& hw, const std::string& op, double flops, double bytes,
-                      const std::vector<int64_t>& dims, DType dtype) {
+                      const std::vector<int64_t>& dims, DType dtype, std::span<const AttentionRun> runs) {
   // Measured times (a calibrated profile): the kernel's own spans at these
   // sizes, which hold its per-call overhead and its achieved rates. They were
   // measured in fp32; other dtypes take the roofline at their own rates.
@@ -56,9 +56,16 @@ double kernel_seconds(const HardwareProfile& hw, const std::string& op, double f
   if (measured && op == "attention" && !hw.attention_times.empty() && dims.size() == 4 && flops > 0) {
     // Scaled by FLOPs from the measured heads and mask to this call's.
     const AttentionTimes& a = hw.attention_times;
-    const double tq = double(dims[0]), tk = double(dims[1]);
-    const double measured_flops = attention_pairs(tq, tk) * a.heads * 4.0 * a.head_dim;
-    return a.grid.at(tq, tk) * flops / measured_flops;
+    auto block = [&](double tq, double tk, double block_flops) {
+      return a.grid.at(tq, tk) * block_flops / (attention_pairs(tq, tk) * a.heads * 4.0 * a.head_dim);
+    };
+    double pairs = 0;
+    for (const AttentionRun& r : runs) pairs += r.pairs;
+    if (runs.empty() || !(pairs > 0)) return block(double(dims[0]), double(dims[1]), flops);
+    double t = 0;
+    for (const AttentionRun& r : runs)
+      if (r.pairs > 0) t += block(double(r.queries), double(r.keys), flops * r.pairs / pairs);
+    return t;
   }
   if (auto it = hw.kernel_times.find(op); measured && it != hw.kernel_times.end() && !dims.empty() && dims.size() <= 2) {
     // Rows and columns as the span's dims give them (a 1-D op is one row).
@@ -92,6 +99,7 @@ CollectiveCost collective_seconds(const LinkProfile& l, const std::string& op, d
   // Alpha and beta measured for this collective when the profile has them.
   double a = l.latency, b = l.bandwidth;
   if (auto it = l.collectives.find(op); it != l.collectives.end()) {
+    if (it->second.ranks == n && !it->second.seconds.empty()) return {it->second.at(S), "measured"};
     a = it->second.latency;
     b = it->second.bandwidth;
   }

@@ -9,17 +9,23 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "sim/hardware.h"
 
 namespace ss {
 
 // Seconds for one kernel (op names as in Backend spans) whose arithmetic runs
 // in `dtype` (the matmul rate of that dtype for GEMM-shaped kernels).
+// An attention call with measured attention times is costed run by run when
+// `runs` holds its query runs (core/backend.h), as one block of dims[0]
+// queries at the end of dims[1] keys otherwise.
 double kernel_seconds(const HardwareProfile& hw, const std::string& op, double flops, double bytes,
-                      const std::vector<int64_t>& dims, DType dtype = DType::F32);
+                      const std::vector<int64_t>& dims, DType dtype = DType::F32,
+                      std::span<const AttentionRun> runs = {});
 
 struct CollectiveCost {
   double seconds = 0;

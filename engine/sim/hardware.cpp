@@ -120,7 +120,18 @@ std::map<std::string, CollectiveFit> collectives(const json& link_json, const st
     if (op == "source" || op == "note") continue;
     const std::string q = p + "." + op + ".";
     if (!v.is_object()) throw UsageError(origin + ": field '" + p + "." + op + "' must be an object");
-    out[op] = {positive(v, q, "latency_us", origin) * 1e-6, positive(v, q, "bandwidth_gbps", origin) * 1e9};
+    CollectiveFit& f = out[op];
+    f.latency = positive(v, q, "latency_us", origin) * 1e-6;
+    f.bandwidth = positive(v, q, "bandwidth_gbps", origin) * 1e9;
+    if (v.contains("us")) {
+      f.ranks = int(positive(v, q, "ranks", origin));
+      f.bytes = numbers(v, q, "bytes", origin, true);
+      f.seconds = numbers(v, q, "us", origin, false);
+      if (f.seconds.size() != f.bytes.size() || f.bytes.size() < 2)
+        throw UsageError(origin + ": field '" + q + "us' must hold one time per entry of '" + q +
+                         "bytes', at least two");
+      for (double& t : f.seconds) t *= 1e-6;
+    }
   }
   return out;
 }
@@ -136,6 +147,15 @@ LinkProfile link(const json& j, const std::string& path, const std::string& orig
 }
 
 }  // namespace
+
+double CollectiveFit::at(double message_bytes) const {
+  if (message_bytes <= bytes.front()) return seconds.front();
+  size_t i = 0;
+  while (i + 2 < bytes.size() && message_bytes > bytes[i + 1]) ++i;
+  const double b0 = bytes[i], b1 = bytes[i + 1], t0 = seconds[i], t1 = seconds[i + 1];
+  if (message_bytes > b1) return t1 + std::max(0.0, (t1 - t0) / (b1 - b0)) * (message_bytes - b1);
+  return t0 * std::pow(message_bytes / b0, std::log(t1 / t0) / std::log(b1 / b0));
+}
 
 double TimeGrid::at(double xv, double yv) const {
   // One axis: the edge below, the last segment (slope >= 0) beyond, linear between.
@@ -215,13 +235,15 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
     // Slowdowns while the other stream is busy (calibrate_rank.cpp); 0 when absent.
     if (!it->is_object()) throw UsageError(origin + ": field 'device.contention' must be an object");
     require_source(*it, "device.contention.", origin);
-    for (auto [key, field] : {std::pair{"compute", &h.compute_contention}, {"comm", &h.comm_contention}}) {
+    for (auto [key, field] : {std::pair{"compute", &h.compute_contention}, {"comm", &h.comm_contention},
+                              {"hold_us", &h.contention_hold}}) {
       auto f = it->find(key);
       if (f == it->end()) continue;
       if (!f->is_number() || !(f->get<double>() >= 0) || !std::isfinite(f->get<double>()))
         throw UsageError(origin + ": field 'device.contention." + key + "' must be a number >= 0");
       *field = f->get<double>();
     }
+    h.contention_hold *= 1e-6;
   }
   if (auto it = d.find("core_share"); it != d.end()) {
     if (!it->is_object()) throw UsageError(origin + ": field 'device.core_share' must be an object");

@@ -11,11 +11,13 @@
 //       the median span of y[M,N] = x[M,K] w[N,K]^T, w not in any cache;
 //   device.attention_times    {"heads", "kv_heads", "head_dim", "tq": [..], "tk": [..], "us": [[..] per tq]}
 //       the median attention span, Tq queries at the last Tq of Tk key positions;
-//   device.contention          {"compute", "comm"} slowdowns of each stream beside the other;
+//   device.contention          {"compute", "comm"} slowdowns of each stream beside the other,
+//       "hold_us" how long either waits for the core the other holds;
 //   device.core_share          {"kernel_us": [..], "share": [..]} the part of a core a rank gets
 //       (more ranks than cores) over that much CPU time of kernels between collectives;
 //   node.link.collectives.<op> / network.collectives.<op>  {"latency_us", "bandwidth_gbps"}
-//       alpha and beta of <op> fitted to its measured times over message sizes.
+//       alpha and beta of <op> fitted to its measured times over message sizes,
+//       and optionally those times: "ranks", "bytes": [..], "us": [..].
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,13 @@ namespace ss {
 struct CollectiveFit {
   double latency = 0;    // seconds per step (alpha)
   double bandwidth = 0;  // bytes/s (beta)
+  // The times the fit came from (optional): at `ranks` ranks, seconds per
+  // message of `bytes` (increasing). For that many ranks the cost model
+  // interpolates them instead: two figures fitted over 64 B - 16 MiB miss
+  // the middle (a 1.5 MB broadcast on 4 ranks: 250 us fitted, 500 measured).
+  int ranks = 0;
+  std::vector<double> bytes, seconds;
+  double at(double message_bytes) const;  // log-log between the measured sizes, linear beyond the last
 };
 
 struct LinkProfile {
@@ -88,6 +97,13 @@ struct HardwareProfile {
   // kernel runs 1 + compute_contention times slower, and while kernels run a
   // collective 1 + comm_contention times slower. 0: the streams are independent.
   double compute_contention = 0, comm_contention = 0;
+  // How long a collective posted while the rank's kernels run waits for the
+  // core before its comm thread runs (and, the other way round, how long
+  // kernels woken while the comm thread still has work wait): the scheduler's
+  // slice, where the two threads share a core (calibrate, device.contention.
+  // hold_us). Meanwhile the collective makes no progress and the kernels run
+  // unslowed; past it, the slowdowns above. 0: the comm thread runs at once.
+  double contention_hold = 0;
   // The part of a core each rank gets (calibrate, for more ranks than cores:
   // its kernel times are then CPU times), measured at a few kernel lengths
   // (CPU seconds, increasing); empty: a whole core. See core_share_at.

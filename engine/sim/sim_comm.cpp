@@ -9,36 +9,20 @@
 namespace ss {
 namespace {
 
-// A collective from `start` (its last participant's arrival) taking `work`
-// ns alone. With comm contention its end moves later by the rank's kernels
-// that overlap it, known once the rank waits (kernels after the wait cannot).
+// A collective's completion on this rank: its end and the waits are the
+// rank's clock's to work out (sim/sim_clock.h).
 class SimRequest final : public CommRequest {
  public:
-  SimRequest(SimClock& clock, double arrive, double start, double work, double slowdown)
-      : m_clock(clock), m_arrive(arrive), m_start(start), m_work(work), m_slowdown(slowdown) {
-    if (m_slowdown > 0) m_clock.pending.insert(m_arrive);
+  SimRequest(SimClock& clock, SimClock::OpPtr op) : m_clock(clock), m_op(std::move(op)) {}
+  ~SimRequest() override {
+    if (!m_op->waited) m_clock.drop(m_op);
   }
-  ~SimRequest() override { release(); }
-  void wait() override {
-    const double end = this->end();
-    if (end > m_clock.compute_ns) m_clock.segment_cpu = 0;  // the rank stops here: its core goes to others
-    m_clock.compute_ns = std::max(m_clock.compute_ns, end);
-    m_clock.comm_ns = std::max(m_clock.comm_ns, end);
-    release();
-  }
-  bool done() override { return m_clock.compute_ns >= end(); }
+  void wait() override { m_clock.wait(m_op); }
+  bool done() override { return m_clock.done(m_op); }
 
  private:
-  double end() const {
-    return m_slowdown > 0 ? SimClock::stretched_end(m_start, m_work, m_clock.compute_busy, m_slowdown) : m_start + m_work;
-  }
-  void release() {
-    if (m_slowdown > 0 && !m_released) m_clock.pending.erase(m_clock.pending.find(m_arrive));
-    m_released = true;
-  }
   SimClock& m_clock;
-  double m_arrive, m_start, m_work, m_slowdown;
-  bool m_released = false;
+  SimClock::OpPtr m_op;
 };
 
 uint64_t mix(uint64_t a, uint64_t b) {
@@ -102,9 +86,7 @@ Request SimCommunicator::timed(const char* op, double payload, std::vector<int64
   // real communicators record it, so both streams agree on all but times.
   const double wire = std::string_view(op) == "recv" ? 0.0 : wire_bytes(op, payload, size());
   m_rec.span(StreamKind::Comm, op, int64_t(arrive), int64_t(end), 0, wire, std::move(dims), std::move(peers));
-  const HardwareProfile& hw = m_net.hardware();
-  if (hw.compute_contention > 0) SimClock::add_busy(m_clock.comm_busy, arrive, end);
-  return std::make_shared<SimRequest>(m_clock, arrive, start, end - start, hw.comm_contention);
+  return std::make_shared<SimRequest>(m_clock, m_clock.post(start, end - start));
 }
 
 Request SimCommunicator::iall_reduce(const Tensor& buf) {

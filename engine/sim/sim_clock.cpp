@@ -1,0 +1,143 @@
+#include "sim/sim_clock.h"
+
+#include <algorithm>
+
+namespace ss {
+
+double SimClock::stretched_end(double t0, double work_ns, const Intervals& busy, double slowdown) {
+  double t = t0, left = work_ns;
+  for (const auto& [a, b] : busy) {
+    if (b <= t) continue;
+    if (a > t) {
+      const double free = std::min(a - t, left);
+      t += free;
+      left -= free;
+      if (left <= 0) return t;
+    }
+    const double room = (b - t) / (1 + slowdown);  // progress possible inside [t, b)
+    if (left <= room) return t + left * (1 + slowdown);
+    t = b;
+    left -= room;
+  }
+  return t + left;
+}
+
+void SimClock::add_busy(Intervals& busy, double a, double b) {
+  if (!(b > a)) return;
+  auto it = std::lower_bound(busy.begin(), busy.end(), std::make_pair(a, a));
+  if (it != busy.begin() && std::prev(it)->second >= a) --it;
+  auto last = it;
+  while (last != busy.end() && last->first <= b) {
+    a = std::min(a, last->first);
+    b = std::max(b, last->second);
+    ++last;
+  }
+  it = busy.erase(it, last);
+  busy.insert(it, {a, b});
+}
+
+double SimClock::kernel(double work_ns) {
+  const double t0 = compute_ns;
+  if (!shares_core()) return compute_ns += work_ns;
+  prune();
+  compute_ns = compute_slowdown > 0 ? stretched_end(t0, work_ns, comm_busy(), compute_slowdown) : t0 + work_ns;
+  if (!m_ops.empty()) add_busy(m_compute_busy, t0, compute_ns);
+  return compute_ns;
+}
+
+SimClock::OpPtr SimClock::post(double start, double work) {
+  auto op = std::make_shared<Op>();
+  op->posted = compute_ns;
+  op->start = start;
+  op->work = work;
+  if (!shares_core()) {
+    op->end = start + work;
+    return op;
+  }
+  if (!m_ops.empty()) {
+    const Intervals busy = comm_busy();
+    op->follows = !busy.empty() && busy.back().second > compute_ns;
+  }
+  m_ops.push_back(op);
+  return op;
+}
+
+double SimClock::resolve(const Op* last, double now, bool store) {
+  double prev = m_last_end;
+  for (const OpPtr& p : m_ops) {
+    Op& op = *p;
+    double end = op.end;
+    if (end < 0) {
+      const double claim = op.follows ? prev : op.claim >= 0 ? op.claim : std::min(op.posted + hold_ns, now);
+      const double from = std::max({claim, prev, op.posted, op.start});
+      end = comm_slowdown > 0 ? stretched_end(from, op.work, m_compute_busy, comm_slowdown) : from + op.work;
+      if (store) op.end = end;
+    }
+    prev = end;
+    if (&op == last) break;
+  }
+  return prev;
+}
+
+void SimClock::wait(const OpPtr& op) {
+  if (!shares_core()) {
+    if (op->end > compute_ns) segment_cpu = 0;  // the rank stops here: its core goes to others
+    compute_ns = std::max(compute_ns, op->end);
+    comm_ns = std::max(comm_ns, op->end);
+    return;
+  }
+  const double now = compute_ns, end = op->end >= 0 ? op->end : resolve(op.get(), now, true);
+  op->waited = true;
+  if (end > now) {
+    segment_cpu = 0;
+    // The rank blocks: its comm thread has the core from now on for every
+    // collective it still holds.
+    for (const OpPtr& p : m_ops)
+      if (p->end < 0 && !p->follows && p->claim < 0) p->claim = std::min(p->posted + hold_ns, now);
+    compute_ns = end;
+    // Collectives the comm thread runs on after this one keep the core until
+    // they are done, or a slice later.
+    if (hold_ns > 0) {
+      auto it = std::find(m_ops.begin(), m_ops.end(), op);
+      if (it != m_ops.end() && ++it != m_ops.end()) {
+        double chain = end;
+        for (; it != m_ops.end(); ++it) chain = std::max(chain, (*it)->start) + (*it)->work;
+        compute_ns = std::min(end + hold_ns, chain);
+      }
+    }
+  }
+  comm_ns = std::max(comm_ns, end);
+  while (!m_ops.empty() && m_ops.front()->waited && m_ops.front()->end >= 0) {
+    m_last_end = std::max(m_last_end, m_ops.front()->end);
+    m_ops.pop_front();
+  }
+}
+
+bool SimClock::done(const OpPtr& op) {
+  if (!shares_core() || op->end >= 0) return compute_ns >= op->end;
+  return compute_ns >= resolve(op.get(), compute_ns, false);
+}
+
+SimClock::Intervals SimClock::comm_busy() const {
+  Intervals out;
+  double prev = m_last_end;
+  for (const OpPtr& p : m_ops) {
+    const Op& op = *p;
+    const double claim = op.follows ? prev : op.claim >= 0 ? op.claim : op.posted + hold_ns;
+    const double begin = std::max({claim, prev, op.posted});
+    const double end = op.end >= 0 ? op.end : std::max(begin, op.start) + op.work;
+    add_busy(out, begin, end);
+    prev = std::max(prev, end);
+  }
+  return out;
+}
+
+void SimClock::prune() {
+  // Kernels before the oldest collective still held can slow none of them.
+  const double before = m_ops.empty() ? compute_ns : m_ops.front()->posted;
+  auto it = m_compute_busy.begin();
+  while (it != m_compute_busy.end() && it->second <= before) ++it;
+  m_compute_busy.erase(m_compute_busy.begin(), it);
+}
+
+}  // namespace ss

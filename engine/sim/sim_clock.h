@@ -1,0 +1,91 @@
+// A simulated rank's two virtual streams, compute and comm, and how they share
+// the rank's core where a profile says they do (device.contention).
+//
+// On a cpu rank the comm stream is a thread beside the kernels' thread on the
+// same core. Measured on such a host (tsp on 2 ranks, kernels of 0.1-1 ms): a
+// collective posted while kernels run starts when they stop to wait, not
+// beside them, and kernels woken while the comm thread still has work start
+// when it is done: the thread that holds the core keeps it for about one
+// scheduler slice. Only past that do the two share the core, each slower
+// (prefill's GEMMs of tens of ms, beside which a ring step started 2.7-3.1 ms
+// after it was posted). So, per rank:
+//   - a collective's comm thread gets the core when the rank's kernels stop
+//     to wait, or `hold` after it was posted if they run on; a collective
+//     posted while the comm thread still has earlier ones follows them;
+//   - before then it makes no progress and the kernels run at full speed;
+//     after, kernels run 1 + compute_contention times slower while the comm
+//     thread holds collectives (waiting for peers included), and collectives
+//     progress 1 + comm_contention times slower while kernels run;
+//   - a wait that blocks ends at the collective's end; where the comm thread
+//     then has later collectives to run, kernels resume when those are done,
+//     or `hold` later.
+// With hold 0 this is the streams' plain overlap with those slowdowns.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace ss {
+
+struct SimClock {
+  double compute_ns = 0;
+  double comm_ns = 0;
+  // CPU seconds of kernels since this rank last stopped to wait for a
+  // collective: where ranks share cores, a segment of work between two waits
+  // takes segment_wall() of its length (sim/hardware.h).
+  double segment_cpu = 0;
+
+  // The contention figures (HardwareProfile), hold in ns. With all three 0
+  // the streams are independent and none of the bookkeeping below runs.
+  double compute_slowdown = 0, comm_slowdown = 0, hold_ns = 0;
+  bool shares_core() const { return compute_slowdown > 0 || comm_slowdown > 0 || hold_ns > 0; }
+
+  using Intervals = std::vector<std::pair<double, double>>;  // [start, end) in ns, ordered, disjoint
+
+  // A collective this rank posted: its post, its start (the last
+  // participant's arrival) and its time alone, in ns.
+  struct Op {
+    double posted = 0, start = 0, work = 0;
+    double claim = -1;     // when the comm thread got the core for it; < 0: not known yet
+    bool follows = false;  // posted while the comm thread still had an earlier one
+    double end = -1;       // < 0: not resolved yet
+    bool waited = false;
+  };
+  using OpPtr = std::shared_ptr<Op>;
+
+  // Kernel time: `work_ns` of a kernel that starts at compute_ns; returns its end.
+  double kernel(double work_ns);
+  // A collective posted now (compute_ns), starting at `start`, taking `work` alone.
+  OpPtr post(double start, double work);
+  // The end of `op` if the rank waited for it now; moves compute_ns there and
+  // past any hold when the wait blocks.
+  void wait(const OpPtr& op);
+  // Whether `op` has ended by compute_ns.
+  bool done(const OpPtr& op);
+  // A request dropped without a wait: it still runs on the comm thread.
+  void drop(const OpPtr& op) { op->waited = true; }
+
+  // When `work_ns` of progress begun at `t0` ends, if it runs 1 + slowdown
+  // times slower inside `busy`.
+  static double stretched_end(double t0, double work_ns, const Intervals& busy, double slowdown);
+  // Adds [a, b), merged with the intervals it touches.
+  static void add_busy(Intervals& busy, double a, double b);
+
+ private:
+  // Ends of the ops up to and including `last` (FIFO on the comm thread),
+  // taking a claim not yet known as min(posted + hold, now); stores them when
+  // `store`. Returns last's end.
+  double resolve(const Op* last, double now, bool store);
+  // Where the comm thread holds the core (collectives posted, claimed, not
+  // yet ended by their estimate alone): what slows kernels.
+  Intervals comm_busy() const;
+  void prune();
+
+  std::deque<OpPtr> m_ops;   // posted and not yet resolved-and-waited, in posting order
+  Intervals m_compute_busy;  // kernels since the oldest op in m_ops was posted
+  double m_last_end = 0;     // the end of the last op that left m_ops
+};
+
+}  // namespace ss
