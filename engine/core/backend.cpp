@@ -193,10 +193,13 @@ void Backend::attention(const Tensor& o, const Tensor& q, const Tensor& k, const
   require(!lse.defined() || (lse.is_contiguous() && lse.numel() == q.rows() * a.n_heads), "attention", "lse shape");
   // FLOPs of the visible (query, key) pairs: QK^T and PV, 2*head_dim each.
   const double flops = visible_pairs(a.q_pos, a.k_pos) * a.n_heads * 4.0 * a.head_dim;
+  struct Runs {  // set for this call only, even when execute throws
+    std::vector<AttentionRun>& runs;
+    ~Runs() { runs.clear(); }
+  } scope{m_attention_runs};
   if (!has_data()) m_attention_runs = detail::attention_runs(a.q_pos, a.k_pos);
   execute("attention", flops, fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o),
           {q.rows(), k.rows(), a.n_heads, a.head_dim}, [&] { k_attention(o, q, k, v, a, lse); }, q.dtype());
-  m_attention_runs.clear();
 }
 
 void Backend::attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o2, const Tensor& lse2,

@@ -14,21 +14,12 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/attention_run.h"
 #include "core/tensor.h"
 #include "core/trace.h"
 #include "core/dtype.h"
 
 namespace ss {
-
-// A run of an attention call's queries at consecutive increasing positions,
-// with the keys visible to its last query and its visible (query, key) pairs.
-// The cpu kernel tiles each run apart (zigzag's two chunks are two causal
-// blocks, each with a diagonal of its own), so the simulator costs a call run
-// by run from the times calibrate measured for contiguous causal blocks.
-struct AttentionRun {
-  int64_t queries = 0, keys = 0;
-  double pairs = 0;
-};
 
 struct AttentionArgs {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/attention_run.h"
 #include "core/tensor.h"
 
 namespace ss::detail {
@@ -32,7 +33,7 @@ inline double fbytes(const Tensor& t) { return t.defined() ? double(t.nbytes()) 
 // to sorting the keys. Exact: the same integer either way.
 double visible_pairs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos);
 
-// An attention call's query runs (AttentionRun, core/backend.h). Empty past
+// An attention call's query runs (core/attention_run.h). Empty past
 // `limit` runs.
 std::vector<AttentionRun> attention_runs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos,
                                          size_t limit = 64);

@@ -223,6 +223,7 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
     out << line << std::flush;
     std::string why;  // the last line a failed run wrote to stderr
     auto metrics = [&](const std::string& cmd) -> std::pair<double, double> {
+      why.clear();
       if (std::system((cmd + " --events " + base + ".jsonl >/dev/null 2>" + base + ".err").c_str()) != 0) {
         std::ifstream err(base + ".err");
         for (std::string l; std::getline(err, l);)
@@ -241,10 +242,12 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
         ttft.push_back(a);
         tok.push_back(b);
       }
+      const std::string launch_why = why;
       const auto [sa, sb] = metrics("'" + self_exe() + "' simulate --hardware '" + base + ".json'" + args(r));
       if (ttft.empty() || std::isnan(sa)) {
+        const std::string& w = ttft.empty() ? launch_why : why;
         out << r.first << " D=" << D << ": the " << (ttft.empty() ? "measured" : "simulated") << " run failed ("
-            << (why.empty() ? "no message" : why) << ")\n";
+            << (w.empty() ? "no message" : w) << ")\n";
         ++failed;
         continue;
       }

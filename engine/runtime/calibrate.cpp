@@ -745,19 +745,20 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
     for (auto& [op, v] : pts) {
       std::sort(v.begin(), v.end());
       const auto [a, b] = fit_alpha_beta(op, ranks, v);
-      json sizes = json::array(), us = json::array();
-      for (auto& [bytes, t] : v) {
-        sizes.push_back(bytes);
-        us.push_back(round_us(t));
-      }
-      colls[op] = {{"latency_us", a * 1e6}, {"bandwidth_gbps", b * 1e-9}, {"ranks", ranks}, {"bytes", sizes}, {"us", us}};
+      colls[op] = {{"latency_us", a * 1e6}, {"bandwidth_gbps", b * 1e-9}};
       CollectiveFit& f = measured.collectives[op];
       f.latency = a;
       f.bandwidth = b;
-      f.ranks = ranks;
-      for (auto& [bytes, t] : v) {
-        f.bytes.push_back(bytes);
-        f.seconds.push_back(t);
+      if (v.size() >= 2) {  // the times themselves, for the simulator to interpolate
+        json sizes = json::array(), us = json::array();
+        for (auto& [bytes, t] : v) {
+          sizes.push_back(bytes);
+          us.push_back(round_us(std::max(t, 1e-8)));
+          f.bytes.push_back(bytes);
+          f.seconds.push_back(std::max(t, 1e-8));
+        }
+        colls[op].update({{"ranks", ranks}, {"bytes", sizes}, {"us", us}});
+        f.ranks = ranks;
       }
       log << "  mpi " << op << " over " << ranks << " ranks: alpha " << a * 1e6 << " us, beta " << b * 1e-9
           << " GB/s (";
@@ -766,6 +767,8 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
       if (op == "all_reduce") alpha = a, beta = b;
     }
     if (!colls.contains("all_reduce")) log << "  mpi: no measurement came back; the link keeps assumed figures\n";
+    measured.latency = alpha;
+    measured.bandwidth = beta;
     log << "  (collectives)" << since(started);
   }
 

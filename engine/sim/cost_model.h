@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
+#include "core/attention_run.h"
 #include "sim/hardware.h"
 
 namespace ss {

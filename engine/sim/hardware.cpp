@@ -123,8 +123,11 @@ std::map<std::string, CollectiveFit> collectives(const json& link_json, const st
     CollectiveFit& f = out[op];
     f.latency = positive(v, q, "latency_us", origin) * 1e-6;
     f.bandwidth = positive(v, q, "bandwidth_gbps", origin) * 1e9;
-    if (v.contains("us")) {
-      f.ranks = int(positive(v, q, "ranks", origin));
+    if (v.contains("us") || v.contains("bytes") || v.contains("ranks")) {
+      const double ranks = positive(v, q, "ranks", origin);
+      if (ranks != std::floor(ranks) || ranks > 1 << 20)
+        throw UsageError(origin + ": field '" + q + "ranks' must be a whole number of ranks");
+      f.ranks = int(ranks);
       f.bytes = numbers(v, q, "bytes", origin, true);
       f.seconds = numbers(v, q, "us", origin, false);
       if (f.seconds.size() != f.bytes.size() || f.bytes.size() < 2)

@@ -40,7 +40,9 @@ struct CollectiveFit {
   // the middle (a 1.5 MB broadcast on 4 ranks: 250 us fitted, 500 measured).
   int ranks = 0;
   std::vector<double> bytes, seconds;
-  double at(double message_bytes) const;  // log-log between the measured sizes, linear beyond the last
+  // Log-log between the measured sizes, the last segment's slope beyond the
+  // largest, the smallest size's time below it.
+  double at(double message_bytes) const;
 };
 
 struct LinkProfile {

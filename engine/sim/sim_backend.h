@@ -22,7 +22,8 @@ class SimBackend final : public MetaBackend {
  protected:
   void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
                const std::function<void()>&, DType dtype) override {
-    const double cpu = kernel_seconds(m_hw, op, flops, bytes, dims, dtype, attention_runs()), s0 = m_clock.segment_cpu;
+    const double cpu = kernel_seconds(m_hw, op, flops, bytes, dims, dtype, attention_runs());
+    const double s0 = m_clock.segment_cpu;
     m_clock.segment_cpu += cpu;
     const double wall =
         m_hw.core_share.empty() ? cpu : std::max(cpu, segment_wall(m_hw, s0 + cpu) - segment_wall(m_hw, s0));

@@ -54,11 +54,8 @@ SimClock::OpPtr SimClock::post(double start, double work) {
     op->end = start + work;
     return op;
   }
-  if (!m_ops.empty()) {
-    const Intervals busy = comm_busy();
-    op->follows = !busy.empty() && busy.back().second > compute_ns;
-  }
   m_ops.push_back(op);
+  m_busy_stale = true;
   return op;
 }
 
@@ -68,10 +65,13 @@ double SimClock::resolve(const Op* last, double now, bool store) {
     Op& op = *p;
     double end = op.end;
     if (end < 0) {
-      const double claim = op.follows ? prev : op.claim >= 0 ? op.claim : std::min(op.posted + hold_ns, now);
+      const double claim = claim_of(op, prev, std::min(op.posted + hold_ns, now));
       const double from = std::max({claim, prev, op.posted, op.start});
       end = comm_slowdown > 0 ? stretched_end(from, op.work, m_compute_busy, comm_slowdown) : from + op.work;
-      if (store) op.end = end;
+      if (store) {
+        op.end = end;
+        m_busy_stale = true;
+      }
     }
     prev = end;
     if (&op == last) break;
@@ -93,7 +93,8 @@ void SimClock::wait(const OpPtr& op) {
     // The rank blocks: its comm thread has the core from now on for every
     // collective it still holds.
     for (const OpPtr& p : m_ops)
-      if (p->end < 0 && !p->follows && p->claim < 0) p->claim = std::min(p->posted + hold_ns, now);
+      if (p->end < 0 && p->claim < 0) p->claim = std::min(p->posted + hold_ns, now);
+    m_busy_stale = true;
     compute_ns = end;
     // Collectives the comm thread runs on after this one keep the core until
     // they are done, or a slice later.
@@ -110,6 +111,7 @@ void SimClock::wait(const OpPtr& op) {
   while (!m_ops.empty() && m_ops.front()->waited && m_ops.front()->end >= 0) {
     m_last_end = std::max(m_last_end, m_ops.front()->end);
     m_ops.pop_front();
+    m_busy_stale = true;
   }
 }
 
@@ -118,18 +120,19 @@ bool SimClock::done(const OpPtr& op) {
   return compute_ns >= resolve(op.get(), compute_ns, false);
 }
 
-SimClock::Intervals SimClock::comm_busy() const {
-  Intervals out;
+const SimClock::Intervals& SimClock::comm_busy() {
+  if (!m_busy_stale) return m_busy;
+  m_busy.clear();
   double prev = m_last_end;
   for (const OpPtr& p : m_ops) {
     const Op& op = *p;
-    const double claim = op.follows ? prev : op.claim >= 0 ? op.claim : op.posted + hold_ns;
-    const double begin = std::max({claim, prev, op.posted});
+    const double begin = std::max({claim_of(op, prev, op.posted + hold_ns), prev, op.posted});
     const double end = op.end >= 0 ? op.end : std::max(begin, op.start) + op.work;
-    add_busy(out, begin, end);
+    add_busy(m_busy, begin, end);
     prev = std::max(prev, end);
   }
-  return out;
+  m_busy_stale = false;
+  return m_busy;
 }
 
 void SimClock::prune() {

@@ -20,6 +20,10 @@
 //     then has later collectives to run, kernels resume when those are done,
 //     or `hold` later.
 // With hold 0 this is the streams' plain overlap with those slowdowns.
+// All of it is the rank's own view: the collective's span in the event
+// stream, and the comm clock that orders the rank's next post, keep the
+// collective's time alone from its start (sim_comm.cpp), and a peer's end of
+// the same collective comes from the peer's own clock.
 #pragma once
 
 #include <deque>
@@ -48,9 +52,8 @@ struct SimClock {
   // participant's arrival) and its time alone, in ns.
   struct Op {
     double posted = 0, start = 0, work = 0;
-    double claim = -1;     // when the comm thread got the core for it; < 0: not known yet
-    bool follows = false;  // posted while the comm thread still had an earlier one
-    double end = -1;       // < 0: not resolved yet
+    double claim = -1;  // when the comm thread got the core for it; < 0: not known yet
+    double end = -1;    // < 0: not resolved yet
     bool waited = false;
   };
   using OpPtr = std::shared_ptr<Op>;
@@ -59,8 +62,8 @@ struct SimClock {
   double kernel(double work_ns);
   // A collective posted now (compute_ns), starting at `start`, taking `work` alone.
   OpPtr post(double start, double work);
-  // The end of `op` if the rank waited for it now; moves compute_ns there and
-  // past any hold when the wait blocks.
+  // The rank waits for `op` now: compute_ns moves to its end when that is
+  // later (and on past any hold, see above).
   void wait(const OpPtr& op);
   // Whether `op` has ended by compute_ns.
   bool done(const OpPtr& op);
@@ -78,14 +81,22 @@ struct SimClock {
   // taking a claim not yet known as min(posted + hold, now); stores them when
   // `store`. Returns last's end.
   double resolve(const Op* last, double now, bool store);
+  // When the comm thread gets the core for `op`: at once if it is still busy
+  // with earlier ones (`prev`, their end), else its claim, or as `unknown`.
+  double claim_of(const Op& op, double prev, double unknown) const {
+    return prev > op.posted ? prev : op.claim >= 0 ? op.claim : unknown;
+  }
   // Where the comm thread holds the core (collectives posted, claimed, not
-  // yet ended by their estimate alone): what slows kernels.
-  Intervals comm_busy() const;
+  // yet ended by their estimate alone): what slows kernels. Cached until the
+  // ops change.
+  const Intervals& comm_busy();
   void prune();
 
   std::deque<OpPtr> m_ops;   // posted and not yet resolved-and-waited, in posting order
   Intervals m_compute_busy;  // kernels since the oldest op in m_ops was posted
   double m_last_end = 0;     // the end of the last op that left m_ops
+  Intervals m_busy;          // comm_busy(), valid unless m_busy_stale
+  bool m_busy_stale = true;
 };
 
 }  // namespace ss
