@@ -191,13 +191,18 @@ void Backend::attention(const Tensor& o, const Tensor& q, const Tensor& k, const
               v.rows() == k.rows() && int64_t(a.q_pos.size()) == q.rows() && int64_t(a.k_pos.size()) == k.rows(),
           "attention", "shape mismatch");
   require(!lse.defined() || (lse.is_contiguous() && lse.numel() == q.rows() * a.n_heads), "attention", "lse shape");
-  // FLOPs of the visible (query, key) pairs: QK^T and PV, 2*head_dim each.
-  const double flops = visible_pairs(a.q_pos, a.k_pos) * a.n_heads * 4.0 * a.head_dim;
   struct Runs {  // set for this call only, even when execute throws
     std::vector<AttentionRun>& runs;
     ~Runs() { runs.clear(); }
   } scope{m_attention_runs};
+  // The visible (query, key) pairs: for a backend without data, the sum of
+  // its query runs' (the simulator costs the call by them).
+  double pairs = 0;
   if (!has_data()) m_attention_runs = detail::attention_runs(a.q_pos, a.k_pos);
+  for (const AttentionRun& r : m_attention_runs) pairs += r.pairs;
+  if (m_attention_runs.empty()) pairs = visible_pairs(a.q_pos, a.k_pos);
+  // FLOPs: QK^T and PV, 2*head_dim each per pair.
+  const double flops = pairs * a.n_heads * 4.0 * a.head_dim;
   execute("attention", flops, fbytes(q) + fbytes(k) + fbytes(v) + fbytes(o),
           {q.rows(), k.rows(), a.n_heads, a.head_dim}, [&] { k_attention(o, q, k, v, a, lse); }, q.dtype());
 }
