@@ -12,6 +12,7 @@
 
 #include "engine_process.h"
 #include "protocol/events.h"
+#include "runtime/calibrate.h"
 #include "sim/cost_model.h"
 #include "sim/sim_backend.h"
 #include "sim_profiles.h"
@@ -309,6 +310,35 @@ class TestSimCosts : public QObject {
     QVERIFY(segments > 4);
   }
 
+  // calibrate measures its grids in passes and keeps each entry's median, so
+  // a pass slowed by a burst of load from elsewhere moves no entry, and the
+  // shapes stay the integers they were.
+  void medianOfPasses() {
+    const json a = {{"rows", {1, 8}}, {"us", {{10.0, 20.0}, {30.0, 40.0}}}, {"source", "pass a"}};
+    json b = a, c = a;
+    b["us"][0][1] = 29.0;  // slowed
+    c["us"][0][1] = 21.0;
+    b["us"][1][0] = 60.0;
+    c["us"][1][0] = 31.0;
+    b["source"] = "pass b";
+    const json m = ss::median_of_passes({a, b, c});
+    QCOMPARE(m["us"][0][0].get<double>(), 10.0);
+    QCOMPARE(m["us"][0][1].get<double>(), 21.0);
+    QCOMPARE(m["us"][1][0].get<double>(), 31.0);
+    QCOMPARE(m["us"][1][1].get<double>(), 40.0);
+    QVERIFY(m["rows"][1].is_number_integer());
+    QCOMPARE(m["rows"][1].get<int>(), 8);
+    QCOMPARE(m["source"].get<std::string>(), std::string("pass a"));
+    // gemm_times' layout: a list of shapes, each with its times.
+    const json g1 = json::array({{{"n", 1024}, {"k", 1024}, {"m", {1, 2}}, {"us", {200.0, 210.0}}}});
+    json g2 = g1, g3 = g1;
+    g2[0]["us"] = {270.0, 280.0};
+    g3[0]["us"] = {205.0, 190.0};
+    const json gm = ss::median_of_passes({g1, g2, g3});
+    QCOMPARE(gm[0]["us"][0].get<double>(), 205.0);
+    QCOMPARE(gm[0]["us"][1].get<double>(), 210.0);
+    QCOMPARE(gm[0]["m"], g1[0]["m"]);
+  }
 };
 
 QTEST_GUILESS_MAIN(TestSimCosts)

@@ -410,13 +410,14 @@ int main(int argc, char** argv) {
   calibrate->add_option("--out", calib_out, "profile file to write")->capture_default_str();
   calibrate->add_option("--ranks", calib_ranks, "ranks per run the profile is for (threads = cores / ranks)")
       ->capture_default_str();
-  std::string calib_for, calib_backend = "cpu";
+  std::vector<std::string> calib_for;
+  std::string calib_backend = "cpu";
   bool calib_quick = false;
   calibrate->add_option("--backend", calib_backend, "cpu (this machine's cores) or cuda (its GPU)")->capture_default_str();
   calibrate->add_flag("--quick", calib_quick, "--backend cuda: small sizes (a smoke test)");
   calibrate->add_option("--for", calib_for,
                         "also measure the GEMM shapes of this run, e.g. --for '--model small-llama --strategy tp "
-                        "--devices 2 --prompt-len 512 --decode 8'");
+                        "--devices 2 --prompt-len 512 --decode 8' (repeat it for several runs)");
 
   auto* calib_rank = app.add_subcommand("calibrate-rank", "(internal) one rank of calibrate --ranks N");
   calib_rank->group("");
@@ -552,7 +553,8 @@ int main(int argc, char** argv) {
         ss::write_profile(ss::calibrate_cuda(calib_backend, calib_quick, std::cout), calib_out, std::cout);
         return 0;
       }
-      if (!calib_for.empty()) options.gemm_shapes = ss::gemm_shapes_of(calib_for);
+      for (const std::string& run : calib_for)
+        for (const auto& shape : ss::gemm_shapes_of(run)) options.gemm_shapes.push_back(shape);
       return ss::run_calibrate(calib_out, calib_ranks, std::cout, options);
     }
     if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);

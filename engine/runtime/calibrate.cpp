@@ -171,7 +171,7 @@ bool in_grid(int64_t N, int64_t K) {
 }
 
 // Elementwise kernels: the median span per (rows, cols) of the grid.
-json kernel_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostream& log) {
+json kernel_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep) {
   const std::vector<int64_t> rows = {1, 8, 64, 512}, cols = {64, 256, 1024, 4096};
   std::mt19937 rng(1);
   json out;
@@ -243,8 +243,6 @@ json kernel_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostream
       us.push_back(row);
     }
     out[op] = {{"rows", rows}, {"cols", cols}, {"us", us}};
-    log << "  " << op << ": " << us[0][0].get<double>() << " us at 1x" << cols[0] << ", "
-        << us.back().back().get<double>() << " us at " << rows.back() << "x" << cols.back() << "\n";
   }
   // argmax: one row.
   {
@@ -264,7 +262,7 @@ json kernel_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostream
 // a different place of a pool twice the last-level cache, so they come from
 // memory as a decode step's do (a model's weights exceed the caches).
 json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t, int64_t>, std::set<int64_t>>& shapes,
-                std::ostream& log, const std::function<void()>& before_each) {
+                const std::function<void()>& before_each) {
   int64_t largest = 0;
   for (auto& [nk, ms] : shapes) largest = std::max(largest, nk.first * nk.second);
   const int64_t pool_elems =
@@ -295,18 +293,12 @@ json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t,
     }
     out.push_back({{"n", N}, {"k", K}, {"m", m_list}, {"us", us}});
   }
-  log << "  gemm times: " << out.size() << " weight shapes, e.g.";
-  for (auto& s : out)
-    if (s["n"] == 1024 && s["k"] == 1024)
-      log << " 1x1024x1024 " << s["us"][0].get<double>() << " us, 256x1024x1024 " << s["us"].back().get<double>()
-          << " us";
-  log << "\n";
   return out;
 }
 
 // Attention spans on a grid of (queries, keys): queries at the last Tq of Tk
 // key positions (every key visible to every query when Tq > Tk).
-json attention_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostream& log) {
+json attention_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep) {
   const int H = 8, KV = 2, hd = 64;
   const std::vector<int64_t> tq = {1, 16, 128, 512}, tk = {128, 512, 2048};
   json us = json::array();
@@ -344,9 +336,23 @@ json attention_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep, std::ostr
     }
     us.push_back(row);
   }
-  log << "  attention: " << us[0][1].get<double>() << " us at 1 query x 512 keys, " << us.back()[1].get<double>()
-      << " us at 512 x 512 (causal)\n";
   return {{"heads", H}, {"kv_heads", KV}, {"head_dim", hd}, {"tq", tq}, {"tk", tk}, {"us", us}};
+}
+
+// Each grid is measured in kPasses passes, one after another, and each entry
+// keeps the median of its passes. On a shared host, load from elsewhere comes
+// in bursts of seconds: in one of three calibrations minutes apart the
+// attention grid came out 48% slower and the one-row GEMMs 20% slower, and a
+// run simulated on it 30% slower, where with passes a burst moves one pass.
+constexpr int kPasses = 3;
+
+void log_gemm_times(const json& shapes, std::ostream& log) {
+  log << "  gemm times: " << shapes.size() << " weight shapes, median of " << kPasses << " passes, e.g.";
+  for (auto& s : shapes)
+    if (s["n"] == 1024 && s["k"] == 1024)
+      log << " 1x1024x1024 " << s["us"][0].get<double>() << " us, 256x1024x1024 " << s["us"].back().get<double>()
+          << " us";
+  log << "\n";
 }
 
 // Alpha and beta of one collective from its times over sizes, for the cost
@@ -490,8 +496,9 @@ nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& sourc
           {"note", std::string("median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level "
                                "cache (weights not in any cache, as in decode)") +
                        (in_step ? "; every rank called the same GEMM at once (a barrier before each call), as the "
-                                  "ranks of a tensor-parallel step do"
-                                : "")},
+                                  "ranks of a tensor-parallel step do, and each entry is the slowest rank's median "
+                                  "(a step waits for it at its next collective); the median of " + std::to_string(kPasses) + " passes"
+                                : "; the median of " + std::to_string(kPasses) + " passes")},
           {"shapes", shapes}};
 }
 
@@ -512,7 +519,10 @@ nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateO
   Recorder rec;
   rec.set_mem_sampling(false);
   CpuBackend be(alloc, rec);
-  json shapes = gemm_times(be, rec, gemm_shape_set(options), log, before_each);
+  std::vector<json> passes;
+  for (int pass = 0; pass < kPasses; ++pass) passes.push_back(gemm_times(be, rec, gemm_shape_set(options), before_each));
+  json shapes = median_of_passes(passes);
+  log_gemm_times(shapes, log);
   log << "  (gemm times, every rank at once)" << since(started);
   return shapes;
 }
@@ -626,19 +636,29 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   rec.clear();
 
   // Measured kernel times: the spans the cpu backend records, by size.
-  json kernels, attention;
+  json kernels, attention, gemms;
   {
     CacheSweep sweep;
-    kernels = kernel_times(be, rec, sweep, log);
-    attention = attention_times(be, rec, sweep, log);
+    std::vector<json> k, a, g;
+    for (int pass = 0; pass < kPasses; ++pass) {
+      k.push_back(kernel_times(be, rec, sweep));
+      a.push_back(attention_times(be, rec, sweep));
+      if (!options.gemms_in_step) g.push_back(gemm_times(be, rec, gemm_shape_set(options), [] {}));
+      rec.clear();
+    }
+    kernels = median_of_passes(k);
+    attention = median_of_passes(a);
+    if (!g.empty()) gemms = median_of_passes(g);
   }
-  log << "  (kernel and attention grids)" << since(started);
-  json gemms;
-  if (!options.gemms_in_step) {
-    gemms = gemm_times(be, rec, gemm_shape_set(options), log, [] {});
-    rec.clear();
-    log << "  (gemm times)" << since(started);
-  }
+  for (auto& [op, t] : kernels.items())
+    log << "  " << op << ": " << t["us"][0][0].get<double>() << " us at 1x" << t["cols"][0].get<int64_t>() << ", "
+        << t["us"].back().back().get<double>() << " us at " << t["rows"].back().get<int64_t>() << "x"
+        << t["cols"].back().get<int64_t>() << "\n";
+  log << "  attention: " << attention["us"][0][1].get<double>() << " us at 1 query x 512 keys, "
+      << attention["us"].back()[1].get<double>() << " us at 512 x 512 (causal)\n";
+  if (!gemms.is_null()) log_gemm_times(gemms, log);
+  log << "  (kernel, attention" << (gemms.is_null() ? "" : " and gemm") << " grids, " << kPasses << " passes)"
+      << since(started);
 
   std::ifstream mi("/proc/meminfo");
   std::string key;
@@ -703,13 +723,31 @@ json core_share_of(const json& steps, int ranks, int cores, const LinkProfile& l
                          " cores"},
           {"note", "every rank runs a GEMM of 4, 32 or 256 rows x 1024 x 1024, then a " +
                        std::to_string(int64_t(bytes)) +
-                       " B all-reduce, repeatedly (median of 3 trials, means over ranks): the GEMM's thread CPU "
+                       " B all-reduce, repeatedly (median of 5 trials, means over ranks): the GEMM's thread CPU "
                        "time over the step's wall time less the fitted all_reduce time of that size; this "
                        "profile's kernel times are CPU times: the simulator charges a stretch of kernels between "
                        "two waits for a collective its CPU time over the share at that length"}};
 }
 
 }  // namespace
+
+nlohmann::json median_of_passes(const std::vector<nlohmann::json>& passes) {
+  if (passes.empty()) return nullptr;
+  const json& first = passes.front();
+  json out = first;
+  if (first.is_number_float()) {
+    std::vector<double> v;
+    for (const json& p : passes) v.push_back(p.get<double>());
+    out = median(v);
+  } else if (first.is_array() || first.is_object()) {
+    for (auto it = out.begin(); it != out.end(); ++it) {
+      std::vector<json> parts;
+      for (const json& p : passes) parts.push_back(first.is_array() ? p.at(size_t(it - out.begin())) : p.at(it.key()));
+      *it = median_of_passes(parts);
+    }
+  }
+  return out;
+}
 
 nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options) {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));

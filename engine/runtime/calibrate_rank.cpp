@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -44,6 +45,13 @@ using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
 struct LoadDone {};
+
+// Calls f on every measured time of a table (its numbers with a fraction), in order.
+void for_each_time(json& table, const std::function<void(json&)>& f) {
+  if (table.is_number_float()) f(table);
+  else if (table.is_array() || table.is_object())
+    for (auto& part : table) for_each_time(part, f);
+}
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -109,43 +117,46 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
   };
   constexpr int kReps = 9;
   std::vector<double> alone, beside, chain_alone, chain_beside;
-  for (int i = 0; i < kReps; ++i) {
-    world.barrier();
-    alone.push_back(gemm());
-  }
-  double step = 0;  // one ring step alone
+  double step = 0, probe = 0;  // one ring step alone; the GEMM alone
   {
-    std::vector<double> s;
-    for (int i = 0; i < kReps; ++i) {
+    std::vector<double> s, g;
+    for (int i = 0; i < 5; ++i) {
+      world.barrier();
+      g.push_back(gemm());
       world.barrier();
       const auto t0 = Clock::now();
       world.sendrecv(send, next, recv, prev);
       s.push_back(seconds_since(t0));
     }
     step = std::max(median_of(s), 1e-6);
+    probe = median_of(g);
   }
   // The chain lasts about twice the GEMM alone, so the GEMM overlaps it throughout.
   // (Rank 0's count on every rank: each posts the same chain.)
   Tensor count = be.alloc({1}, Category::CommBuffers, "steps");
-  be.fill(count, float(std::clamp(std::ceil(2 * median_of(alone) / step), 4.0, 512.0)));
+  be.fill(count, float(std::clamp(std::ceil(2 * probe / step), 4.0, 512.0)));
   world.broadcast(count, 0);
   float steps_f = 0;
   be.download(count, &steps_f);
   const int steps = int(steps_f);
+  // The four measurements in turn, kReps times, so that a burst of load from
+  // elsewhere on the host falls on one repetition of each, not on all of one.
   for (int i = 0; i < kReps; ++i) {
     world.barrier();
-    const auto t0 = Clock::now();
-    auto reqs = post(steps);
-    wait_all(reqs);
-    chain_alone.push_back(seconds_since(t0));
-  }
-  for (int i = 0; i < kReps; ++i) {
-    world.barrier();
-    auto reqs = post(steps);
-    beside.push_back(gemm());
-    wait_all(reqs);
-  }
-  for (int i = 0; i < kReps; ++i) {
+    alone.push_back(gemm());
+    {
+      world.barrier();
+      const auto t0 = Clock::now();
+      auto reqs = post(steps);
+      wait_all(reqs);
+      chain_alone.push_back(seconds_since(t0));
+    }
+    {
+      world.barrier();
+      auto reqs = post(steps);
+      beside.push_back(gemm());
+      wait_all(reqs);
+    }
     world.barrier();
     rec.clear();
     const auto t0 = Clock::now();
@@ -201,7 +212,7 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
 // and again. A rank that waits polls MPI on its share of a core, and the ranks
 // reach each collective as the scheduler's slices let them. Every rank runs
 // GEMMs of M rows, each followed by a 4 KiB all-reduce; per M, the median of
-// three trials of the GEMM's thread CPU time and the whole step's wall time
+// five trials of the GEMM's thread CPU time and the whole step's wall time
 // (means over ranks). calibrate_machine turns them into core shares once it
 // knows what the simulator charges for the all-reduce.
 json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::ostream& log) {
@@ -213,38 +224,52 @@ json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce", "calibrate");
     return v / n;
   };
-  json rows = json::array();
-  std::string text;
-  for (int64_t M : {4, 32, 256}) {  // GEMMs of about 0.15, 0.9 and 5.5 ms of CPU time here
-    Tensor x = be.alloc({M, 1024}, Category::Workspace, "x"), y = be.alloc({M, 1024}, Category::Workspace, "y");
-    be.fill(x, 0.01f);
-    auto steps = [&](int count) {  // (CPU seconds of the GEMMs, wall seconds), over `count` steps
-      double cpu = 0;
-      world.barrier();
-      const auto t0 = Clock::now();
-      for (int i = 0; i < count; ++i) {
-        const double c0 = thread_cpu_seconds();
-        be.matmul(y, x, w);
-        cpu += thread_cpu_seconds() - c0;
-        world.all_reduce(sync);
-      }
-      return std::make_pair(cpu, seconds_since(t0));
-    };
-    // Every rank must make the same number of calls: the count comes from the
-    // slowest rank's probe, for about 0.4 s a trial.
-    double probe = steps(5).second / 5;
+  const std::vector<int64_t> sizes = {4, 32, 256};  // GEMMs of about 0.15, 0.9 and 5.5 ms of CPU time here
+  struct Size {
+    Tensor x, y;
+    int count = 0;
+    std::vector<std::pair<double, double>> trials;  // (kernel us, step us), means over ranks
+  };
+  std::vector<Size> at;
+  for (int64_t M : sizes) {
+    at.push_back({be.alloc({M, 1024}, Category::Workspace, "x"), be.alloc({M, 1024}, Category::Workspace, "y")});
+    be.fill(at.back().x, 0.01f);
+  }
+  auto steps = [&](Size& s, int count) {  // (CPU seconds of the GEMMs, wall seconds), over `count` steps
+    double cpu = 0;
+    world.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < count; ++i) {
+      const double c0 = thread_cpu_seconds();
+      be.matmul(s.y, s.x, w);
+      cpu += thread_cpu_seconds() - c0;
+      world.all_reduce(sync);
+    }
+    return std::make_pair(cpu, seconds_since(t0));
+  };
+  // Every rank must make the same number of calls: the count comes from the
+  // slowest rank's probe, for about 0.3 s a trial.
+  for (Size& s : at) {
+    double probe = steps(s, 5).second / 5;
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &probe, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce",
               "calibrate");
-    const int count = int(std::clamp(0.4 / std::max(probe, 1e-9), 10.0, 4000.0));
-    std::vector<std::pair<double, double>> trials;  // (kernel us, step us), means over ranks
-    for (int t = 0; t < 3; ++t) {
-      const auto [cpu, wall] = steps(count);
-      trials.emplace_back(mean_over_ranks(1e6 * cpu / count), mean_over_ranks(1e6 * wall / count));
+    s.count = int(std::clamp(0.3 / std::max(probe, 1e-9), 10.0, 4000.0));
+  }
+  // Five trials per size, the sizes in turn, so that a burst of load from
+  // elsewhere falls on one trial of each rather than on every trial of one.
+  for (int t = 0; t < 5; ++t)
+    for (Size& s : at) {
+      const auto [cpu, wall] = steps(s, s.count);
+      s.trials.emplace_back(mean_over_ranks(1e6 * cpu / s.count), mean_over_ranks(1e6 * wall / s.count));
     }
+  json rows = json::array();
+  std::string text;
+  for (size_t i = 0; i < at.size(); ++i) {
+    auto& trials = at[i].trials;
     std::sort(trials.begin(), trials.end(),
               [](auto& l, auto& r) { return l.first / l.second < r.first / r.second; });
-    const auto [kernel_us, step_us] = trials[1];
-    rows.push_back({{"rows", M}, {"kernel_us", kernel_us}, {"step_us", step_us}});
+    const auto [kernel_us, step_us] = trials[trials.size() / 2];
+    rows.push_back({{"rows", sizes[i]}, {"kernel_us", kernel_us}, {"step_us", step_us}});
     char b[120];
     std::snprintf(b, sizeof b, "%s%.0f us in steps of %.0f us", text.empty() ? "" : ", ", kernel_us, step_us);
     text += b;
@@ -300,9 +325,28 @@ int calibrate_rank(const CalibrateOptions& given) {
   if (done != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&done, MPI_STATUS_IGNORE), "MPI_Wait", "calibrate");
   std::ostringstream gemm_log;
   if (gemms_in_step) {
-    const json shapes = measure_gemm_times(gemm_log, ranks, options, [] {
+    json shapes = measure_gemm_times(gemm_log, ranks, options, [] {
       check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", "calibrate");
     });
+    // The ranks of a step wait for the slowest at their next collective, and
+    // on this host one rank's core is often the slower by 10-20% for a whole
+    // run (a tp decode's GEMMs: 155 ms on rank 1 against 135 on rank 0, the
+    // same shapes), so each entry keeps the slowest rank's time.
+    std::vector<double> mine;
+    for_each_time(shapes, [&](json& t) { mine.push_back(t.get<double>()); });
+    std::vector<double> slowest(mine.size()), fastest(mine.size());
+    check_mpi(MPI_Allreduce(mine.data(), slowest.data(), int(mine.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+              "MPI_Allreduce", "calibrate");
+    check_mpi(MPI_Allreduce(mine.data(), fastest.data(), int(mine.size()), MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD),
+              "MPI_Allreduce", "calibrate");
+    size_t i = 0;
+    for_each_time(shapes, [&](json& t) { t = slowest[i++]; });
+    const double sum_slow = std::accumulate(slowest.begin(), slowest.end(), 0.0);
+    const double sum_fast = std::accumulate(fastest.begin(), fastest.end(), 0.0);
+    char b[160];
+    std::snprintf(b, sizeof b, "  gemm times: each the slowest rank's, %.0f%% above the fastest rank's in all\n",
+                  100 * (sum_slow / std::max(sum_fast, 1e-12) - 1));
+    gemm_log << b;
     if (me == 0) device["gemm_times"] = gemm_table(shapes, device["sources"].value("all", ""), true);
   }
 
