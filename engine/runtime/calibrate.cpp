@@ -496,9 +496,10 @@ nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& sourc
           {"note", std::string("median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level "
                                "cache (weights not in any cache, as in decode)") +
                        (in_step ? "; every rank called the same GEMM at once (a barrier before each call), as the "
-                                  "ranks of a tensor-parallel step do, and each entry is the slowest rank's median "
-                                  "(a step waits for it at its next collective); the median of " + std::to_string(kPasses) + " passes"
-                                : "; the median of " + std::to_string(kPasses) + " passes")},
+                                  "ranks of a tensor-parallel step do, and each entry is the slowest rank's (a step "
+                                  "waits for it at its next collective)"
+                                : "") +
+                       "; the median of " + std::to_string(kPasses) + " passes"},
           {"shapes", shapes}};
 }
 
@@ -519,8 +520,9 @@ nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateO
   Recorder rec;
   rec.set_mem_sampling(false);
   CpuBackend be(alloc, rec);
+  const auto shape_set = gemm_shape_set(options);
   std::vector<json> passes;
-  for (int pass = 0; pass < kPasses; ++pass) passes.push_back(gemm_times(be, rec, gemm_shape_set(options), before_each));
+  for (int pass = 0; pass < kPasses; ++pass) passes.push_back(gemm_times(be, rec, shape_set, before_each));
   json shapes = median_of_passes(passes);
   log_gemm_times(shapes, log);
   log << "  (gemm times, every rank at once)" << since(started);
@@ -639,11 +641,12 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   json kernels, attention, gemms;
   {
     CacheSweep sweep;
+    const auto shape_set = gemm_shape_set(options);
     std::vector<json> k, a, g;
     for (int pass = 0; pass < kPasses; ++pass) {
       k.push_back(kernel_times(be, rec, sweep));
       a.push_back(attention_times(be, rec, sweep));
-      if (!options.gemms_in_step) g.push_back(gemm_times(be, rec, gemm_shape_set(options), [] {}));
+      if (!options.gemms_in_step) g.push_back(gemm_times(be, rec, shape_set, [] {}));
       rec.clear();
     }
     kernels = median_of_passes(k);
@@ -731,21 +734,25 @@ json core_share_of(const json& steps, int ranks, int cores, const LinkProfile& l
 
 }  // namespace
 
-nlohmann::json median_of_passes(const std::vector<nlohmann::json>& passes) {
+void for_each_time(nlohmann::json& table, const std::function<void(nlohmann::json&)>& f) {
+  if (table.is_number_float()) f(table);
+  else if (table.is_array() || table.is_object())
+    for (auto& part : table) for_each_time(part, f);
+}
+
+nlohmann::json median_of_passes(std::vector<nlohmann::json> passes) {
   if (passes.empty()) return nullptr;
-  const json& first = passes.front();
-  json out = first;
-  if (first.is_number_float()) {
-    std::vector<double> v;
-    for (const json& p : passes) v.push_back(p.get<double>());
-    out = median(v);
-  } else if (first.is_array() || first.is_object()) {
-    for (auto it = out.begin(); it != out.end(); ++it) {
-      std::vector<json> parts;
-      for (const json& p : passes) parts.push_back(first.is_array() ? p.at(size_t(it - out.begin())) : p.at(it.key()));
-      *it = median_of_passes(parts);
-    }
+  std::vector<std::vector<double>> times;  // [entry][pass]
+  for (json& pass : passes) {
+    size_t i = 0;
+    for_each_time(pass, [&](json& t) {
+      if (i == times.size()) times.emplace_back();
+      times[i++].push_back(t.get<double>());
+    });
   }
+  json out = passes.front();
+  size_t i = 0;
+  for_each_time(out, [&](json& t) { t = median(times[i++]); });
   return out;
 }
 

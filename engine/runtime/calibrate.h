@@ -38,10 +38,13 @@ struct CalibrateOptions {
 // its own collectives.
 nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options = {});
 int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, const CalibrateOptions& options = {});
+// Calls f on every measured time of a profile table (its numbers with a
+// fraction; shapes are integers), in order.
+void for_each_time(nlohmann::json& table, const std::function<void(nlohmann::json&)>& f);
 // The entry-wise median of several measurements of one table (calibrate
-// measures its grids in passes): each number with a fraction is the median of
-// its passes; the rest (shapes, names) come from the first.
-nlohmann::json median_of_passes(const std::vector<nlohmann::json>& passes);
+// measures its grids in passes): each time is the median of its passes; the
+// rest (shapes, names) come from the first.
+nlohmann::json median_of_passes(std::vector<nlohmann::json> passes);
 // Writes a profile to `out_file` whole or not at all (a temporary file, then a rename).
 void write_profile(const nlohmann::json& profile, const std::string& out_file, std::ostream& log);
 // The GEMM shapes (M, N, K) a run uses, from a simulation of it: `run_args`

@@ -46,13 +46,6 @@ using json = nlohmann::json;
 
 struct LoadDone {};
 
-// Calls f on every measured time of a table (its numbers with a fraction), in order.
-void for_each_time(json& table, const std::function<void(json&)>& f) {
-  if (table.is_number_float()) f(table);
-  else if (table.is_array() || table.is_object())
-    for (auto& part : table) for_each_time(part, f);
-}
-
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double median_of(std::vector<double> v) {
