@@ -13,6 +13,15 @@
 
 #include "protocol/events.h"
 
+// QSKIP returns only from the function it is written in, so a helper that
+// decides a row cannot run returns why (empty: it runs) and the test function
+// itself skips: SKIP_IF(why_not_here(...)).
+#define SKIP_IF(why)                                 \
+  do {                                               \
+    const QString skip_why_ = (why);                 \
+    if (!skip_why_.isEmpty()) QSKIP(qPrintable(skip_why_)); \
+  } while (0)
+
 struct Ran {
   int exit_code = -1;
   bool crashed = false;    // killed, crashed, or timed out

@@ -208,13 +208,13 @@ class TestStrategies : public QObject {
   // The launched runs' backend; the single-device reference is always cpu.
   const QString m_backend = qEnvironmentVariable("SHARDSCOPE_STRATEGIES_BACKEND", "cpu");
   // What only the cpu backend's rows check (a killed rank, refusals before launch).
-  void cpu_only() {
-    if (m_backend != "cpu") QSKIP(qPrintable("checked with --backend cpu (this pass runs " + m_backend + ")"));
+  QString not_cpu() const {
+    return m_backend == "cpu" ? QString() : "checked with --backend cpu (this pass runs " + m_backend + ")";
   }
   int m_gpus = 0;  // --backend cuda: GPUs here (NCCL runs one rank per GPU)
-  void enough_gpus(int devices) {
-    if (m_backend == "cuda" && devices > m_gpus)
-      QSKIP(qPrintable(QString("skipped: %1 ranks need %1 GPUs, this machine has %2").arg(devices).arg(m_gpus)));
+  QString too_few_gpus(int devices) const {
+    if (m_backend != "cuda" || devices <= m_gpus) return {};
+    return QString("skipped: %1 ranks need %1 GPUs, this machine has %2").arg(devices).arg(m_gpus);
   }
 
   // Runs the engine, counting runs that hang (a tiny run takes a second).
@@ -307,7 +307,7 @@ class TestStrategies : public QObject {
     // Every row runs in well under a minute; once runs hang, more would only
     // run into the test's time limit.
     if (m_hung >= 3) QFAIL("three engine runs hung already; not starting another");
-    enough_gpus(devices);
+    SKIP_IF(too_few_gpus(devices));
 
     QStringList common =
         with_sets({"--model", model, "--prompt-len", QString::number(kPrompt), "--decode",
@@ -431,7 +431,7 @@ class TestStrategies : public QObject {
     QFETCH(int, devices);
     QFETCH(int, T);
     QFETCH(int, S);
-    enough_gpus(devices);
+    SKIP_IF(too_few_gpus(devices));
     const Dims dims;
     // An odd decode count leaves the sp ranks with different numbers of
     // decode tokens, so the check sees which rank stores which.
@@ -501,7 +501,7 @@ class TestStrategies : public QObject {
   // A long prompt: each sp rank holds a quarter of the activations, each tp
   // rank all tokens' residual stream.
   void spActivationsBelowTp() {
-    enough_gpus(4);
+    SKIP_IF(too_few_gpus(4));
     const Dims dims;
     std::map<QString, double> worst;
     for (const QString strategy : {"tp", "sp"}) {
@@ -528,7 +528,7 @@ class TestStrategies : public QObject {
   // SIGKILL one rank mid-run: the launcher ends soon, non-zero, and its stream
   // ends with an error naming that rank and done failed; no rank lives on.
   void killedRank() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     QProcess p;
     p.start(SHARDSCOPE_ENGINE_BIN,
             {"launch", "--model", "small-llama", "--strategy", "tp", "--devices", "2",
@@ -632,7 +632,7 @@ class TestStrategies : public QObject {
   }
 
   void refusedBeforeLaunch() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     QFETCH(QStringList, args);
     QFETCH(QStringList, names);
     QProcess p;

@@ -81,17 +81,17 @@ class TestTrain : public QObject {
   // The backend the runs under test use; references are cpu runs.
   const QString m_backend = qEnvironmentVariable("SHARDSCOPE_TRAIN_BACKEND", "cpu");
   QStringList backend_args() const { return {"--backend", m_backend}; }
-  void cpu_only() {
-    if (m_backend != "cpu") QSKIP(qPrintable("checked with --backend cpu (this pass runs " + m_backend + ")"));
+  QString not_cpu() const {
+    return m_backend == "cpu" ? QString() : "checked with --backend cpu (this pass runs " + m_backend + ")";
   }
   int m_gpus = 0;  // --backend cuda: GPUs here (NCCL runs one rank per GPU)
   // SHARDSCOPE_TRAIN_ROWS=sample (the emulated cuda pass): each strategy of
   // each family once, a few optimizer and memory rows; the cpu pass runs all.
   const bool m_sample = qEnvironmentVariable("SHARDSCOPE_TRAIN_ROWS") == "sample";
-  void enough_gpus(const QStringList& args) {
+  QString too_few_gpus(const QStringList& args) const {
     const int devices = args.contains("--devices") ? args[args.indexOf("--devices") + 1].toInt() : 1;
-    if (m_backend == "cuda" && devices > m_gpus)
-      QSKIP(qPrintable(QString("skipped: %1 ranks need %1 GPUs, this machine has %2").arg(devices).arg(m_gpus)));
+    if (m_backend != "cuda" || devices <= m_gpus) return {};
+    return QString("skipped: %1 ranks need %1 GPUs, this machine has %2").arg(devices).arg(m_gpus);
   }
 
  private slots:
@@ -171,7 +171,7 @@ class TestTrain : public QObject {
     QFETCH(QStringList, args);
     QFETCH(int, single_batch);
     QFETCH(QStringList, set);
-    enough_gpus(args);
+    SKIP_IF(too_few_gpus(args));
     const QString tag = QString::fromLatin1(QTest::currentDataTag()).replace(' ', '_').replace(',', '_');
     QStringList single_args = model_and(set + QStringList{"--steps", "1", "--micro-batch", QString::number(single_batch)});
     if (args.contains("--grad-accum")) single_args += {"--grad-accum", args[args.indexOf("--grad-accum") + 1]};
@@ -217,7 +217,7 @@ class TestTrain : public QObject {
     QTest::newRow("falcon-mamba") << "tiny-falcon-mamba" << QStringList{};
   }
   void modelGradientMatchesFiniteDifference() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     QFETCH(QString, model);
     QFETCH(QStringList, sets);
     const QString base = path("fd_" + QString(QTest::currentDataTag()).replace(' ', '_').replace(',', ""));
@@ -293,7 +293,7 @@ class TestTrain : public QObject {
   void adamwStepsEqualSingle() {
     QFETCH(QStringList, args);
     QFETCH(int, single_batch);
-    enough_gpus(args);
+    SKIP_IF(too_few_gpus(args));
     const QString tag = QString::fromLatin1(QTest::currentDataTag()).replace(' ', '_').replace(',', '_');
     // Adam's update is m / (sqrt(v) + eps) ~ lr sign(g) where |g| >> eps:
     // an element whose gradient is within fp32 noise of zero moves +-lr in
@@ -328,7 +328,7 @@ class TestTrain : public QObject {
 
   // --lr 0: the weights written are the initial weights, bit for bit.
   void lrZeroLeavesWeights() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     const Ran ex = engine({"export", "--model", "tiny-llama", "--seed", "3", "--out", path("initial")});
     QVERIFY2(ex.exit_code == 0, ex.err.constData());
     const Ran r = train(kModel + QStringList{"--steps", "2", "--lr", "0", "--weight-decay", "0.1", "--strategy", "tp",
@@ -368,7 +368,7 @@ class TestTrain : public QObject {
   }
   void memoryMatchesClosedForm() {
     QFETCH(QStringList, args);
-    enough_gpus(args);
+    SKIP_IF(too_few_gpus(args));
     const Ran r = train(model_and(args + backend_args() + QStringList{"--steps", "2"}));
     VERIFY_RAN(r);
     const auto per_rank = read_stream(r.out).rank_metrics();
@@ -382,7 +382,7 @@ class TestTrain : public QObject {
   }
 
   void recomputationKeepsLess() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     std::map<QString, double> act;
     for (const char* rc : {"none", "selective", "full"}) {
       const Ran r = train(kModel + QStringList{"--recompute", rc, "--steps", "1"});
@@ -400,7 +400,7 @@ class TestTrain : public QObject {
     QTest::newRow("tsp 2") << QStringList{"--strategy", "tsp", "--devices", "2"};
   }
   void simMemoryEqualsCpu() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     QFETCH(QStringList, strategy);
     const QStringList args = kModel + strategy + QStringList{"--steps", "1", "--recompute", "selective"};
     const Ran cpu = train(args);
@@ -425,7 +425,7 @@ class TestTrain : public QObject {
   // equal to 1e-7 for 40 steps, drift apart chaotically once Adam normalises
   // near-zero gradients, so the rate is 3e-3).
   void learnsTheSyntheticCorpus() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     // Minutes of arithmetic over code paths the other cases already cover;
     // the plain leg runs it, the sanitizer leg (10x slower) does not.
     if (qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG")) QSKIP("runs in the plain leg");
@@ -450,7 +450,7 @@ class TestTrain : public QObject {
 
   // Two steps, a save, two more from the folder: the four-step run's weights.
   void resumeContinues() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     const QStringList opt = {"--lr", "1e-2", "--min-lr-ratio", "1", "--clip", "0.5"};
     VERIFY_RAN(train(kModel + opt + QStringList{"--steps", "4", "--save", path("straight")}));
     VERIFY_RAN(train(kModel + opt + QStringList{"--steps", "2", "--save", path("half") + "/"}));  // "DIR/" is DIR
@@ -486,7 +486,7 @@ class TestTrain : public QObject {
                                                 << "trainer_state.json";
   }
   void refusals() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     QFETCH(QStringList, args);
     QFETCH(QString, says);
     const Ran r = train(args);
@@ -499,7 +499,7 @@ class TestTrain : public QObject {
 
   // A checkpoint from another model's shapes is refused before the run starts.
   void resumeWithOtherShapesIsRefused() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     VERIFY_RAN(train(kModel + QStringList{"--steps", "1", "--save", path("shapes")}));
     const Ran r = train({"--resume", path("shapes"), "--seq-len", "32", "--set", "intermediate_size=96"});
     QCOMPARE(r.exit_code, 2);
@@ -509,7 +509,7 @@ class TestTrain : public QObject {
   // A loss that becomes non-finite stops the run naming the step and the
   // layer, and the good checkpoint already at --save stays as it was.
   void nonFiniteLossStopsTheRun() {
-    cpu_only();
+    SKIP_IF(not_cpu());
     VERIFY_RAN(train(kModel + QStringList{"--steps", "1", "--save", path("good")}));
     const Tensors good = load_tensors(path("good/model.safetensors"));
     const Ran r = train(kModel + QStringList{"--steps", "3", "--lr", "1e30", "--clip", "0", "--save", path("good")});

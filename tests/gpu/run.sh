@@ -26,7 +26,6 @@ summary="$out/summary.md"
 : > "$log"
 exec > >(tee -a "$log") 2>&1
 start=$(date +%s)
-rows=()
 
 # ---- the binaries
 bundle="$root/.gpu-bundle/shardscope-gpu.tar.xz"
@@ -69,16 +68,18 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=se
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_WAIT_POLICY=PASSIVE
 command -v ssh >/dev/null || command -v rsh >/dev/null || export OMPI_MCA_plm_rsh_agent=false  # ranks are local
 
-# ---- the checks: each with a time limit, counted from its own output
-check() {  # check NAME TIMEOUT_S COMMAND...
+# ---- the checks: each with a time limit, counted from its own output. The
+# correctness suites run side by side (the GPU has room, the host 16 cores, a
+# lease is short); calibrate and the benchmark run alone after them.
+mkdir -p "$out/rows"
+rm -f "$out/rows/"*
+check() {  # check NAME TIMEOUT_S COMMAND...  (writes its row to $out/rows/NAME)
   local name=$1 limit=$2
   shift 2
   local t0 status counts
   t0=$(date +%s)
-  echo "===== $name: $*"
   timeout "$limit" "$@" > "$out/$name.out" 2>&1
   status=$?
-  cat "$out/$name.out"
   local secs=$(( $(date +%s) - t0 ))
   # Qt Test prints "Totals: P passed, F failed, S skipped" per pass (the ops suite runs one a dtype).
   counts=$(grep -o 'Totals: [0-9]* passed, [0-9]* failed, [0-9]* skipped' "$out/$name.out" |
@@ -86,23 +87,36 @@ check() {  # check NAME TIMEOUT_S COMMAND...
   local result=ok
   [[ $status -eq 124 ]] && result="timed out (${limit} s)"
   [[ $status -ne 0 && $status -ne 124 ]] && result="FAILED (exit $status)"
-  rows+=("| $name | $result | $counts | $secs |")
-  rm -f "$out/$name.out"
+  echo "| $name | $result | $counts | $secs |" > "$out/rows/$name"
+}
+show() {  # show NAME: its output into the log, once it has ended
+  echo "===== $1"
+  cat "$out/$1.out"
+  rm -f "$out/$1.out"
 }
 
 nvidia-smi -L || echo "run: nvidia-smi found no GPU"
 check info 60 "$bin/shardscope-engine" info
-check tst_cuda_ops 300 "$bin/tst_cuda_ops"
-check tst_cuda_models 300 "$bin/tst_cuda_models"
-SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda 600 "$bin/tst_strategies"
-SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda 600 "$bin/tst_train" gradientsEqualSingle adamwStepsEqualSingle \
-  memoryMatchesClosedForm
+show info
+limit=${SHARDSCOPE_GPU_CHECK_LIMIT:-240}
+names=(tst_cuda_ops tst_cuda_models tst_strategies_cuda tst_train_cuda)
+pids=()
+check tst_cuda_ops "$limit" "$bin/tst_cuda_ops" & pids+=($!)
+check tst_cuda_models "$limit" "$bin/tst_cuda_models" & pids+=($!)
+SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda "$limit" "$bin/tst_strategies" & pids+=($!)
+SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda "$limit" "$bin/tst_train" gradientsEqualSingle \
+  adamwStepsEqualSingle memoryMatchesClosedForm & pids+=($!)
+wait "${pids[@]}"  # these alone: a bare wait would also wait for the log's tee
+for n in "${names[@]}"; do show "$n"; done
+check calibrate 90 "$bin/shardscope-engine" calibrate --backend cuda --out "$out/calibrated-gpu.json"
+show calibrate
 t0=$(date +%s)
 echo "===== bench --backend cuda"
-timeout 420 "$bin/shardscope-engine" bench --backend cuda > "$out/bench.txt" 2>&1
+timeout "${SHARDSCOPE_GPU_BENCH_LIMIT:-180}" "$bin/shardscope-engine" bench --backend cuda > "$out/bench.txt" 2>&1
 bench_status=$?
 cat "$out/bench.txt"
-rows+=("| bench --backend cuda | $([[ $bench_status -eq 0 ]] && echo ok || echo "FAILED (exit $bench_status)") | - | - | - | $(( $(date +%s) - t0 )) |")
+echo "| bench --backend cuda | $([[ $bench_status -eq 0 ]] && echo ok || echo "FAILED (exit $bench_status)") | - | - | - | $(( $(date +%s) - t0 )) |" \
+  > "$out/rows/zz-bench"
 
 {
   echo "# GPU checks, $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -111,7 +125,7 @@ rows+=("| bench --backend cuda | $([[ $bench_status -eq 0 ]] && echo ok || echo 
   echo
   echo "| check | result | passed | failed | skipped | seconds |"
   echo "|---|---|---|---|---|---|"
-  printf '%s\n' "${rows[@]}"
+  cat "$out/rows/"*
   echo
   echo "Total: $(( $(date +%s) - start )) s."
   echo
@@ -120,6 +134,7 @@ rows+=("| bench --backend cuda | $([[ $bench_status -eq 0 ]] && echo ok || echo 
   echo '```'
 } > "$summary"
 rm -f "$out/bench.txt"
+rm -rf "$out/rows"
 cat "$summary"
 grep -q "FAILED\|timed out" "$summary" && exit 1
 exit 0
