@@ -323,16 +323,27 @@ class TestCudaOps : public QObject {
     QTest::addColumn<int>("kv_heads");
     QTest::addColumn<int>("head_dim");
     QTest::addColumn<QString>("positions");  // causal, zigzag, decode, all-visible
-    QTest::newRow("prefill 64") << 100 << 100 << 4 << 2 << 64 << "causal";
-    QTest::newRow("prefill 128") << 70 << 70 << 2 << 1 << 128 << "causal";
-    QTest::newRow("odd width 12") << 37 << 37 << 4 << 4 << 12 << "causal";
-    QTest::newRow("width 80") << 45 << 45 << 2 << 2 << 80 << "causal";
-    QTest::newRow("width 160") << 20 << 20 << 2 << 1 << 160 << "causal";
-    QTest::newRow("zigzag rank") << 64 << 128 << 4 << 2 << 64 << "zigzag";
-    QTest::newRow("decode, keys split") << 1 << 700 << 4 << 2 << 64 << "decode";
-    QTest::newRow("decode 3, width 128") << 3 << 520 << 2 << 2 << 128 << "decode";
-    QTest::newRow("short cache") << 2 << 9 << 2 << 1 << 32 << "decode";
-    QTest::newRow("all visible") << 66 << 80 << 2 << 2 << 64 << "all";
+    // K and V views: 16-byte aligned rows (as the caches are) take the decode
+    // and the vectorised prefill loads; the padded ones the scalar paths.
+    QTest::addColumn<bool>("aligned");
+    QTest::newRow("prefill 64") << 100 << 100 << 4 << 2 << 64 << "causal" << false;
+    QTest::newRow("prefill 64, aligned") << 100 << 100 << 4 << 2 << 64 << "causal" << true;
+    QTest::newRow("prefill 128") << 70 << 70 << 2 << 1 << 128 << "causal" << false;
+    QTest::newRow("prefill 128, aligned") << 150 << 150 << 2 << 1 << 128 << "causal" << true;
+    QTest::newRow("odd width 12") << 37 << 37 << 4 << 4 << 12 << "causal" << false;
+    QTest::newRow("width 80") << 45 << 45 << 2 << 2 << 80 << "causal" << false;
+    QTest::newRow("width 160") << 20 << 20 << 2 << 1 << 160 << "causal" << false;
+    QTest::newRow("zigzag rank") << 64 << 128 << 4 << 2 << 64 << "zigzag" << false;
+    QTest::newRow("zigzag rank, aligned") << 64 << 200 << 4 << 2 << 128 << "zigzag" << true;
+    QTest::newRow("decode, keys split") << 1 << 700 << 4 << 2 << 64 << "decode" << false;
+    QTest::newRow("decode, aligned, split") << 1 << 700 << 4 << 2 << 64 << "decode" << true;
+    QTest::newRow("decode 3, width 128") << 3 << 520 << 2 << 2 << 128 << "decode" << false;
+    QTest::newRow("decode 3, width 128, aligned") << 3 << 1500 << 4 << 2 << 128 << "decode" << true;
+    QTest::newRow("decode, width 256, aligned") << 1 << 333 << 2 << 1 << 256 << "decode" << true;
+    QTest::newRow("short cache") << 2 << 9 << 2 << 1 << 32 << "decode" << false;
+    QTest::newRow("short cache, aligned") << 2 << 9 << 2 << 1 << 32 << "decode" << true;
+    QTest::newRow("all visible") << 66 << 80 << 2 << 2 << 64 << "all" << false;
+    QTest::newRow("all visible, aligned") << 5 << 80 << 2 << 2 << 64 << "all" << true;
   }
   void attention() {
     QFETCH(int, Tq);
@@ -341,6 +352,7 @@ class TestCudaOps : public QObject {
     QFETCH(int, kv_heads);
     QFETCH(int, head_dim);
     QFETCH(QString, positions);
+    QFETCH(bool, aligned);
     Rigs r;
     std::vector<int32_t> qp, kp;
     if (positions == "causal") {
@@ -355,8 +367,8 @@ class TestCudaOps : public QObject {
       kp = iota_pos(Tk);
       qp = std::vector<int32_t>(size_t(Tq), Tk);
     }
-    const Twin q = r.random_mat(Tq, heads * head_dim, 4), k = r.random_mat(Tk, kv_heads * head_dim, 2),
-               v = r.random_mat(Tk, kv_heads * head_dim, 1);
+    const Twin q = r.random_mat(Tq, heads * head_dim, aligned ? 8 : 4), k = r.random_mat(Tk, kv_heads * head_dim, aligned ? 8 : 2),
+               v = r.random_mat(Tk, kv_heads * head_dim, aligned ? 8 : 1);
     Twin o = r.mat(Tq, heads * head_dim, 3, std::vector<float>(size_t(Tq * heads * head_dim), 0.0f));
     Twin lse = r.filled({Tq, heads}, 0.0f, DType::F32);
     ss::AttentionArgs a;

@@ -178,6 +178,121 @@ __global__ void attn_combine_kernel(Mat o, AttnShape a, int splits, const float*
   }
 }
 
+// ---------------------------------------------------------------- decode
+
+// A few queries over a long cache (decode). A block per (kv head, key split)
+// reads each key's K and V once for every query and every head of its group
+// (R = queries x group rows, at most MAXR). L = head_dim / VEC lanes share a
+// key, each holding VEC values from one 16-byte load, so a warp takes 32 / L
+// keys a step; each lane keeps an online softmax per row, merged across the
+// warp's keys, then across warps, into o and lse (one split) or `part`.
+constexpr int kDecodeMaxHd = 256;
+
+template <DType DT, int MAXR>
+__global__ void __launch_bounds__(kThreads)
+    attn_decode_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse,
+                       float* part) {
+  constexpr int VEC = DT == DType::F32 ? 4 : 8, kWarps = kThreads / 32;
+  constexpr int64_t es = DT == DType::F32 ? 4 : 2;
+  __shared__ float qs[MAXR * kDecodeMaxHd];  // scaled; row rr: query rr / G, head kvh * G + rr % G
+  __shared__ int qp[MAXR];
+  __shared__ float wm[kWarps][MAXR], wl[kWarps][MAXR];
+  __shared__ float wacc[kWarps][MAXR * kDecodeMaxHd];
+  const int hd = a.head_dim, L = hd / VEC, KPW = 32 / L;
+  const int G = a.n_heads / a.n_kv_heads, R = int(a.Tq) * G;
+  const int kvh = int(blockIdx.x), splits = int(gridDim.y), split = int(blockIdx.y);
+  const int64_t k_begin = a.Tk * split / splits, k_end = a.Tk * (split + 1) / splits;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, slot = lane / L, dc = lane % L;
+
+  for (int i = tid; i < R * hd; i += kThreads) {
+    const int rr = i / hd, d = i % hd;
+    qs[rr * hd + d] = at(q, rr / G, int64_t(kvh * G + rr % G) * hd + d) * a.scale;
+  }
+  for (int i = tid; i < R; i += kThreads) qp[i] = qpos[i / G];
+  __syncthreads();
+
+  float m[MAXR], l[MAXR], acc[MAXR][VEC];
+  for (int rr = 0; rr < MAXR; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0.0f;
+    for (int e = 0; e < VEC; ++e) acc[rr][e] = 0.0f;
+  }
+  const int64_t col = int64_t(kvh) * hd + dc * VEC;
+  const char* kb = static_cast<const char*>(k.p) + col * es;
+  const char* vb = static_cast<const char*>(v.p) + col * es;
+  for (int64_t j0 = k_begin + int64_t(warp) * KPW; j0 < k_end; j0 += int64_t(kWarps) * KPW) {
+    const int64_t j = j0 + slot;
+    const bool have = j < k_end;
+    const int64_t row = have ? j : k_begin;  // a lane past the end reads a real row and uses none of it
+    float kf[VEC], vf[VEC];
+    unpack16<DT>(load16(kb + row * k.ld * es), kf);
+    unpack16<DT>(load16(vb + row * v.ld * es), vf);
+    const int kp = have ? kpos[j] : INT_MAX;
+    for (int rr = 0; rr < MAXR && rr < R; ++rr) {
+      float sc = 0.0f;
+      for (int e = 0; e < VEC; ++e) sc += qs[rr * hd + dc * VEC + e] * kf[e];
+      for (int off = L / 2; off > 0; off /= 2) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+      if (kp > qp[rr]) continue;  // the same for the L lanes of this key
+      if (sc > m[rr]) {
+        const float c = expf(m[rr] - sc);
+        l[rr] = l[rr] * c + 1.0f;
+        for (int e = 0; e < VEC; ++e) acc[rr][e] = acc[rr][e] * c + vf[e];
+        m[rr] = sc;
+      } else {
+        const float p = expf(sc - m[rr]);
+        l[rr] += p;
+        for (int e = 0; e < VEC; ++e) acc[rr][e] += p * vf[e];
+      }
+    }
+  }
+  // The warp's key slots into one (lanes L apart hold the same values' columns).
+  for (int off = L; off < 32; off *= 2)
+    for (int rr = 0; rr < MAXR && rr < R; ++rr) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[rr], off), l2 = __shfl_xor_sync(0xffffffffu, l[rr], off);
+      const float mx = fmaxf(m[rr], m2);
+      const float c1 = m[rr] == -INFINITY ? 0.0f : expf(m[rr] - mx), c2 = m2 == -INFINITY ? 0.0f : expf(m2 - mx);
+      l[rr] = l[rr] * c1 + l2 * c2;
+      for (int e = 0; e < VEC; ++e) acc[rr][e] = acc[rr][e] * c1 + __shfl_xor_sync(0xffffffffu, acc[rr][e], off) * c2;
+      m[rr] = mx;
+    }
+  if (slot == 0)
+    for (int rr = 0; rr < MAXR && rr < R; ++rr) {
+      for (int e = 0; e < VEC; ++e) wacc[warp][rr * hd + dc * VEC + e] = acc[rr][e];
+      if (dc == 0) {
+        wm[warp][rr] = m[rr];
+        wl[warp][rr] = l[rr];
+      }
+    }
+  __syncthreads();
+  // The warps into one, a thread per (row, column).
+  for (int i = tid; i < R * hd; i += kThreads) {
+    const int rr = i / hd, d = i % hd;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][rr]);
+    float sum = 0.0f, out = 0.0f;
+    if (mx != -INFINITY)
+      for (int w = 0; w < kWarps; ++w) {
+        if (wm[w][rr] == -INFINITY) continue;
+        const float c = expf(wm[w][rr] - mx);
+        sum += wl[w][rr] * c;
+        out += wacc[w][rr * hd + d] * c;
+      }
+    const int64_t qi = rr / G;
+    const int h = kvh * G + rr % G;
+    if (!part) {
+      put(o, qi, int64_t(h) * hd + d, sum > 0.0f ? out / sum : 0.0f);
+      if (lse && d == 0) lse[qi * a.n_heads + h] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    } else {
+      float* pr = part + ((int64_t(split) * a.Tq + qi) * a.n_heads + h) * (hd + 2);
+      pr[d] = out;
+      if (d == 0) {
+        pr[hd] = mx;
+        pr[hd + 1] = sum;
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------ wmma
 
 namespace wmma = nvcuda::wmma;
@@ -192,8 +307,8 @@ struct Wmma {
   static constexpr size_t q_off = 0, k_off = q_off + 2 * BQ * LDH, v_off = k_off + 2 * BK * LDH,
                           s_off = v_off + 2 * BK * LDH, p_off = s_off + 4 * BQ * LDS, o_off = p_off + 2 * BQ * LDP,
                           stat_off = o_off + 4 * BQ * LDO;
-  // per row: m, l, corr, position; per key: position; two flags
-  static constexpr size_t smem_bytes() { return stat_off + 4 * (4 * BQ + BK + 2); }
+  // per row: m, l, corr, position; per key: position
+  static constexpr size_t smem_bytes() { return stat_off + 4 * (4 * BQ + BK); }
 };
 
 // A bf16 or fp16 value's bits from any storage dtype (the same dtype here: a copy).
@@ -219,15 +334,29 @@ __global__ void __launch_bounds__(kThreads)
   float* row_corr = row_l + BQ;
   int* qp = reinterpret_cast<int*>(row_corr + BQ);
   int* kp = qp + BQ;
-  int* flags = kp + BK;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int h = int(blockIdx.y), kvh = h / (a.n_heads / a.n_kv_heads);
   const int64_t q0 = int64_t(blockIdx.x) * BQ;
   const DType dt = q.dt;
 
-  for (int i = tid; i < BQ * HD; i += kThreads) {
-    const int rr = i / HD, d = i % HD;
-    Qs[rr * LDH + d] = q0 + rr < a.Tq ? bits16(q, q0 + rr, int64_t(h) * HD + d) : uint16_t(0);
+  // Rows in 16-byte pieces where every view allows it (CH a row, PER a
+  // thread a tile), else a value at a time.
+  constexpr int CH = HD / 8, PER = BK * CH / kThreads;
+  static_assert(BQ == BK && BK * CH % kThreads == 0, "tiles of whole pieces");
+  const bool vec = aligned16(q) && aligned16(k) && aligned16(v);
+  if (vec) {
+    for (int c = 0; c < PER; ++c) {
+      const int idx = tid + c * kThreads, rr = idx / CH, ch = idx % CH;
+      const Bytes16 zero{0, 0, 0, 0};
+      store16(Qs + rr * LDH + ch * 8, q0 + rr < a.Tq ? load16(static_cast<const uint16_t*>(q.p) + (q0 + rr) * q.ld +
+                                                                int64_t(h) * HD + ch * 8)
+                                                     : zero);
+    }
+  } else {
+    for (int i = tid; i < BQ * HD; i += kThreads) {
+      const int rr = i / HD, d = i % HD;
+      Qs[rr * LDH + d] = q0 + rr < a.Tq ? bits16(q, q0 + rr, int64_t(h) * HD + d) : uint16_t(0);
+    }
   }
   for (int i = tid; i < BQ * HD; i += kThreads) O[(i / HD) * LDO + i % HD] = 0.0f;
   for (int i = tid; i < BQ; i += kThreads) {
@@ -235,31 +364,63 @@ __global__ void __launch_bounds__(kThreads)
     row_m[i] = -INFINITY;
     row_l[i] = 0.0f;
   }
-  __syncthreads();
-  if (tid == 0) {
-    int mx = INT_MIN;
-    for (int i = 0; i < BQ; ++i) mx = imax(mx, qp[i]);
-    flags[0] = mx;
-  }
-
-  for (int64_t k0 = 0; k0 < a.Tk; k0 += BK) {
-    const int nb = int(min64(BK, a.Tk - k0));
-    __syncthreads();  // the previous tile is read
-    for (int i = tid; i < BK * HD; i += kThreads) {
-      const int kk = i / HD, d = i % HD;
-      const bool ok = kk < nb;
-      Ks[kk * LDH + d] = ok ? bits16(k, k0 + kk, int64_t(kvh) * HD + d) : uint16_t(0);
-      Vs[kk * LDH + d] = ok ? bits16(v, k0 + kk, int64_t(kvh) * HD + d) : uint16_t(0);
+  // Every warp finds the same answers itself, so tiles are skipped without a
+  // barrier: the block's largest query position, and whether a key tile
+  // holds a key at or before it.
+  int qmax = INT_MIN;
+  for (int i = lane; i < BQ; i += 32)
+    if (q0 + i < a.Tq) qmax = imax(qmax, qpos[q0 + i]);
+  for (int off = 16; off > 0; off /= 2) qmax = imax(qmax, __shfl_xor_sync(0xffffffffu, qmax, off));
+  auto next_visible = [&](int64_t k0) {
+    for (; k0 < a.Tk; k0 += BK) {
+      int mn = INT_MAX;
+      for (int64_t i = k0 + lane; i < min64(k0 + BK, a.Tk); i += 32) mn = imin(mn, kpos[i]);
+      for (int off = 16; off > 0; off /= 2) mn = imin(mn, __shfl_xor_sync(0xffffffffu, mn, off));
+      if (mn <= qmax) break;
+    }
+    return k0;
+  };
+  // The next visible tile's K and V pieces are loaded into registers while
+  // the current one is computed, then stored to shared memory.
+  Bytes16 kreg[PER], vreg[PER];
+  auto fetch = [&](int64_t k0) {
+    if (!vec) return;
+    const Bytes16 zero{0, 0, 0, 0};
+    for (int c = 0; c < PER; ++c) {
+      const int idx = tid + c * kThreads, kk = idx / CH, ch = idx % CH;
+      const bool ok = k0 + kk < a.Tk;
+      const int64_t col = int64_t(kvh) * HD + ch * 8;
+      kreg[c] = ok ? load16(static_cast<const uint16_t*>(k.p) + (k0 + kk) * k.ld + col) : zero;
+      vreg[c] = ok ? load16(static_cast<const uint16_t*>(v.p) + (k0 + kk) * v.ld + col) : zero;
+    }
+  };
+  auto stash = [&](int64_t k0, int nb) {
+    if (vec) {
+      for (int c = 0; c < PER; ++c) {
+        const int idx = tid + c * kThreads, kk = idx / CH, ch = idx % CH;
+        store16(Ks + kk * LDH + ch * 8, kreg[c]);
+        store16(Vs + kk * LDH + ch * 8, vreg[c]);
+      }
+    } else {
+      for (int i = tid; i < BK * HD; i += kThreads) {
+        const int kk = i / HD, d = i % HD;
+        const bool ok = kk < nb;
+        Ks[kk * LDH + d] = ok ? bits16(k, k0 + kk, int64_t(kvh) * HD + d) : uint16_t(0);
+        Vs[kk * LDH + d] = ok ? bits16(v, k0 + kk, int64_t(kvh) * HD + d) : uint16_t(0);
+      }
     }
     for (int i = tid; i < BK; i += kThreads) kp[i] = i < nb ? kpos[k0 + i] : INT_MAX;
+  };
+
+  int64_t k0 = next_visible(0);
+  if (k0 < a.Tk) fetch(k0);
+  while (k0 < a.Tk) {
+    const int nb = int(min64(BK, a.Tk - k0));
+    __syncthreads();  // the previous tile is read (and, the first time, Q and the row state are written)
+    stash(k0, nb);
     __syncthreads();
-    if (tid == 0) {
-      int mn = INT_MAX;
-      for (int i = 0; i < nb; ++i) mn = imin(mn, kp[i]);
-      flags[1] = mn;
-    }
-    __syncthreads();
-    if (flags[1] > flags[0]) continue;  // the whole tile is in every query's future
+    const int64_t next = next_visible(k0 + BK);
+    if (next < a.Tk) fetch(next);
 
     // S_w = Q_w K^T for this warp's 16 rows, 16 keys at a time.
     const int r0 = warp * 16;
@@ -314,6 +475,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       wmma::store_matrix_sync(O + r0 * LDO + n * 16, of, LDO, wmma::mem_row_major);
     }
+    k0 = next;
   }
   __syncthreads();
   for (int i = tid; i < BQ * HD; i += kThreads) {
@@ -373,6 +535,43 @@ void launch_wmma(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const A
   check_launch("attention (wmma)");
 }
 
+// The decode kernel takes R = Tq x group rows up to 8, K and V of one dtype
+// in 16-byte aligned rows, and head widths that split evenly over a power of
+// two of lanes (bf16/fp16: 8 to 256, fp32: 4 to 128).
+bool decode_fits(const Mat& k, const Mat& v, const AttnShape& a) {
+  if (k.dt != v.dt || k.dt == DType::I32 || !aligned16(k) || !aligned16(v)) return false;
+  const int vec = k.dt == DType::F32 ? 4 : 8, L = a.head_dim / vec;
+  return a.head_dim % vec == 0 && L >= 1 && L <= 32 && (L & (L - 1)) == 0 &&
+         a.Tq * (a.n_heads / a.n_kv_heads) <= 8 && a.Tk > 0;
+}
+
+template <DType DT, int MAXR>
+void launch_decode(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a, const int32_t* qpos,
+                   const int32_t* kpos, float* lse, Scratch& scratch, Stream s) {
+  // About 1024 blocks in all, at least 64 keys a split.
+  const int splits = int(max64(1, min64(min64(256, a.Tk / 64), (1024 + a.n_kv_heads - 1) / a.n_kv_heads)));
+  float* part = nullptr;
+  if (splits > 1)
+    part = static_cast<float*>(
+        scratch.get(kScratchAttention, int64_t(sizeof(float)) * splits * a.Tq * a.n_heads * (a.head_dim + 2)));
+  const dim3 grid(unsigned(a.n_kv_heads), unsigned(splits));
+  auto* kernel = &attn_decode_kernel<DT, MAXR>;
+  SS_LAUNCH(kernel, grid, kThreads, 0, s)(o, q, k, v, a, qpos, kpos, lse, part);
+  check_launch("attention (decode)");
+  if (splits > 1) {
+    SS_LAUNCH(attn_combine_kernel, blocks_for(a.Tq * a.n_heads * a.head_dim, 256), 256, 0, s)(o, a, splits, part, lse);
+    check_launch("attention (combine)");
+  }
+}
+
+template <int MAXR>
+void launch_decode_any(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a,
+                       const int32_t* qpos, const int32_t* kpos, float* lse, Scratch& scratch, Stream s) {
+  if (k.dt == DType::BF16) launch_decode<DType::BF16, MAXR>(o, q, k, v, a, qpos, kpos, lse, scratch, s);
+  else if (k.dt == DType::F16) launch_decode<DType::F16, MAXR>(o, q, k, v, a, qpos, kpos, lse, scratch, s);
+  else launch_decode<DType::F32, MAXR>(o, q, k, v, a, qpos, kpos, lse, scratch, s);
+}
+
 }  // namespace
 
 void attention(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a, const int32_t* q_pos,
@@ -380,6 +579,11 @@ void attention(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const Att
   expect(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.head_dim > 0 && a.head_dim <= 256, "attention",
          "heads must be a multiple of kv heads, head width 1 to 256");
   if (a.Tq == 0) return;
+  if (decode_fits(k, v, a)) {
+    if (a.Tq * (a.n_heads / a.n_kv_heads) <= 2) launch_decode_any<2>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
+    else launch_decode_any<8>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
+    return;
+  }
   const bool same16 = (q.dt == DType::BF16 || q.dt == DType::F16) && k.dt == q.dt && v.dt == q.dt;
   if (same16 && a.Tq >= 64 && a.Tk > 0 && (a.head_dim == 64 || a.head_dim == 128)) {
     if (q.dt == DType::BF16) {

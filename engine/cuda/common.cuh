@@ -125,6 +125,39 @@ SS_HD void store(void* p, int64_t i, DType dt, float v) {
 SS_HD float at(const Mat& m, int64_t r, int64_t c) { return load(m.p, r * m.ld + c, m.dt); }
 SS_HD void put(const Mat& m, int64_t r, int64_t c, float v) { store(m.p, r * m.ld + c, m.dt, v); }
 
+// Sixteen bytes in one load or store (8 bf16/fp16 or 4 fp32 values); the
+// address must be 16-byte aligned.
+#ifdef __CUDACC__
+using Bytes16 = uint4;
+#else
+struct alignas(16) Bytes16 {
+  uint32_t x, y, z, w;
+};
+#endif
+SS_DEV Bytes16 load16(const void* p) { return *static_cast<const Bytes16*>(p); }
+SS_DEV void store16(void* p, Bytes16 v) { *static_cast<Bytes16*>(p) = v; }
+// Whether row r, column c of m starts a 16-byte aligned run (for load16).
+SS_HD bool aligned16(const Mat& m) {
+  const int64_t es = m.dt == DType::F32 || m.dt == DType::I32 ? 4 : 2;
+  return reinterpret_cast<uintptr_t>(m.p) % 16 == 0 && (m.ld * es) % 16 == 0;
+}
+// The VEC = 16 / sizeof values of a Bytes16 as fp32 (16-bit dtypes: 8, fp32: 4).
+template <DType DT>
+SS_DEV void unpack16(Bytes16 b, float* out) {
+  const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (DT == DType::F32) {
+      out[i] = bits_to_float(w[i]);
+    } else if constexpr (DT == DType::BF16) {
+      out[2 * i] = bits_to_float(w[i] << 16);
+      out[2 * i + 1] = bits_to_float(w[i] & 0xffff0000u);
+    } else {
+      out[2 * i] = f16_to_float(uint16_t(w[i] & 0xffffu));
+      out[2 * i + 1] = f16_to_float(uint16_t(w[i] >> 16));
+    }
+  }
+}
+
 SS_HD float silu(float v) { return v / (1.0f + expf(-v)); }
 SS_HD float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 SS_HD int imin(int a, int b) { return a < b ? a : b; }
