@@ -188,11 +188,17 @@ class TestCudaOps : public QObject {
     QTest::addColumn<int>("K");
     QTest::addColumn<bool>("accumulate");
     QTest::addColumn<bool>("f32_out");
-    QTest::newRow("square") << 64 << 64 << 64 << false << false;
-    QTest::newRow("odd") << 37 << 53 << 29 << false << false;
-    QTest::newRow("decode row") << 1 << 300 << 96 << false << false;
-    QTest::newRow("accumulate") << 17 << 40 << 24 << true << false;
-    QTest::newRow("logits in fp32") << 9 << 130 << 48 << false << true;
+    QTest::addColumn<bool>("aligned");  // x's rows 16-byte aligned: a few rows take gemv.cu, not cuBLAS
+    QTest::newRow("square") << 64 << 64 << 64 << false << false << false;
+    QTest::newRow("odd") << 37 << 53 << 29 << false << false << false;
+    QTest::newRow("decode row") << 1 << 300 << 96 << false << false << false;
+    QTest::newRow("decode row, aligned") << 1 << 300 << 96 << false << false << true;
+    QTest::newRow("3 rows, accumulate, aligned") << 3 << 257 << 136 << true << false << true;
+    QTest::newRow("2 rows, long K, aligned") << 2 << 70 << 4104 << false << false << true;
+    QTest::newRow("one output, aligned") << 1 << 1 << 64 << false << false << true;
+    QTest::newRow("logits in fp32, aligned") << 1 << 130 << 48 << false << true << true;
+    QTest::newRow("accumulate") << 17 << 40 << 24 << true << false << false;
+    QTest::newRow("logits in fp32") << 9 << 130 << 48 << false << true << false;
   }
   void matmul() {
     QFETCH(int, M);
@@ -200,19 +206,26 @@ class TestCudaOps : public QObject {
     QFETCH(int, K);
     QFETCH(bool, accumulate);
     QFETCH(bool, f32_out);
+    QFETCH(bool, aligned);
     Rigs r;
-    const Twin x = r.random_mat(M, K, 3), w = r.random({N, K}, 0.2);
+    const Twin x = r.random_mat(M, K, aligned ? 8 : 3), w = r.random({N, K}, 0.2);
     Twin y = r.random_mat(M, N, 2, 1.0, f32_out ? DType::F32 : g_dtype);
     r.cpu.matmul(y.c, x.c, w.c, accumulate);
     r.gpu.matmul(y.d, x.d, w.d, accumulate);
     VERIFY_TWIN_TOL(r, y, "matmul", tolerance(accumulate ? 2 : 1));
   }
 
+  void elementwise_data() {
+    QTest::addColumn<bool>("aligned");  // 16-byte aligned rows of whole pieces: the vectorised kernels
+    QTest::newRow("strided") << false;
+    QTest::newRow("aligned") << true;
+  }
   void elementwise() {
+    QFETCH(bool, aligned);
     Rigs r;
-    const int64_t T = 23, C = 77;
-    const Twin a = r.random_mat(T, C, 1), b = r.random_mat(T, C, 2);
-    Twin y = r.mat(T, C, 3, std::vector<float>(size_t(T * C), 0.0f));
+    const int64_t T = 23, C = aligned ? 80 : 77;
+    const Twin a = r.random_mat(T, C, aligned ? 8 : 1), b = r.random_mat(T, C, aligned ? 16 : 2);
+    Twin y = r.mat(T, C, aligned ? 8 : 3, std::vector<float>(size_t(T * C), 0.0f));
     r.cpu.add(y.c, a.c, b.c);
     r.gpu.add(y.d, a.d, b.d);
     VERIFY_TWIN(r, y, "add");
@@ -224,7 +237,7 @@ class TestCudaOps : public QObject {
     r.gpu.add_bias(y.d, bias.d);
     VERIFY_TWIN_TOL(r, y, "add_bias", tolerance(2));
     // copy: strided within a dtype, and across dtypes (rounding once)
-    Twin z = r.mat(T, C, 2, std::vector<float>(size_t(T * C), 0.0f));
+    Twin z = r.mat(T, C, aligned ? 8 : 2, std::vector<float>(size_t(T * C), 0.0f));
     r.cpu.copy(z.c, a.c);
     r.gpu.copy(z.d, a.d);
     VERIFY_TWIN(r, z, "copy");
@@ -262,12 +275,18 @@ class TestCudaOps : public QObject {
     QTest::addColumn<int>("group");
     QTest::addColumn<bool>("gated");
     QTest::addColumn<bool>("weight");
-    QTest::newRow("rmsnorm") << 19 << 96 << 96 << false << true;
-    QTest::newRow("rmsnorm wide") << 3 << 1100 << 1100 << false << true;
-    QTest::newRow("no weight") << 5 << 64 << 64 << false << false;
-    QTest::newRow("groups") << 7 << 120 << 40 << false << true;
-    QTest::newRow("gated") << 11 << 128 << 128 << true << true;
-    QTest::newRow("gated groups") << 6 << 96 << 24 << true << true;
+    QTest::addColumn<bool>("aligned");  // whole rows in 16-byte pieces: the vectorised kernel
+    QTest::newRow("rmsnorm") << 19 << 96 << 96 << false << true << false;
+    QTest::newRow("rmsnorm, aligned") << 19 << 96 << 96 << false << true << true;
+    QTest::newRow("rmsnorm wide") << 3 << 1100 << 1100 << false << true << false;
+    QTest::newRow("rmsnorm 4096, aligned") << 3 << 4096 << 4096 << false << true << true;
+    QTest::newRow("rmsnorm 9000, aligned (too wide)") << 2 << 9000 << 9000 << false << true << true;
+    QTest::newRow("no weight") << 5 << 64 << 64 << false << false << false;
+    QTest::newRow("no weight, aligned") << 5 << 64 << 64 << false << false << true;
+    QTest::newRow("groups") << 7 << 120 << 40 << false << true << false;
+    QTest::newRow("gated") << 11 << 128 << 128 << true << true << false;
+    QTest::newRow("gated, aligned") << 11 << 136 << 136 << true << true << true;
+    QTest::newRow("gated groups") << 6 << 96 << 24 << true << true << false;
   }
   void norms() {
     QFETCH(int, T);
@@ -275,10 +294,11 @@ class TestCudaOps : public QObject {
     QFETCH(int, group);
     QFETCH(bool, gated);
     QFETCH(bool, weight);
+    QFETCH(bool, aligned);
     Rigs r;
-    const Twin x = r.random_mat(T, cols, 2), z = r.random_mat(T, cols, 1);
+    const Twin x = r.random_mat(T, cols, aligned ? 8 : 2), z = r.random_mat(T, cols, aligned ? 16 : 1);
     const Twin w = r.make({cols}, r.randn(cols, 0.2, 1.0));
-    Twin y = r.mat(T, cols, 1, std::vector<float>(size_t(T * cols), 0.0f));
+    Twin y = r.mat(T, cols, aligned ? 8 : 1, std::vector<float>(size_t(T * cols), 0.0f));
     if (gated) {
       r.cpu.gated_rmsnorm(y.c, x.c, z.c, w.c, 1e-5f, group);
       r.gpu.gated_rmsnorm(y.d, x.d, z.d, w.d, 1e-5f, group);
@@ -304,16 +324,39 @@ class TestCudaOps : public QObject {
     VERIFY_TWIN(r, y, "gated_rmsnorm_apply");
   }
 
+  void rope_data() {
+    QTest::addColumn<int>("nh");
+    QTest::addColumn<int>("hd");
+    QTest::addColumn<int>("pad");  // 8: 16-byte aligned rows, the kernel that takes 8 pairs a thread
+    QTest::newRow("width 12, strided") << 3 << 12 << 2;
+    QTest::newRow("width 32, aligned") << 3 << 32 << 8;
+    QTest::newRow("width 128, aligned") << 2 << 128 << 8;
+  }
   void rope() {
+    QFETCH(int, nh);
+    QFETCH(int, hd);
+    QFETCH(int, pad);
     Rigs r;
-    const int nh = 3, hd = 12;
     const std::vector<int32_t> pos = {0, 5, 6, 7, 100, 4097, 65000};
     std::vector<double> inv_freq(size_t(hd / 2));
     for (int i = 0; i < hd / 2; ++i) inv_freq[size_t(i)] = std::pow(10000.0, -2.0 * i / hd);
-    Twin x = r.random_mat(int64_t(pos.size()), nh * hd, 2);
+    Twin x = r.random_mat(int64_t(pos.size()), nh * hd, pad);
     r.cpu.rope(x.c, nh, hd, pos, inv_freq);
     r.gpu.rope(x.d, nh, hd, pos, inv_freq);
     VERIFY_TWIN(r, x, "rope");
+  }
+
+  // A Mamba's fp32 residual normed into the block's dtype (the vectorised
+  // kernel's mixed form).
+  void rmsnormFp32Residual() {
+    Rigs r;
+    const int64_t T = 5, cols = 136;
+    const Twin x = r.random_mat(T, cols, 8, 1.0, DType::F32);
+    const Twin w = r.make({cols}, r.randn(cols, 0.2, 1.0));
+    Twin y = r.mat(T, cols, 8, std::vector<float>(size_t(T * cols), 0.0f));
+    r.cpu.rmsnorm(y.c, x.c, w.c, 1e-5f, cols);
+    r.gpu.rmsnorm(y.d, x.d, w.d, 1e-5f, cols);
+    VERIFY_TWIN(r, y, "rmsnorm fp32 -> dtype");
   }
 
   void attention_data() {
@@ -322,7 +365,9 @@ class TestCudaOps : public QObject {
     QTest::addColumn<int>("heads");
     QTest::addColumn<int>("kv_heads");
     QTest::addColumn<int>("head_dim");
-    QTest::addColumn<QString>("positions");  // causal, zigzag, decode, all-visible
+    // causal, zigzag, decode, all-visible; sharp: causal with scores 8x
+    // larger, so a row's max keeps jumping and the prefill rescales O
+    QTest::addColumn<QString>("positions");
     // K and V views: 16-byte aligned rows (as the caches are) take the decode
     // and the vectorised prefill loads; the padded ones the scalar paths.
     QTest::addColumn<bool>("aligned");
@@ -331,6 +376,8 @@ class TestCudaOps : public QObject {
     QTest::newRow("prefill 128") << 70 << 70 << 2 << 1 << 128 << "causal" << false;
     QTest::newRow("prefill 128, aligned") << 150 << 150 << 2 << 1 << 128 << "causal" << true;
     QTest::newRow("odd width 12") << 37 << 37 << 4 << 4 << 12 << "causal" << false;
+    QTest::newRow("sharp, aligned") << 150 << 150 << 2 << 1 << 128 << "sharp" << true;
+    QTest::newRow("sharp 64") << 130 << 130 << 2 << 2 << 64 << "sharp" << false;
     QTest::newRow("width 80") << 45 << 45 << 2 << 2 << 80 << "causal" << false;
     QTest::newRow("width 160") << 20 << 20 << 2 << 1 << 160 << "causal" << false;
     QTest::newRow("zigzag rank") << 64 << 128 << 4 << 2 << 64 << "zigzag" << false;
@@ -355,7 +402,7 @@ class TestCudaOps : public QObject {
     QFETCH(bool, aligned);
     Rigs r;
     std::vector<int32_t> qp, kp;
-    if (positions == "causal") {
+    if (positions == "causal" || positions == "sharp") {
       qp = kp = iota_pos(Tq);
     } else if (positions == "zigzag") {
       qp = zigzag_pos(2 * Tq, 2, 1);
@@ -375,7 +422,7 @@ class TestCudaOps : public QObject {
     a.n_heads = heads;
     a.n_kv_heads = kv_heads;
     a.head_dim = head_dim;
-    a.scale = float(1.0 / std::sqrt(double(head_dim)));
+    a.scale = float((positions == "sharp" ? 8.0 : 1.0) / std::sqrt(double(head_dim)));
     a.q_pos = qp;
     a.k_pos = kp;
     r.cpu.attention(o.c, q.c, k.c, v.c, a, lse.c);

@@ -220,14 +220,25 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t col = int64_t(kvh) * hd + dc * VEC;
   const char* kb = static_cast<const char*>(k.p) + col * es;
   const char* vb = static_cast<const char*>(v.p) + col * es;
-  for (int64_t j0 = k_begin + int64_t(warp) * KPW; j0 < k_end; j0 += int64_t(kWarps) * KPW) {
+  // Each step's K and V pieces are loaded while the step before is computed.
+  const int64_t step = int64_t(kWarps) * KPW;
+  Bytes16 kraw{0, 0, 0, 0}, vraw{0, 0, 0, 0};
+  int kp_next = INT_MAX;
+  auto fetch = [&](int64_t j0) {
     const int64_t j = j0 + slot;
     const bool have = j < k_end;
     const int64_t row = have ? j : k_begin;  // a lane past the end reads a real row and uses none of it
+    kraw = load16(kb + row * k.ld * es);
+    vraw = load16(vb + row * v.ld * es);
+    kp_next = have ? kpos[j] : INT_MAX;
+  };
+  if (k_begin + int64_t(warp) * KPW < k_end) fetch(k_begin + int64_t(warp) * KPW);
+  for (int64_t j0 = k_begin + int64_t(warp) * KPW; j0 < k_end; j0 += step) {
     float kf[VEC], vf[VEC];
-    unpack16<DT>(load16(kb + row * k.ld * es), kf);
-    unpack16<DT>(load16(vb + row * v.ld * es), vf);
-    const int kp = have ? kpos[j] : INT_MAX;
+    unpack16<DT>(kraw, kf);
+    unpack16<DT>(vraw, vf);
+    const int kp = kp_next;
+    if (j0 + step < k_end) fetch(j0 + step);
     for (int rr = 0; rr < MAXR && rr < R; ++rr) {
       float sc = 0.0f;
       for (int e = 0; e < VEC; ++e) sc += qs[rr * hd + dc * VEC + e] * kf[e];
@@ -303,13 +314,19 @@ struct Wmma {
   static constexpr int LDH = HD + 16;     // 16-bit rows (Q, K, V); keeps every fragment 32-byte aligned
   static constexpr int LDS = BK + 4;      // fp32 scores
   static constexpr int LDP = BK + 16;     // 16-bit probabilities
-  static constexpr int LDO = HD + 4;      // fp32 output accumulator
-  static constexpr size_t q_off = 0, k_off = q_off + 2 * BQ * LDH, v_off = k_off + 2 * BK * LDH,
-                          s_off = v_off + 2 * BK * LDH, p_off = s_off + 4 * BQ * LDS, o_off = p_off + 2 * BQ * LDP,
-                          stat_off = o_off + 4 * BQ * LDO;
-  // per row: m, l, corr, position; per key: position
+  // Q is staged where the scores go later (its fragments then live in
+  // registers, as O's do): about 66 KB at width 128, two or three blocks an SM.
+  static constexpr size_t qs_bytes = 2 * BQ * LDH > 4 * BQ * LDS ? 2 * BQ * LDH : 4 * BQ * LDS;
+  static constexpr size_t q_off = 0, s_off = 0, k_off = qs_bytes, v_off = k_off + 2 * BK * LDH,
+                          p_off = v_off + 2 * BK * LDH, stat_off = p_off + 2 * BQ * LDP;
+  // per row: reference max, sum, correction, position; per key: position
   static constexpr size_t smem_bytes() { return stat_off + 4 * (4 * BQ + BK); }
 };
+// The running max a row's probabilities are taken against moves only when a
+// tile's max passes it by more than this (natural log: e^8 ~ 3000, within
+// every dtype's range), so O, held in registers, is rescaled rarely
+// (FlashAttention-4's conditional rescaling); the result is the same.
+constexpr float kRescaleMargin = 8.0f;
 
 // A bf16 or fp16 value's bits from any storage dtype (the same dtype here: a copy).
 SS_DEV uint16_t bits16(const Mat& m, int64_t r, int64_t c) {
@@ -318,17 +335,16 @@ SS_DEV uint16_t bits16(const Mat& m, int64_t r, int64_t c) {
 SS_DEV uint16_t round16(float v, DType dt) { return dt == DType::BF16 ? float_to_bf16(v) : float_to_f16(v); }
 
 template <class T, int HD>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     attn_wmma_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse) {
   using W = Wmma<HD>;
-  constexpr int BQ = W::BQ, BK = W::BK, LDH = W::LDH, LDS = W::LDS, LDP = W::LDP, LDO = W::LDO;
+  constexpr int BQ = W::BQ, BK = W::BK, LDH = W::LDH, LDS = W::LDS, LDP = W::LDP;
   SS_DYNAMIC_SMEM(unsigned char, smem);
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem + W::q_off);
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + W::k_off);
   uint16_t* Vs = reinterpret_cast<uint16_t*>(smem + W::v_off);
   float* S = reinterpret_cast<float*>(smem + W::s_off);
   uint16_t* P = reinterpret_cast<uint16_t*>(smem + W::p_off);
-  float* O = reinterpret_cast<float*>(smem + W::o_off);
   float* row_m = reinterpret_cast<float*>(smem + W::stat_off);
   float* row_l = row_m + BQ;
   float* row_corr = row_l + BQ;
@@ -358,7 +374,6 @@ __global__ void __launch_bounds__(kThreads)
       Qs[rr * LDH + d] = q0 + rr < a.Tq ? bits16(q, q0 + rr, int64_t(h) * HD + d) : uint16_t(0);
     }
   }
-  for (int i = tid; i < BQ * HD; i += kThreads) O[(i / HD) * LDO + i % HD] = 0.0f;
   for (int i = tid; i < BQ; i += kThreads) {
     qp[i] = q0 + i < a.Tq ? qpos[q0 + i] : INT_MIN;
     row_m[i] = -INFINITY;
@@ -386,6 +401,7 @@ __global__ void __launch_bounds__(kThreads)
   auto fetch = [&](int64_t k0) {
     if (!vec) return;
     const Bytes16 zero{0, 0, 0, 0};
+#pragma unroll
     for (int c = 0; c < PER; ++c) {
       const int idx = tid + c * kThreads, kk = idx / CH, ch = idx % CH;
       const bool ok = k0 + kk < a.Tk;
@@ -396,6 +412,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   auto stash = [&](int64_t k0, int nb) {
     if (vec) {
+#pragma unroll
       for (int c = 0; c < PER; ++c) {
         const int idx = tid + c * kThreads, kk = idx / CH, ch = idx % CH;
         store16(Ks + kk * LDH + ch * 8, kreg[c]);
@@ -412,78 +429,115 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = tid; i < BK; i += kThreads) kp[i] = i < nb ? kpos[k0 + i] : INT_MAX;
   };
 
+  // This warp's Q rows as fragments and its O rows as accumulators, in
+  // registers for the whole key loop; Q's staging area becomes the scores'.
+  const int r0 = warp * 16;
+  __syncthreads();  // Q is staged
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf[HD / 16];
+  for (int kk = 0; kk < HD / 16; ++kk)
+    wmma::load_matrix_sync(qf[kk], reinterpret_cast<const T*>(Qs + r0 * LDH + kk * 16), LDH);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> of[HD / 16];
+  for (int n = 0; n < HD / 16; ++n) wmma::fill_fragment(of[n], 0.0f);
+  float* scratch = S + r0 * LDS;  // the warp's score rows, once read: a 16 x 16 block of O at a time
+
   int64_t k0 = next_visible(0);
   if (k0 < a.Tk) fetch(k0);
   while (k0 < a.Tk) {
     const int nb = int(min64(BK, a.Tk - k0));
-    __syncthreads();  // the previous tile is read (and, the first time, Q and the row state are written)
+    __syncthreads();  // the previous tile is read (and, the first time, every warp's Q fragments)
     stash(k0, nb);
     __syncthreads();
     const int64_t next = next_visible(k0 + BK);
     if (next < a.Tk) fetch(next);
 
-    // S_w = Q_w K^T for this warp's 16 rows, 16 keys at a time.
-    const int r0 = warp * 16;
-    for (int n = 0; n < BK / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
-      wmma::fill_fragment(sf, 0.0f);
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
-        wmma::load_matrix_sync(qf, reinterpret_cast<const T*>(Qs + r0 * LDH + kk * 16), LDH);
-        wmma::load_matrix_sync(kf, reinterpret_cast<const T*>(Ks + n * 16 * LDH + kk * 16), LDH);
-        wmma::mma_sync(sf, qf, kf, sf);
-      }
-      wmma::store_matrix_sync(S + r0 * LDS + n * 16, sf, LDS, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // Online softmax of the warp's rows: two keys a lane (BK = 64).
-    for (int rr = 0; rr < 16; ++rr) {
-      const int row = r0 + rr;
-      float s0 = S[row * LDS + lane] * a.scale, s1 = S[row * LDS + lane + 32] * a.scale;
-      if (!(lane < nb && kp[lane] <= qp[row])) s0 = -INFINITY;
-      if (!(lane + 32 < nb && kp[lane + 32] <= qp[row])) s1 = -INFINITY;
-      const float m_old = row_m[row];
-      const float mx = warp_max(fmaxf(m_old, fmaxf(s0, s1)));
-      const float p0 = s0 == -INFINITY ? 0.0f : expf(s0 - mx), p1 = s1 == -INFINITY ? 0.0f : expf(s1 - mx);
-      const float psum = warp_sum(p0 + p1);
-      P[row * LDP + lane] = round16(p0, dt);
-      P[row * LDP + lane + 32] = round16(p1, dt);
-      __syncwarp();  // every lane has read row_m[row] before lane 0 updates it
-      if (lane == 0) {
-        const float corr = mx == -INFINITY ? 1.0f : expf(m_old - mx);
-        row_corr[row] = corr;
-        if (mx != -INFINITY) {
-          row_l[row] = row_l[row] * corr + psum;
-          row_m[row] = mx;
+    // S_w = Q_w K^T for this warp's 16 rows: the BK / 16 key blocks' products
+    // in flight together.
+    {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf[BK / 16];
+      for (int n = 0; n < BK / 16; ++n) wmma::fill_fragment(sf[n], 0.0f);
+      for (int kk = 0; kk < HD / 16; ++kk)
+        for (int n = 0; n < BK / 16; ++n) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
+          wmma::load_matrix_sync(kf, reinterpret_cast<const T*>(Ks + n * 16 * LDH + kk * 16), LDH);
+          wmma::mma_sync(sf[n], qf[kk], kf, sf[n]);
         }
+      for (int n = 0; n < BK / 16; ++n)
+        wmma::store_matrix_sync(S + r0 * LDS + n * 16, sf[n], LDS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    // Online softmax, two lanes a row, each over half the tile's keys (BK =
+    // 64), walked from a lane-rotated start so the lanes hit distinct banks.
+    {
+      const int row = r0 + lane / 2, half = lane % 2, qrow = qp[row];
+      const float m_ref = row_m[row];
+      float sv[32];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int t = 0; t < 32; ++t) {
+        const int j = half * 32 + ((t + lane) & 31);
+        const bool visible = j < nb && kp[j] <= qrow;
+        sv[t] = visible ? S[row * LDS + j] * a.scale : -INFINITY;
+        mx = fmaxf(mx, sv[t]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      // A new reference only past the margin (or for a row's first keys).
+      const float ref = mx > m_ref + kRescaleMargin || m_ref == -INFINITY ? fmaxf(m_ref, mx) : m_ref;
+      float psum = 0.0f;
+#pragma unroll
+      for (int t = 0; t < 32; ++t) {
+        const int j = half * 32 + ((t + lane) & 31);
+        const float p = sv[t] == -INFINITY ? 0.0f : expf(sv[t] - ref);
+        psum += p;
+        P[row * LDP + j] = round16(p, dt);
+      }
+      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+      __syncwarp();  // both lanes of the row have read row_m before it changes
+      if (half == 0) {
+        const float corr = ref == m_ref || m_ref == -INFINITY ? 1.0f : expf(m_ref - ref);
+        row_corr[row] = corr;
+        row_l[row] = row_l[row] * corr + psum;
+        row_m[row] = ref;
       }
     }
     __syncwarp();
-    for (int i = lane; i < 16 * HD; i += 32) O[(r0 + i / HD) * LDO + i % HD] *= row_corr[r0 + i / HD];
-    __syncwarp();
-    // O_w += P_w V, 16 output columns at a time.
-    for (int n = 0; n < HD / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
-      wmma::load_matrix_sync(of, O + r0 * LDO + n * 16, LDO, wmma::mem_row_major);
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
-        wmma::load_matrix_sync(pf, reinterpret_cast<const T*>(P + r0 * LDP + kk * 16), LDP);
-        wmma::load_matrix_sync(vf, reinterpret_cast<const T*>(Vs + kk * 16 * LDH + n * 16), LDH);
-        wmma::mma_sync(of, pf, vf, of);
+    // O's rows rescaled where a reference moved: a block at a time through
+    // the scratch (the scores are read by now).
+    bool moved = false;
+    for (int rr = 0; rr < 16; ++rr) moved = moved || row_corr[r0 + rr] != 1.0f;
+    if (moved)
+      for (int n = 0; n < HD / 16; ++n) {
+        wmma::store_matrix_sync(scratch, of[n], LDS, wmma::mem_row_major);
+        __syncwarp();
+        for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDS + i % 16] *= row_corr[r0 + i / 16];
+        __syncwarp();
+        wmma::load_matrix_sync(of[n], scratch, LDS, wmma::mem_row_major);
+        __syncwarp();
       }
-      wmma::store_matrix_sync(O + r0 * LDO + n * 16, of, LDO, wmma::mem_row_major);
+    // O_w += P_w V: the HD / 16 output blocks' products in flight together,
+    // each P fragment loaded once.
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
+      wmma::load_matrix_sync(pf, reinterpret_cast<const T*>(P + r0 * LDP + kk * 16), LDP);
+      for (int n = 0; n < HD / 16; ++n) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
+        wmma::load_matrix_sync(vf, reinterpret_cast<const T*>(Vs + kk * 16 * LDH + n * 16), LDH);
+        wmma::mma_sync(of[n], pf, vf, of[n]);
+      }
     }
     k0 = next;
   }
-  __syncthreads();
-  for (int i = tid; i < BQ * HD; i += kThreads) {
-    const int rr = i / HD, d = i % HD;
-    const int64_t qi = q0 + rr;
-    if (qi >= a.Tq) continue;
-    const float l = row_l[rr];
-    put(o, qi, int64_t(h) * HD + d, l > 0.0f ? O[rr * LDO + d] / l : 0.0f);
+  // O / l, a 16 x 16 block at a time through the warp's scratch.
+  __syncthreads();  // (with no visible tile, every warp's Q fragments are loaded before the scratch is used)
+  for (int n = 0; n < HD / 16; ++n) {
+    wmma::store_matrix_sync(scratch, of[n], LDS, wmma::mem_row_major);
+    __syncwarp();
+    for (int i = lane; i < 256; i += 32) {
+      const int rr = r0 + i / 16, d = n * 16 + i % 16;
+      const int64_t qi = q0 + rr;
+      const float l = row_l[rr];
+      if (qi < a.Tq) put(o, qi, int64_t(h) * HD + d, l > 0.0f ? scratch[(i / 16) * LDS + i % 16] / l : 0.0f);
+    }
+    __syncwarp();
   }
   if (lse)
     for (int i = tid; i < BQ; i += kThreads)

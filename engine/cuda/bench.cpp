@@ -239,11 +239,16 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     const double limit = weights / copy_bw;
     line(out, "\ndecode, batch 1: %.3f ms a token (median of %d); weights %.2f GiB / copy bandwidth = %.3f ms: %.2f of the limit (goal >= 0.70)\n",
          per_token * 1e3, decode, weights / double(1 << 30), limit * 1e3, limit / per_token);
-    if (dec_ops.count("attention")) {
-      const Totals& k = dec_ops.at("attention");
-      line(out, "    %-16s %6d calls %9.1f GB/s  %.2f of copy (K/V read once)\n", "attention", k.count,
-           k.bytes / k.seconds * 1e-9, k.bytes / k.seconds / copy_bw);
+    // Where a token's time goes: each op's kernels, and what is left between them (launches, the host).
+    double kernels = 0;
+    for (const auto& [op, k] : dec_ops) {
+      kernels += k.seconds;
+      line(out, "    %-16s %6d calls %8.3f ms a token %9.1f GB/s  %.2f of copy\n", op.c_str(), k.count,
+           k.seconds / decode * 1e3, k.bytes / std::max(k.seconds, 1e-12) * 1e-9,
+           k.bytes / std::max(k.seconds, 1e-12) / copy_bw);
     }
+    line(out, "    %-16s %6s       %8.3f ms a token (the step's time less its spans: launches, the host)\n",
+         "between kernels", "", std::max(0.0, per_token - kernels / decode) * 1e3);
   }
 
   // ---- the SSM: the scan and its neighbours' bandwidth.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -156,6 +157,47 @@ SS_DEV void unpack16(Bytes16 b, float* out) {
       out[2 * i + 1] = f16_to_float(uint16_t(w[i] >> 16));
     }
   }
+}
+
+// VEC fp32 values rounded into a Bytes16 of dtype DT (the inverse of unpack16).
+template <DType DT>
+SS_DEV Bytes16 pack16(const float* v) {
+  uint32_t w[4];
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (DT == DType::F32) w[i] = float_to_bits(v[i]);
+    else if constexpr (DT == DType::BF16) w[i] = uint32_t(float_to_bf16(v[2 * i])) | uint32_t(float_to_bf16(v[2 * i + 1])) << 16;
+    else w[i] = uint32_t(float_to_f16(v[2 * i])) | uint32_t(float_to_f16(v[2 * i + 1])) << 16;
+  }
+  return Bytes16{w[0], w[1], w[2], w[3]};
+}
+// Eight values of dtype DT as fp32 and back: one 16-byte piece of a 16-bit
+// dtype, two of fp32 (16-byte aligned addresses).
+template <DType DT>
+SS_DEV void load8(const void* p, float* out) {
+  unpack16<DT>(load16(p), out);
+  if constexpr (DT == DType::F32) unpack16<DT>(load16(static_cast<const char*>(p) + 16), out + 4);
+}
+template <DType DT>
+SS_DEV void store8(void* p, const float* v) {
+  store16(p, pack16<DT>(v));
+  if constexpr (DT == DType::F32) store16(static_cast<char*>(p) + 16, pack16<DT>(v + 4));
+}
+// Whether each view is 16-byte aligned with rows of whole 8-value pieces
+// (cols values), whatever its dtype.
+inline bool eights_fit(std::initializer_list<const Mat*> ms, int64_t cols) {
+  if (cols % 8 != 0) return false;
+  for (const Mat* m : ms)
+    if (m->dt == DType::I32 || !aligned16(*m)) return false;
+  return true;
+}
+// Whether every view is of dtype dt, 16-byte aligned, with rows of whole
+// 16-byte pieces (cols values): the vectorised kernels' condition.
+inline bool pieces_fit(std::initializer_list<const Mat*> ms, int64_t cols) {
+  const DType dt = (*ms.begin())->dt;
+  if (dt == DType::I32 || cols % (dt == DType::F32 ? 4 : 8) != 0) return false;
+  for (const Mat* m : ms)
+    if (m->dt != dt || !aligned16(*m)) return false;
+  return true;
 }
 
 SS_HD float silu(float v) { return v / (1.0f + expf(-v)); }

@@ -347,6 +347,8 @@ void CudaBackend::gemm(int64_t M, int64_t N, int64_t K, const Tensor& A, bool a_
 }
 
 void CudaBackend::k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) {
+  // A few rows (decode): a kernel that streams the weights at the memory's rate (gemv.cu).
+  if (x.rows() <= 4 && kern::gemv_fits(mat(y), mat(x), mat(w))) return kern::gemv(mat(y), mat(x), mat(w), accumulate, m_compute);
   gemm(x.rows(), w.rows(), x.cols(), x, false, w, true, y, 1.0f, accumulate ? 1.0f : 0.0f);
 }
 

@@ -61,6 +61,46 @@ __global__ void embedding_kernel(Mat y, Mat table, const int32_t* tokens) {
   }
 }
 
+// The same in 16-byte pieces where pieces_fit: a piece per thread, its row
+// found once for VEC values.
+enum class Binary { Add, SiluMul };
+#define SS_FOR_EACH_PIECE(rows, per_row)                                                                   \
+  for (int64_t i_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, n_ = (rows) * (per_row); i_ < n_; \
+       i_ += int64_t(gridDim.x) * blockDim.x)
+
+template <DType DT>
+SS_DEV const void* piece(const Mat& m, int64_t r, int64_t p) {
+  constexpr int64_t es = DT == DType::F32 ? 4 : 2, VEC = 16 / es;
+  return static_cast<const char*>(m.p) + (r * m.ld + p * VEC) * es;
+}
+
+template <DType DT, Binary OP>
+__global__ void binary_pieces_kernel(Mat y, Mat a, Mat b) {
+  constexpr int VEC = DT == DType::F32 ? 4 : 8;
+  const int64_t per_row = y.cols / VEC;
+  SS_FOR_EACH_PIECE(y.rows, per_row) {
+    const int64_t r = i_ / per_row, p = i_ % per_row;
+    float av[VEC], bv[VEC];
+    unpack16<DT>(load16(piece<DT>(a, r, p)), av);
+    unpack16<DT>(load16(piece<DT>(b, r, p)), bv);
+    for (int e = 0; e < VEC; ++e) av[e] = OP == Binary::Add ? av[e] + bv[e] : silu(av[e]) * bv[e];
+    store16(const_cast<void*>(piece<DT>(y, r, p)), pack16<DT>(av));
+  }
+}
+
+// Rows copied piece by piece: a strided copy within a dtype, or the
+// embedding's gather (src row tokens[r]).
+template <DType DT>
+__global__ void copy_pieces_kernel(Mat y, Mat src, const int32_t* tokens) {
+  constexpr int VEC = DT == DType::F32 ? 4 : 8;
+  const int64_t per_row = y.cols / VEC;
+  SS_FOR_EACH_PIECE(y.rows, per_row) {
+    const int64_t r = i_ / per_row, p = i_ % per_row;
+    store16(const_cast<void*>(piece<DT>(y, r, p)), load16(piece<DT>(src, tokens ? tokens[r] : r, p)));
+  }
+}
+#undef SS_FOR_EACH_PIECE
+
 // One block: each thread keeps the best of its columns (the lowest index
 // among equal values), then the block reduces (value, index) pairs.
 __global__ void argmax_kernel(Mat x, int64_t row, int32_t* out) {
@@ -119,6 +159,23 @@ __global__ void sum_rows_kernel(void* dst, const void* src, int rows, int64_t co
 
 unsigned grid_for(int64_t n) { return blocks_for(n, kThreads); }
 
+template <Binary OP>
+void binary_pieces(const Mat& y, const Mat& a, const Mat& b, Stream s) {
+  const int vec = y.dt == DType::F32 ? 4 : 8;
+  auto* kernel = y.dt == DType::BF16  ? &binary_pieces_kernel<DType::BF16, OP>
+                 : y.dt == DType::F16 ? &binary_pieces_kernel<DType::F16, OP>
+                                      : &binary_pieces_kernel<DType::F32, OP>;
+  SS_LAUNCH(kernel, grid_for(y.rows * y.cols / vec), kThreads, 0, s)(y, a, b);
+}
+
+void copy_pieces(const Mat& y, const Mat& src, const int32_t* tokens, Stream s) {
+  const int vec = y.dt == DType::F32 ? 4 : 8;
+  auto* kernel = y.dt == DType::BF16  ? &copy_pieces_kernel<DType::BF16>
+                 : y.dt == DType::F16 ? &copy_pieces_kernel<DType::F16>
+                                      : &copy_pieces_kernel<DType::F32>;
+  SS_LAUNCH(kernel, grid_for(y.rows * y.cols / vec), kThreads, 0, s)(y, src, tokens);
+}
+
 }  // namespace
 
 void fill(const Mat& y, float value, Stream s) {
@@ -136,12 +193,20 @@ void fill_random(const Mat& y, uint64_t seed, float scale, Stream s) {
 void convert(const Mat& dst, const Mat& src, Stream s) {
   expect(dst.rows == src.rows && dst.cols == src.cols, "convert", "shapes differ");
   if (dst.rows * dst.cols == 0) return;
+  if (pieces_fit({&dst, &src}, dst.cols)) {
+    copy_pieces(dst, src, nullptr, s);
+    return check_launch("convert");
+  }
   SS_LAUNCH(convert_kernel, grid_for(dst.rows * dst.cols), kThreads, 0, s)(dst, src);
   check_launch("convert");
 }
 
 void add(const Mat& y, const Mat& a, const Mat& b, Stream s) {
   if (y.rows * y.cols == 0) return;
+  if (pieces_fit({&y, &a, &b}, y.cols)) {
+    binary_pieces<Binary::Add>(y, a, b, s);
+    return check_launch("add");
+  }
   SS_LAUNCH(add_kernel, grid_for(y.rows * y.cols), kThreads, 0, s)(y, a, b);
   check_launch("add");
 }
@@ -155,12 +220,20 @@ void add_bias(const Mat& y, const Mat& bias, Stream s) {
 
 void silu_mul(const Mat& y, const Mat& gate, const Mat& up, Stream s) {
   if (y.rows * y.cols == 0) return;
+  if (pieces_fit({&y, &gate, &up}, y.cols)) {
+    binary_pieces<Binary::SiluMul>(y, gate, up, s);
+    return check_launch("silu_mul");
+  }
   SS_LAUNCH(silu_mul_kernel, grid_for(y.rows * y.cols), kThreads, 0, s)(y, gate, up);
   check_launch("silu_mul");
 }
 
 void embedding(const Mat& y, const Mat& table, const int32_t* tokens, Stream s) {
   if (y.rows * y.cols == 0) return;
+  if (pieces_fit({&y, &table}, y.cols)) {
+    copy_pieces(y, table, tokens, s);
+    return check_launch("embedding");
+  }
   SS_LAUNCH(embedding_kernel, grid_for(y.rows * y.cols), kThreads, 0, s)(y, table, tokens);
   check_launch("embedding");
 }

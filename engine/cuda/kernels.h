@@ -51,6 +51,11 @@ enum ScratchSlot : int {
   kScratchSlots
 };
 
+// ---- gemv.cu: y (+)= x w^T for 1 to 4 rows of x (decode), where gemv_fits
+// (one dtype, 16-byte aligned rows, K a whole number of 16-byte pieces).
+bool gemv_fits(const Mat& y, const Mat& x, const Mat& w);
+void gemv(const Mat& y, const Mat& x, const Mat& w, bool accumulate, Stream s);
+
 // ---- elementwise.cu
 void fill(const Mat& y, float value, Stream s);
 // Uniform values in [-scale, scale) from a counter hash of (seed, index): weights made on the device (bench).

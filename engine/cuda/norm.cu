@@ -32,6 +32,64 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Mat y, Mat x, Mat z, 
   }
 }
 
+// The same for a whole-row group in pieces of 8 values (eights_fit): a block
+// per row, up to kMaxPieces pieces a thread held in registers, so x (and z)
+// are read once. x and z of dtype DX, y of DY (a Mamba's fp32 residual into
+// the block's dtype), w of y's.
+constexpr int kMaxPieces = 4;
+
+template <DType DX, DType DY, bool GATED>
+__global__ void __launch_bounds__(kThreads) rmsnorm_pieces_kernel(Mat y, Mat x, Mat z, Mat w, float eps) {
+  constexpr int64_t ex = DX == DType::F32 ? 4 : 2, ey = DY == DType::F32 ? 4 : 2;
+  __shared__ float red[32];
+  const int64_t pieces = x.cols / 8;
+  for (int64_t r = blockIdx.x; r < x.rows; r += gridDim.x) {
+    float v[kMaxPieces][8];  // unrolled loops with constant indices: registers, not local memory
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxPieces; ++i) {
+      const int64_t p = threadIdx.x + int64_t(i) * kThreads;
+      if (p < pieces) {
+        load8<DX>(static_cast<const char*>(x.p) + (r * x.ld + p * 8) * ex, v[i]);
+        if constexpr (GATED) {
+          float zv[8];
+          load8<DX>(static_cast<const char*>(z.p) + (r * z.ld + p * 8) * ex, zv);
+          for (int e = 0; e < 8; ++e) v[i][e] *= silu(zv[e]);
+        }
+        for (int e = 0; e < 8; ++e) ss += v[i][e] * v[i][e];
+      }
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / float(x.cols) + eps);
+#pragma unroll
+    for (int i = 0; i < kMaxPieces; ++i) {
+      const int64_t p = threadIdx.x + int64_t(i) * kThreads;
+      if (p < pieces) {
+        float wv[8];
+        if (w.p) load8<DY>(static_cast<const char*>(w.p) + p * 8 * ey, wv);
+        for (int e = 0; e < 8; ++e) v[i][e] = v[i][e] * inv * (w.p ? wv[e] : 1.0f);
+        store8<DY>(static_cast<char*>(y.p) + (r * y.ld + p * 8) * ey, v[i]);
+      }
+    }
+  }
+}
+
+template <bool GATED>
+bool launch_rmsnorm_pieces(const Mat& y, const Mat& x, const Mat& z, const Mat& w, float eps, Stream s) {
+  void (*kernel)(Mat, Mat, Mat, Mat, float) = nullptr;
+  if (x.dt == y.dt)
+    kernel = x.dt == DType::BF16  ? &rmsnorm_pieces_kernel<DType::BF16, DType::BF16, GATED>
+             : x.dt == DType::F16 ? &rmsnorm_pieces_kernel<DType::F16, DType::F16, GATED>
+                                  : &rmsnorm_pieces_kernel<DType::F32, DType::F32, GATED>;
+  else if (x.dt == DType::F32 && y.dt == DType::BF16)
+    kernel = &rmsnorm_pieces_kernel<DType::F32, DType::BF16, GATED>;
+  else if (x.dt == DType::F32 && y.dt == DType::F16)
+    kernel = &rmsnorm_pieces_kernel<DType::F32, DType::F16, GATED>;
+  if (!kernel) return false;
+  SS_LAUNCH(kernel, blocks_for(x.rows, 1), kThreads, 0, s)(y, x, z, w, eps);
+  return true;
+}
+
 // A block per row: its sums of squares of x * silu(z) per local group into
 // ss[r, slot0 + g]; the row's other slots are zeroed.
 __global__ void __launch_bounds__(kThreads) gated_sumsq_kernel(float* ss, int64_t slots, Mat x, Mat z,
@@ -70,6 +128,13 @@ void rmsnorm(const Mat& y, const Mat& x, const Mat& z, const Mat& w, float eps, 
   expect(group > 0 && x.cols % group == 0, "rmsnorm", "the group does not divide the columns");
   const int64_t items = x.rows * (x.cols / group);
   if (items == 0) return;
+  const bool whole = group == x.cols && x.cols <= int64_t(kThreads) * kMaxPieces * 8 && (!z.p || z.dt == x.dt) &&
+                     eights_fit(z.p ? std::initializer_list<const Mat*>{&y, &x, &z}
+                                    : std::initializer_list<const Mat*>{&y, &x},
+                                x.cols) &&
+                     (!w.p || (w.dt == y.dt && eights_fit({&w}, x.cols)));
+  if (whole && (z.p ? launch_rmsnorm_pieces<true>(y, x, z, w, eps, s) : launch_rmsnorm_pieces<false>(y, x, z, w, eps, s)))
+    return check_launch("rmsnorm");
   SS_LAUNCH(rmsnorm_kernel, blocks_for(items, 1), kThreads, 0, s)(y, x, z, w, eps, group);
   check_launch("rmsnorm");
 }

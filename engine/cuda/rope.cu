@@ -1,6 +1,4 @@
-// Rotary position embedding in place, HF Llama's rotate-half pairing: a
-// thread per (token, head, pair); the angle in double, as the cpu kernel
-// takes it, so long positions keep their precision.
+// Rotary position embedding in place, HF Llama's rotate-half pairing.
 #include "cuda/common.cuh"
 
 namespace ss::SS_CUDA_NS {
@@ -8,28 +6,80 @@ namespace {
 
 constexpr int kThreads = 256;
 
+constexpr int kMaxHalf = 256;
+
+// A block per token: the token's angles (in double, as the cpu kernel takes
+// them, so long positions keep their precision) once into shared memory for
+// every head, then a thread per (head, pair).
 __global__ void rope_kernel(Mat x, int n_heads, int head_dim, const int32_t* pos, const double* inv_freq) {
+  __shared__ float cs[2][kMaxHalf];
   const int half = head_dim / 2;
-  const int64_t n = x.rows * n_heads * half;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / (int64_t(n_heads) * half);
-    const int h = int(i / half % n_heads), j = int(i % half);
-    const double ang = double(pos[t]) * inv_freq[j];
-    const float c = float(cos(ang)), s = float(sin(ang));
-    const int64_t col = int64_t(h) * head_dim + j;
-    const float a = at(x, t, col), b = at(x, t, col + half);
-    put(x, t, col, a * c - b * s);
-    put(x, t, col + half, b * c + a * s);
+  for (int64_t t = blockIdx.x; t < x.rows; t += gridDim.x) {
+    __syncthreads();  // the previous token's angles are used
+    for (int j = int(threadIdx.x); j < half; j += int(blockDim.x)) {
+      const double ang = double(pos[t]) * inv_freq[j];
+      cs[0][j] = float(cos(ang));
+      cs[1][j] = float(sin(ang));
+    }
+    __syncthreads();
+    for (int i = int(threadIdx.x); i < n_heads * half; i += int(blockDim.x)) {
+      const int h = i / half, j = i % half;
+      const float c = cs[0][j], s = cs[1][j];
+      const int64_t col = int64_t(h) * head_dim + j;
+      const float a = at(x, t, col), b = at(x, t, col + half);
+      put(x, t, col, a * c - b * s);
+      put(x, t, col + half, b * c + a * s);
+    }
+  }
+}
+
+// The same with 8 pairs a thread in pieces of 8 values (eights_fit and
+// half a head a whole number of pieces).
+template <DType DT>
+__global__ void rope_pieces_kernel(Mat x, int n_heads, int head_dim, const int32_t* pos, const double* inv_freq) {
+  constexpr int64_t es = DT == DType::F32 ? 4 : 2;
+  __shared__ float cs[2][kMaxHalf];
+  const int half = head_dim / 2, per_head = half / 8;
+  for (int64_t t = blockIdx.x; t < x.rows; t += gridDim.x) {
+    __syncthreads();  // the previous token's angles are used
+    for (int j = int(threadIdx.x); j < half; j += int(blockDim.x)) {
+      const double ang = double(pos[t]) * inv_freq[j];
+      cs[0][j] = float(cos(ang));
+      cs[1][j] = float(sin(ang));
+    }
+    __syncthreads();
+    for (int i = int(threadIdx.x); i < n_heads * per_head; i += int(blockDim.x)) {
+      const int j0 = (i % per_head) * 8;
+      char* lo = static_cast<char*>(x.p) + (t * x.ld + int64_t(i / per_head) * head_dim + j0) * es;
+      char* hi = lo + int64_t(half) * es;
+      float a[8], b[8];
+      load8<DT>(lo, a);
+      load8<DT>(hi, b);
+      for (int e = 0; e < 8; ++e) {
+        const float c = cs[0][j0 + e], sn = cs[1][j0 + e], av = a[e];
+        a[e] = av * c - b[e] * sn;
+        b[e] = b[e] * c + av * sn;
+      }
+      store8<DT>(lo, a);
+      store8<DT>(hi, b);
+    }
   }
 }
 
 }  // namespace
 
 void rope(const Mat& x, int n_heads, int head_dim, const int32_t* pos, const double* inv_freq, Stream s) {
-  expect(head_dim % 2 == 0 && x.cols == int64_t(n_heads) * head_dim, "rope", "shape mismatch");
-  const int64_t n = x.rows * n_heads * (head_dim / 2);
-  if (n == 0) return;
-  SS_LAUNCH(rope_kernel, blocks_for(n, kThreads), kThreads, 0, s)(x, n_heads, head_dim, pos, inv_freq);
+  expect(head_dim % 2 == 0 && head_dim / 2 <= kMaxHalf && x.cols == int64_t(n_heads) * head_dim, "rope",
+         "shape mismatch (or a head wider than 512)");
+  if (x.rows * n_heads == 0) return;
+  if (head_dim % 16 == 0 && eights_fit({&x}, x.cols)) {
+    auto* kernel = x.dt == DType::BF16  ? &rope_pieces_kernel<DType::BF16>
+                   : x.dt == DType::F16 ? &rope_pieces_kernel<DType::F16>
+                                        : &rope_pieces_kernel<DType::F32>;
+    SS_LAUNCH(kernel, blocks_for(x.rows, 1), kThreads, 0, s)(x, n_heads, head_dim, pos, inv_freq);
+    return check_launch("rope");
+  }
+  SS_LAUNCH(rope_kernel, blocks_for(x.rows, 1), kThreads, 0, s)(x, n_heads, head_dim, pos, inv_freq);
   check_launch("rope");
 }
 

@@ -15,7 +15,10 @@
 # backend, every dtype); tst_cuda_models (every family on one GPU against the
 # cpu, decode against prefill); tst_strategies and tst_train with the cuda
 # backend (rows needing more GPUs than there are say so and skip: NCCL runs
-# one rank per GPU); bench --backend cuda. About 5 minutes on one H100/H200.
+# one rank per GPU), side by side; calibrate --backend cuda (its profile
+# lands in OUTDIR); bench --backend cuda (SHARDSCOPE_GPU_BENCH_RUNS times).
+# Under a minute on one H200 (limits: SHARDSCOPE_GPU_CHECK_LIMIT seconds a
+# suite, SHARDSCOPE_GPU_BENCH_LIMIT a benchmark run).
 set -uo pipefail
 out="${1:?usage: tests/gpu/run.sh OUTDIR}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -110,10 +113,18 @@ wait "${pids[@]}"  # these alone: a bare wait would also wait for the log's tee
 for n in "${names[@]}"; do show "$n"; done
 check calibrate 90 "$bin/shardscope-engine" calibrate --backend cuda --out "$out/calibrated-gpu.json"
 show calibrate
+# The benchmark SHARDSCOPE_GPU_BENCH_RUNS times (default 1), each run's
+# tables in full: the spread between runs is the figures' noise.
 t0=$(date +%s)
-echo "===== bench --backend cuda"
-timeout "${SHARDSCOPE_GPU_BENCH_LIMIT:-180}" "$bin/shardscope-engine" bench --backend cuda > "$out/bench.txt" 2>&1
-bench_status=$?
+runs=${SHARDSCOPE_GPU_BENCH_RUNS:-1}
+bench_status=0
+: > "$out/bench.txt"
+for ((i = 1; i <= runs; i++)); do
+  echo "===== bench --backend cuda ($i of $runs)"
+  [[ $runs -gt 1 ]] && echo "--- run $i of $runs" >> "$out/bench.txt"
+  timeout "${SHARDSCOPE_GPU_BENCH_LIMIT:-180}" "$bin/shardscope-engine" bench --backend cuda >> "$out/bench.txt" 2>&1 ||
+    bench_status=$?
+done
 cat "$out/bench.txt"
 echo "| bench --backend cuda | $([[ $bench_status -eq 0 ]] && echo ok || echo "FAILED (exit $bench_status)") | - | - | - | $(( $(date +%s) - t0 )) |" \
   > "$out/rows/zz-bench"
