@@ -315,7 +315,8 @@ struct Wmma {
   static constexpr int LDS = BK + 4;      // fp32 scores
   static constexpr int LDP = BK + 16;     // 16-bit probabilities
   // Q is staged where the scores go later (its fragments then live in
-  // registers, as O's do): about 66 KB at width 128, two or three blocks an SM.
+  // registers, as O's do): about 66 KB at width 128, so two blocks an SM, as
+  // many as the registers allow (__launch_bounds__ below).
   static constexpr size_t qs_bytes = 2 * BQ * LDH > 4 * BQ * LDS ? 2 * BQ * LDH : 4 * BQ * LDS;
   static constexpr size_t q_off = 0, s_off = 0, k_off = qs_bytes, v_off = k_off + 2 * BK * LDH,
                           p_off = v_off + 2 * BK * LDH, stat_off = p_off + 2 * BQ * LDP;
