@@ -8,27 +8,39 @@ constexpr int kThreads = 256;
 
 constexpr int kMaxHalf = 256;
 
-// A block per token: the token's angles (in double, as the cpu kernel takes
-// them, so long positions keep their precision) once into shared memory for
-// every head, then a thread per (head, pair).
+// Token position p's cos and sin per pair into cs, for the whole block (in
+// double, as the cpu kernel takes them, so long positions keep their
+// precision); the block's previous use of cs is over first.
+SS_DEV void token_angles(float (*cs)[kMaxHalf], int32_t p, const double* inv_freq, int half) {
+  __syncthreads();
+  for (int j = int(threadIdx.x); j < half; j += int(blockDim.x)) {
+    const double ang = double(p) * inv_freq[j];
+    cs[0][j] = float(cos(ang));
+    cs[1][j] = float(sin(ang));
+  }
+  __syncthreads();
+}
+// The pair (a, b) rotated by the angle of cos c and sin s.
+SS_DEV void rotate(float& a, float& b, float c, float s) {
+  const float a0 = a;
+  a = a0 * c - b * s;
+  b = b * c + a0 * s;
+}
+
+// A block per token: the token's angles once into shared memory for every
+// head, then a thread per (head, pair).
 __global__ void rope_kernel(Mat x, int n_heads, int head_dim, const int32_t* pos, const double* inv_freq) {
   __shared__ float cs[2][kMaxHalf];
   const int half = head_dim / 2;
   for (int64_t t = blockIdx.x; t < x.rows; t += gridDim.x) {
-    __syncthreads();  // the previous token's angles are used
-    for (int j = int(threadIdx.x); j < half; j += int(blockDim.x)) {
-      const double ang = double(pos[t]) * inv_freq[j];
-      cs[0][j] = float(cos(ang));
-      cs[1][j] = float(sin(ang));
-    }
-    __syncthreads();
+    token_angles(cs, pos[t], inv_freq, half);
     for (int i = int(threadIdx.x); i < n_heads * half; i += int(blockDim.x)) {
       const int h = i / half, j = i % half;
-      const float c = cs[0][j], s = cs[1][j];
       const int64_t col = int64_t(h) * head_dim + j;
-      const float a = at(x, t, col), b = at(x, t, col + half);
-      put(x, t, col, a * c - b * s);
-      put(x, t, col + half, b * c + a * s);
+      float a = at(x, t, col), b = at(x, t, col + half);
+      rotate(a, b, cs[0][j], cs[1][j]);
+      put(x, t, col, a);
+      put(x, t, col + half, b);
     }
   }
 }
@@ -41,13 +53,7 @@ __global__ void rope_pieces_kernel(Mat x, int n_heads, int head_dim, const int32
   __shared__ float cs[2][kMaxHalf];
   const int half = head_dim / 2, per_head = half / 8;
   for (int64_t t = blockIdx.x; t < x.rows; t += gridDim.x) {
-    __syncthreads();  // the previous token's angles are used
-    for (int j = int(threadIdx.x); j < half; j += int(blockDim.x)) {
-      const double ang = double(pos[t]) * inv_freq[j];
-      cs[0][j] = float(cos(ang));
-      cs[1][j] = float(sin(ang));
-    }
-    __syncthreads();
+    token_angles(cs, pos[t], inv_freq, half);
     for (int i = int(threadIdx.x); i < n_heads * per_head; i += int(blockDim.x)) {
       const int j0 = (i % per_head) * 8;
       char* lo = static_cast<char*>(x.p) + (t * x.ld + int64_t(i / per_head) * head_dim + j0) * es;
@@ -55,11 +61,7 @@ __global__ void rope_pieces_kernel(Mat x, int n_heads, int head_dim, const int32
       float a[8], b[8];
       load8<DT>(lo, a);
       load8<DT>(hi, b);
-      for (int e = 0; e < 8; ++e) {
-        const float c = cs[0][j0 + e], sn = cs[1][j0 + e], av = a[e];
-        a[e] = av * c - b[e] * sn;
-        b[e] = b[e] * c + av * sn;
-      }
+      for (int e = 0; e < 8; ++e) rotate(a[e], b[e], cs[0][j0 + e], cs[1][j0 + e]);
       store8<DT>(lo, a);
       store8<DT>(hi, b);
     }
