@@ -152,7 +152,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   m_model->setToolTip(tr("A preset, or the path of a Hugging Face model folder (config.json + safetensors)"));
   m_backend = new QComboBox(setup);
   m_backend->addItem(tr("CPU devices (MPI ranks)"), QStringLiteral("cpu"));
-  // GPUs only where the engine finds some (its `info`); a process per GPU, NCCL between them.
+  // GPUs only where the engine finds some (its `info`); a process per rank, NCCL between GPUs.
   if (const int gpus = EngineClient::gpuCount(); gpus > 0)
     m_backend->addItem(tr("GPUs (CUDA, %n found)", nullptr, gpus), QStringLiteral("cuda"));
   for (const QFileInfo& f : QDir(resourcesDir() + "/hardware").entryInfoList({"*.json"}, QDir::Files, QDir::Name))

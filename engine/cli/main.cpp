@@ -12,6 +12,7 @@
 #include "cpu/kernels.h"
 #include "cuda/bench.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/staged_communicator.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
 #include "runtime/bench.h"
@@ -194,6 +195,10 @@ int main(int argc, char** argv) {
   ss::register_emulated_cuda(
       {[](ss::Allocator& a, ss::Recorder& r) -> std::unique_ptr<ss::Backend> {
          return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
+       },
+       [](std::unique_ptr<ss::Communicator> host) -> std::unique_ptr<ss::Communicator> {
+         // The emulator's streams are synchronous: the copies need none.
+         return std::make_unique<ss::cuda_emu::StagedCommunicator>(std::move(host), nullptr, nullptr);
        },
        [](const ss::CudaBenchOptions& o, std::ostream& out) { return ss::cuda_emu::run_bench(o, out); },
        [](bool quick, std::ostream& log) { return ss::cuda_emu::calibrate(quick, log); }});

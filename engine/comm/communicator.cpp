@@ -10,4 +10,11 @@ double wire_bytes(const std::string& op, double bytes, int ranks) {
   return bytes;  // broadcast (from the root), send, sendrecv
 }
 
+bool buffers_overlap(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const char* pa = static_cast<const char*>(a.raw());
+  const char* pb = static_cast<const char*>(b.raw());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 }  // namespace ss

@@ -46,6 +46,9 @@ using Request = std::shared_ptr<CommRequest>;
 // reduce_scatter (n-1)/n of the full buffer, broadcast 1 (root), all_to_all (n-1)/n.
 double wire_bytes(const std::string& op, double bytes, int ranks);
 
+// Whether two tensors' bytes overlap (the buffers of one operation must not).
+bool buffers_overlap(const Tensor& a, const Tensor& b);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -161,13 +161,6 @@ char* ptr(const Tensor& t) {
   return static_cast<char*>(p ? p : &empty);
 }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const char* pa = ptr(a);
-  const char* pb = ptr(b);
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 // The MPI type that moves a dtype's values (16-bit floats travel as their bits).
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -324,7 +317,7 @@ void MpiCommunicator::reduce_scatter(const Tensor& out, const Tensor& in) {
     throw std::logic_error("reduce_scatter on " + m_name + ": in has " +
                            std::to_string(in.numel()) + " elements, expected size() * out = " +
                            std::to_string(m_size) + " * " + std::to_string(out.numel()));
-  if (overlaps(out, in))
+  if (buffers_overlap(out, in))
     throw std::logic_error("reduce_scatter on " + m_name + ": out and in overlap");
   check_summable(in, "reduce_scatter");
   if (in.dtype() != out.dtype()) throw std::logic_error("reduce_scatter on " + m_name + ": in and out dtypes differ");
@@ -357,7 +350,7 @@ Request MpiCommunicator::issue_all_gather(const Tensor& out, const Tensor& in) {
   const MPI_Datatype type = mpi_type(in.dtype());
   // `in` may already sit in this rank's block of `out` (a gather in place).
   const bool in_place = n > 0 && pin == pout + int64_t(m_rank) * in.nbytes();
-  if (!in_place && overlaps(out, in))
+  if (!in_place && buffers_overlap(out, in))
     throw std::logic_error("all_gather on " + m_name +
                            ": in overlaps out other than as this rank's block");
   return submit("all_gather", double(out.nbytes()), {out.numel()}, others(), {out, in},
@@ -376,7 +369,7 @@ void MpiCommunicator::all_to_all(const Tensor& out, const Tensor& in) {
                            "elements, a multiple of size() = " + std::to_string(m_size) +
                            "; got in " + std::to_string(in.numel()) + ", out " +
                            std::to_string(out.numel()));
-  if (overlaps(out, in)) throw std::logic_error("all_to_all on " + m_name + ": out and in overlap");
+  if (buffers_overlap(out, in)) throw std::logic_error("all_to_all on " + m_name + ": out and in overlap");
   if (in.dtype() != out.dtype()) throw std::logic_error("all_to_all on " + m_name + ": in and out dtypes differ");
   const int n = int(in.numel() / m_size);
   char* pin = ptr(in);
@@ -422,7 +415,7 @@ Request MpiCommunicator::issue_sendrecv(const Tensor& send, int dst, const Tenso
   check_tensor(recv, "sendrecv", "recv");
   check_peer(dst, "sendrecv", "dst");
   check_peer(src, "sendrecv", "src");
-  if (overlaps(send, recv))
+  if (buffers_overlap(send, recv))
     throw std::logic_error("sendrecv on " + m_name + ": send and recv overlap");
   if (send.dtype() != recv.dtype()) throw std::logic_error("sendrecv on " + m_name + ": send and recv dtypes differ");
   const int ns = int(send.numel());

@@ -97,13 +97,6 @@ ncclDataType_t nccl_type(DType t) {
 
 cudaStream_t nccl_st(Stream s) { return static_cast<cudaStream_t>(s); }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const char* pa = static_cast<const char*>(a.raw());
-  const char* pb = static_cast<const char*>(b.raw());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 }  // namespace
 
 std::string nccl_unavailable_reason() { return nccl().error; }
@@ -427,7 +420,7 @@ void NcclCommunicator::reduce_scatter(const Tensor& out, const Tensor& in) {
     throw std::logic_error("reduce_scatter on " + name() + ": in has " + std::to_string(in.numel()) +
                            " elements, expected size() * out = " + std::to_string(size()) + " * " +
                            std::to_string(out.numel()));
-  if (overlaps(out, in)) throw std::logic_error("reduce_scatter on " + name() + ": out and in overlap");
+  if (buffers_overlap(out, in)) throw std::logic_error("reduce_scatter on " + name() + ": out and in overlap");
   if (in.dtype() != out.dtype()) throw std::logic_error("reduce_scatter on " + name() + ": in and out dtypes differ");
   const DType dt = in.dtype();
   issue("reduce_scatter", double(in.nbytes()), {in.numel()}, others(), {out, in}, [this, out, in, dt] {
@@ -451,7 +444,7 @@ Request NcclCommunicator::iall_gather(const Tensor& out, const Tensor& in) {
                            " elements, expected size() * in = " + std::to_string(size()) + " * " + std::to_string(n));
   if (in.dtype() != out.dtype()) throw std::logic_error("all_gather on " + name() + ": in and out dtypes differ");
   const bool in_place = n > 0 && static_cast<char*>(in.raw()) == static_cast<char*>(out.raw()) + rank() * in.nbytes();
-  if (!in_place && overlaps(out, in))
+  if (!in_place && buffers_overlap(out, in))
     throw std::logic_error("all_gather on " + name() + ": in overlaps out other than as this rank's block");
   return issue("all_gather", double(out.nbytes()), {out.numel()}, others(), {out, in}, [this, out, in] {
     State& s = *m_state;
@@ -468,7 +461,7 @@ void NcclCommunicator::all_to_all(const Tensor& out, const Tensor& in) {
   if (in.numel() != out.numel() || in.numel() % size() != 0)
     throw std::logic_error("all_to_all on " + name() + ": in and out need the same number of elements, a multiple of "
                            "size() = " + std::to_string(size()));
-  if (overlaps(out, in)) throw std::logic_error("all_to_all on " + name() + ": out and in overlap");
+  if (buffers_overlap(out, in)) throw std::logic_error("all_to_all on " + name() + ": out and in overlap");
   if (in.dtype() != out.dtype()) throw std::logic_error("all_to_all on " + name() + ": in and out dtypes differ");
   const int64_t block = in.nbytes() / size();
   issue("all_to_all", double(in.nbytes()), {in.numel()}, others(), {out, in}, [this, out, in, block] {
@@ -500,7 +493,7 @@ Request NcclCommunicator::isendrecv(const Tensor& send_t, int dst, const Tensor&
   check_tensor(recv_t, "sendrecv", "recv");
   check_peer(dst, "sendrecv", "dst");
   check_peer(src, "sendrecv", "src");
-  if (overlaps(send_t, recv_t)) throw std::logic_error("sendrecv on " + name() + ": send and recv overlap");
+  if (buffers_overlap(send_t, recv_t)) throw std::logic_error("sendrecv on " + name() + ": send and recv overlap");
   if (send_t.dtype() != recv_t.dtype())
     throw std::logic_error("sendrecv on " + name() + ": send and recv dtypes differ");
   return issue("sendrecv", double(send_t.nbytes()), {send_t.numel()},

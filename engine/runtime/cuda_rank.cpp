@@ -1,5 +1,6 @@
-// A rank of a cuda run: one process per GPU (the local rank's), MPI for the
-// host side (start-up, telemetry), NCCL between the GPUs (engine/cuda).
+// A rank of a cuda run: a process per rank on its local rank's GPU, MPI for
+// the host side (start-up, telemetry), NCCL between the GPUs, or MPI through
+// host memory where ranks share a GPU (engine/cuda).
 #include <cstdlib>
 #include <string>
 
@@ -10,6 +11,7 @@
 #include "cuda/bench.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/nccl_communicator.h"
+#include "cuda/staged_communicator.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -31,6 +33,11 @@ RankSetup emulated_cuda_rank_setup(int devices) {
   RankSetup setup = mpi_rank_setup(devices);
   setup.backend = "cuda-emu";
   setup.make_backend = emulated().make_backend;
+  setup.connect = [devices](Group& g, Recorder& rec) {
+    connect_mpi(g, rec, devices);
+    g.device_world = emulated().stage(std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world"));
+    g.world = g.device_world.get();
+  };
   return setup;
 }
 
@@ -121,11 +128,11 @@ double nccl_timeout_s() {
 }  // namespace
 
 void check_gpu_count(int devices) {
-  const int gpus = cuda::device_count();
-  if (devices > gpus)
-    throw UsageError("--backend cuda --devices " + std::to_string(devices) + ": this host has " + std::to_string(gpus) +
-                     " GPU(s) and NCCL runs one rank per GPU; lower --devices to " + std::to_string(gpus) +
-                     ", give a --hostfile, or use --backend cpu");
+  const std::string why = cuda::unavailable_reason();
+  if (!why.empty())
+    throw UsageError("--backend cuda --devices " + std::to_string(devices) + ": " + why +
+                     " (`shardscope-engine info` says what was found); use --backend cpu, or simulate the GPU with "
+                     "`shardscope-engine simulate`");
 }
 
 RankSetup cuda_rank_setup(int devices) {
@@ -134,10 +141,12 @@ RankSetup cuda_rank_setup(int devices) {
     throw UsageError("--backend cuda: " + why + " (`shardscope-engine info` says what was found); use --backend cpu, "
                      "or simulate the GPU with `shardscope-engine simulate`");
   const int gpus = cuda::device_count();
-  // NCCL runs one rank per GPU: the host's local ranks take its GPUs in turn.
-  if (devices > 1 && local_size() > gpus)
-    throw UsageError("--backend cuda: " + std::to_string(local_size()) + " ranks on this host but " +
-                     std::to_string(gpus) + " GPU(s); NCCL runs one rank per GPU: lower --devices, or use --backend cpu");
+  // The host's local ranks take its GPUs in turn. NCCL refuses two ranks of
+  // a communicator on one device, so where ranks share GPUs (or NCCL is
+  // missing) every rank's collectives go through host memory over MPI.
+  const int sharing = (local_size() + gpus - 1) / gpus;  // ranks on the busiest GPU
+  const std::string no_nccl = cuda::nccl_unavailable_reason();
+  const bool staged = devices > 1 && (sharing > 1 || !no_nccl.empty());
   const int device = local_rank() % gpus;
   auto ctx = std::make_shared<std::shared_ptr<cuda::DeviceContext>>();
   RankSetup setup;
@@ -146,19 +155,27 @@ RankSetup cuda_rank_setup(int devices) {
   // see: the CUDA context, cuBLAS's workspace, NCCL's buffers and the
   // kernels' scratch.
   const cuda::DeviceProps props = cuda::device_props(device);
+  // Ranks sharing the GPU share its memory.
   const int64_t reserve = std::max<int64_t>(int64_t(768) << 20, props.total_bytes / 20);
-  setup.default_capacity = std::max<int64_t>(0, props.free_bytes - reserve);
+  setup.default_capacity = std::max<int64_t>(0, (props.free_bytes - reserve) / sharing);
   setup.config = {{"gpu", {{"name", props.name},
                            {"device", device},
                            {"memory_bytes", props.total_bytes},
                            {"compute_capability", std::to_string(props.cc_major) + "." + std::to_string(props.cc_minor)},
-                           {"runtime", cuda::runtime_version()}}}};
+                           {"runtime", cuda::runtime_version()},
+                           {"ranks_per_gpu", sharing},
+                           {"collectives", !staged            ? "nccl"
+                                           : no_nccl.empty() ? "mpi through host memory (ranks share a GPU)"
+                                                             : "mpi through host memory (" + no_nccl + ")"}}}};
   setup.abort = [](int code) { MPI_Abort(MPI_COMM_WORLD, code); };
-  setup.connect = [devices, device, ctx](Group& g, Recorder& rec) {
+  setup.connect = [devices, device, ctx, staged](Group& g, Recorder& rec) {
     connect_mpi(g, rec, devices);
     *ctx = std::make_shared<cuda::DeviceContext>(device, rec);
     auto host = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
-    g.device_world = std::make_unique<cuda::NcclCommunicator>(std::move(host), *ctx, rec, nccl_timeout_s());
+    if (staged)
+      g.device_world = std::make_unique<cuda::StagedCommunicator>(std::move(host), (*ctx)->compute, *ctx);
+    else
+      g.device_world = std::make_unique<cuda::NcclCommunicator>(std::move(host), *ctx, rec, nccl_timeout_s());
     g.world = g.device_world.get();
   };
   setup.make_backend = [device, ctx](Allocator& a, Recorder& r) -> std::unique_ptr<Backend> {
@@ -176,7 +193,9 @@ void describe_cuda(std::ostream& out) {
   }
   const std::string nccl = cuda::nccl_version();
   out << "  cuda  available: " << cuda::device_count() << " GPU(s), " << cuda::runtime_version() << ", NCCL "
-      << (nccl.empty() ? "not found (" + cuda::nccl_unavailable_reason() + "): one GPU per run" : nccl) << "\n";
+      << (nccl.empty() ? "not found (" + cuda::nccl_unavailable_reason() + "): collectives over MPI through host memory"
+                       : nccl + " (more ranks than GPUs share them, collectives over MPI through host memory)")
+      << "\n";
   for (int d = 0; d < cuda::device_count(); ++d) {
     const cuda::DeviceProps p = cuda::device_props(d);
     char line[256];

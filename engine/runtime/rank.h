@@ -61,18 +61,24 @@ struct RankSetup {
 RankSetup mpi_rank_setup(int devices);
 // Joins the MPI job of `devices` ranks: the world, its hosts, one clock, the comm stream.
 void connect_mpi(Group& g, Recorder& rec, int devices);
-// A cuda rank (runtime/cuda_rank.cpp): one process per GPU (its local rank's
-// device), NCCL between the GPUs, MPI for the host side. Refused with the
-// reason where this engine has no CUDA or this machine no usable GPU.
+// A cuda rank (runtime/cuda_rank.cpp): a process per rank on its local
+// rank's GPU, NCCL between the GPUs, MPI for the host side. Where a host has
+// more ranks than GPUs, they share them in turn and their collectives go
+// through host memory over MPI (NCCL refuses two ranks of one communicator
+// on a device). Refused with the reason where this engine has no CUDA or
+// this machine no usable GPU.
 RankSetup cuda_rank_setup(int devices);
-// Refuses more ranks than this host has GPUs (NCCL runs one rank per GPU).
+// Refuses --backend cuda before launch where this host has no usable GPU.
 void check_gpu_count(int devices);
 // The same kernels under the host emulator of engine/cuda/emu (`--backend
-// cuda-emu`, for the tests: slow, no GPU involved), with MPI between the
-// ranks as the cpu backend has. The executable that links the emulator
-// registers how to make its backend.
+// cuda-emu`, for the tests: slow, no GPU involved), their collectives staged
+// over MPI as ranks sharing a GPU have them. The executable that links the
+// emulator registers how to make its backend and world.
 struct EmulatedCuda {
   std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)> make_backend;
+  // The world the ranks' collectives use: the host communicator staged
+  // through the emulated device memory (cuda/staged_communicator.h).
+  std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator> host)> stage;
   std::function<int(const CudaBenchOptions&, std::ostream&)> bench;
   std::function<nlohmann::json(bool quick, std::ostream& log)> calibrate;
 };

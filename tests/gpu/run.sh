@@ -14,11 +14,11 @@
 # Checks: shardscope-engine info; tst_cuda_ops (every kernel against the cpu
 # backend, every dtype); tst_cuda_models (every family on one GPU against the
 # cpu, decode against prefill); tst_strategies and tst_train with the cuda
-# backend (rows needing more GPUs than there are say so and skip: NCCL runs
-# one rank per GPU), side by side; calibrate --backend cuda (its profile
+# backend (ranks beyond the GPUs share them, collectives staged over MPI),
+# side by side; calibrate --backend cuda (its profile
 # lands in OUTDIR); bench --backend cuda (SHARDSCOPE_GPU_BENCH_RUNS times).
-# Under a minute on one H200 (limits: SHARDSCOPE_GPU_CHECK_LIMIT seconds a
-# suite, SHARDSCOPE_GPU_BENCH_LIMIT a benchmark run).
+# Limits: SHARDSCOPE_GPU_CHECK_LIMIT seconds a suite (300),
+# SHARDSCOPE_GPU_BENCH_LIMIT a benchmark run (180).
 set -uo pipefail
 out="${1:?usage: tests/gpu/run.sh OUTDIR}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -101,14 +101,21 @@ show() {  # show NAME: its output into the log, once it has ended
 nvidia-smi -L || echo "run: nvidia-smi found no GPU"
 check info 60 "$bin/shardscope-engine" info
 show info
-limit=${SHARDSCOPE_GPU_CHECK_LIMIT:-240}
-names=(tst_cuda_ops tst_cuda_models tst_strategies_cuda tst_train_cuda)
+limit=${SHARDSCOPE_GPU_CHECK_LIMIT:-300}
+# The multi-rank suites launch their rows one after another (processes
+# sharing the GPU where there are fewer GPUs than ranks), so each is split
+# in two by test function to run side by side.
+names=(tst_cuda_ops tst_cuda_models tst_strategies_cuda_1 tst_strategies_cuda_2 tst_train_cuda_1 tst_train_cuda_2)
 pids=()
 check tst_cuda_ops "$limit" "$bin/tst_cuda_ops" & pids+=($!)
 check tst_cuda_models "$limit" "$bin/tst_cuda_models" & pids+=($!)
-SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda "$limit" "$bin/tst_strategies" & pids+=($!)
-SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda "$limit" "$bin/tst_train" gradientsEqualSingle \
-  adamwStepsEqualSingle memoryMatchesClosedForm & pids+=($!)
+SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_1 "$limit" "$bin/tst_strategies" tinyLlama tinyMamba \
+  tinyFalconMamba & pids+=($!)
+SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_2 "$limit" "$bin/tst_strategies" tinyMamba2 tinyHybrid \
+  memoryClosedForm spActivationsBelowTp & pids+=($!)
+SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda_1 "$limit" "$bin/tst_train" gradientsEqualSingle & pids+=($!)
+SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda_2 "$limit" "$bin/tst_train" adamwStepsEqualSingle \
+  memoryMatchesClosedForm & pids+=($!)
 wait "${pids[@]}"  # these alone: a bare wait would also wait for the log's tee
 for n in "${names[@]}"; do show "$n"; done
 check calibrate 90 "$bin/shardscope-engine" calibrate --backend cuda --out "$out/calibrated-gpu.json"
