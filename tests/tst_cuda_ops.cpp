@@ -456,21 +456,29 @@ class TestCudaOps : public QObject {
     QTest::addColumn<int>("K");
     QTest::addColumn<bool>("state");
     QTest::addColumn<bool>("silu");
-    QTest::newRow("prefill") << 33 << 4 << true << true;
-    QTest::newRow("no state, no bias") << 20 << 4 << false << false;
-    QTest::newRow("decode 1") << 1 << 4 << true << true;
-    QTest::newRow("decode 2, width 3") << 2 << 3 << true << true;
+    QTest::addColumn<bool>("aligned");  // 16-byte aligned rows of 8-value pieces: the windowed kernel (K 2 to 4)
+    QTest::newRow("prefill") << 33 << 4 << true << true << false;
+    QTest::newRow("no state, no bias") << 20 << 4 << false << false << false;
+    QTest::newRow("decode 1") << 1 << 4 << true << true << false;
+    QTest::newRow("decode 2, width 3") << 2 << 3 << true << true << false;
+    QTest::newRow("prefill, 3 tiles, aligned") << 37 << 4 << true << true << true;
+    QTest::newRow("no state, no bias, aligned") << 20 << 4 << false << false << true;
+    QTest::newRow("decode 1, aligned") << 1 << 4 << true << true << true;
+    QTest::newRow("decode 2, width 3, aligned") << 2 << 3 << true << true << true;
+    QTest::newRow("width 2, aligned") << 17 << 2 << true << false << true;
+    QTest::newRow("width 5, aligned (too wide)") << 9 << 5 << true << true << true;
   }
   void conv1d() {
     QFETCH(int, T);
     QFETCH(int, K);
     QFETCH(bool, state);
     QFETCH(bool, silu);
+    QFETCH(bool, aligned);
     Rigs r;
-    const int64_t C = 70;
-    const Twin x = r.random_mat(T, C, 2), w = r.random({C, K}, 0.4), b = r.random({C}, 0.1);
+    const int64_t C = aligned ? 88 : 70;
+    const Twin x = r.random_mat(T, C, aligned ? 8 : 2), w = r.random({C, K}, 0.4), b = r.random({C}, 0.1);
     Twin st = r.random({K - 1, C});
-    Twin y = r.mat(T, C, 1, std::vector<float>(size_t(T * C), 0.0f));
+    Twin y = r.mat(T, C, aligned ? 16 : 1, std::vector<float>(size_t(T * C), 0.0f));
     r.cpu.conv1d_causal(y.c, x.c, w.c, silu ? b.c : Tensor{}, state ? st.c : Tensor{}, silu);
     r.gpu.conv1d_causal(y.d, x.d, w.d, silu ? b.d : Tensor{}, state ? st.d : Tensor{}, silu);
     VERIFY_TWIN(r, y, "conv1d");
@@ -487,6 +495,10 @@ class TestCudaOps : public QObject {
     QTest::newRow("one chunk") << 64 << true << 16 << 32;
     QTest::newRow("chunks and a tail") << 150 << true << 24 << 40;
     QTest::newRow("wide state") << 70 << false << 8 << 96;
+    // Past one tile of 64 state rows p and one piece of 64 state columns n,
+    // each ending partway (a piece of 6: the sums' steps of 4 read zeros).
+    QTest::newRow("wide heads, two pieces") << 130 << true << 80 << 70;
+    QTest::newRow("mamba2's head and state") << 100 << true << 64 << 128;
   }
   void ssd_scan() {
     QFETCH(int, T);

@@ -281,11 +281,15 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     be.synchronize();
     const auto ops = by_op(rec.take_spans());
     line(out, "\nprefill: %s, %lld tokens: %.3f s\n", ssm.c_str(), static_cast<long long>(prompt), prefill_s);
+    // The chunked scan does ~2 d_state flops a byte it moves (its products
+    // within a chunk and with the states): its TFLOP/s says how near it is
+    // to the arithmetic units, its bandwidth how near to the memory.
     for (const char* op : {"ssd_scan", "conv1d", "gated_rmsnorm", "rmsnorm", "add"})
       if (ops.count(op)) {
         const Totals& k = ops.at(op);
-        line(out, "    %-16s %6d calls %9.1f GB/s  %.2f of copy\n", op, k.count, k.bytes / k.seconds * 1e-9,
-             k.bytes / k.seconds / copy_bw);
+        line(out, "    %-16s %6d calls %9.1f GB/s  %.2f of copy  %7.2f TFLOP/s (%.0f flops a byte)\n", op, k.count,
+             k.bytes / k.seconds * 1e-9, k.bytes / k.seconds / copy_bw, k.flops / k.seconds * 1e-12,
+             k.flops / std::max(k.bytes, 1.0));
       }
   }
 

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda/kernels.h"
 
@@ -198,6 +199,17 @@ inline bool pieces_fit(std::initializer_list<const Mat*> ms, int64_t cols) {
   for (const Mat* m : ms)
     if (m->dt != dt || !aligned16(*m)) return false;
   return true;
+}
+// What `pick(DTypeTag<DT>{})` returns for dt's DT (bf16, fp16, else fp32): a
+// launcher's instance of a kernel template, chosen in one place,
+//   auto* kernel = for_dtype(x.dt, [](auto d) { return &some_kernel<decltype(d)::value>; });
+template <DType DT>
+using DTypeTag = std::integral_constant<DType, DT>;
+template <class Pick>
+auto for_dtype(DType dt, Pick&& pick) {
+  if (dt == DType::BF16) return pick(DTypeTag<DType::BF16>{});
+  if (dt == DType::F16) return pick(DTypeTag<DType::F16>{});
+  return pick(DTypeTag<DType::F32>{});
 }
 
 SS_HD float silu(float v) { return v / (1.0f + expf(-v)); }

@@ -26,6 +26,79 @@ __global__ void conv1d_kernel(Mat y, Mat x, Mat w, Mat b, Mat state, bool silu_o
   }
 }
 
+// The same where x, y and the state share a dtype and their rows are
+// 16-byte aligned runs of 8-value pieces (eights_fit), for kernel widths of 2
+// to 4 (Mamba's is 4): a thread per piece of 8 channels and tile of tokens
+// keeps the window of the last K rows in registers, so each input row is read
+// once a tile (the tile's K-1 rows of history twice) rather than K times, in
+// 16-byte loads, and the weights once a thread.
+constexpr int kTileTokens = 16;
+
+template <DType DT>
+SS_DEV void padded8(const Mat& x, const Mat& state, int64_t H, int64_t m, int64_t c, float* out) {
+  constexpr int64_t es = DT == DType::F32 ? 4 : 2;
+  if (m >= H) return load8<DT>(static_cast<const char*>(x.p) + ((m - H) * x.ld + c) * es, out);
+  if (state.p) return load8<DT>(static_cast<const char*>(state.p) + (m * x.cols + c) * es, out);
+  for (int e = 0; e < 8; ++e) out[e] = 0.0f;
+}
+
+template <DType DT, int K>
+__global__ void conv1d_eights_kernel(Mat y, Mat x, Mat w, Mat b, Mat state, bool silu_out) {
+  constexpr int64_t es = DT == DType::F32 ? 4 : 2;
+  constexpr int H = K - 1;
+  const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (c >= x.cols) return;
+  float wt[8][K], bias[8];
+  for (int e = 0; e < 8; ++e) {
+    bias[e] = b.p ? at(b, 0, c + e) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) wt[e][j] = at(w, c + e, j);
+  }
+  for (int64_t t0 = int64_t(blockIdx.y) * kTileTokens; t0 < x.rows; t0 += int64_t(gridDim.y) * kTileTokens) {
+    const int64_t t1 = min64(x.rows, t0 + kTileTokens);
+    float win[K][8];  // padded rows t .. t + H: the window of output t, oldest first
+#pragma unroll
+    for (int j = 0; j < H; ++j) padded8<DT>(x, state, H, t0 + j, c, win[j]);
+    for (int64_t t = t0; t < t1; ++t) {
+      padded8<DT>(x, state, H, t + H, c, win[H]);
+      float out[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float acc = bias[e];
+#pragma unroll
+        for (int j = 0; j < K; ++j) acc += wt[e][j] * win[j][e];
+        out[e] = silu_out ? silu(acc) : acc;
+      }
+      store8<DT>(static_cast<char*>(y.p) + (t * y.ld + c) * es, out);
+#pragma unroll
+      for (int j = 0; j < H; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) win[j][e] = win[j + 1][e];
+    }
+  }
+}
+
+// The launcher of conv1d_eights_kernel for x's dtype and the width K (2 to 4).
+void conv1d_eights(const Mat& y, const Mat& x, const Mat& w, const Mat& b, const Mat& state, bool silu_out,
+                   Stream s) {
+  constexpr int kPieces = 128;  // threads a block, each a piece of 8 channels
+  const dim3 grid(blocks_for(x.cols / 8, kPieces),
+                  unsigned(min64(65535, (x.rows + kTileTokens - 1) / kTileTokens)));
+  auto* kernel = for_dtype(x.dt, [&](auto d) {
+    constexpr DType DT = decltype(d)::value;
+    return w.cols == 2 ? &conv1d_eights_kernel<DT, 2> : w.cols == 3 ? &conv1d_eights_kernel<DT, 3>
+                                                                    : &conv1d_eights_kernel<DT, 4>;
+  });
+  SS_LAUNCH(kernel, grid, kPieces, 0, s)(y, x, w, b, state, silu_out);
+}
+
+// Whether conv1d_eights_kernel applies: one dtype, aligned 8-value pieces, K 2 to 4.
+bool eights_apply(const Mat& y, const Mat& x, const Mat& w, const Mat& state) {
+  if (w.cols < 2 || w.cols > 4 || y.dt != x.dt || (state.p && state.dt != x.dt)) return false;
+  const Mat st{state.p, w.cols - 1, x.cols, x.cols, x.dt};
+  return state.p ? eights_fit({&y, &x, &st}, x.cols) : eights_fit({&y, &x}, x.cols);
+}
+
 // The new state, the last K-1 rows of the padded input: a thread per
 // channel, rows in increasing order, so an old state row still to be read
 // (row T + r when T + r < K-1) is never overwritten before.
@@ -96,7 +169,10 @@ void conv1d_backward(const Mat& dx, const Mat& dw, const Mat& db, const Mat& dst
 void conv1d_causal(const Mat& y, const Mat& x, const Mat& w, const Mat& b, const Mat& state, bool silu, Stream s) {
   expect(w.rows == x.cols && y.cols == x.cols && y.rows == x.rows, "conv1d", "shape mismatch");
   expect(!state.p || state.rows * state.cols == (w.cols - 1) * x.cols, "conv1d", "state shape");
-  if (x.rows * x.cols > 0) {
+  if (x.rows * x.cols > 0 && eights_apply(y, x, w, state)) {
+    conv1d_eights(y, x, w, b, state, silu, s);
+    check_launch("conv1d");
+  } else if (x.rows * x.cols > 0) {
     SS_LAUNCH(conv1d_kernel, blocks_for(x.rows * x.cols, kThreads), kThreads, 0, s)(y, x, w, b, state, silu);
     check_launch("conv1d");
   }

@@ -162,17 +162,13 @@ unsigned grid_for(int64_t n) { return blocks_for(n, kThreads); }
 template <Binary OP>
 void binary_pieces(const Mat& y, const Mat& a, const Mat& b, Stream s) {
   const int vec = y.dt == DType::F32 ? 4 : 8;
-  auto* kernel = y.dt == DType::BF16  ? &binary_pieces_kernel<DType::BF16, OP>
-                 : y.dt == DType::F16 ? &binary_pieces_kernel<DType::F16, OP>
-                                      : &binary_pieces_kernel<DType::F32, OP>;
+  auto* kernel = for_dtype(y.dt, [](auto d) { return &binary_pieces_kernel<decltype(d)::value, OP>; });
   SS_LAUNCH(kernel, grid_for(y.rows * y.cols / vec), kThreads, 0, s)(y, a, b);
 }
 
 void copy_pieces(const Mat& y, const Mat& src, const int32_t* tokens, Stream s) {
   const int vec = y.dt == DType::F32 ? 4 : 8;
-  auto* kernel = y.dt == DType::BF16  ? &copy_pieces_kernel<DType::BF16>
-                 : y.dt == DType::F16 ? &copy_pieces_kernel<DType::F16>
-                                      : &copy_pieces_kernel<DType::F32>;
+  auto* kernel = for_dtype(y.dt, [](auto d) { return &copy_pieces_kernel<decltype(d)::value>; });
   SS_LAUNCH(kernel, grid_for(y.rows * y.cols / vec), kThreads, 0, s)(y, src, tokens);
 }
 

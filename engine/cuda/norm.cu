@@ -78,9 +78,9 @@ template <bool GATED>
 bool launch_rmsnorm_pieces(const Mat& y, const Mat& x, const Mat& z, const Mat& w, float eps, Stream s) {
   void (*kernel)(Mat, Mat, Mat, Mat, float) = nullptr;
   if (x.dt == y.dt)
-    kernel = x.dt == DType::BF16  ? &rmsnorm_pieces_kernel<DType::BF16, DType::BF16, GATED>
-             : x.dt == DType::F16 ? &rmsnorm_pieces_kernel<DType::F16, DType::F16, GATED>
-                                  : &rmsnorm_pieces_kernel<DType::F32, DType::F32, GATED>;
+    kernel = for_dtype(x.dt, [](auto d) {
+      return &rmsnorm_pieces_kernel<decltype(d)::value, decltype(d)::value, GATED>;
+    });
   else if (x.dt == DType::F32 && y.dt == DType::BF16)
     kernel = &rmsnorm_pieces_kernel<DType::F32, DType::BF16, GATED>;
   else if (x.dt == DType::F32 && y.dt == DType::F16)

@@ -75,9 +75,7 @@ void rope(const Mat& x, int n_heads, int head_dim, const int32_t* pos, const dou
          "shape mismatch (or a head wider than 512)");
   if (x.rows * n_heads == 0) return;
   if (head_dim % 16 == 0 && eights_fit({&x}, x.cols)) {
-    auto* kernel = x.dt == DType::BF16  ? &rope_pieces_kernel<DType::BF16>
-                   : x.dt == DType::F16 ? &rope_pieces_kernel<DType::F16>
-                                        : &rope_pieces_kernel<DType::F32>;
+    auto* kernel = for_dtype(x.dt, [](auto d) { return &rope_pieces_kernel<decltype(d)::value>; });
     SS_LAUNCH(kernel, blocks_for(x.rows, 1), kThreads, 0, s)(x, n_heads, head_dim, pos, inv_freq);
     return check_launch("rope");
   }

@@ -20,7 +20,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int L = 64;         // chunk length
 constexpr int KP = 64;        // d_state columns staged at a time
-constexpr int kMaxPer = 64;   // outputs per thread in ssd_output: L * head_dim / kThreads, head_dim <= 256
 constexpr int64_t kRecurrentTokens = 16;
 
 SS_DEV float dt_of(const SsdDev& a, int64_t t, int h) {
@@ -68,41 +67,73 @@ __global__ void ssd_log_decay_kernel(SsdDev a, int64_t T, const float* dtv) {
   if (threadIdx.x == 0) a.log_decay[h] = float(red[0]);
 }
 
+// The chunk kernels' products on CUDA cores, each an L x 64 tile of fp32
+// sums in shared memory: a thread owns one column (tid % 64) and 16 rows
+// (kRowsOf), keeping their sums in registers. The reduction runs outermost,
+// four steps at a time: the row operand (the same for the 32 threads of a
+// warp) comes as one 16-byte broadcast load, the column operand as four
+// conflict-free loads, for 64 multiply-adds -- rather than two loads each.
+constexpr int kRows = 16;              // rows a thread sums
+constexpr int kCols = 64;              // columns of a tile
+constexpr int kStride4 = 68;           // row stride of a broadcast operand: 16-byte aligned rows
+constexpr int kStride1 = kCols + 1;    // row stride of a column operand: conflict-free columns
+static_assert(L % 4 == 0 && KP == kCols && kThreads == kCols * (L / kRows), "one tile a block");
+
+SS_DEV int col_of() { return int(threadIdx.x % kCols); }
+SS_DEV int row_of(int i) { return int(threadIdx.x / kCols) * kRows + i; }  // rows of a warp: 16 in a run
+
+// acc[i] += sum over k < kn (rounded up to 4) of row(row_of(i))[k] * col(k): `row` rows of
+// kStride4 floats, `col` the column's k-th value at col[k * col_step].
+SS_DEV void sum_rows(float (&acc)[kRows], const float* row, const float* col, int col_step, int kn) {
+  for (int k = 0; k < kn; k += 4) {
+    const float c0 = col[k * col_step], c1 = col[(k + 1) * col_step], c2 = col[(k + 2) * col_step],
+                c3 = col[(k + 3) * col_step];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      float r[4];
+      unpack16<DType::F32>(load16(row + row_of(i) * kStride4 + k), r);
+      acc[i] += r[0] * c0 + r[1] * c1 + r[2] * c2 + r[3] * c3;
+    }
+  }
+}
+
 // Block (chunk c0 + blockIdx.x, head h): state[blockIdx.x][h] (P x N, fp32)
-// = sum_s x_s (B_s e^{cum_last - cum_s} dt_s)^T over the chunk's tokens.
+// = sum_s x_s (B_s e^{cum_last - cum_s} dt_s)^T over the chunk's tokens:
+// X^T [P][L] rows against Bw [L][n] columns, 64 state rows p at a time.
 __global__ void __launch_bounds__(kThreads)
     ssd_chunk_state_kernel(SsdDev a, int64_t T, int64_t c0, const float* dtv, const float* cum, float* states) {
   const int P = a.head_dim, N = a.d_state, H = a.n_heads, h = int(blockIdx.y), g = h / (H / a.n_groups);
   const int64_t c = c0 + blockIdx.x, t0 = c * L;
   const int len = int(min64(L, T - t0));
+  const int Pr = (P + kRows * 4 - 1) / (kRows * 4) * (kRows * 4);  // rows of Xt: whole tiles of 64
   SS_DYNAMIC_SMEM(float, smem);
-  float* X = smem;            // [L][P + 1]
-  float* Bw = X + L * (P + 1);  // [L][KP + 1]
-  for (int i = threadIdx.x; i < L * P; i += blockDim.x) {
-    const int s = i / P, p = i % P;
-    X[s * (P + 1) + p] = s < len ? at(a.x, t0 + s, int64_t(h) * P + p) : 0.0f;
+  float* Xt = smem;                 // [Pr][kStride4]: x transposed, zeros past the chunk and past P
+  float* Bw = Xt + Pr * kStride4;   // [L][kStride1]
+  for (int i = threadIdx.x; i < L * Pr; i += blockDim.x) {
+    const int s = i / Pr, p = i % Pr;
+    Xt[p * kStride4 + s] = s < len && p < P ? at(a.x, t0 + s, int64_t(h) * P + p) : 0.0f;
   }
   const float last = cum[(t0 + len - 1) * H + h];
   float* out = states + (int64_t(blockIdx.x) * H + h) * int64_t(P) * N;
+  const int n = col_of();
   for (int n0 = 0; n0 < N; n0 += KP) {
     const int kn = imin(KP, N - n0);
-    __syncthreads();  // X is staged; the previous piece is read
+    __syncthreads();  // Xt is staged; the previous piece is read
     for (int i = threadIdx.x; i < L * KP; i += blockDim.x) {
-      const int s = i / KP, n = i % KP;
+      const int s = i / KP, k = i % KP;
       float v = 0.0f;
-      if (s < len && n < kn) {
+      if (s < len && k < kn) {
         const int64_t t = t0 + s;
-        v = at(a.B, t, int64_t(g) * N + n0 + n) * expf(last - cum[t * H + h]) * dtv[t * H + h];
+        v = at(a.B, t, int64_t(g) * N + n0 + k) * expf(last - cum[t * H + h]) * dtv[t * H + h];
       }
-      Bw[s * (KP + 1) + n] = v;
+      Bw[s * kStride1 + k] = v;
     }
     __syncthreads();
-    // Thread: column n = tid % KP, rows p = tid / KP + 4 i.
-    const int n = threadIdx.x % KP;
-    for (int p = threadIdx.x / KP; p < P; p += kThreads / KP) {
-      float acc = 0.0f;
-      for (int s = 0; s < len; ++s) acc += X[s * (P + 1) + p] * Bw[s * (KP + 1) + n];
-      if (n < kn) out[int64_t(p) * N + n0 + n] = acc;
+    for (int p0 = 0; p0 < P; p0 += kRows * 4) {
+      float acc[kRows] = {};
+      sum_rows(acc, Xt + p0 * kStride4, Bw + n, kStride1, len);
+      for (int i = 0; i < kRows; ++i)
+        if (p0 + row_of(i) < P && n < kn) out[int64_t(p0 + row_of(i)) * N + n0 + n] = acc[i];
     }
   }
 }
@@ -124,98 +155,76 @@ __global__ void ssd_pass_kernel(int64_t H, int64_t PN, int64_t c0, int64_t chunk
   }
 }
 
-// Block (chunk c0 + blockIdx.x, head h): the chunk's outputs.
+// Block (chunk c0 + blockIdx.x, head h): the chunk's outputs, 64 columns p
+// at a time: y = M X + (e^{cum_t} C) S_in^T + D x, with M = C B^T masked
+// causally and scaled by the decay from s to t and dt_s.
 __global__ void __launch_bounds__(kThreads)
     ssd_output_kernel(SsdDev a, int64_t T, int64_t c0, const float* dtv, const float* cum, const float* states) {
   const int P = a.head_dim, N = a.d_state, H = a.n_heads, h = int(blockIdx.y), g = h / (H / a.n_groups);
   const int64_t c = c0 + blockIdx.x, t0 = c * L;
   const int len = int(min64(L, T - t0));
   SS_DYNAMIC_SMEM(float, smem);
-  float* M = smem;               // [L][L + 1]
-  float* R = M + L * (L + 1);    // the rest, reused by each phase
+  float* M = smem;                  // [L][kStride4]
+  float* R = M + L * kStride4;      // the rest, reused by each phase
+  float* Rows = R;                  // [L][kStride4]: C (for M), e^{cum_t} C (for the state term)
+  float* Cols = R + L * kStride4;   // [64][kStride1]: B (for M), S_in's rows p (for the state term), X
   const float* S_in = states + (int64_t(blockIdx.x) * H + h) * int64_t(P) * N;
+  const int col = col_of();
+  const int last_row = row_of(kRows - 1);  // the highest t this thread sums
 
-  // M = C B^T over the chunk, d_state in pieces.
-  float* Cp = R;                  // [L][KP + 1]
-  float* Bp = Cp + L * (KP + 1);  // [L][KP + 1]
-  float m_acc[L * L / kThreads];
-  for (int i = 0; i < L * L / kThreads; ++i) m_acc[i] = 0.0f;
+  // M = C B^T over the chunk, d_state in pieces. A warp whose columns s all
+  // lie past its rows t sums nothing: the mask zeroes them.
+  float acc[kRows] = {};
+  const bool visible = (col & ~31) <= last_row;
   for (int n0 = 0; n0 < N; n0 += KP) {
     const int kn = imin(KP, N - n0);
     __syncthreads();
     for (int i = threadIdx.x; i < L * KP; i += blockDim.x) {
-      const int s = i / KP, n = i % KP;
-      const bool ok = s < len && n < kn;
-      Cp[s * (KP + 1) + n] = ok ? at(a.C, t0 + s, int64_t(g) * N + n0 + n) : 0.0f;
-      Bp[s * (KP + 1) + n] = ok ? at(a.B, t0 + s, int64_t(g) * N + n0 + n) : 0.0f;
+      const int s = i / KP, k = i % KP;
+      const bool ok = s < len && k < kn;
+      Rows[s * kStride4 + k] = ok ? at(a.C, t0 + s, int64_t(g) * N + n0 + k) : 0.0f;
+      Cols[s * kStride1 + k] = ok ? at(a.B, t0 + s, int64_t(g) * N + n0 + k) : 0.0f;
     }
     __syncthreads();
-    for (int i = 0; i < L * L / kThreads; ++i) {
-      const int idx = threadIdx.x + kThreads * i, t = idx / L, s = idx % L;
-      float acc = 0.0f;
-      for (int n = 0; n < kn; ++n) acc += Cp[t * (KP + 1) + n] * Bp[s * (KP + 1) + n];
-      m_acc[i] += acc;
-    }
+    if (visible) sum_rows(acc, Rows, Cols + col * kStride1, 1, kn);
   }
   // The causal mask, the decay from s to t and dt_s.
-  for (int i = 0; i < L * L / kThreads; ++i) {
-    const int idx = threadIdx.x + kThreads * i, t = idx / L, s = idx % L;
+  for (int i = 0; i < kRows; ++i) {
+    const int t = row_of(i), s = col;
     float v = 0.0f;
-    if (s <= t && t < len)
-      v = m_acc[i] * expf(cum[(t0 + t) * H + h] - cum[(t0 + s) * H + h]) * dtv[(t0 + s) * H + h];
-    M[t * (L + 1) + s] = v;
-  }
-  __syncthreads();  // M is complete; the pieces are read
-  // Y = M X, X staged over the pieces' space.
-  float* X = R;  // [L][P + 1]
-  for (int i = threadIdx.x; i < L * P; i += blockDim.x) {
-    const int s = i / P, p = i % P;
-    X[s * (P + 1) + p] = s < len ? at(a.x, t0 + s, int64_t(h) * P + p) : 0.0f;
-  }
-  __syncthreads();
-  float y[kMaxPer];
-  for (int i = 0; i < kMaxPer; ++i) {
-    y[i] = 0.0f;
-    const int idx = threadIdx.x + kThreads * i;
-    if (idx >= L * P) continue;
-    const int t = idx / P, p = idx % P;
-    float acc = 0.0f;
-    for (int s = 0; s <= t; ++s) acc += M[t * (L + 1) + s] * X[s * (P + 1) + p];
-    y[i] = acc;
-  }
-  // + e^{cum_t} C_t S_in^T, d_state in pieces: C [L][KP], S_in [P][KP].
-  float* Sp = Cp + L * (KP + 1);  // [P][KP + 1]
-  float z[kMaxPer];
-  for (int i = 0; i < kMaxPer; ++i) z[i] = 0.0f;
-  for (int n0 = 0; n0 < N; n0 += KP) {
-    const int kn = imin(KP, N - n0);
-    __syncthreads();  // X (first piece) or the previous piece is read
-    for (int i = threadIdx.x; i < L * KP; i += blockDim.x) {
-      const int s = i / KP, n = i % KP;
-      Cp[s * (KP + 1) + n] = s < len && n < kn ? at(a.C, t0 + s, int64_t(g) * N + n0 + n) : 0.0f;
-    }
-    for (int i = threadIdx.x; i < P * KP; i += blockDim.x) {
-      const int p = i / KP, n = i % KP;
-      Sp[p * (KP + 1) + n] = n < kn ? S_in[int64_t(p) * N + n0 + n] : 0.0f;
-    }
-    __syncthreads();
-    for (int i = 0; i < kMaxPer; ++i) {
-      const int idx = threadIdx.x + kThreads * i;
-      if (idx >= L * P) continue;
-      const int t = idx / P, p = idx % P;
-      float acc = 0.0f;
-      for (int n = 0; n < kn; ++n) acc += Cp[t * (KP + 1) + n] * Sp[p * (KP + 1) + n];
-      z[i] += acc;
-    }
+    if (s <= t && t < len) v = acc[i] * expf(cum[(t0 + t) * H + h] - cum[(t0 + s) * H + h]) * dtv[(t0 + s) * H + h];
+    M[t * kStride4 + s] = v;
   }
   const float Dh = at(a.D, 0, h);
-  for (int i = 0; i < kMaxPer; ++i) {
-    const int idx = threadIdx.x + kThreads * i;
-    if (idx >= L * P) continue;
-    const int t = idx / P, p = idx % P;
-    if (t >= len) continue;
-    const int64_t tt = t0 + t, col = int64_t(h) * P + p;
-    put(a.y, tt, col, y[i] + expf(cum[tt * H + h]) * z[i] + Dh * at(a.x, tt, col));
+  for (int p0 = 0; p0 < P; p0 += kCols) {
+    const int p = p0 + col;
+    for (int i = 0; i < kRows; ++i) acc[i] = 0.0f;
+    // (e^{cum_t} C) S_in^T, d_state in pieces.
+    for (int n0 = 0; n0 < N; n0 += KP) {
+      const int kn = imin(KP, N - n0);
+      __syncthreads();  // M is complete, or the previous piece is read
+      for (int i = threadIdx.x; i < L * KP; i += blockDim.x) {
+        const int s = i / KP, k = i % KP;
+        Rows[s * kStride4 + k] =
+            s < len && k < kn ? at(a.C, t0 + s, int64_t(g) * N + n0 + k) * expf(cum[(t0 + s) * H + h]) : 0.0f;
+        const int pp = p0 + s;  // Cols' rows are the state's rows p
+        Cols[s * kStride1 + k] = pp < P && k < kn ? S_in[int64_t(pp) * N + n0 + k] : 0.0f;
+      }
+      __syncthreads();
+      sum_rows(acc, Rows, Cols + col * kStride1, 1, kn);
+    }
+    // + M X: X's 64 columns from p0, the rows s up to this warp's last t.
+    __syncthreads();  // the pieces are read
+    for (int i = threadIdx.x; i < L * kCols; i += blockDim.x) {
+      const int s = i / kCols, q = i % kCols;
+      Cols[s * kStride1 + q] = s < len && p0 + q < P ? at(a.x, t0 + s, int64_t(h) * P + p0 + q) : 0.0f;
+    }
+    __syncthreads();
+    sum_rows(acc, M, Cols + col, kStride1, imin(len, last_row + 1));
+    for (int i = 0; i < kRows; ++i) {
+      const int t = row_of(i);
+      if (t < len && p < P) put(a.y, t0 + t, int64_t(h) * P + p, acc[i] + Dh * Cols[t * kStride1 + col]);
+    }
   }
 }
 
@@ -313,10 +322,9 @@ void ssd_scan(const SsdDev& a, Scratch& scratch, Stream s) {
   constexpr int64_t kStateScratch = int64_t(64) << 20;
   const int64_t window = std::max<int64_t>(1, std::min<int64_t>(chunks, kStateScratch / (int64_t(sizeof(float)) * H * PN)));
   float* states = static_cast<float*>(scratch.get(kScratchScan3, int64_t(sizeof(float)) * window * H * PN));
-  const size_t state_smem = sizeof(float) * (size_t(L) * (P + 1) + size_t(L) * (KP + 1));
-  const size_t out_smem =
-      sizeof(float) * (size_t(L) * (L + 1) + std::max<size_t>(std::max<size_t>(2 * L * (KP + 1), size_t(L) * (P + 1)),
-                                                              size_t(L + P) * (KP + 1)));
+  const size_t tile_rows = size_t(P + kRows * 4 - 1) / (kRows * 4) * (kRows * 4);
+  const size_t state_smem = sizeof(float) * (tile_rows * kStride4 + size_t(L) * kStride1);
+  const size_t out_smem = sizeof(float) * (2 * size_t(L) * kStride4 + size_t(L) * kStride1);
   auto* state_kernel = &ssd_chunk_state_kernel;
   auto* output_kernel = &ssd_output_kernel;
   SS_SMEM_LIMIT(state_kernel, state_smem);
