@@ -104,14 +104,17 @@ show info
 limit=${SHARDSCOPE_GPU_CHECK_LIMIT:-300}
 # The multi-rank suites launch their rows one after another (processes
 # sharing the GPU where there are fewer GPUs than ranks), so each is split
-# in two by test function to run side by side.
-names=(tst_cuda_ops tst_cuda_models tst_strategies_cuda_1 tst_strategies_cuda_2 tst_train_cuda_1 tst_train_cuda_2)
+# by test function to run side by side.
+names=(tst_cuda_ops tst_cuda_models tst_strategies_cuda_1 tst_strategies_cuda_2 tst_strategies_cuda_3
+       tst_train_cuda_1 tst_train_cuda_2)
 pids=()
 check tst_cuda_ops "$limit" "$bin/tst_cuda_ops" & pids+=($!)
 check tst_cuda_models "$limit" "$bin/tst_cuda_models" & pids+=($!)
 SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_1 "$limit" "$bin/tst_strategies" tinyLlama tinyMamba \
-  tinyFalconMamba & pids+=($!)
-SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_2 "$limit" "$bin/tst_strategies" tinyMamba2 tinyHybrid \
+  & pids+=($!)
+SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_2 "$limit" "$bin/tst_strategies" tinyFalconMamba \
+  tinyMamba2 & pids+=($!)
+SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_3 "$limit" "$bin/tst_strategies" tinyHybrid \
   memoryClosedForm spActivationsBelowTp & pids+=($!)
 SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda_1 "$limit" "$bin/tst_train" gradientsEqualSingle & pids+=($!)
 SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda_2 "$limit" "$bin/tst_train" adamwStepsEqualSingle \
