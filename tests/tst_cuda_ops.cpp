@@ -578,16 +578,23 @@ class TestCudaOps : public QObject {
     QTest::addColumn<int>("T");
     QTest::addColumn<bool>("gate");
     QTest::addColumn<bool>("state");
-    QTest::newRow("prefill") << 45 << true << true;
-    QTest::newRow("no gate, no state") << 30 << false << false;
-    QTest::newRow("decode") << 1 << true << true;
+    QTest::addColumn<int>("d_state");  // 8 or less: 4 channels a warp; 16 or less: 2; else 1
+    QTest::addColumn<int>("channels");
+    QTest::newRow("prefill") << 45 << true << true << 16 << 40;
+    QTest::newRow("no gate, no state") << 30 << false << false << 16 << 40;
+    QTest::newRow("decode") << 1 << true << true << 16 << 40;
+    QTest::newRow("odd channels (a dead segment)") << 19 << true << true << 16 << 37;
+    QTest::newRow("small state, 4 channels a warp") << 21 << true << true << 6 << 35;
+    QTest::newRow("wide state, 2 a lane") << 13 << true << true << 40 << 9;
   }
   void selective_scan() {
     QFETCH(int, T);
     QFETCH(bool, gate);
     QFETCH(bool, state);
+    QFETCH(int, d_state);
+    QFETCH(int, channels);
     Rigs r;
-    const int64_t Di = 40, N = 16;
+    const int64_t Di = channels, N = d_state;
     const Twin x = r.random_mat(T, Di, 1), dt = r.random_mat(T, Di, 2), z = r.random_mat(T, Di, 1),
                B = r.random_mat(T, N, 2), C = r.random_mat(T, N, 1);
     const Twin dt_bias = r.random({Di}, 0.5), D = r.random({Di}), A_log = r.random({Di, N}, 0.5);

@@ -632,7 +632,7 @@ class TestEngineCli : public QObject {
     }
     const Ran bench = engine({"bench", "--backend", "cuda-emu", "--quick"});
     QCOMPARE(bench.exit_code, 0);
-    for (const char* part : {"forward GEMMs", "of bare", "decode, batch 1", "of the limit", "ssd_scan"})
+    for (const char* part : {"forward GEMMs", "of bare", "decode, batch 1", "of the limit", "ssd_scan", "selective_scan"})
       QVERIFY2(bench.out.contains(part), bench.out.constData());
     // calibrate's GPU profile, as a simulation reads it.
     QTemporaryDir dir;

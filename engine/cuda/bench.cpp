@@ -167,7 +167,7 @@ void line(std::ostream& out, const char* fmt, auto... args) {
 
 int run_bench(const CudaBenchOptions& o, std::ostream& out) {
   const DeviceProps props = device_props(0);
-  const std::string model = o.quick ? "tiny-llama" : o.model, ssm = o.quick ? "tiny-mamba2" : o.ssm_model;
+  const std::string model = o.quick ? "tiny-llama" : o.model;
   const int64_t prompt = o.quick ? 64 : o.prompt;
   const int decode = o.quick ? 2 : o.decode;
   const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : profile_peak(props.name, o.dtype);
@@ -261,8 +261,10 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
          "between kernels", "", std::max(0.0, spanned - kernels / decode) * 1e3);
   }
 
-  // ---- the SSM: the scan and its neighbours' bandwidth.
-  {
+  // ---- the SSMs: the scans and their neighbours' bandwidth, Mamba2's SSD
+  // and Mamba's selective scan.
+  for (const std::string& ssm : {o.quick ? std::string("tiny-mamba2") : o.ssm_model,
+                                 o.quick ? std::string("tiny-mamba") : o.mamba_model}) {
     Model m(config(ssm, o.dtype), be);
     DeviceRandomSource src;
     m.load(src);
@@ -284,7 +286,7 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     // The chunked scan does ~2 d_state flops a byte it moves (its products
     // within a chunk and with the states): its TFLOP/s says how near it is
     // to the arithmetic units, its bandwidth how near to the memory.
-    for (const char* op : {"ssd_scan", "conv1d", "gated_rmsnorm", "rmsnorm", "add"})
+    for (const char* op : {"ssd_scan", "selective_scan", "conv1d", "gated_rmsnorm", "rmsnorm", "add"})
       if (ops.count(op)) {
         const Totals& k = ops.at(op);
         line(out, "    %-16s %6d calls %9.1f GB/s  %.2f of copy  %7.2f TFLOP/s (%.0f flops a byte)\n", op, k.count,

@@ -12,7 +12,7 @@
 namespace ss::SS_CUDA_NS {
 
 // Prints: the forward's GEMMs against bare cuBLAS on the same shapes;
-// memory-bound kernels (norms, elementwise, decode attention, the SSD scan)
+// memory-bound kernels (norms, elementwise, decode attention, the scans)
 // against a device-to-device copy; the prefill's MFU; decode per token
 // against the weight-bandwidth limit; where several GPUs are visible, NCCL's
 // bus bandwidth (nccl-tests' definitions) by ranks it starts. Returns 0.

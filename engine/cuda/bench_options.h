@@ -10,7 +10,8 @@ namespace ss {
 
 struct CudaBenchOptions {
   std::string model = "llama2-7b";        // the Transformer: GEMMs, MFU, decode
-  std::string ssm_model = "mamba2-2.7b";  // the scan's bandwidth
+  std::string ssm_model = "mamba2-2.7b";  // the SSD scan's rate
+  std::string mamba_model = "mamba-2.8b";  // the selective scan's bandwidth
   int64_t prompt = 4096;
   int decode = 16;
   DType dtype = DType::BF16;
