@@ -164,9 +164,10 @@ inline QString no_device() {
 }
 
 // Runs test object `t` on the command line's options and those of its
-// function names that `t` has ("name" or "name:tag"); 0 without running it
-// when functions were named and none is its. The suites of one executable
-// each take their own.
+// function names that `t` has ("name" or "name:tag"), returning QTest's
+// count of failures; kNotItsFunctions without running it when functions were
+// named and none is its. The suites of one executable each take their own.
+inline constexpr int kNotItsFunctions = -1;
 inline int exec_own_functions(QObject& t, int argc, char** argv) {
   std::vector<char*> args = {argv[0]};
   bool named = false, own = false;
@@ -186,6 +187,6 @@ inline int exec_own_functions(QObject& t, int argc, char** argv) {
       own = true;
     }
   }
-  if (named && !own) return 0;
+  if (named && !own) return kNotItsFunctions;
   return QTest::qExec(&t, int(args.size()), args.data());
 }

@@ -490,6 +490,39 @@ class TestStrategies : public QObject {
     }
   }
 
+  // The quantized all-reduce (--comm-precision int8: each rank's partial sum
+  // quantized, the pieces gathered in place, dequantized and summed) on this
+  // pass's backend against the cpu's. The same bytes are quantized, so the
+  // logits agree far inside the quantization's own error (2e-2 against the
+  // unquantized run here; the emulated kernels agree to 3e-7); 1e-3 leaves
+  // room for a GEMM summing in another order and flipping a rounding.
+  void quantizedAllReduceAsCpu() {
+    SKIP_IF(m_backend == "cpu" ? QString("the cpu's quantized collectives are tst_quant's and tst_sweep's") : QString());
+    const QStringList common = {"--model", "tiny-llama", "--prompt-len", "24", "--decode", "6", "--seed", "3",
+                                "--force-decode", "5,17,3,250,9,0", "--strategy", "tp", "--devices", "2",
+                                "--comm-precision", "int8"};
+    std::map<QString, ss::NpyArray> logits;
+    for (const QString& backend : {QString("cpu"), m_backend}) {
+      const QString file = m_dir.filePath("quantized-" + backend + ".npy");
+      const Ran r = engine_run(QStringList{"launch", "--backend", backend} + common + QStringList{"--logits-out", file});
+      QVERIFY2(r.exit_code == 0, qPrintable(QString("launch --backend %1 exit %2: %3")
+                                                .arg(backend)
+                                                .arg(r.exit_code)
+                                                .arg(QString::fromUtf8(r.err).trimmed())));
+      const Stream st = read_stream(r.out);
+      QVERIFY(!st.all<Config>().empty());
+      QCOMPARE(st.all<Config>().front()->config["comm_precision"].get<std::string>(), std::string("all=int8:128"));
+      try {
+        logits[backend] = ss::read_npy(file.toStdString());
+      } catch (const std::exception& e) {
+        QFAIL(e.what());
+      }
+    }
+    QCOMPARE(logits[m_backend].shape, logits["cpu"].shape);
+    const auto [worst, at] = worst_row(logits[m_backend], logits["cpu"]);
+    QVERIFY2(worst <= 1e-3, qPrintable(QString("relative L2 %1 at position %2").arg(worst).arg(at)));
+  }
+
   // A long prompt: each sp rank holds a quarter of the activations, each tp
   // rank all tokens' residual stream.
   void spActivationsBelowTp() {

@@ -69,7 +69,7 @@ void add_dtype_options(CLI::App* cmd, ss::DType& dtype, std::optional<ss::DType>
 void add_model_options(CLI::App* cmd, ss::RunOptions& o, std::string& tokens, std::string& capacity) {
   cmd->add_option("--model", o.model, "preset name (see `presets`) or a Hugging Face model folder")->capture_default_str();
   cmd->add_option("--set", o.overrides, "override a config.json field, e.g. --set hidden_size=512 (repeatable)");
-  cmd->add_option("--backend", o.backend, "cpu (one MPI rank per device) or cuda (one process per GPU, NCCL)")
+  cmd->add_option("--backend", o.backend, "cpu (one MPI rank per device) or cuda (a process per rank on its GPU, NCCL between GPUs)")
       ->capture_default_str();
   cmd->add_option("--strategy", o.strategy, "single, dp, tp, sp, tp_sp or tsp")->capture_default_str();
   cmd->add_option("--devices", o.devices, "devices (MPI ranks) of the run")->capture_default_str();

@@ -10,6 +10,10 @@ double wire_bytes(const std::string& op, double bytes, int ranks) {
   return bytes;  // broadcast (from the root), send, sendrecv
 }
 
+bool gathers_in_place(const Tensor& out, const Tensor& in, int rank) {
+  return in.numel() > 0 && static_cast<const char*>(in.raw()) == static_cast<const char*>(out.raw()) + rank * in.nbytes();
+}
+
 bool buffers_overlap(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
   const char* pa = static_cast<const char*>(a.raw());

@@ -48,6 +48,9 @@ double wire_bytes(const std::string& op, double bytes, int ranks);
 
 // Whether two tensors' bytes overlap (the buffers of one operation must not).
 bool buffers_overlap(const Tensor& a, const Tensor& b);
+// Whether all_gather's `in` is exactly block `rank` of its `out` (a gather in
+// place, which every Communicator accepts; any other overlap is refused).
+bool gathers_in_place(const Tensor& out, const Tensor& in, int rank);
 
 class Communicator {
  public:

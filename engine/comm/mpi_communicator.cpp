@@ -349,7 +349,7 @@ Request MpiCommunicator::issue_all_gather(const Tensor& out, const Tensor& in) {
   char* pout = ptr(out);
   const MPI_Datatype type = mpi_type(in.dtype());
   // `in` may already sit in this rank's block of `out` (a gather in place).
-  const bool in_place = n > 0 && pin == pout + int64_t(m_rank) * in.nbytes();
+  const bool in_place = gathers_in_place(out, in, m_rank);
   if (!in_place && buffers_overlap(out, in))
     throw std::logic_error("all_gather on " + m_name +
                            ": in overlaps out other than as this rank's block");

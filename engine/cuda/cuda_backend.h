@@ -2,7 +2,7 @@
 // still charged to its category by the allocator), cuBLAS GEMMs and the
 // kernels of cuda/*.cu on a compute stream, a second stream for
 // communication, and spans measured by CUDA events resolved in batches.
-// One process per GPU. Built twice (kernels.h says how): ss::cuda on a GPU,
+// A process per rank, on its GPU. Built twice (kernels.h says how): ss::cuda on a GPU,
 // ss::cuda_emu on the host for the tests.
 #pragma once
 

@@ -443,7 +443,7 @@ Request NcclCommunicator::iall_gather(const Tensor& out, const Tensor& in) {
     throw std::logic_error("all_gather on " + name() + ": out has " + std::to_string(out.numel()) +
                            " elements, expected size() * in = " + std::to_string(size()) + " * " + std::to_string(n));
   if (in.dtype() != out.dtype()) throw std::logic_error("all_gather on " + name() + ": in and out dtypes differ");
-  const bool in_place = n > 0 && static_cast<char*>(in.raw()) == static_cast<char*>(out.raw()) + rank() * in.nbytes();
+  const bool in_place = gathers_in_place(out, in, rank());
   if (!in_place && buffers_overlap(out, in))
     throw std::logic_error("all_gather on " + name() + ": in overlaps out other than as this rank's block");
   return issue("all_gather", double(out.nbytes()), {out.numel()}, others(), {out, in}, [this, out, in] {

@@ -109,10 +109,15 @@ __global__ void __launch_bounds__(kThreads) selective_correction_kernel(Selectiv
 void selective_scan(const SelectiveDev& a, Stream s) {
   expect(a.d_state > 0 && a.d_state <= 256, "selective_scan", "d_state 1 to 256");
   if (a.x.rows * a.x.cols == 0) return;
-  // d_state 8 or less: 4 channels a warp; 16 or less: 2; else one, 8 states a lane.
-  auto* kernel = a.d_state <= 8    ? &selective_scan_kernel<8, 1, 8>
-                 : a.d_state <= 16 ? &selective_scan_kernel<16, 1, 8>
-                                   : &selective_scan_kernel<32, kMaxStates, 2>;
+  // d_state 8 or less: 4 channels a warp; 16 or less: 2; else one, with
+  // d_state / 32 states a lane (rounded up to 1, 2, 4 or 8).
+  const int64_t N = a.d_state;
+  auto* kernel = N <= 8    ? &selective_scan_kernel<8, 1, 8>
+                 : N <= 16 ? &selective_scan_kernel<16, 1, 8>
+                 : N <= 32 ? &selective_scan_kernel<32, 1, 8>
+                 : N <= 64 ? &selective_scan_kernel<32, 2, 2>
+                 : N <= 128 ? &selective_scan_kernel<32, 4, 2>
+                            : &selective_scan_kernel<32, kMaxStates, 2>;
   const int64_t per_block = a.d_state <= 8 ? 4 * kWarps : a.d_state <= 16 ? 2 * kWarps : kWarps;
   SS_LAUNCH(kernel, blocks_for(a.x.cols, per_block), kThreads, 0, s)(a);
   check_launch("selective_scan");

@@ -132,6 +132,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int p0 = 0; p0 < P; p0 += kRows * 4) {
       float acc[kRows] = {};
       sum_rows(acc, Xt + p0 * kStride4, Bw + n, kStride1, len);
+#pragma unroll
       for (int i = 0; i < kRows; ++i)
         if (p0 + row_of(i) < P && n < kn) out[int64_t(p0 + row_of(i)) * N + n0 + n] = acc[i];
     }
@@ -189,6 +190,7 @@ __global__ void __launch_bounds__(kThreads)
     if (visible) sum_rows(acc, Rows, Cols + col * kStride1, 1, kn);
   }
   // The causal mask, the decay from s to t and dt_s.
+#pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const int t = row_of(i), s = col;
     float v = 0.0f;
@@ -198,6 +200,7 @@ __global__ void __launch_bounds__(kThreads)
   const float Dh = at(a.D, 0, h);
   for (int p0 = 0; p0 < P; p0 += kCols) {
     const int p = p0 + col;
+#pragma unroll
     for (int i = 0; i < kRows; ++i) acc[i] = 0.0f;
     // (e^{cum_t} C) S_in^T, d_state in pieces.
     for (int n0 = 0; n0 < N; n0 += KP) {
@@ -221,6 +224,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     sum_rows(acc, M, Cols + col, kStride1, imin(len, last_row + 1));
+#pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int t = row_of(i);
       if (t < len && p < P) put(a.y, t0 + t, int64_t(h) * P + p, acc[i] + Dh * Cols[t * kStride1 + col]);

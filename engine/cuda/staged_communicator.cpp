@@ -1,6 +1,7 @@
 #include "cuda/staged_communicator.h"
 
 #include <cstdlib>
+#include <exception>
 #include <new>
 #include <stdexcept>
 #include <utility>
@@ -25,8 +26,10 @@ void free_host(void* p) { std::free(p); }
 struct StagedRequest final : CommRequest {
   Request inner;
   Stream compute = nullptr;
+  std::shared_ptr<const void> keep;  // the stream's owner
   std::vector<std::pair<Tensor, Tensor>> device_host;
   bool returned = false;
+  const int unwinding = std::uncaught_exceptions();  // at issue
 
   void wait() override {
     inner->wait();
@@ -37,9 +40,12 @@ struct StagedRequest final : CommRequest {
     device_host.clear();
   }
   bool done() override { return inner->done(); }
+  // An operation issued completes, as every Communicator's does, except
+  // while an error unwinds the rank: then nothing waits for the peers, and
+  // the rank reports its error at once.
   ~StagedRequest() override {
     try {
-      if (!returned) wait();  // an operation issued completes, as every Communicator's does
+      if (!returned && std::uncaught_exceptions() <= unwinding) wait();
     } catch (...) {
       // A destructor cannot report; the failure was the operation's, which wait() would have thrown.
     }
@@ -73,6 +79,7 @@ Request StagedCommunicator::returning(Request inner, std::vector<std::pair<Tenso
   auto r = std::make_shared<StagedRequest>();
   r->inner = std::move(inner);
   r->compute = m_compute;
+  r->keep = m_keep;
   r->device_host = std::move(device_host);
   return r;
 }
@@ -127,7 +134,10 @@ Request StagedCommunicator::iall_reduce(const Tensor& buf) {
 }
 
 Request StagedCommunicator::iall_gather(const Tensor& out, const Tensor& in) {
-  if (buffers_overlap(out, in)) throw std::logic_error("all_gather on " + name() + ": out and in overlap");
+  // In place (in is this rank's block of out) is fine: in is on the host
+  // before out is written back, with the same bytes in that block.
+  if (!gathers_in_place(out, in, rank()) && buffers_overlap(out, in))
+    throw std::logic_error("all_gather on " + name() + ": in overlaps out other than as this rank's block");
   const Tensor h_in = to_host(in, "all_gather", "in", true);
   const Tensor h_out = to_host(out, "all_gather", "out", false);
   return returning(m_host->iall_gather(h_out, h_in), {{out, h_out}});

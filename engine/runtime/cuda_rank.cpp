@@ -143,35 +143,46 @@ RankSetup cuda_rank_setup(int devices) {
   const int gpus = cuda::device_count();
   // The host's local ranks take its GPUs in turn. NCCL refuses two ranks of
   // a communicator on one device, so where ranks share GPUs (or NCCL is
-  // missing) every rank's collectives go through host memory over MPI.
+  // missing) collectives go through host memory over MPI; the ranks agree on
+  // it as they join (another host may be the one whose ranks share).
   const int sharing = (local_size() + gpus - 1) / gpus;  // ranks on the busiest GPU
   const std::string no_nccl = cuda::nccl_unavailable_reason();
-  const bool staged = devices > 1 && (sharing > 1 || !no_nccl.empty());
+  const std::string stage_here = devices < 2           ? ""
+                                 : sharing > 1         ? "ranks share a GPU"
+                                 : !no_nccl.empty()    ? no_nccl
+                                                       : "";
   const int device = local_rank() % gpus;
   auto ctx = std::make_shared<std::shared_ptr<cuda::DeviceContext>>();
   RankSetup setup;
   setup.backend = "cuda";
   // The device's free memory, less room for what the allocator does not
   // see: the CUDA context, cuBLAS's workspace, NCCL's buffers and the
-  // kernels' scratch.
+  // kernels' scratch, each sharing rank's own; the rest shared evenly.
   const cuda::DeviceProps props = cuda::device_props(device);
-  // Ranks sharing the GPU share its memory.
   const int64_t reserve = std::max<int64_t>(int64_t(768) << 20, props.total_bytes / 20);
-  setup.default_capacity = std::max<int64_t>(0, (props.free_bytes - reserve) / sharing);
+  setup.default_capacity = std::max<int64_t>(0, (props.free_bytes - sharing * reserve) / sharing);
   setup.config = {{"gpu", {{"name", props.name},
                            {"device", device},
                            {"memory_bytes", props.total_bytes},
                            {"compute_capability", std::to_string(props.cc_major) + "." + std::to_string(props.cc_minor)},
                            {"runtime", cuda::runtime_version()},
-                           {"ranks_per_gpu", sharing},
-                           {"collectives", !staged            ? "nccl"
-                                           : no_nccl.empty() ? "mpi through host memory (ranks share a GPU)"
-                                                             : "mpi through host memory (" + no_nccl + ")"}}}};
+                           {"ranks_per_gpu", sharing}}}};
   setup.abort = [](int code) { MPI_Abort(MPI_COMM_WORLD, code); };
-  setup.connect = [devices, device, ctx, staged](Group& g, Recorder& rec) {
+  setup.connect = [devices, device, ctx, stage_here](Group& g, Recorder& rec) {
     connect_mpi(g, rec, devices);
     *ctx = std::make_shared<cuda::DeviceContext>(device, rec);
     auto host = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
+    // Staged everywhere if any rank must be: NCCL and MPI worlds do not mix.
+    int here = stage_here.empty() ? 0 : 1, anywhere = 0;
+    host->stream()
+        .enqueue([&] {
+          check_mpi(MPI_Allreduce(&here, &anywhere, 1, MPI_INT, MPI_MAX, host->handle()), "MPI_Allreduce", "world");
+        })
+        ->wait();
+    const bool staged = anywhere != 0;
+    g.config = {{"gpu", {{"collectives", !staged ? "nccl"
+                                         : here  ? "mpi through host memory (" + stage_here + ")"
+                                                 : "mpi through host memory (another host's ranks share a GPU or lack NCCL)"}}}};
     if (staged)
       g.device_world = std::make_unique<cuda::StagedCommunicator>(std::move(host), (*ctx)->compute, *ctx);
     else

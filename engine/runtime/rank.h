@@ -39,6 +39,7 @@ struct Group {
   int rank = 0, size = 1;
   std::vector<std::string> hosts = {host_name()};
   int64_t host_available = -1;  // measured as the ranks start (-1: not yet)
+  nlohmann::json config;  // what the ranks agreed on as they joined (cuda: the collectives), merged into the run's
   bool root() const { return rank == 0; }
 };
 

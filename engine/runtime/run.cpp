@@ -266,6 +266,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
       };
       hello();
       if (setup.config.is_object()) conf.update(setup.config);  // the simulator's hardware profile and nodes
+      if (g.config.is_object()) conf.update(g.config, true);  // merged: gpu's fields from both
       out->write(proto::Config{conf});
       if (tokenizer) {
         const std::vector<int64_t> ids(all_tokens.begin(), all_tokens.end());  // every window's

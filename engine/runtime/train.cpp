@@ -226,6 +226,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
       };
       hello();
       if (setup.config.is_object()) conf.update(setup.config);
+      if (g.config.is_object()) conf.update(g.config, true);  // merged: gpu's fields from both
       out->write(proto::Config{conf});
       out->flush();
     }

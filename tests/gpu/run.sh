@@ -115,7 +115,7 @@ SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_1 "$limit" "$bin/ts
 SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_2 "$limit" "$bin/tst_strategies" tinyFalconMamba \
   tinyMamba2 & pids+=($!)
 SHARDSCOPE_STRATEGIES_BACKEND=cuda check tst_strategies_cuda_3 "$limit" "$bin/tst_strategies" tinyHybrid \
-  memoryClosedForm spActivationsBelowTp & pids+=($!)
+  memoryClosedForm spActivationsBelowTp quantizedAllReduceAsCpu & pids+=($!)
 SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda_1 "$limit" "$bin/tst_train" gradientsEqualSingle & pids+=($!)
 SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda_2 "$limit" "$bin/tst_train" adamwStepsEqualSingle \
   memoryMatchesClosedForm & pids+=($!)
