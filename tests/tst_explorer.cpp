@@ -345,6 +345,27 @@ class TestExplorer : public QObject {
     QVERIFY2(text.contains(QStringLiteral("x 2 bytes")), qPrintable(text));
   }
 
+  // A cuda run's summary names its GPU, and where its ranks shared one (their
+  // collectives MPI's through host memory) says that its communication times
+  // are not NCCL's; a run over NCCL says nothing of the kind.
+  void summaryOfACudaRun() {
+    for (const std::string collectives : {"mpi through host memory (ranks share a GPU)", "nccl"}) {
+      RunData data;
+      data.add(std::vector<ss::proto::Event>{
+          ss::proto::Hello{},
+          ss::proto::Config{{{"model", {{"name", "tiny-llama"}}},
+                             {"strategy", "tp"},
+                             {"devices", 2},
+                             {"backend", "cuda"},
+                             {"gpu", {{"name", "NVIDIA H200"}, {"ranks_per_gpu", 2}, {"collectives", collectives}}}}}});
+      SummaryPage page(data);
+      page.refresh();
+      const QString text = page.text();
+      QVERIFY2(text.contains(QStringLiteral("cuda (NVIDIA H200)")), qPrintable(text));
+      QCOMPARE(text.contains(QStringLiteral("not NCCL's")), collectives != "nccl");
+    }
+  }
+
   // The summary's textbook expectation of bytes sent per attention layer
   // equals what the engine measured, for every strategy that communicates.
   void summaryExpectationMatchesMeasuredBytes_data() {

@@ -113,11 +113,15 @@ void SummaryPage::refresh() {
   auto bytesPer = [](const QString& d) { return d == QLatin1String("fp32") ? 4.0 : 2.0; };
   const double bpv = bytesPer(dtype), kvBytes = bytesPer(kvDtype);
   const double residualBytes = model.value("residual_in_fp32", false) ? 4.0 : bpv;
+  // A cuda run names its GPU.
+  std::string backend = c.value("backend", c.contains("sweep") ? "cpu, quantization sweep" : "?");
+  if (c.contains("gpu") && c["gpu"].is_object() && c["gpu"].contains("name"))
+    backend += " (" + c["gpu"].value("name", std::string()) + ")";
   h += tr("<h3>%1 · %2 · %3 device(s) · %4 · %5</h3>")
                   .arg(QString::fromStdString(model.value("name", "?")),
                        QString::fromStdString(c.value("strategy", "?")))
                   .arg(c.value("devices", 1))
-                  .arg(QString::fromStdString(c.value("backend", c.contains("sweep") ? "cpu, quantization sweep" : "?")))
+                  .arg(QString::fromStdString(backend).toHtmlEscaped())
                   .arg(kvDtype == dtype ? dtype : tr("%1, KV cache %2").arg(dtype, kvDtype));
   // More CPU ranks than this machine's cores: every rank waits for a core,
   // so times (not memory, not bytes) say little about the strategy.
@@ -131,6 +135,15 @@ void SummaryPage::refresh() {
               "simulated backend.</p>")
                .arg(ranksHere)
                .arg(cores);
+  }
+  // GPUs shared by ranks (or no NCCL): the kernels are the GPU's, the
+  // collectives MPI's through host memory, so communication times are not NCCL's.
+  if (c.value("backend", std::string()) == "cuda" && c.contains("gpu") && c["gpu"].is_object()) {
+    const std::string collectives = c["gpu"].value("collectives", std::string("nccl"));
+    if (collectives != "nccl")
+      h += tr("<p style='color:#8a5a00'>Collectives: %1. Every kernel ran on the GPU and the results are exact, but "
+              "communication times are MPI's through host memory, not NCCL's.</p>")
+               .arg(QString::fromStdString(collectives).toHtmlEscaped());
   }
   h += answerHtml(m_data);
   auto metric = [&](const char* name, const QString& label, const QString& unit, double scale = 1) {
