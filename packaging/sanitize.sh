@@ -23,7 +23,7 @@ configure_sanitized "$build" "$flags" "-fsanitize=address,undefined" -DSHARDSCOP
   -DSHARDSCOPE_TEST_COMPILE_OPTIONS=-fno-sanitize=undefined
 cmake --build "$build" -j "$jobs"
 echo "sanitize: built in $(($(date +%s) - start)) s"
-# SHARDSCOPE_SANITIZER_LEG: the two long numeric cases (a 7B sweep, 200 training
+# SHARDSCOPE_SANITIZER_LEG: the oversubscribed calibration and the two long numeric cases (a 7B sweep, 200 training
 # steps) skip here; the plain leg runs them. The strategy, simulator and
 # training suites run their sample of rows (every strategy of every family on 2 and 4 ranks,
 # a few bf16, optimizer and memory rows): the same code paths as every row,
