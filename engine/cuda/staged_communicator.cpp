@@ -21,6 +21,11 @@ Allocator& staging_allocator() {
 
 void free_host(void* p) { std::free(p); }
 
+// A host result back into its device twin on the compute stream.
+void copy_back(const Tensor& dev, const Tensor& host, Stream compute) {
+  if (dev.numel() > 0) copy_to_device(dev.raw(), host.raw(), dev.nbytes(), compute);
+}
+
 // Once the host operation completes, each host tensor goes back into its
 // device twin on the compute stream (kernels queued after the wait see it).
 struct StagedRequest final : CommRequest {
@@ -35,8 +40,7 @@ struct StagedRequest final : CommRequest {
     inner->wait();
     if (returned) return;
     returned = true;
-    for (auto& [dev, host] : device_host)
-      if (dev.numel() > 0) copy_to_device(dev.raw(), host.raw(), dev.nbytes(), compute);
+    for (auto& [dev, host] : device_host) copy_back(dev, host, compute);
     device_host.clear();
   }
   bool done() override { return inner->done(); }
@@ -96,20 +100,21 @@ void StagedCommunicator::sendrecv(const Tensor& send, int dst, const Tensor& rec
   isendrecv(send, dst, recv, src)->wait();
 }
 
+void StagedCommunicator::out_of(const char* op, const Tensor& out, const Tensor& in,
+                                void (Communicator::*run)(const Tensor&, const Tensor&)) {
+  if (buffers_overlap(out, in)) throw std::logic_error(std::string(op) + " on " + name() + ": out and in overlap");
+  const Tensor h_in = to_host(in, op, "in", true);
+  const Tensor h_out = to_host(out, op, "out", false);
+  ((*m_host).*run)(h_out, h_in);
+  copy_back(out, h_out, m_compute);
+}
+
 void StagedCommunicator::reduce_scatter(const Tensor& out, const Tensor& in) {
-  if (buffers_overlap(out, in)) throw std::logic_error("reduce_scatter on " + name() + ": out and in overlap");
-  const Tensor h_in = to_host(in, "reduce_scatter", "in", true);
-  const Tensor h_out = to_host(out, "reduce_scatter", "out", false);
-  m_host->reduce_scatter(h_out, h_in);
-  if (out.numel() > 0) copy_to_device(out.raw(), h_out.raw(), out.nbytes(), m_compute);
+  out_of("reduce_scatter", out, in, &Communicator::reduce_scatter);
 }
 
 void StagedCommunicator::all_to_all(const Tensor& out, const Tensor& in) {
-  if (buffers_overlap(out, in)) throw std::logic_error("all_to_all on " + name() + ": out and in overlap");
-  const Tensor h_in = to_host(in, "all_to_all", "in", true);
-  const Tensor h_out = to_host(out, "all_to_all", "out", false);
-  m_host->all_to_all(h_out, h_in);
-  if (out.numel() > 0) copy_to_device(out.raw(), h_out.raw(), out.nbytes(), m_compute);
+  out_of("all_to_all", out, in, &Communicator::all_to_all);
 }
 
 void StagedCommunicator::send(const Tensor& buf, int dst) { m_host->send(to_host(buf, "send", "buf", true), dst); }
@@ -117,7 +122,7 @@ void StagedCommunicator::send(const Tensor& buf, int dst) { m_host->send(to_host
 void StagedCommunicator::recv(const Tensor& buf, int src) {
   const Tensor h = to_host(buf, "recv", "buf", false);
   m_host->recv(h, src);
-  if (buf.numel() > 0) copy_to_device(buf.raw(), h.raw(), buf.nbytes(), m_compute);
+  copy_back(buf, h, m_compute);
 }
 
 // Every rank's queued kernels done, then the host barrier.

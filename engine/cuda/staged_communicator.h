@@ -58,6 +58,10 @@ class StagedCommunicator final : public Communicator {
   // A host tensor of `like`'s shape and dtype; with `copy`, holding its bytes
   // (after the kernels queued before now on the compute stream).
   Tensor to_host(const Tensor& like, const char* op, const char* what, bool copy);
+  // A blocking out-of-place operation (reduce_scatter, all_to_all): `in` to
+  // the host, `run` of the host communicator, `out` back.
+  void out_of(const char* op, const Tensor& out, const Tensor& in,
+              void (Communicator::*run)(const Tensor&, const Tensor&));
   // The request that, once `inner` completes, copies each host tensor back
   // into its device twin on the compute stream.
   Request returning(Request inner, std::vector<std::pair<Tensor, Tensor>> device_host);
