@@ -58,6 +58,8 @@ struct Twin {
   Tensor c, d;
   Tensor c_full, d_full;
   int64_t pad = 0;
+  // The cpu's tensor or the device's.
+  const Tensor& on(bool cpu) const { return cpu ? c : d; }
 };
 
 // The cpu backend and the device under test, side by side.
@@ -127,6 +129,36 @@ struct Rigs {
       for (int64_t c = 0; c < w; ++c)
         if ((c < t.pad || c >= t.pad + cols) && !std::isnan(all[size_t(r * w + c)])) return false;
     return true;
+  }
+};
+
+// An SSD scan's inputs on both sides, forward and backward: H heads of P
+// channels, G groups of B and C with N states each.
+struct SsdTwins {
+  int H, G, P, N;
+  Twin x, dt, dt_bias, A_log, D, B, C;
+  SsdTwins(Rigs& r, int64_t T, int heads, int groups, int head_dim, int d_state)
+      : H(heads), G(groups), P(head_dim), N(d_state),
+        x(r.random_mat(T, int64_t(H) * P, 1)), dt(r.random_mat(T, H, 2, 1.0)), dt_bias(r.random({H}, 0.5)),
+        A_log(r.random({H}, 0.5)), D(r.random({H})), B(r.random_mat(T, int64_t(G) * N, 3)),
+        C(r.random_mat(T, int64_t(G) * N, 1)) {}
+  // One side's arguments, without outputs or states; dt clamped to [0.001, dt_max].
+  ss::SsdArgs args(bool cpu, float dt_max) const {
+    ss::SsdArgs a;
+    a.x = x.on(cpu);
+    a.dt = dt.on(cpu);
+    a.dt_bias = dt_bias.on(cpu);
+    a.A_log = A_log.on(cpu);
+    a.D = D.on(cpu);
+    a.B = B.on(cpu);
+    a.C = C.on(cpu);
+    a.n_heads = H;
+    a.head_dim = P;
+    a.n_groups = G;
+    a.d_state = N;
+    a.dt_min = 0.001f;
+    a.dt_max = dt_max;
+    return a;
   }
 };
 

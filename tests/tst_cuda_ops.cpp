@@ -356,31 +356,15 @@ class TestCudaOps : public QObject {
     QFETCH(int, head_dim);
     QFETCH(int, d_state);
     Rigs r;
-    const int H = 4, G = 2, P = head_dim, N = d_state;
-    const Twin x = r.random_mat(T, H * P, 1), dt = r.random_mat(T, H, 2, 1.0), B = r.random_mat(T, G * N, 3),
-               C = r.random_mat(T, G * N, 1);
-    const Twin dt_bias = r.random({H}, 0.5), A_log = r.random({H}, 0.5), D = r.random({H});
-    Twin st = r.random({H, P, N}, 0.5, DType::F32);
-    Twin y = r.mat(T, H * P, 2, std::vector<float>(size_t(T * H * P), 0.0f));
-    Twin log_decay = r.filled({H}, 0.0f, DType::F32);
+    const SsdTwins in(r, T, 4, 2, head_dim, d_state);
+    Twin st = r.random({in.H, in.P, in.N}, 0.5, DType::F32);
+    Twin y = r.mat(T, in.H * in.P, 2, std::vector<float>(size_t(T * in.H * in.P), 0.0f));
+    Twin log_decay = r.filled({in.H}, 0.0f, DType::F32);
     auto args = [&](bool cpu) {
-      ss::SsdArgs a;
-      a.y = cpu ? y.c : y.d;
-      a.x = cpu ? x.c : x.d;
-      a.dt = cpu ? dt.c : dt.d;
-      a.dt_bias = cpu ? dt_bias.c : dt_bias.d;
-      a.A_log = cpu ? A_log.c : A_log.d;
-      a.D = cpu ? D.c : D.d;
-      a.B = cpu ? B.c : B.d;
-      a.C = cpu ? C.c : C.d;
-      if (state) a.state = cpu ? st.c : st.d;
-      a.log_decay = cpu ? log_decay.c : log_decay.d;
-      a.n_heads = H;
-      a.head_dim = P;
-      a.n_groups = G;
-      a.d_state = N;
-      a.dt_min = 0.001f;
-      a.dt_max = 0.5f;
+      ss::SsdArgs a = in.args(cpu, 0.5f);
+      a.y = y.on(cpu);
+      if (state) a.state = st.on(cpu);
+      a.log_decay = log_decay.on(cpu);
       return a;
     };
     r.cpu.ssd_scan(args(true));
@@ -394,24 +378,14 @@ class TestCudaOps : public QObject {
   void ssd_state_passing() {
     Rigs r;
     const int64_t T = 90;
-    const int H = 2, G = 1, P = 8, N = 16;
-    const Twin dt = r.random_mat(T, H, 1), C = r.random_mat(T, G * N, 2);
-    const Twin dt_bias = r.random({H}, 0.5), A_log = r.random({H}, 0.5);
+    const SsdTwins in(r, T, 2, 1, 8, 16);  // the correction reads dt, dt_bias, A_log and C
+    const int H = in.H, P = in.P, N = in.N;
     Twin st = r.random({H, P, N}, 0.5, DType::F32);
     Twin y = r.random_mat(T, H * P, 1);
     auto args = [&](bool cpu) {
-      ss::SsdArgs a;
-      a.y = cpu ? y.c : y.d;
-      a.dt = cpu ? dt.c : dt.d;
-      a.dt_bias = cpu ? dt_bias.c : dt_bias.d;
-      a.A_log = cpu ? A_log.c : A_log.d;
-      a.C = cpu ? C.c : C.d;
-      a.state = cpu ? st.c : st.d;
-      a.n_heads = H;
-      a.head_dim = P;
-      a.n_groups = G;
-      a.d_state = N;
-      a.dt_max = 1.0f;
+      ss::SsdArgs a = in.args(cpu, 1.0f);
+      a.y = y.on(cpu);
+      a.state = st.on(cpu);
       return a;
     };
     r.cpu.ssd_state_correction(args(true));
@@ -456,17 +430,17 @@ class TestCudaOps : public QObject {
     Twin y = r.mat(T, Di, 3, std::vector<float>(size_t(T * Di), 0.0f));
     auto args = [&](bool cpu) {
       ss::SelectiveScanArgs a;
-      a.y = cpu ? y.c : y.d;
-      a.x = cpu ? x.c : x.d;
-      a.dt = cpu ? dt.c : dt.d;
-      if (gate) a.z = cpu ? z.c : z.d;
-      a.dt_bias = cpu ? dt_bias.c : dt_bias.d;
-      a.D = cpu ? D.c : D.d;
-      a.A_log = cpu ? A_log.c : A_log.d;
-      a.B = cpu ? B.c : B.d;
-      a.C = cpu ? C.c : C.d;
-      if (state) a.state = cpu ? st.c : st.d;
-      a.dt_sum = cpu ? dt_sum.c : dt_sum.d;
+      a.y = y.on(cpu);
+      a.x = x.on(cpu);
+      a.dt = dt.on(cpu);
+      if (gate) a.z = z.on(cpu);
+      a.dt_bias = dt_bias.on(cpu);
+      a.D = D.on(cpu);
+      a.A_log = A_log.on(cpu);
+      a.B = B.on(cpu);
+      a.C = C.on(cpu);
+      if (state) a.state = st.on(cpu);
+      a.dt_sum = dt_sum.on(cpu);
       return a;
     };
     r.cpu.selective_scan(args(true));

@@ -398,6 +398,11 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
     Allocator alloc;
     CpuBackend be(alloc, rec);
     CacheSweep sweep;
+    // Every op and size carves its buffers from one block, grown when a size
+    // needs more: a block allocated for each would start on untouched pages,
+    // and on a virtual machine a page's first touch costs ~10 us in the
+    // kernel (host_blocks.h), more than filling it.
+    Tensor arena;
     for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv"}) {
       const std::string o = op;
       for (int64_t bytes : sizes) {
@@ -412,10 +417,14 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
         // broadcast of weights took in a tsp run).
         const int64_t na = split && o != "all_gather" ? total : per, nb = split && o != "reduce_scatter" ? total : per;
         const int pool = int(std::clamp<int64_t>(2 * l3_bytes() / (4 * (na + nb)), 1, 64));
+        if (!arena.defined() || arena.numel() < pool * (na + nb)) {
+          arena = Tensor();
+          arena = be.alloc({pool * (na + nb)}, Category::CommBuffers, "pool");
+        }
         std::vector<Tensor> as, bs;
         for (int i = 0; i < pool; ++i) {
-          as.push_back(be.alloc({na}, Category::CommBuffers, "a"));
-          bs.push_back(be.alloc({nb}, Category::CommBuffers, "b"));
+          as.push_back(arena.slice(0, i * (na + nb), na));
+          bs.push_back(arena.slice(0, i * (na + nb) + na, nb));
           be.fill(as.back(), 1.0f);
           be.fill(bs.back(), 0.0f);
         }

@@ -52,6 +52,12 @@ std::vector<std::pair<std::string, std::string>> mpirun_environment(bool local_o
   // refuses to start without one (containers, GPU machines lent bare).
   if (local_only && !std::getenv("OMPI_MCA_plm_rsh_agent") && !on_path("ssh") && !on_path("rsh"))
     env.push_back({"OMPI_MCA_plm_rsh_agent", "false"});
+  // Ranks on one host talk through shared memory (ob1 over vader), which
+  // OpenMPI picks anyway, after first trying its network transports (UCX):
+  // naming them saves that search, 0.54 -> 0.33 s for a 2-rank tiny-llama
+  // launch here, the same CPU time. A person's own choice stands.
+  if (local_only && !std::getenv("OMPI_MCA_pml") && !std::getenv("OMPI_MCA_btl"))
+    env.insert(env.end(), {{"OMPI_MCA_pml", "ob1"}, {"OMPI_MCA_btl", "self,vader"}});
   return env;
 }
 

@@ -19,7 +19,8 @@ const char* mpirun_program();
 // Whether `ranks` ranks need --oversubscribe here (more ranks than cores).
 bool needs_oversubscribe(int ranks);
 // What mpirun needs in its environment here: the run-as-root variables as
-// root; with every rank on this host and no ssh, an agent that is never used.
+// root; with every rank on this host, shared memory between the ranks and,
+// without ssh, an agent that is never used.
 std::vector<std::pair<std::string, std::string>> mpirun_environment(bool local_only);
 // A shell command running `ranks` ranks of this executable with `args`
 // (already quoted), with the run-as-root variables when running as root.
