@@ -17,12 +17,14 @@ start=$(date +%s)
 # The fuzz targets' corpus replays are not built here: packaging/fuzz.sh
 # starts each target on the same corpus and kept inputs, under clang's
 # ASan + UBSan.
-# The suites' own files are built without UBSan (-fno-sanitize=undefined:
-# tests/CMakeLists.txt); the libraries they run keep it. The engine links
+# The suites' own files are built without the sanitizers
+# (-fno-sanitize=address,undefined: tests/CMakeLists.txt); the libraries and
+# the engine they run keep both, and the suites link ASan's runtime, whose
+# allocator guards every heap block, theirs included. The engine links
 # without PIE, which spares every rank ASan's relocations as it starts
 # (engine/CMakeLists.txt).
 configure_sanitized "$build" "$flags" "-fsanitize=address,undefined" -DSHARDSCOPE_FUZZ_REPLAY=OFF \
-  -DSHARDSCOPE_TEST_COMPILE_OPTIONS=-fno-sanitize=undefined -DSHARDSCOPE_ENGINE_NO_PIE=ON
+  -DSHARDSCOPE_TEST_COMPILE_OPTIONS=-fno-sanitize=address,undefined -DSHARDSCOPE_ENGINE_NO_PIE=ON
 cmake --build "$build" -j "$jobs"
 echo "sanitize: built in $(($(date +%s) - start)) s"
 # SHARDSCOPE_SANITIZER_LEG: the oversubscribed calibration and the two long numeric cases (a 7B sweep, 200 training

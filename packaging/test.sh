@@ -6,7 +6,16 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${SHARDSCOPE_BUILD_DIR:-$root/build}"
 
 "$root/packaging/setup-deps.sh"
-"$root/packaging/build.sh"
+# The sanitizer legs (below): on CI, or when asked with SHARDSCOPE_SANITIZE=1;
+# SHARDSCOPE_SANITIZE=0 skips them.
+legs=0
+if [[ "${SHARDSCOPE_SANITIZE:-}" == 1 || ( -z "${SHARDSCOPE_SANITIZE:-}" && "${CI:-}" == true ) ]]; then legs=1; fi
+# Where the fuzz leg runs, it starts every fuzz target on its corpus and kept
+# inputs under ASan + UBSan, so this build leaves out the plain replays of
+# the same inputs (fuzz/CMakeLists.txt); without the legs it keeps them.
+replay=ON
+[[ $legs == 1 ]] && replay=OFF
+SHARDSCOPE_CMAKE_ARGS="${SHARDSCOPE_CMAKE_ARGS:-} -DSHARDSCOPE_FUZZ_REPLAY=$replay" "$root/packaging/build.sh"
 
 export QT_QPA_PLATFORM=offscreen
 # QtTest stops a test function after 300 s, all its data rows together; on a
@@ -18,9 +27,8 @@ ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --
 
 # The sanitizer legs, each a build of its own: ASan + UBSan over every suite,
 # the libFuzzer targets for a bounded number of inputs each, and TSan over
-# the suites whose threads the project owns. On CI, or when asked with
-# SHARDSCOPE_SANITIZE=1; SHARDSCOPE_SANITIZE=0 skips them.
-if [[ "${SHARDSCOPE_SANITIZE:-}" == 1 || ( -z "${SHARDSCOPE_SANITIZE:-}" && "${CI:-}" == true ) ]]; then
+# the suites whose threads the project owns.
+if [[ $legs == 1 ]]; then
   "$root/packaging/sanitize.sh"
   "$root/packaging/fuzz.sh"
   "$root/packaging/tsan.sh"

@@ -521,14 +521,21 @@ class TestSim : public QObject {
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
     if (cores > 4) QSKIP("more than 4 cores: a calibration with more ranks than cores would be long here");
     // Under ASan tst_sim was the leg's longest suite (728 s of a 54-minute CI
-    // run); in the plain build this case takes 39 s of its 144 s. Under ASan
-    // calibratedProfile runs the same code with a core for each rank.
+    // run, this case 195 s of it). Under ASan calibratedProfile runs the same
+    // code with a core for each rank.
     if (qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG")) QSKIP("runs in the plain leg");
+    // --quick: the core share is measured as in a full calibration; the grids
+    // once and the collectives at fewer sizes.
     const QString file = m_dir.filePath("calibrated-over.json");
-    const Ran c = engine({"calibrate", "--ranks", QString::number(cores + 1), "--out", file}, kCalibrateMs);
+    const Ran c =
+        engine({"calibrate", "--quick", "--ranks", QString::number(cores + 1), "--out", file}, kCalibrateMs);
     QVERIFY(!c.crashed);
     QVERIFY2(c.exit_code == 0, c.err.constData());
-    const json d = read_json(file)["device"];
+    const json profile = read_json(file);
+    QVERIFY2(profile.value("name", "").find("quickly (--quick)") != std::string::npos, profile.value("name", "").c_str());
+    QVERIFY2(profile["device"]["gemm_times"].value("note", "").find("median of 1 pass") != std::string::npos,
+             profile["device"]["gemm_times"].dump().c_str());
+    const json d = profile["device"];
     QVERIFY2(d.contains("core_share") && d["core_share"].contains("source"), d.dump().c_str());
     const json& cs = d["core_share"];
     QCOMPARE(cs["share"].size(), cs["kernel_us"].size());
@@ -539,13 +546,19 @@ class TestSim : public QObject {
 
   // calibrate writes a profile the simulator accepts, with the measured tables
   // and per-collective alpha-beta, each with its source.
+  // Under a sanitizer, --quick (the same tables from one pass of each grid,
+  // the collectives at 4 sizes): a full calibration there took 140 s.
   void calibratedProfile() {
+    const bool quick = qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG");
     const QString file = m_dir.filePath("calibrated.json");
-    const Ran c = engine({"calibrate", "--ranks", "2", "--out", file}, kCalibrateMs);
+    const Ran c = engine(QStringList{"calibrate", "--ranks", "2", "--out", file} +
+                             (quick ? QStringList{"--quick"} : QStringList{}),
+                         kCalibrateMs);
     QVERIFY(!c.crashed);
     QVERIFY2(c.exit_code == 0, c.err.constData());
     const json p = read_json(file);
     QVERIFY(p.is_object());
+    QCOMPARE(p.value("name", "").find("quickly") != std::string::npos, quick);
     const json& d = p["device"];
     for (const char* k : {"kernel_times", "gemm_times", "attention_times"}) {
       QVERIFY2(d.contains(k) && d[k].contains("source"), k);

@@ -419,7 +419,9 @@ int main(int argc, char** argv) {
   std::string calib_backend = "cpu";
   bool calib_quick = false;
   calibrate->add_option("--backend", calib_backend, "cpu (this machine's cores) or cuda (its GPU)")->capture_default_str();
-  calibrate->add_flag("--quick", calib_quick, "--backend cuda: small sizes (a smoke test)");
+  calibrate->add_flag("--quick", calib_quick,
+                      "a smoke test, noisier figures: cpu, one pass of each grid and fewer collective sizes; "
+                      "cuda, small sizes");
   calibrate->add_option("--for", calib_for,
                         "also measure the GEMM shapes of this run, e.g. --for '--model small-llama --strategy tp "
                         "--devices 2 --prompt-len 512 --decode 8' (repeat it for several runs)");
@@ -428,6 +430,7 @@ int main(int argc, char** argv) {
   calib_rank->group("");
   std::vector<std::string> calib_rank_shapes;
   calib_rank->add_option("--shapes", calib_rank_shapes, "GEMM shapes M:N:K")->delimiter(',');
+  calib_rank->add_flag("--quick", calib_quick);
 
   try {
     app.parse(argc, argv);
@@ -543,6 +546,7 @@ int main(int argc, char** argv) {
     if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters, coll_json);
     if (*calib_rank) {
       ss::CalibrateOptions options;
+      options.quick = calib_quick;
       for (const auto& sh : calib_rank_shapes) {
         std::array<int64_t, 3> mnk{};
         if (std::sscanf(sh.c_str(), "%ld:%ld:%ld", &mnk[0], &mnk[1], &mnk[2]) != 3)
@@ -553,6 +557,7 @@ int main(int argc, char** argv) {
     }
     if (*calibrate) {
       ss::CalibrateOptions options;
+      options.quick = calib_quick;
       if (calib_backend != "cpu") {
         std::cout << "calibrating this machine's GPU ...\n";
         ss::write_profile(ss::calibrate_cuda(calib_backend, calib_quick, std::cout), calib_out, std::cout);

@@ -339,15 +339,14 @@ json attention_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep) {
   return {{"heads", H}, {"kv_heads", KV}, {"head_dim", hd}, {"tq", tq}, {"tk", tk}, {"us", us}};
 }
 
-// Each grid is measured in kPasses passes, one after another, and each entry
-// keeps the median of its passes. On a shared host, load from elsewhere comes
-// in bursts of seconds: in one of three calibrations minutes apart the
-// attention grid came out 48% slower and the one-row GEMMs 20% slower, and a
-// run simulated on it 30% slower, where with passes a burst moves one pass.
-constexpr int kPasses = 3;
-
-void log_gemm_times(const json& shapes, std::ostream& log) {
-  log << "  gemm times: " << shapes.size() << " weight shapes, median of " << kPasses << " passes, e.g.";
+// Each grid is measured in passes (CalibrateOptions::passes, 3), one after
+// another, and each entry keeps the median of its passes. On a shared host,
+// load from elsewhere comes in bursts of seconds: in one of three
+// calibrations minutes apart the attention grid came out 48% slower and the
+// one-row GEMMs 20% slower, and a run simulated on it 30% slower, where with
+// passes a burst moves one pass.
+void log_gemm_times(const json& shapes, int passes, std::ostream& log) {
+  log << "  gemm times: " << shapes.size() << " weight shapes, median of " << passes << " passes, e.g.";
   for (auto& s : shapes)
     if (s["n"] == 1024 && s["k"] == 1024)
       log << " 1x1024x1024 " << s["us"][0].get<double>() << " us, 256x1024x1024 " << s["us"].back().get<double>()
@@ -500,7 +499,7 @@ std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> gemm_shape_set(const Ca
   return shapes;
 }
 
-nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& source, bool in_step) {
+nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& source, bool in_step, int passes) {
   return {{"source", source},
           {"note", std::string("median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level "
                                "cache (weights not in any cache, as in decode)") +
@@ -508,7 +507,7 @@ nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& sourc
                                   "ranks of a tensor-parallel step do, and each entry is the slowest rank's (a step "
                                   "waits for it at its next collective)"
                                 : "") +
-                       "; the median of " + std::to_string(kPasses) + " passes"},
+                       "; the median of " + std::to_string(passes) + " pass(es)"},
           {"shapes", shapes}};
 }
 
@@ -531,9 +530,9 @@ nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateO
   CpuBackend be(alloc, rec);
   const auto shape_set = gemm_shape_set(options);
   std::vector<json> passes;
-  for (int pass = 0; pass < kPasses; ++pass) passes.push_back(gemm_times(be, rec, shape_set, before_each));
+  for (int pass = 0; pass < options.passes(); ++pass) passes.push_back(gemm_times(be, rec, shape_set, before_each));
   json shapes = median_of_passes(passes);
-  log_gemm_times(shapes, log);
+  log_gemm_times(shapes, options.passes(), log);
   log << "  (gemm times, every rank at once)" << since(started);
   return shapes;
 }
@@ -652,7 +651,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
     CacheSweep sweep;
     const auto shape_set = gemm_shape_set(options);
     std::vector<json> k, a, g;
-    for (int pass = 0; pass < kPasses; ++pass) {
+    for (int pass = 0; pass < options.passes(); ++pass) {
       k.push_back(kernel_times(be, rec, sweep));
       a.push_back(attention_times(be, rec, sweep));
       if (!options.gemms_in_step) g.push_back(gemm_times(be, rec, shape_set, [] {}));
@@ -668,8 +667,8 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
         << t["cols"].back().get<int64_t>() << "\n";
   log << "  attention: " << attention["us"][0][1].get<double>() << " us at 1 query x 512 keys, "
       << attention["us"].back()[1].get<double>() << " us at 512 x 512 (causal)\n";
-  if (!gemms.is_null()) log_gemm_times(gemms, log);
-  log << "  (kernel, attention" << (gemms.is_null() ? "" : " and gemm") << " grids, " << kPasses << " passes)"
+  if (!gemms.is_null()) log_gemm_times(gemms, options.passes(), log);
+  log << "  (kernel, attention" << (gemms.is_null() ? "" : " and gemm") << " grids, " << options.passes() << " pass(es))"
       << since(started);
 
   std::ifstream mi("/proc/meminfo");
@@ -700,7 +699,7 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
                                           "median attention span, tq queries at the last tq of tk key positions (all "
                                           "keys visible when tq > tk); other head counts and masks scale by FLOPs")},
           {"sources", {{"all", src_note}}}};
-  if (!options.gemms_in_step) device["gemm_times"] = gemm_table(gemms, src_note, false);
+  if (!options.gemms_in_step) device["gemm_times"] = gemm_table(gemms, src_note, false, options.passes());
   return device;
 }
 
@@ -780,8 +779,9 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   json colls = json::object();
   LinkProfile measured;  // what the simulator will make of them
   if (ranks > 1) {
-    const std::string cmd =
-        mpirun_self_command(ranks, "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304,16777216 --iterations 100");
+    const std::string cmd = mpirun_self_command(
+        ranks, options.quick ? "bench-collectives-rank --json --sizes 64,65536,1048576,4194304 --iterations 20"
+                             : "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304,16777216 --iterations 100");
     std::map<std::string, std::vector<std::pair<double, double>>> pts;
     if (std::FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
@@ -844,7 +844,8 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   json network = link;
   network["name"] = "MPI shared memory (one host)";
   return {
-      {"name", "this machine (" + host_name() + "), calibrated, " + std::to_string(ranks) + " ranks"},
+      {"name", "this machine (" + host_name() + "), calibrated" + (options.quick ? " quickly (--quick)" : "") + ", " +
+                   std::to_string(ranks) + " ranks"},
       {"device", device},
       {"node", {{"max_devices", std::max(cores, ranks)}, {"link", link}}},
       {"network", network},

@@ -30,6 +30,12 @@ struct CalibrateOptions {
   // measure_device leaves out gemm_times: the caller measures them with
   // measure_gemm_times, every rank calling the same GEMM at once.
   bool gemms_in_step = false;
+  // calibrate --quick, a smoke test: each grid measured once instead of the
+  // median of 3 passes, the contention from 3 repetitions instead of 9, the
+  // collectives at 4 sizes of 20 calls instead of 6 of 100. The same tables,
+  // noisier figures; the profile's name says so.
+  bool quick = false;
+  int passes() const { return quick ? 1 : 3; }
 };
 
 // Measures and returns the profile (and prints what it measured to `log`).
@@ -78,7 +84,7 @@ std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> gemm_shape_set(const Ca
 nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateOptions& options,
                                   const std::function<void()>& before_each);
 // device.gemm_times: those shapes with their source and how they were measured.
-nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& source, bool in_step);
+nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& source, bool in_step, int passes);
 // Called before every timed call of measure_device (nullptr: nothing).
 void set_calibration_hook(std::function<void()> before_each);
 // The calling thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID).

@@ -87,7 +87,8 @@ double measure_hold(MpiCommunicator& world, CpuBackend& be, Recorder& rec, const
   return hold;
 }
 
-json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, bool own_cores, std::ostream& log) {
+json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, bool own_cores, int reps,
+                        std::ostream& log) {
   const int n = world.size(), me = world.rank();
   // A prefill-sized GEMM (tens of ms on one thread) and ring steps of 4 MiB.
   Tensor x = be.alloc({256, 1024}, Category::Workspace, "x"), w = be.alloc({2048, 1024}, Category::Workspace, "w");
@@ -108,7 +109,6 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
   auto wait_all = [](std::vector<Request>& reqs) {
     for (auto& r : reqs) r->wait();
   };
-  constexpr int kReps = 9;
   std::vector<double> alone, beside, chain_alone, chain_beside;
   double step = 0, probe = 0;  // one ring step alone; the GEMM alone
   {
@@ -132,9 +132,9 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
   float steps_f = 0;
   be.download(count, &steps_f);
   const int steps = int(steps_f);
-  // The four measurements in turn, kReps times, so that a burst of load from
+  // The four measurements in turn, `reps` times, so that a burst of load from
   // elsewhere on the host falls on one repetition of each, not on all of one.
-  for (int i = 0; i < kReps; ++i) {
+  for (int i = 0; i < reps; ++i) {
     world.barrier();
     alone.push_back(gemm());
     {
@@ -189,8 +189,8 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
           {"source", calibration_source(1) + ", " + std::to_string(n) + " ranks"},
           {"note", "slowdown of a rank's kernels while its comm stream has a collective in flight (compute), and "
                    "of its collectives while its kernels run (comm): a 256x2048x1024 GEMM beside a chain of 4 MiB "
-                   "ring sendrecvs on every rank at once, against each alone (medians of 9); with a hold, of the "
-                   "time after it"}};
+                   "ring sendrecvs on every rank at once, against each alone (medians of " + std::to_string(reps) +
+                   "); with a hold, of the time after it"}};
   if (own_cores) {
     out["hold_us"] = hold * 1e6;
     out["note"] = out["note"].get<std::string>() +
@@ -340,7 +340,7 @@ int calibrate_rank(const CalibrateOptions& given) {
     std::snprintf(b, sizeof b, "  gemm times: each the slowest rank's, %.0f%% above the fastest rank's in all\n",
                   100 * (sum_slow / std::max(sum_fast, 1e-12) - 1));
     gemm_log << b;
-    if (me == 0) device["gemm_times"] = gemm_table(shapes, device["sources"].value("all", ""), true);
+    if (me == 0) device["gemm_times"] = gemm_table(shapes, device["sources"].value("all", ""), true, options.passes());
   }
 
   Recorder rec(me);
@@ -352,7 +352,7 @@ int calibrate_rank(const CalibrateOptions& given) {
     Allocator alloc;
     CpuBackend be(alloc, rec);
     std::ostringstream log;
-    const json contention = measure_contention(world, be, rec, ranks <= cores, log);
+    const json contention = measure_contention(world, be, rec, ranks <= cores, options.quick ? 3 : 9, log);
     const json steps = ranks > cores ? measure_core_steps(world, be, cores, log) : json();
     if (me == 0) {
       device["contention"] = contention;
@@ -365,7 +365,7 @@ int calibrate_rank(const CalibrateOptions& given) {
 }
 
 json measure_device_on_ranks(std::ostream& log, int ranks, const CalibrateOptions& options) {
-  std::string args = "calibrate-rank";
+  std::string args = options.quick ? "calibrate-rank --quick" : "calibrate-rank";
   if (!options.gemm_shapes.empty()) {
     args += " --shapes ";
     for (size_t i = 0; i < options.gemm_shapes.size(); ++i) {
