@@ -346,7 +346,7 @@ json attention_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep) {
 // one-row GEMMs 20% slower, and a run simulated on it 30% slower, where with
 // passes a burst moves one pass.
 void log_gemm_times(const json& shapes, int passes, std::ostream& log) {
-  log << "  gemm times: " << shapes.size() << " weight shapes, median of " << passes << " passes, e.g.";
+  log << "  gemm times: " << shapes.size() << " weight shapes, median of " << passes << " pass(es), e.g.";
   for (auto& s : shapes)
     if (s["n"] == 1024 && s["k"] == 1024)
       log << " 1x1024x1024 " << s["us"][0].get<double>() << " us, 256x1024x1024 " << s["us"].back().get<double>()
