@@ -1,7 +1,6 @@
 #include "runtime/calibrate.h"
 
 #include <cblas.h>
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,12 +17,12 @@
 #include <set>
 #include <thread>
 
-#include "comm/mpi_communicator.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "protocol/events.h"
+#include "runtime/calibrate_common.h"
 #include "runtime/process.h"
 #include "runtime/run.h"
 #include "sim/cost_model.h"
@@ -71,26 +70,6 @@ double best_seconds(int reps, F&& f) {
   return best;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// The last-level cache of this host, for sizing buffers that must not fit in it.
-int64_t l3_bytes() {
-  long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (v > 0) return v;
-  std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
-  std::string s;
-  if (f >> s && !s.empty()) {
-    const int64_t n = std::atoll(s.c_str());
-    return s.back() == 'M' ? n << 20 : s.back() == 'K' ? n << 10 : n;
-  }
-  return int64_t(32) << 20;
-}
-
 // The median duration of the last span each call of `f` records: what a run
 // on the cpu backend records for that kernel (on the CPU clock: the call's
 // thread CPU time). Each call after `before` (untimed); at least `min_reps`
@@ -117,32 +96,6 @@ double median_span(Recorder& rec, int min_reps, double budget_s, F&& f) {
   return median_span(rec, min_reps, budget_s, std::forward<F>(f), [] {});
 }
 
-// In a model a small kernel (or a collective) follows a GEMM that has streamed
-// its weights through the core's private caches. Before each timed call of the
-// kernel grids and of the collectives, reading a buffer of twice the core's L2
-// (untimed) does the same.
-class CacheSweep {
- public:
-  CacheSweep() {
-    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    if (l2 <= 0) l2 = 1 << 20;
-    m_buf.assign(size_t(2 * l2 / 4), 1.0f);
-  }
-  void operator()() {
-    float acc[8] = {};
-    const size_t n = m_buf.size() / 8 * 8;
-    for (size_t i = 0; i < n; i += 8)
-      for (int j = 0; j < 8; ++j) acc[j] += m_buf[i + size_t(j)];
-    float sum = 0;
-    for (float v : acc) sum += v;
-    m_sink = sum;
-  }
-
- private:
-  std::vector<float> m_buf;
-  volatile float m_sink = 0;
-};
-
 // " [12.3 s]\n": the time since `t0`, for the progress lines.
 std::string since(Clock::time_point t0) {
   char b[32];
@@ -156,8 +109,6 @@ json with_source(json table, const std::string& source, const char* note) {
   table["note"] = note;
   return table;
 }
-
-double round_us(double seconds) { return std::round(seconds * 1e8) / 100; }  // microseconds, 2 decimals
 
 constexpr int kHeadDim = 64;  // of rope and attention_merge in the kernel grids
 
@@ -354,120 +305,18 @@ void log_gemm_times(const json& shapes, int passes, std::ostream& log) {
   log << "\n";
 }
 
-// Alpha and beta of one collective from its times over sizes, for the cost
-// model's formula at `n` ranks (t = ca * alpha + cb * S / beta): least squares
-// on the relative error, alpha and 1/beta kept positive.
-std::pair<double, double> fit_alpha_beta(const std::string& op, int n,
-                                         const std::vector<std::pair<double, double>>& pts) {
-  const double steps = n - 1, lg = std::ceil(std::log2(double(n)));
-  double ca = 1, cb = 1;
-  if (op == "all_reduce") ca = 2 * steps, cb = 2 * steps / n;
-  else if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") ca = steps, cb = steps / n;
-  else if (op == "broadcast") ca = lg, cb = lg;
-  // Minimise sum ((ca a + cb S x - t) / t)^2 over a, x >= 0.
-  double s_aa = 0, s_ax = 0, s_xx = 0, s_at = 0, s_xt = 0;
-  for (auto [S, t] : pts) {
-    const double u = ca / t, v = cb * S / t;
-    s_aa += u * u, s_ax += u * v, s_xx += v * v, s_at += u, s_xt += v;
-  }
-  const double det = s_aa * s_xx - s_ax * s_ax;
-  double a = det > 0 ? (s_at * s_xx - s_xt * s_ax) / det : 0, x = det > 0 ? (s_xt * s_aa - s_at * s_ax) / det : 0;
-  if (!(a > 0)) a = 0, x = s_xt / s_xx;
-  if (!(x > 0)) x = 0, a = s_at / s_aa;
-  // A profile's figures are positive: a fit at zero becomes 1 ns, or 1 PB/s.
-  a = std::max(a, 1e-9);
-  x = std::max(x, 1e-15);
-  return {a, 1.0 / x};
-}
-
 }  // namespace
 
-int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
-  MpiWorld mpi;
-  const int n = mpi.size(), me = mpi.rank();
-  cpu::set_threads(1);
-  // The host's steady clock itself on every rank (one host), so the ranks'
-  // span times compare directly.
-  Recorder rec(me);
-  rec.set_origin(std::chrono::steady_clock::time_point{});
-  rec.set_mem_sampling(false);
-  auto stream = std::make_shared<CommStream>();
-  {
-    MpiCommunicator world(stream, MPI_COMM_WORLD, rec, "calibrate");
-    Allocator alloc;
-    CpuBackend be(alloc, rec);
-    CacheSweep sweep;
-    // Every op and size carves its buffers from one block, grown when a size
-    // needs more: a block allocated for each would start on untouched pages,
-    // and on a virtual machine a page's first touch costs ~10 us in the
-    // kernel (host_blocks.h), more than filling it.
-    Tensor arena;
-    for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv"}) {
-      const std::string o = op;
-      for (int64_t bytes : sizes) {
-        // Whole f32 elements per rank; `bytes` is the whole buffer as in wire_bytes().
-        const bool split = o == "all_gather" || o == "reduce_scatter" || o == "all_to_all";
-        const int64_t per = std::max<int64_t>(1, bytes / 4 / (split ? n : 1));
-        const int64_t total = split ? per * n : per;
-        // Each call moves buffers of its own from a pool of twice the last-
-        // level cache, so its data comes from memory, as a run's weights and
-        // the activations of a whole layer ago do (a 4 MiB broadcast measured
-        // over one buffer, warm in the cache, took half the time the same
-        // broadcast of weights took in a tsp run).
-        const int64_t na = split && o != "all_gather" ? total : per, nb = split && o != "reduce_scatter" ? total : per;
-        const int pool = int(std::clamp<int64_t>(2 * l3_bytes() / (4 * (na + nb)), 1, 64));
-        if (!arena.defined() || arena.numel() < pool * (na + nb)) {
-          arena = Tensor();
-          arena = be.alloc({pool * (na + nb)}, Category::CommBuffers, "pool");
-        }
-        std::vector<Tensor> as, bs;
-        for (int i = 0; i < pool; ++i) {
-          as.push_back(arena.slice(0, i * (na + nb), na));
-          bs.push_back(arena.slice(0, i * (na + nb) + na, nb));
-          be.fill(as.back(), 1.0f);
-          be.fill(bs.back(), 0.0f);
-        }
-        int turn = 0;
-        auto call = [&] {
-          const Tensor &a = as[size_t(turn % pool)], &b = bs[size_t(turn % pool)];
-          ++turn;
-          if (o == "all_reduce") world.all_reduce(a);
-          else if (o == "all_gather") world.all_gather(b, a);
-          else if (o == "reduce_scatter") world.reduce_scatter(b, a);
-          else if (o == "broadcast") world.broadcast(a, 0);
-          else if (o == "all_to_all") world.all_to_all(b, a);
-          else world.sendrecv(a, (me + 1) % n, b, (me + n - 1) % n);
-        };
-        const int iters =
-            int(std::clamp<int64_t>(int64_t(iterations) * 65536 / std::max<int64_t>(bytes, 1), 5, iterations));
-        call();  // warm-up
-        std::vector<double> t0(static_cast<size_t>(iters)), t1(static_cast<size_t>(iters));
-        for (int i = 0; i < iters; ++i) {
-          world.barrier();
-          sweep();
-          rec.clear();
-          call();
-          const auto spans = rec.take_spans();
-          t0[size_t(i)] = spans.empty() ? 0 : double(spans.back().t0);
-          t1[size_t(i)] = spans.empty() ? 0 : double(spans.back().t1);
-        }
-        // Per iteration: from the last rank's start to the last rank's end.
-        stream->enqueue([&] {
-          check_mpi(MPI_Allreduce(MPI_IN_PLACE, t0.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
-                    "MPI_Allreduce", "calibrate");
-          check_mpi(MPI_Allreduce(MPI_IN_PLACE, t1.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
-                    "MPI_Allreduce", "calibrate");
-        })->wait();
-        std::vector<double> d(static_cast<size_t>(iters));
-        for (int i = 0; i < iters; ++i) d[size_t(i)] = std::max(0.0, t1[size_t(i)] - t0[size_t(i)]) * 1e-9;
-        if (me == 0)
-          std::printf("%s\n", json{{"op", o}, {"ranks", n}, {"bytes", total * 4}, {"iterations", iters},
-                                   {"time_s", median(d)}}.dump().c_str());
-      }
-    }
-    std::fflush(stdout);
+int64_t l3_bytes() {
+  long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (v > 0) return v;
+  std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  std::string s;
+  if (f >> s && !s.empty()) {
+    const int64_t n = std::atoll(s.c_str());
+    return s.back() == 'M' ? n << 20 : s.back() == 'K' ? n << 10 : n;
   }
-  return 0;
+  return int64_t(32) << 20;
 }
 
 void set_calibration_hook(std::function<void()> before_each) { g_before_each = std::move(before_each); }
@@ -779,48 +628,11 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   json colls = json::object();
   LinkProfile measured;  // what the simulator will make of them
   if (ranks > 1) {
-    const std::string cmd = mpirun_self_command(
-        ranks, options.quick ? "bench-collectives-rank --json --sizes 64,65536,1048576,4194304 --iterations 20"
-                             : "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304,16777216 --iterations 100");
-    std::map<std::string, std::vector<std::pair<double, double>>> pts;
-    if (std::FILE* p = popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      std::string outp;
-      while (std::fgets(buf, sizeof buf, p)) outp += buf;
-      pclose(p);
-      for (size_t at = 0; (at = outp.find('{', at)) != std::string::npos;) {
-        const size_t end = outp.find('\n', at);
-        json row = json::parse(outp.substr(at, end - at), nullptr, false);
-        at = end;
-        if (row.is_discarded() || !row.contains("op") || !row.contains("time_s")) continue;
-        if (row.value("time_s", 0.0) > 0) pts[row.value("op", "")].emplace_back(row.value("bytes", 0.0), row.value("time_s", 0.0));
-      }
-    }
-    for (auto& [op, v] : pts) {
-      std::sort(v.begin(), v.end());
-      const auto [a, b] = fit_alpha_beta(op, ranks, v);
-      colls[op] = {{"latency_us", a * 1e6}, {"bandwidth_gbps", b * 1e-9}};
-      CollectiveFit& f = measured.collectives[op];
-      f.latency = a;
-      f.bandwidth = b;
-      if (v.size() >= 2) {  // the times themselves, for the simulator to interpolate
-        json sizes = json::array(), us = json::array();
-        for (auto& [bytes, t] : v) {
-          sizes.push_back(bytes);
-          us.push_back(round_us(std::max(t, 1e-8)));
-          f.bytes.push_back(bytes);
-          f.seconds.push_back(std::max(t, 1e-8));
-        }
-        colls[op].update({{"ranks", ranks}, {"bytes", sizes}, {"us", us}});
-        f.ranks = ranks;
-      }
-      log << "  mpi " << op << " over " << ranks << " ranks: alpha " << a * 1e6 << " us, beta " << b * 1e-9
-          << " GB/s (";
-      for (size_t i = 0; i < v.size(); ++i) log << (i ? ", " : "") << v[i].first << " B " << v[i].second * 1e6 << " us";
-      log << ")\n";
-      if (op == "all_reduce") alpha = a, beta = b;
-    }
-    if (!colls.contains("all_reduce")) log << "  mpi: no measurement came back; the link keeps assumed figures\n";
+    colls = measure_collectives(log, ranks, options.quick, measured);
+    if (auto it = measured.collectives.find("all_reduce"); it != measured.collectives.end())
+      alpha = it->second.latency, beta = it->second.bandwidth;
+    else
+      log << "  mpi: no measurement came back; the link keeps assumed figures\n";
     measured.latency = alpha;
     measured.bandwidth = beta;
     log << "  (collectives)" << since(started);
@@ -832,15 +644,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   const std::string src_note = calibration_source(threads);
   json link = {{"name", "MPI shared memory"}, {"bandwidth_gbps", beta * 1e-9}, {"latency_us", alpha * 1e6},
                {"source", src_note + "; latency and bandwidth: all_reduce's"}};
-  if (!colls.empty()) {
-    colls["note"] = "us: each collective's median time at `bytes` through the engine's communicator, from the "
-                    "last rank's start to the last rank's end, each call after a sweep of the private caches and on "
-                    "buffers of its own from a pool of twice the last-level cache (data from memory); the "
-                    "simulator interpolates them at " + std::to_string(ranks) + " ranks. alpha (latency_us, per "
-                    "step) and beta (bandwidth_gbps): fitted to them (least squares on the relative error) for the "
-                    "cost model's formula of that collective, for other rank counts";
-    link["collectives"] = colls;
-  }
+  if (!colls.empty()) link["collectives"] = colls;
   json network = link;
   network["name"] = "MPI shared memory (one host)";
   return {

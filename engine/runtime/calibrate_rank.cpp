@@ -36,6 +36,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "runtime/calibrate.h"
+#include "runtime/calibrate_common.h"
 #include "runtime/process.h"
 
 namespace ss {
@@ -47,11 +48,6 @@ using json = nlohmann::json;
 struct LoadDone {};
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // How long a collective posted beside running kernels waits for the core
 // (device.contention.hold_us): the comm thread, busy just before with a chain
@@ -121,8 +117,8 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
       world.sendrecv(send, next, recv, prev);
       s.push_back(seconds_since(t0));
     }
-    step = std::max(median_of(s), 1e-6);
-    probe = median_of(g);
+    step = std::max(median(s), 1e-6);
+    probe = median(g);
   }
   // The chain lasts about twice the GEMM alone, so the GEMM overlaps it throughout.
   // (Rank 0's count on every rank: each posts the same chain.)
@@ -173,7 +169,7 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
   // The simulator slows the streams only past the hold (sim/sim_clock.h):
   // the GEMM ran alone for the first `hold` of it, and the chain waited that
   // long before it moved, so the slowdowns are of what came after.
-  const double g = median_of(alone), gb = median_of(beside), c = median_of(chain_alone), cb = median_of(chain_beside);
+  const double g = median(alone), gb = median(beside), c = median(chain_alone), cb = median(chain_beside);
   const double h = std::min(hold, 0.5 * g);
   const double compute = std::max(0.0, (gb - h) / (g - h) - 1);
   const double comm = std::max(0.0, (cb - h) / c - 1);
@@ -181,8 +177,8 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
   std::snprintf(line, sizeof line,
                 "  contention: a 256x2048x1024 GEMM %.2f ms alone, %.2f ms beside %d ring steps of 4 MiB (+%.0f%%); "
                 "the steps %.2f ms alone, %.2f ms beside GEMMs (+%.0f%%)\n",
-                median_of(alone) * 1e3, median_of(beside) * 1e3, steps, 100 * compute, median_of(chain_alone) * 1e3,
-                median_of(chain_beside) * 1e3, 100 * comm);
+                median(alone) * 1e3, median(beside) * 1e3, steps, 100 * compute, median(chain_alone) * 1e3,
+                median(chain_beside) * 1e3, 100 * comm);
   log << line;
   json out = {{"compute", compute},
           {"comm", comm},
