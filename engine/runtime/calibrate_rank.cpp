@@ -221,7 +221,9 @@ json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::
   };
   std::vector<Size> at;
   for (int64_t M : sizes) {
-    at.push_back({be.alloc({M, 1024}, Category::Workspace, "x"), be.alloc({M, 1024}, Category::Workspace, "y")});
+    at.emplace_back();
+    at.back().x = be.alloc({M, 1024}, Category::Workspace, "x");
+    at.back().y = be.alloc({M, 1024}, Category::Workspace, "y");
     be.fill(at.back().x, 0.01f);
   }
   auto steps = [&](Size& s, int count) {  // (CPU seconds of the GEMMs, wall seconds), over `count` steps
