@@ -1,6 +1,6 @@
 // The kernels suite, part one: GEMMs, embedding, norms, RoPE, attention and the
-// elementwise kernels (kernels_scan.cpp: convolution and the scans). What it
-// checks and to what tolerance: kernels_suite.h.
+// elementwise kernels (kernels_scan.cpp: convolution, the scans and the norm
+// across ranks). What it checks and to what tolerance: kernels_suite.h.
 #include "kernels_suite.h"
 
 struct TestKernels::MatmulCase {

@@ -77,7 +77,9 @@ double stream_read_bytes_per_s(const std::vector<float>& a) {
   return 4.0 * double(n) / t;
 }
 
-double median(std::vector<double> v) {
+// The median as one of the samples (the upper middle of an even count), so
+// the step it came from can be looked up by value.
+double median_sample(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
@@ -211,8 +213,8 @@ Row measure(const std::string& preset, int64_t P, int decode, int repeat, DType 
       counts.push_back(int(spans.size()));
       read.push_back(stream_read_bytes_per_s(stream));
     }
-    r.decode_step_median_s = median(step_s);
-    r.read_bytes_per_s = median(read);
+    r.decode_step_median_s = median_sample(step_s);
+    r.read_bytes_per_s = median_sample(read);
     for (size_t k = 0; k < step_s.size(); ++k)
       if (step_s[k] == r.decode_step_median_s) {
         std::tie(r.step_gemm_s, r.step_attn_s, r.step_other_s) = std::tuple(kinds[k][0], kinds[k][1], kinds[k][2]);

@@ -59,8 +59,9 @@ class CacheSweep {
 };
 
 // The collectives between `ranks` ranks of this host, measured by
-// collective_timing_rank in processes of their own (`quick`: 4 sizes of 20
-// calls, else 6 of 100): the profile's link.collectives, each with its times
+// collective_timing_rank in processes of their own (`quick`: 4 sizes, up to
+// 20 calls each, else 6 sizes, up to 100; fewer for messages of 1 MiB and
+// up): the profile's link.collectives, each with its times
 // over message sizes and alpha-beta fitted to them (empty when no measurement
 // came back), and the same as the simulator reads them in `measured`.
 nlohmann::json measure_collectives(std::ostream& log, int ranks, bool quick, LinkProfile& measured);
