@@ -338,6 +338,22 @@ class TestEngineCli : public QObject {
     }
   }
 
+  // bench --sim's per-op run is STRATEGY:D[:MESH]; anything else is refused
+  // in one line before anything is measured.
+  void simCheckRefused_data() {
+    QTest::addColumn<QString>("spec");
+    for (const char* spec : {"tsp", "tsp:1", "tsp:x", ":4", "tp_sp:4:"}) QTest::newRow(spec) << QString(spec);
+  }
+  void simCheckRefused() {
+    QFETCH(QString, spec);
+    const Ran r = engine({"bench", "--sim", "--sim-accuracy", "--sim-check", spec});
+    QVERIFY2(!r.crashed, "the engine crashed");
+    QCOMPARE(r.exit_code, int(ss::kExitUsage));
+    QVERIFY2(count_lines(r.err) == 1, r.err.constData());
+    QVERIFY2(one_line(r.err).contains("--sim-check " + spec + ": give STRATEGY:D[:MESH]"), r.err.constData());
+    QVERIFY2(r.out.isEmpty(), r.out.constData());
+  }
+
   // The sampler's draws follow softmax(l / T) over the top k: 40,000 steps
   // on fixed logits land on each token with its probability, worked out
   // here, within 5 standard errors; nothing outside the top k is drawn.

@@ -400,6 +400,10 @@ int main(int argc, char** argv) {
   bench->add_flag("--sim", bench_sim, "simulator speed, and simulated vs measured per-op time on this machine");
   bench->add_flag("--sim-accuracy", simb.accuracy_only,
                   "with --sim: only simulated vs measured (per op, and end to end for every strategy on 2 and 4 ranks)");
+  std::string sim_check = "tp:2";
+  bench->add_option("--sim-check", sim_check,
+                    "with --sim: the run of the per-op table, STRATEGY:D[:MESH] (e.g. tsp:4, tp_sp:4:2x2)")
+      ->capture_default_str();
   std::vector<int64_t> coll_sizes;
   int coll_iters = 10;
   auto* coll_rank = app.add_subcommand("bench-collectives-rank", "(internal) one rank of bench --collectives");
@@ -568,7 +572,10 @@ int main(int argc, char** argv) {
       return ss::run_calibrate(calib_out, calib_ranks, std::cout, options);
     }
     if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);
-    if (*bench && bench_sim) return ss::run_sim_bench(simb, std::cout);
+    if (*bench && bench_sim) {
+      ss::set_sim_check(simb, sim_check);
+      return ss::run_sim_bench(simb, std::cout);
+    }
     if (*bench && bench_backend != "cpu") {
       if (bench->count("--models")) gpu_bench.model = bench_opts.models.front();
       if (bench->count("--prompt-len")) gpu_bench.prompt = bench_prompt;

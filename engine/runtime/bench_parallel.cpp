@@ -325,6 +325,21 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
 
 }  // namespace
 
+void set_sim_check(SimBenchOptions& o, const std::string& spec) {
+  const auto bad = [&] {
+    return UsageError("--sim-check " + spec + ": give STRATEGY:D[:MESH] with D of 2 or more, e.g. tsp:4 or tp_sp:4:2x2");
+  };
+  const size_t a = spec.find(':');
+  if (a == 0 || a == std::string::npos) throw bad();
+  const size_t b = spec.find(':', a + 1);
+  const std::string d = spec.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+  if (d.empty() || d.size() > 4 || d.find_first_not_of("0123456789") != std::string::npos || std::stoi(d) < 2) throw bad();
+  o.check_strategy = spec.substr(0, a);
+  o.check_devices = std::stoi(d);
+  o.check_mesh = b == std::string::npos ? "" : spec.substr(b + 1);
+  if (b != std::string::npos && o.check_mesh.empty()) throw bad();
+}
+
 int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
   char line[512];
   out << "shardscope-engine bench --sim  host " << host_name() << "\n\nSimulator speed (wall time of the whole simulate "
@@ -370,10 +385,12 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
   }
 
   // Simulated against measured, on this machine.
-  out << "\nSimulated vs measured per-op time: " << o.check_model << ", tp on " << o.check_devices
-      << " cpu ranks, prompt " << o.check_prompt << ", decode 8; profile calibrated in this run\n" << std::flush;
+  out << "\nSimulated vs measured per-op time: " << o.check_model << ", " << o.check_strategy
+      << (o.check_mesh.empty() ? "" : " " + o.check_mesh) << " on " << o.check_devices << " cpu ranks, prompt "
+      << o.check_prompt << ", decode 8; profile calibrated in this run\n" << std::flush;
   const std::string base = "/tmp/shardscope-simcheck-" + std::to_string(getpid());
-  const std::string common = " --model " + o.check_model + " --strategy tp --devices " +
+  const std::string common = " --model " + o.check_model + " --strategy " + o.check_strategy +
+                             (o.check_mesh.empty() ? "" : " --mesh " + o.check_mesh) + " --devices " +
                              std::to_string(o.check_devices) + " --prompt-len " + std::to_string(o.check_prompt) +
                              " --decode 8";
   auto simulate = [&](const std::string& hw, const std::string& events) {

@@ -20,6 +20,8 @@ int run_strategy_bench(const StrategyBenchOptions& o, std::ostream& out);
 struct SimBenchOptions {
   std::string hardware = "h100-sxm";
   std::string check_model = "small-llama";  // measured vs simulated on this machine
+  // The per-op table's run (--sim-check STRATEGY:D[:MESH]).
+  std::string check_strategy = "tp", check_mesh;
   int check_devices = 2;
   int64_t check_prompt = 512;
   bool accuracy_only = false;  // skip the simulator's speed and the scaling sweep
@@ -28,6 +30,9 @@ struct SimBenchOptions {
 // model), then simulated against measured per-op times on a profile
 // calibrated here: median and 90th-percentile error per op kind.
 int run_sim_bench(const SimBenchOptions& o, std::ostream& out);
+// Sets the per-op table's run from --sim-check's "STRATEGY:D[:MESH]" (e.g.
+// "tsp:4", "tp_sp:4:2x2"); throws UsageError saying what to write.
+void set_sim_check(SimBenchOptions& o, const std::string& spec);
 
 // TTFT and per-token decode latency with the prefill->decode caches (KV,
 // conv_state + ssm_state) against the same decode recomputing the prefix.
