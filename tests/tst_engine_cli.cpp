@@ -342,7 +342,7 @@ class TestEngineCli : public QObject {
   // in one line before anything is measured.
   void simCheckRefused_data() {
     QTest::addColumn<QString>("spec");
-    for (const char* spec : {"tsp", "tsp:1", "tsp:x", ":4", "tp_sp:4:"}) QTest::newRow(spec) << QString(spec);
+    for (const char* spec : {"tsp", "tsp:1", "tsp:x", ":4", "tp_sp:4:", "tp;true:2", "tp_sp:4:2x2;true"}) QTest::newRow(spec) << QString(spec);
   }
   void simCheckRefused() {
     QFETCH(QString, spec);

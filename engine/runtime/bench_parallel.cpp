@@ -338,6 +338,10 @@ void set_sim_check(SimBenchOptions& o, const std::string& spec) {
   o.check_devices = std::stoi(d);
   o.check_mesh = b == std::string::npos ? "" : spec.substr(b + 1);
   if (b != std::string::npos && o.check_mesh.empty()) throw bad();
+  // Both go into the commands the bench runs: a strategy's name, a mesh's TxS.
+  if (o.check_strategy.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos ||
+      o.check_mesh.find_first_not_of("0123456789x") != std::string::npos)
+    throw bad();
 }
 
 int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
