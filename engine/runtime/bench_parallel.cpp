@@ -17,6 +17,7 @@
 #include "cpu/cpu_backend.h"
 #include "protocol/analysis.h"
 #include "runtime/calibrate.h"
+#include "runtime/calibrate_common.h"
 #include "runtime/process.h"
 #include "runtime/run.h"
 
@@ -273,13 +274,12 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
       double median = NAN, fastest = NAN;
       std::string text;
     };
-    auto cell = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      const size_t n = v.size();
-      const double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    auto cell = [](const std::vector<double>& v) {
+      const double med = median(v);
+      const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
       char b[64];
-      std::snprintf(b, sizeof b, "%.1f (%.1f-%.1f)", med, v.front(), v.back());
-      return Cell{med, v.front(), b};
+      std::snprintf(b, sizeof b, "%.1f (%.1f-%.1f)", med, *lo, *hi);
+      return Cell{med, *lo, b};
     };
     for (size_t i = 0; i < runs.size(); ++i) {
       const auto& r = runs[i];
