@@ -404,6 +404,15 @@ class TestSim : public QObject {
     QTest::newRow("core-share-count") << "core-share-count"
                                       << "device.core_share.share"
                                       << "one share per kernel_us";
+    QTest::newRow("overlap-share") << "overlap-share"
+                                   << "device.overlap_steps.share"
+                                   << "at most 1";
+    QTest::newRow("overlap-wait") << "overlap-wait"
+                                  << "device.overlap_steps.wait_us"
+                                  << "an object of times per collective";
+    QTest::newRow("overlap-wait-count") << "overlap-wait-count"
+                                        << "device.overlap_steps.wait_us.sendrecv"
+                                        << "one time per kernel_us";
     QTest::newRow("collective-missing") << "collective-missing"
                                         << "network.collectives.broadcast.bandwidth_gbps"
                                         << "is missing";
@@ -438,6 +447,13 @@ class TestSim : public QObject {
       j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {0.4, 1.5}}};
     if (edit == "core-share-count")
       j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {0.4}}};
+    if (edit.startsWith("overlap")) {
+      j["device"]["overlap_steps"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {1, 0.5}},
+                                      {"wait_us", {{"broadcast", {300, 900}}, {"sendrecv", {200, 600}}}}};
+      if (edit == "overlap-share") j["device"]["overlap_steps"]["share"] = {1, 1.5};
+      if (edit == "overlap-wait") j["device"]["overlap_steps"]["wait_us"] = {300, 900};
+      if (edit == "overlap-wait-count") j["device"]["overlap_steps"]["wait_us"]["sendrecv"] = {200};
+    }
     const QString file = m_dir.filePath(edit + ".json");
     {
       QFile f(file);
@@ -542,6 +558,16 @@ class TestSim : public QObject {
     QVERIFY(cs["share"].size() >= 2);
     for (const auto& v : cs["share"]) QVERIFY2(v.get<double>() > 0 && v.get<double>() <= 1, cs.dump().c_str());
     QVERIFY(!d.contains("core_steps"));  // the raw steps stay inside calibrate
+    // ... and the same GEMMs beside a broadcast and a ring step in flight.
+    QVERIFY2(d.contains("overlap_steps") && d["overlap_steps"].contains("source"), d.dump().c_str());
+    const json& ov = d["overlap_steps"];
+    QCOMPARE(ov["share"].size(), ov["kernel_us"].size());
+    for (const auto& v : ov["share"]) QVERIFY2(v.get<double>() > 0 && v.get<double>() <= 1, ov.dump().c_str());
+    for (const char* op : {"broadcast", "sendrecv"}) {
+      QVERIFY2(ov["wait_us"].contains(op) && ov["wait_us"][op].size() == ov["kernel_us"].size(), op);
+      for (const auto& v : ov["wait_us"][op]) QVERIFY2(v.get<double>() > 0, ov.dump().c_str());
+    }
+    QVERIFY(!d.contains("overlap_raw"));
   }
 
   // calibrate writes a profile the simulator accepts, with the measured tables
@@ -575,6 +601,7 @@ class TestSim : public QObject {
       QVERIFY2(d["contention"].contains(k) && d["contention"][k].get<double>() >= 0, k);
     if (std::thread::hardware_concurrency() >= 2) {
       QVERIFY(!d.contains("core_share"));  // a core for each rank
+      QVERIFY(!d.contains("overlap_steps"));
       // ... which its comm thread shares: how long either waits for the other.
       QVERIFY2(d["contention"].contains("hold_us") && d["contention"]["hold_us"].get<double>() >= 0,
                d["contention"].dump().c_str());

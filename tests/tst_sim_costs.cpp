@@ -7,6 +7,7 @@
 #include <QtTest>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -28,6 +29,25 @@ class TestSimCosts : public QObject {
 
   Ran simulate_with(const QString& name, const json& profile, const QStringList& args) {
     return ::simulate_with(m_dir, name, profile, args);
+  }
+
+  // (stream:op, start, duration) of rank 0's spans in a simulated run of
+  // tiny-llama on 2 devices, in order, with device.<field> set to `value`
+  // (none when null); empty if the run failed.
+  using Spans = std::vector<std::tuple<std::string, int64_t, int64_t>>;
+  Spans rank0_spans(const char* name, const char* field, const json& value, const char* strategy) {
+    json j = m_h100;
+    if (!value.is_null()) j["device"][field] = value;
+    const Ran r = simulate_with(name, j,
+                                {"--model", "tiny-llama", "--strategy", strategy, "--devices", "2", "--prompt-len",
+                                 "32", "--decode", "2"});
+    Spans out;
+    if (r.crashed || r.exit_code != 0) return out;
+    const Stream st = read_stream(r.out);
+    for (auto* sp : st.all<Span>())
+      if (sp->rank == 0) out.emplace_back(sp->stream + ":" + sp->op, sp->t0, sp->t1 - sp->t0);
+    std::stable_sort(out.begin(), out.end(), [](auto& a, auto& b) { return std::get<1>(a) < std::get<1>(b); });
+    return out;
   }
 
  private slots:
@@ -242,22 +262,7 @@ class TestSimCosts : public QObject {
     QVERIFY(std::abs(ss::core_share_at(hw, 1e-3) - 0.4) < 1e-12);  // halfway on a log scale
     QVERIFY(std::abs(ss::segment_wall(hw, 1e-3) - 1e-3 / 0.4) < 1e-15);
 
-    // (stream:op, start, duration) of rank 0's spans, in order.
-    using Spans = std::vector<std::tuple<std::string, int64_t, int64_t>>;
-    auto spans = [&](const char* name, const json& share) {
-      json j = m_h100;
-      if (!share.is_null()) j["device"]["core_share"] = share;
-      const Ran r = simulate_with(name, j,
-                                  {"--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "32",
-                                   "--decode", "2"});
-      Spans out;
-      if (r.crashed || r.exit_code != 0) return out;
-      const Stream st = read_stream(r.out);
-      for (auto* sp : st.all<Span>())
-        if (sp->rank == 0) out.emplace_back(sp->stream + ":" + sp->op, sp->t0, sp->t1 - sp->t0);
-      std::stable_sort(out.begin(), out.end(), [](auto& a, auto& b) { return std::get<1>(a) < std::get<1>(b); });
-      return out;
-    };
+    auto spans = [&](const char* name, const json& share) { return rank0_spans(name, "core_share", share, "tp"); };
     auto flat = [](double v) { return json{{"source", "test"}, {"kernel_us", {1}}, {"share", {v}}}; };
     const Spans whole = spans("share-none.json", json()), half = spans("share-half.json", flat(0.5));
     QVERIFY(!whole.empty());
@@ -308,6 +313,68 @@ class TestSimCosts : public QObject {
     }
     QVERIFY(close_segment());
     QVERIFY(segments > 4);
+  }
+
+  // Overlap steps (device.overlap_steps, measured by calibrate for more ranks
+  // than cores): a collective posted before kernels begins when the rank
+  // waits for it, and ends its time alone plus the measured extra wait at
+  // those kernels' CPU time later; kernels with one in flight take the
+  // overlap share. In closed form on one rank's clock (ns), then whole runs.
+  void overlapStepsOnAnOversubscribedHost() {
+    ss::HardwareProfile hw;
+    hw.overlap_seconds = {1e-4, 1e-2};
+    hw.overlap_share = {1.0, 0.5};
+    hw.overlap_wait = {{"broadcast", {100e-6, 300e-6}}, {"sendrecv", {50e-6, 150e-6}}};
+    QVERIFY(std::abs(ss::overlap_wait_at(hw, "broadcast", 1e-3) - 200e-6) < 1e-12);   // halfway on a log scale
+    QVERIFY(std::abs(ss::overlap_wait_at(hw, "all_gather", 1e-3) - 200e-6) < 1e-12);  // not measured: the broadcast's
+    QVERIFY(std::abs(ss::overlap_wait_at(hw, "sendrecv", 1.0) - 150e-6) < 1e-12);
+    QVERIFY(std::abs(ss::overlap_segment_wall(hw, 1e-3) - 1e-3 / 0.75) < 1e-15);
+    using ss::SimClock;
+    auto kernel = [](SimClock& c, double us) {  // as the sim backend charges one, at a share of 1
+      c.cpu_total += us * 1e-6;
+      return c.kernel(us * 1e3);
+    };
+    SimClock c;
+    c.oversubscribed = &hw;
+    auto a = c.post(0, 50e3, "broadcast"), b = c.post(0, 20e3, "sendrecv");
+    QCOMPARE(c.in_flight(), 2);
+    kernel(c, 100);
+    QVERIFY(!c.done(a));  // no progress beside the kernels
+    c.wait(a);            // from now (100 us): its 50 us, then 100 us more
+    QCOMPARE(c.compute_ns, 250e3);
+    c.wait(b);  // beside the same kernels, already waited past: its 20 us after a
+    QCOMPARE(c.compute_ns, 270e3);
+    QCOMPARE(c.in_flight(), 0);
+    auto d = c.post(300e3, 10e3, "sendrecv");  // its last participant arrives at 300 us
+    c.wait(d);                                 // no kernels since its post: its time alone from there
+    QCOMPARE(c.compute_ns, 310e3);
+    auto e = c.post(0, 10e3, "sendrecv");
+    kernel(c, 1e4);  // 10 ms of kernels: 150 us more
+    c.wait(e);
+    QVERIFY(std::abs(c.compute_ns - (310e3 + 1e7 + 10e3 + 150e3)) < 1);
+
+    // Whole runs at a flat share of 1/2: tp computes with no collective in
+    // flight and keeps every span; tsp's kernels beside its transfers take
+    // twice as long, the others keep their lengths.
+    const json flat = {{"source", "test"}, {"kernel_us", {1}}, {"share", {0.5}}, {"wait_us", {{"broadcast", {1}}}}};
+    for (const char* strategy : {"tp", "tsp"}) {
+      const std::string name = std::string("overlap-") + strategy;
+      const Spans plain = rank0_spans((name + "-none.json").c_str(), "overlap_steps", json(), strategy);
+      const Spans over = rank0_spans((name + ".json").c_str(), "overlap_steps", flat, strategy);
+      QVERIFY(!plain.empty());
+      QCOMPARE(over.size(), plain.size());
+      int doubled = 0, kept = 0;
+      for (size_t i = 0; i < plain.size(); ++i) {
+        const auto& [op, t0, dur] = plain[i];
+        QCOMPARE(std::get<0>(over[i]), op);
+        const int64_t got = std::get<2>(over[i]);
+        if (op.rfind("compute:", 0) != 0 || std::abs(got - dur) <= 2) ++kept;
+        else if (std::abs(got - 2 * dur) <= 2) ++doubled;
+        else QFAIL(qPrintable(QString("%1 %2: %3 ns, %4 without").arg(strategy, QString::fromStdString(op)).arg(got).arg(dur)));
+      }
+      if (std::string_view(strategy) == "tp") QCOMPARE(doubled, 0);
+      else QVERIFY2(doubled > 4 && kept > 4, qPrintable(QString("%1 doubled, %2 kept").arg(doubled).arg(kept)));
+    }
   }
 
   // calibrate measures its grids in passes and keeps each entry's median, so

@@ -73,11 +73,6 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
     Allocator alloc;
     CpuBackend be(alloc, rec);
     CacheSweep sweep;
-    // Every op and size carves its buffers from one block, grown when a size
-    // needs more: a block allocated for each would start on untouched pages,
-    // and on a virtual machine a page's first touch costs ~10 us in the
-    // kernel (host_blocks.h), more than filling it.
-    Tensor arena;
     for (const char* op :
          {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv"}) {
       const std::string o = op;
@@ -90,18 +85,20 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
         // level cache, so its data comes from memory, as a run's weights and
         // the activations of a whole layer ago do (a 4 MiB broadcast measured
         // over one buffer, warm in the cache, took half the time the same
-        // broadcast of weights took in a tsp run).
+        // broadcast of weights took in a tsp run). Each buffer is a block
+        // of its own, as a run's tensors are: below 2 MiB in 4 KiB pages,
+        // from 2 MiB on in huge pages (host_blocks.h). The single-copy
+        // transfer between ranks pins every page it moves, and slices of
+        // one huge-page block instead made a 1 MiB broadcast look twice as
+        // fast as a run's weight shards move (4 ranks on 2 cores here:
+        // 480-820 us against 1000-1570 us, waited for after a short GEMM).
         const int64_t na = split && o != "all_gather" ? total : per,
                       nb = split && o != "reduce_scatter" ? total : per;
         const int pool = int(std::clamp<int64_t>(2 * l3_bytes() / (4 * (na + nb)), 1, 64));
-        if (!arena.defined() || arena.numel() < pool * (na + nb)) {
-          arena = Tensor();
-          arena = be.alloc({pool * (na + nb)}, Category::CommBuffers, "pool");
-        }
         std::vector<Tensor> as, bs;
         for (int i = 0; i < pool; ++i) {
-          as.push_back(arena.slice(0, i * (na + nb), na));
-          bs.push_back(arena.slice(0, i * (na + nb) + na, nb));
+          as.push_back(be.alloc({na}, Category::CommBuffers, "send"));
+          bs.push_back(be.alloc({nb}, Category::CommBuffers, "recv"));
           be.fill(as.back(), 1.0f);
           be.fill(bs.back(), 0.0f);
         }
@@ -124,11 +121,15 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
         };
         const int iters = int(std::clamp<int64_t>(
             int64_t(iterations) * 65536 / std::max<int64_t>(bytes, 1), 5, iterations));
-        call();  // warm-up
+        // Warm-up: one call on every buffer of the pool first. The first
+        // transfer from or to a page is the slow one (2-7 ms for 1 MiB here,
+        // against 0.3-1 ms after), and a run moves its weights and reuses
+        // its buffers again and again.
+        for (int i = 0; i < pool; ++i) call();
         std::vector<double> t0(static_cast<size_t>(iters)), t1(static_cast<size_t>(iters));
         for (int i = 0; i < iters; ++i) {
+          sweep();  // before the barrier: the ranks then start together
           world.barrier();
-          sweep();
           rec.clear();
           call();
           const auto spans = rec.take_spans();
@@ -215,8 +216,8 @@ nlohmann::json measure_collectives(std::ostream& log, int ranks, bool quick,
     colls["note"] =
         "us: each collective's median time at `bytes` through the engine's communicator, from the "
         "last rank's start to the last rank's end, each call after a sweep of the private caches "
-        "and on "
-        "buffers of its own from a pool of twice the last-level cache (data from memory); the "
+        "and on buffers of its own from a pool of twice the last-level cache (data from memory; each "
+        "buffer a block of its own, as a run's tensors, and moved once before the timed calls); the "
         "simulator interpolates them at " +
         std::to_string(ranks) +
         " ranks. alpha (latency_us, per "

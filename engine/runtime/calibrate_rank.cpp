@@ -204,20 +204,38 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
 // five trials of the GEMM's thread CPU time and the whole step's wall time
 // (means over ranks). calibrate_machine turns them into core shares once it
 // knows what the simulator charges for the all-reduce.
-json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::ostream& log) {
+//
+// With `beside` ("broadcast" or "sendrecv"), the same GEMMs as tsp runs them
+// instead, each beside a collective of 1 MiB posted just before it and waited
+// for just after: a broadcast from the ranks in turn, or a ring step, each
+// call on buffers of its own from a pool of twice the last-level cache. Per M
+// also the GEMM's wall time and the wait's, which calibrate_machine turns
+// into the overlap steps (sim/sim_clock.h).
+json measure_steps(MpiCommunicator& world, CpuBackend& be, int cores, const std::string& beside, std::ostream& log) {
+  const bool overlapped = !beside.empty();
   const int n = world.size();
   Tensor w = be.alloc({1024, 1024}, Category::Workspace, "w"), sync = be.alloc({1024}, Category::CommBuffers, "sync");
   be.fill(w, 0.01f);
   be.fill(sync, 1.0f);
+  constexpr int64_t kCast = 1 << 18;  // floats: 1 MiB
+  std::vector<Tensor> casts;  // blocks of their own, as a run's tensors (calibrate_collectives.cpp)
+  if (overlapped)
+    for (int64_t i = 0; i < std::clamp<int64_t>(2 * l3_bytes() / (4 * kCast), 2, 64) / 2 * 2; ++i) {
+      casts.push_back(be.alloc({kCast}, Category::CommBuffers, "pool"));
+      be.fill(casts.back(), 1.0f);
+    }
   auto mean_over_ranks = [&](double v) {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce", "calibrate");
     return v / n;
   };
   const std::vector<int64_t> sizes = {4, 32, 256};  // GEMMs of about 0.15, 0.9 and 5.5 ms of CPU time here
+  struct Trial {
+    double kernel_us, step_us, kernel_wall_us, wait_us;  // per step, means over ranks
+  };
   struct Size {
     Tensor x, y;
     int count = 0;
-    std::vector<std::pair<double, double>> trials;  // (kernel us, step us), means over ranks
+    std::vector<Trial> trials;
   };
   std::vector<Size> at;
   for (int64_t M : sizes) {
@@ -226,22 +244,56 @@ json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::
     at.back().y = be.alloc({M, 1024}, Category::Workspace, "y");
     be.fill(at.back().x, 0.01f);
   }
-  auto steps = [&](Size& s, int count) {  // (CPU seconds of the GEMMs, wall seconds), over `count` steps
-    double cpu = 0;
+  int turn = 0;
+  const int me = world.rank();
+  auto post = [&] {
+    const size_t at = size_t(turn % int(casts.size() / 2)) * 2;
+    const int root = turn++ % n;
+    if (beside == "sendrecv") return world.isendrecv(casts[at], (me + 1) % n, casts[at + 1], (me + n - 1) % n);
+    return world.ibroadcast(casts[at], root);
+  };
+  // Seconds over `count` steps: CPU and wall time of the GEMMs, the waits
+  // after them, all. Overlapped, as tsp's turns run: wait for turn i, post
+  // turn i + 1, compute turn i; so each wait but the first follows a GEMM
+  // the collective waited for ran beside (the first wait, with no GEMM
+  // before it, is left out of the waits).
+  auto steps = [&](Size& s, int count) {
+    double cpu = 0, kernel = 0, wait = 0;
     world.barrier();
     const auto t0 = Clock::now();
+    Request turn = overlapped ? post() : nullptr;
     for (int i = 0; i < count; ++i) {
+      if (overlapped) {
+        const auto w0 = Clock::now();
+        turn->wait();
+        if (i > 0) wait += seconds_since(w0);
+        turn = post();
+      }
+      const auto k0 = Clock::now();
       const double c0 = thread_cpu_seconds();
       be.matmul(s.y, s.x, w);
       cpu += thread_cpu_seconds() - c0;
-      world.all_reduce(sync);
+      const auto w0 = Clock::now();
+      kernel += std::chrono::duration<double>(w0 - k0).count();
+      if (!overlapped) {
+        world.all_reduce(sync);
+        wait += seconds_since(w0);
+      }
     }
-    return std::make_pair(cpu, seconds_since(t0));
+    if (overlapped) {  // the last turn's wait follows the last GEMM
+      const auto w0 = Clock::now();
+      turn->wait();
+      wait += seconds_since(w0);
+    }
+    return Trial{cpu, seconds_since(t0), kernel, wait};
   };
+  // One transfer on every buffer first: the first from or to a page is the
+  // slow one (calibrate_collectives.cpp).
+  for (size_t i = 0; overlapped && i < casts.size() / 2; ++i) post()->wait();
   // Every rank must make the same number of calls: the count comes from the
   // slowest rank's probe, for about 0.3 s a trial.
   for (Size& s : at) {
-    double probe = steps(s, 5).second / 5;
+    double probe = steps(s, 5).step_us / 5;
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &probe, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce",
               "calibrate");
     s.count = int(std::clamp(0.3 / std::max(probe, 1e-9), 10.0, 4000.0));
@@ -250,24 +302,30 @@ json measure_core_steps(MpiCommunicator& world, CpuBackend& be, int cores, std::
   // elsewhere falls on one trial of each rather than on every trial of one.
   for (int t = 0; t < 5; ++t)
     for (Size& s : at) {
-      const auto [cpu, wall] = steps(s, s.count);
-      s.trials.emplace_back(mean_over_ranks(1e6 * cpu / s.count), mean_over_ranks(1e6 * wall / s.count));
+      const Trial r = steps(s, s.count);
+      auto per_step = [&](double seconds) { return mean_over_ranks(1e6 * seconds / s.count); };
+      s.trials.push_back({per_step(r.kernel_us), per_step(r.step_us), per_step(r.kernel_wall_us), per_step(r.wait_us)});
     }
   json rows = json::array();
   std::string text;
   for (size_t i = 0; i < at.size(); ++i) {
     auto& trials = at[i].trials;
     std::sort(trials.begin(), trials.end(),
-              [](auto& l, auto& r) { return l.first / l.second < r.first / r.second; });
-    const auto [kernel_us, step_us] = trials[trials.size() / 2];
-    rows.push_back({{"rows", sizes[i]}, {"kernel_us", kernel_us}, {"step_us", step_us}});
-    char b[120];
-    std::snprintf(b, sizeof b, "%s%.0f us in steps of %.0f us", text.empty() ? "" : ", ", kernel_us, step_us);
+              [](const Trial& l, const Trial& r) { return l.kernel_us / l.step_us < r.kernel_us / r.step_us; });
+    const Trial& m = trials[trials.size() / 2];
+    rows.push_back({{"rows", sizes[i]}, {"kernel_us", m.kernel_us}, {"step_us", m.step_us},
+                    {"kernel_wall_us", m.kernel_wall_us}, {"wait_us", m.wait_us}});
+    char b[160];
+    if (overlapped)
+      std::snprintf(b, sizeof b, "%s%.0f us (%.0f us wall) then a %.0f us wait", text.empty() ? "" : ", ",
+                    m.kernel_us, m.kernel_wall_us, m.wait_us);
+    else
+      std::snprintf(b, sizeof b, "%s%.0f us in steps of %.0f us", text.empty() ? "" : ", ", m.kernel_us, m.step_us);
     text += b;
   }
-  log << "  core steps: " << n << " ranks on " << cores << " cores, a GEMM's CPU time then a 4 KiB all-reduce: "
-      << text << "\n";
-  return {{"sync_bytes", sync.nbytes()}, {"steps", rows}};
+  log << "  " << (overlapped ? "overlap" : "core") << " steps: " << n << " ranks on " << cores << " cores, a GEMM's CPU time "
+      << (overlapped ? "beside a 1 MiB " + beside + ": " : "then a 4 KiB all-reduce: ") << text << "\n";
+  return {{"sync_bytes", overlapped ? 4 * kCast : sync.nbytes()}, {"steps", rows}};
 }
 
 }  // namespace
@@ -351,10 +409,15 @@ int calibrate_rank(const CalibrateOptions& given) {
     CpuBackend be(alloc, rec);
     std::ostringstream log;
     const json contention = measure_contention(world, be, rec, ranks <= cores, options.quick ? 3 : 9, log);
-    const json steps = ranks > cores ? measure_core_steps(world, be, cores, log) : json();
+    json steps, overlap;
+    if (ranks > cores) {
+      steps = measure_steps(world, be, cores, "", log);
+      for (const char* op : {"broadcast", "sendrecv"}) overlap[op] = measure_steps(world, be, cores, op, log);
+    }
     if (me == 0) {
       device["contention"] = contention;
       if (!steps.is_null()) device["core_steps"] = steps;
+      if (!overlap.is_null()) device["overlap_raw"] = overlap;
       std::printf("%s%s@device %s\n", gemm_log.str().c_str(), log.str().c_str(), device.dump().c_str());
       std::fflush(stdout);
     }

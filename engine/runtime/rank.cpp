@@ -144,9 +144,13 @@ RunResult simulate_ranks(int devices, bool single, const HardwareProfile& hw, in
   auto rank_main = [&](int r) {
     Recorder rec(r);
     SimClock clock;
-    clock.compute_slowdown = hw.compute_contention;
-    clock.comm_slowdown = hw.comm_contention;
-    clock.hold_ns = hw.contention_hold * 1e9;
+    if (!hw.overlap_seconds.empty()) {
+      clock.oversubscribed = &hw;  // its overlap steps replace the contention figures
+    } else {
+      clock.compute_slowdown = hw.compute_contention;
+      clock.comm_slowdown = hw.comm_contention;
+      clock.hold_ns = hw.contention_hold * 1e9;
+    }
     rec.set_clock([&clock] { return int64_t(clock.compute_ns); });
     std::vector<int> all(static_cast<size_t>(devices));
     std::iota(all.begin(), all.end(), 0);

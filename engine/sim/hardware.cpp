@@ -248,16 +248,35 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
     }
     h.contention_hold *= 1e-6;
   }
-  if (auto it = d.find("core_share"); it != d.end()) {
-    if (!it->is_object()) throw UsageError(origin + ": field 'device.core_share' must be an object");
-    require_source(*it, "device.core_share.", origin);
-    h.core_share_seconds = numbers(*it, "device.core_share.", "kernel_us", origin, true);
-    for (double& us : h.core_share_seconds) us *= 1e-6;
-    h.core_share = numbers(*it, "device.core_share.", "share", origin, false);
-    if (h.core_share.size() != h.core_share_seconds.size())
-      throw UsageError(origin + ": field 'device.core_share.share' must hold one share per kernel_us");
-    for (double v : h.core_share)
-      if (v > 1) throw UsageError(origin + ": field 'device.core_share.share' holds fractions of a core, at most 1");
+  // Shares of a core over kernel lengths (calibrate, more ranks than cores).
+  auto shares = [&](const char* key, std::vector<double>& seconds, std::vector<double>& share) {
+    auto it = d.find(key);
+    if (it == d.end()) return it;
+    const std::string p = "device." + std::string(key) + ".";
+    if (!it->is_object()) throw UsageError(origin + ": field 'device." + key + "' must be an object");
+    require_source(*it, p, origin);
+    seconds = numbers(*it, p, "kernel_us", origin, true);
+    for (double& us : seconds) us *= 1e-6;
+    share = numbers(*it, p, "share", origin, false);
+    if (share.size() != seconds.size())
+      throw UsageError(origin + ": field '" + p + "share' must hold one share per kernel_us");
+    for (double v : share)
+      if (v > 1) throw UsageError(origin + ": field '" + p + "share' holds fractions of a core, at most 1");
+    return it;
+  };
+  shares("core_share", h.core_share_seconds, h.core_share);
+  if (auto it = shares("overlap_steps", h.overlap_seconds, h.overlap_share); it != d.end()) {
+    const std::string p = "device.overlap_steps.wait_us";
+    auto w = it->find("wait_us");
+    if (w == it->end() || !w->is_object() || w->empty())
+      throw UsageError(origin + ": field '" + p + "' must be an object of times per collective");
+    for (auto& [op, times] : w->items()) {
+      std::vector<double> v = numbers(*w, p + ".", op.c_str(), origin, false);
+      if (v.size() != h.overlap_seconds.size())
+        throw UsageError(origin + ": field '" + p + "." + op + "' must hold one time per kernel_us");
+      for (double& us : v) us *= 1e-6;
+      h.overlap_wait[op] = std::move(v);
+    }
   }
   if (auto it = d.find("kernel_times"); it != d.end()) {
     if (!it->is_object()) throw UsageError(origin + ": field 'device.kernel_times' must be an object");
@@ -295,19 +314,35 @@ std::vector<std::string> hardware_names() {
   return out;
 }
 
-double core_share_at(const HardwareProfile& hw, double cpu_seconds) {
-  const auto& x = hw.core_share_seconds;
-  const auto& y = hw.core_share;
-  if (x.empty()) return 1;
-  if (cpu_seconds <= x.front()) return y.front();
-  if (cpu_seconds >= x.back()) return y.back();
-  const size_t i = size_t(std::upper_bound(x.begin(), x.end(), cpu_seconds) - x.begin());
-  const double f = std::log(cpu_seconds / x[i - 1]) / std::log(x[i] / x[i - 1]);
+namespace {
+// Log-linear in x between the measured points, the nearest one outside them.
+double log_linear(const std::vector<double>& x, const std::vector<double>& y, double at, double none) {
+  if (x.empty()) return none;
+  if (at <= x.front()) return y.front();
+  if (at >= x.back()) return y.back();
+  const size_t i = size_t(std::upper_bound(x.begin(), x.end(), at) - x.begin());
+  const double f = std::log(at / x[i - 1]) / std::log(x[i] / x[i - 1]);
   return y[i - 1] + f * (y[i] - y[i - 1]);
+}
+}  // namespace
+
+double core_share_at(const HardwareProfile& hw, double cpu_seconds) {
+  return log_linear(hw.core_share_seconds, hw.core_share, cpu_seconds, 1.0);
 }
 
 double segment_wall(const HardwareProfile& hw, double cpu_seconds) {
   return cpu_seconds > 0 ? cpu_seconds / core_share_at(hw, cpu_seconds) : 0.0;
+}
+
+double overlap_segment_wall(const HardwareProfile& hw, double cpu_seconds) {
+  return cpu_seconds > 0 ? cpu_seconds / log_linear(hw.overlap_seconds, hw.overlap_share, cpu_seconds, 1.0) : 0.0;
+}
+
+double overlap_wait_at(const HardwareProfile& hw, const std::string& op, double cpu_seconds) {
+  auto it = hw.overlap_wait.find(op);
+  if (it == hw.overlap_wait.end()) it = hw.overlap_wait.find("broadcast");
+  if (it == hw.overlap_wait.end()) return 0;
+  return log_linear(hw.overlap_seconds, it->second, cpu_seconds, 0.0);
 }
 
 HardwareProfile load_hardware(const std::string& spec) {

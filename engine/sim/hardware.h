@@ -15,6 +15,9 @@
 //       "hold_us" how long either waits for the core the other holds;
 //   device.core_share          {"kernel_us": [..], "share": [..]} the part of a core a rank gets
 //       (more ranks than cores) over that much CPU time of kernels between collectives;
+//   device.overlap_steps       {"kernel_us": [..], "share": [..], "wait_us": {"<op>": [..]}} the
+//       same with a collective in flight beside the kernels, and how much longer than that
+//       collective's own time a rank then waits for it;
 //   node.link.collectives.<op> / network.collectives.<op>  {"latency_us", "bandwidth_gbps"}
 //       alpha and beta of <op> fitted to its measured times over message sizes,
 //       and optionally those times: "ranks", "bytes": [..], "us": [..].
@@ -110,6 +113,15 @@ struct HardwareProfile {
   // its kernel times are then CPU times), measured at a few kernel lengths
   // (CPU seconds, increasing); empty: a whole core. See core_share_at.
   std::vector<double> core_share_seconds, core_share;
+  // The same while a collective the rank posted is in flight beside its
+  // kernels (calibrate, more ranks than cores), and how much longer than the
+  // collective's time alone (cost model) the rank then waits for it, both
+  // over the CPU time of the kernels between its post and the wait: the
+  // collective's comm threads get the cores only as the ranks' kernels leave
+  // them (sim/sim_clock.h). Empty: not measured; the contention figures
+  // above then stand for it.
+  std::vector<double> overlap_seconds, overlap_share;
+  std::map<std::string, std::vector<double>> overlap_wait;  // per collective, seconds
   // Measured kernel times (optional, see above).
   std::map<std::string, TimeGrid> kernel_times;  // op -> grid over (rows, cols)
   std::vector<GemmShapeTimes> gemm_times;
@@ -126,6 +138,13 @@ double core_share_at(const HardwareProfile& hw, double cpu_seconds);
 // The wall time of such a segment: cpu_seconds / core_share_at(cpu_seconds).
 // A kernel that extends a segment from s to s + c takes the difference.
 double segment_wall(const HardwareProfile& hw, double cpu_seconds);
+// The same with a collective in flight beside the kernels (overlap_share).
+double overlap_segment_wall(const HardwareProfile& hw, double cpu_seconds);
+// How much longer than its own time a rank waits for a collective `op`
+// posted before `cpu_seconds` of its kernels (overlap_wait), log-linear as
+// above; a collective not measured takes the broadcast's figures (a tree, as
+// most collectives are on a few ranks); 0 when none was measured.
+double overlap_wait_at(const HardwareProfile& hw, const std::string& op, double cpu_seconds);
 
 // A profile name in resources/hardware or a path to a JSON file. Throws
 // UsageError naming the field and the reason for a malformed profile.

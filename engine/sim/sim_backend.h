@@ -25,8 +25,13 @@ class SimBackend final : public MetaBackend {
     const double cpu = kernel_seconds(m_hw, op, flops, bytes, dims, dtype, attention_runs());
     const double s0 = m_clock.segment_cpu;
     m_clock.segment_cpu += cpu;
-    const double wall =
-        m_hw.core_share.empty() ? cpu : std::max(cpu, segment_wall(m_hw, s0 + cpu) - segment_wall(m_hw, s0));
+    m_clock.cpu_total += cpu;
+    // More ranks than cores: the part of a core a rank gets depends on
+    // whether a collective it posted is in flight beside (sim/sim_clock.h).
+    auto wall_of = m_clock.oversubscribed && m_clock.in_flight() > 0 ? overlap_segment_wall : segment_wall;
+    const double wall = m_hw.core_share.empty() && !m_clock.oversubscribed
+                            ? cpu
+                            : std::max(cpu, wall_of(m_hw, s0 + cpu) - wall_of(m_hw, s0));
     const double t0 = m_clock.compute_ns;
     m_clock.kernel(wall * 1e9);
     recorder().span(StreamKind::Compute, op, int64_t(t0), int64_t(m_clock.compute_ns), flops, bytes, std::move(dims));

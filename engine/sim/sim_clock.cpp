@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "sim/hardware.h"
+
 namespace ss {
 
 double SimClock::stretched_end(double t0, double work_ns, const Intervals& busy, double slowdown) {
@@ -45,11 +47,14 @@ double SimClock::kernel(double work_ns) {
   return compute_ns;
 }
 
-SimClock::OpPtr SimClock::post(double start, double work) {
+SimClock::OpPtr SimClock::post(double start, double work, const char* kind) {
   auto op = std::make_shared<Op>();
   op->posted = compute_ns;
   op->start = start;
   op->work = work;
+  op->cpu_at_post = cpu_total;
+  op->kind = kind;
+  ++m_in_flight;
   if (!shares_core()) {
     op->end = start + work;
     return op;
@@ -79,13 +84,30 @@ double SimClock::resolve(const Op* last, double now, bool store) {
   return prev;
 }
 
+double SimClock::oversubscribed_end(const Op& op) const {
+  // CPU time of the kernels run beside it since it was posted and since the
+  // rank last stopped to wait (a wait already paid for those).
+  const double beside = cpu_total - std::max(op.cpu_at_post, m_cpu_at_block);
+  double begin = std::max(op.start, m_comm_free);
+  if (!(beside > 0)) return begin + op.work;
+  begin = std::max(begin, compute_ns);
+  return begin + op.work + overlap_wait_at(*oversubscribed, op.kind, beside) * 1e9;
+}
+
 void SimClock::wait(const OpPtr& op) {
   if (!shares_core()) {
-    if (op->end > compute_ns) segment_cpu = 0;  // the rank stops here: its core goes to others
+    if (oversubscribed && !op->settled) op->end = oversubscribed_end(*op);
+    settle(*op);
+    if (op->end > compute_ns) {
+      segment_cpu = 0;  // the rank stops here: its core goes to others
+      m_cpu_at_block = cpu_total;
+    }
+    m_comm_free = std::max(m_comm_free, op->end);
     compute_ns = std::max(compute_ns, op->end);
     comm_ns = std::max(comm_ns, op->end);
     return;
   }
+  settle(*op);
   const double now = compute_ns, end = op->end >= 0 ? op->end : resolve(op.get(), now, true);
   op->waited = true;
   if (end > now) {
@@ -116,6 +138,7 @@ void SimClock::wait(const OpPtr& op) {
 }
 
 bool SimClock::done(const OpPtr& op) {
+  if (oversubscribed && !op->settled) return compute_ns >= oversubscribed_end(*op);
   if (!shares_core() || op->end >= 0) return compute_ns >= op->end;
   return compute_ns >= resolve(op.get(), compute_ns, false);
 }

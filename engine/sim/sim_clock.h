@@ -20,6 +20,20 @@
 //     then has later collectives to run, kernels resume when those are done,
 //     or `hold` later.
 // With hold 0 this is the streams' plain overlap with those slowdowns.
+//
+// Where a host has more ranks than cores and calibrate measured its overlap
+// steps (sim/hardware.h), those replace the figures above: every thread of
+// every rank then shares the same few cores, and a collective's comm threads
+// get them only as the ranks' kernels leave them. Measured (4 ranks on 2
+// cores, a broadcast posted before a GEMM and waited for after it, as tsp
+// does): the broadcast made no progress beside the GEMMs, and the wait after
+// them lasted the broadcast's own time plus 0.5-2 ms, more the longer the
+// GEMMs; the GEMMs themselves ran at a larger share of a core than between
+// blocking collectives (the waiting ranks leave theirs). So a collective
+// posted before kernels begins when the rank waits for it (or at its last
+// participant's arrival, or when the comm thread is done with earlier ones)
+// and ends its time alone plus overlap_wait_at(those kernels' CPU time)
+// later; kernels with a collective in flight take overlap_segment_wall.
 // All of it is the rank's own view: the collective's span in the event
 // stream, and the comm clock that orders the rank's next post, keep the
 // collective's time alone from its start (sim_comm.cpp), and a peer's end of
@@ -33,6 +47,8 @@
 
 namespace ss {
 
+struct HardwareProfile;
+
 struct SimClock {
   double compute_ns = 0;
   double comm_ns = 0;
@@ -45,6 +61,12 @@ struct SimClock {
   // the streams are independent and none of the bookkeeping below runs.
   double compute_slowdown = 0, comm_slowdown = 0, hold_ns = 0;
   bool shares_core() const { return compute_slowdown > 0 || comm_slowdown > 0 || hold_ns > 0; }
+  // The profile when its overlap steps apply (see above), else null.
+  const HardwareProfile* oversubscribed = nullptr;
+  // CPU seconds of all kernels so far (the backend adds them).
+  double cpu_total = 0;
+  // Collectives posted and not yet waited for or dropped.
+  int in_flight() const { return m_in_flight; }
 
   using Intervals = std::vector<std::pair<double, double>>;  // [start, end) in ns, ordered, disjoint
 
@@ -55,20 +77,26 @@ struct SimClock {
     double claim = -1;  // when the comm thread got the core for it; < 0: not known yet
     double end = -1;    // < 0: not resolved yet
     bool waited = false;
+    bool settled = false;     // waited for or dropped: no longer in flight
+    double cpu_at_post = 0;   // cpu_total when it was posted
+    const char* kind = "";    // the collective ("broadcast", ...)
   };
   using OpPtr = std::shared_ptr<Op>;
 
   // Kernel time: `work_ns` of a kernel that starts at compute_ns; returns its end.
   double kernel(double work_ns);
-  // A collective posted now (compute_ns), starting at `start`, taking `work` alone.
-  OpPtr post(double start, double work);
+  // A collective `kind` posted now (compute_ns), starting at `start`, taking `work` alone.
+  OpPtr post(double start, double work, const char* kind = "");
   // The rank waits for `op` now: compute_ns moves to its end when that is
   // later (and on past any hold, see above).
   void wait(const OpPtr& op);
   // Whether `op` has ended by compute_ns.
   bool done(const OpPtr& op);
   // A request dropped without a wait: it still runs on the comm thread.
-  void drop(const OpPtr& op) { op->waited = true; }
+  void drop(const OpPtr& op) {
+    op->waited = true;
+    settle(*op);
+  }
 
   // When `work_ns` of progress begun at `t0` ends, if it runs 1 + slowdown
   // times slower inside `busy`.
@@ -91,7 +119,15 @@ struct SimClock {
   // ops change.
   const Intervals& comm_busy();
   void prune();
+  void settle(Op& op) {
+    if (!op.settled) op.settled = true, --m_in_flight;
+  }
+  // An op's end on an oversubscribed host (see above), waited for now.
+  double oversubscribed_end(const Op& op) const;
 
+  int m_in_flight = 0;
+  double m_cpu_at_block = 0;  // cpu_total when the rank last stopped to wait
+  double m_comm_free = 0;     // oversubscribed: when the comm thread is done with the ops waited for so far
   std::deque<OpPtr> m_ops;   // posted and not yet resolved-and-waited, in posting order
   Intervals m_compute_busy;  // kernels since the oldest op in m_ops was posted
   double m_last_end = 0;     // the end of the last op that left m_ops

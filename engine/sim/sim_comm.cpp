@@ -86,7 +86,7 @@ Request SimCommunicator::timed(const char* op, double payload, std::vector<int64
   // real communicators record it, so both streams agree on all but times.
   const double wire = std::string_view(op) == "recv" ? 0.0 : wire_bytes(op, payload, size());
   m_rec.span(StreamKind::Comm, op, int64_t(arrive), int64_t(end), 0, wire, std::move(dims), std::move(peers));
-  return std::make_shared<SimRequest>(m_clock, m_clock.post(start, end - start));
+  return std::make_shared<SimRequest>(m_clock, m_clock.post(start, end - start, op));
 }
 
 Request SimCommunicator::iall_reduce(const Tensor& buf) {
