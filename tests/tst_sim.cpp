@@ -568,6 +568,7 @@ class TestSim : public QObject {
       for (const auto& v : ov["wait_us"][op]) QVERIFY2(v.get<double>() > 0, ov.dump().c_str());
     }
     QVERIFY(!d.contains("overlap_raw"));
+    QVERIFY(!d.contains("contention"));  // the steps stand for it
   }
 
   // calibrate writes a profile the simulator accepts, with the measured tables

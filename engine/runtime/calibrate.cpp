@@ -583,7 +583,8 @@ json core_share_of(const json& steps, int ranks, int cores, const LinkProfile& l
                          " cores"},
           {"note", "every rank runs a GEMM of 4, 32 or 256 rows x 1024 x 1024, then a " +
                        std::to_string(int64_t(bytes)) +
-                       " B all-reduce, repeatedly (median of 5 trials, means over ranks): the GEMM's thread CPU "
+                       " B all-reduce, repeatedly (median of " + std::to_string(steps.value("trials", 5)) +
+                       " trials, means over ranks): the GEMM's thread CPU "
                        "time over the step's wall time less the fitted all_reduce time of that size; this "
                        "profile's kernel times are CPU times: the simulator charges a stretch of kernels between "
                        "two waits for a collective its CPU time over the share at that length"}};
@@ -633,7 +634,8 @@ json overlap_steps_of(const json& raw, int ranks, int cores, const LinkProfile& 
                          " cores"},
           {"note", "every rank runs a GEMM of 4, 32 or 256 rows x 1024 x 1024 while a 1 MiB collective posted just "
                    "before it is in flight (a broadcast from the ranks in turn, or a ring sendrecv), then waits for "
-                   "it, repeatedly (median of 5 trials, means over ranks): share, the GEMM's thread CPU time over "
+                   "it, repeatedly (median of " + std::to_string(raw.begin()->value("trials", 5)) +
+                   " trials, means over ranks): share, the GEMM's thread CPU time over "
                    "its wall time (mean over the collectives); wait_us, per collective, the wait less that "
                    "collective's fitted time"}};
 }

@@ -18,7 +18,8 @@
 // beside back-to-back GEMMs: compute = t(GEMM beside comm) / t(GEMM alone) - 1
 // and comm = t(chain beside GEMMs) / t(chain alone) - 1, the slowdown of each
 // stream while the other is busy, which the simulator applies to the part of
-// a kernel (or a collective) that overlaps the other stream.
+// a kernel (or a collective) that overlaps the other stream. With more ranks
+// than cores, the core and overlap steps (measure_steps) stand for it.
 #include <mpi.h>
 
 #include <algorithm>
@@ -83,7 +84,7 @@ double measure_hold(MpiCommunicator& world, CpuBackend& be, Recorder& rec, const
   return hold;
 }
 
-json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, bool own_cores, int reps,
+json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, int reps,
                         std::ostream& log) {
   const int n = world.size(), me = world.rank();
   // A prefill-sized GEMM (tens of ms on one thread) and ring steps of 4 MiB.
@@ -160,12 +161,13 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
     const double start = double(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count());
     chain_beside.push_back(std::max(0.0, end - start) * 1e-9);
   }
-  // Where each rank has cores of its own, its two threads share them as the
-  // hold describes; with more ranks than cores, core_share does instead.
-  const double hold = own_cores ? measure_hold(world, be, rec, gemm, [&] {
+  // Each rank has cores of its own (with more ranks than cores the overlap
+  // steps stand for all of this); its two threads share them as the hold
+  // describes.
+  const double hold = measure_hold(world, be, rec, gemm, [&] {
     auto reqs = post(8);
     wait_all(reqs);
-  }, log) : 0.0;
+  }, log);
   // The simulator slows the streams only past the hold (sim/sim_clock.h):
   // the GEMM ran alone for the first `hold` of it, and the chain waited that
   // long before it moved, so the slowdowns are of what came after.
@@ -186,13 +188,9 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
           {"note", "slowdown of a rank's kernels while its comm stream has a collective in flight (compute), and "
                    "of its collectives while its kernels run (comm): a 256x2048x1024 GEMM beside a chain of 4 MiB "
                    "ring sendrecvs on every rank at once, against each alone (medians of " + std::to_string(reps) +
-                   "); with a hold, of the time after it"}};
-  if (own_cores) {
-    out["hold_us"] = hold * 1e6;
-    out["note"] = out["note"].get<std::string>() +
-                  "; hold_us: from the post of a small all-reduce, the comm thread just busy with 8 ring steps, to "
-                  "its start while a GEMM runs (mean of 15)";
-  }
+                   "); with a hold, of the time after it; hold_us: from the post of a small all-reduce, the "
+                   "comm thread just busy with 8 ring steps, to its start while a GEMM runs (mean of 15)"},
+          {"hold_us", hold * 1e6}};
   return out;
 }
 
@@ -201,9 +199,9 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
 // and again. A rank that waits polls MPI on its share of a core, and the ranks
 // reach each collective as the scheduler's slices let them. Every rank runs
 // GEMMs of M rows, each followed by a 4 KiB all-reduce; per M, the median of
-// five trials of the GEMM's thread CPU time and the whole step's wall time
-// (means over ranks). calibrate_machine turns them into core shares once it
-// knows what the simulator charges for the all-reduce.
+// five trials (see `quick` below) of the GEMM's thread CPU time and the whole
+// step's wall time (means over ranks). calibrate_machine turns them into core
+// shares once it knows what the simulator charges for the all-reduce.
 //
 // With `beside` ("broadcast" or "sendrecv"), the same GEMMs as tsp runs them
 // instead, each beside a collective of 1 MiB posted just before it and waited
@@ -211,7 +209,13 @@ json measure_contention(MpiCommunicator& world, CpuBackend& be, Recorder& rec, b
 // call on buffers of its own from a pool of twice the last-level cache. Per M
 // also the GEMM's wall time and the wait's, which calibrate_machine turns
 // into the overlap steps (sim/sim_clock.h).
-json measure_steps(MpiCommunicator& world, CpuBackend& be, int cores, const std::string& beside, std::ostream& log) {
+//
+// `quick` (calibrate --quick, a smoke test): three trials of about 0.1 s
+// instead of five of 0.3 s.
+json measure_steps(MpiCommunicator& world, CpuBackend& be, int cores, const std::string& beside, bool quick,
+                   std::ostream& log) {
+  const int trial_count = quick ? 3 : 5;
+  const double trial_seconds = quick ? 0.1 : 0.3;
   const bool overlapped = !beside.empty();
   const int n = world.size();
   Tensor w = be.alloc({1024, 1024}, Category::Workspace, "w"), sync = be.alloc({1024}, Category::CommBuffers, "sync");
@@ -291,16 +295,16 @@ json measure_steps(MpiCommunicator& world, CpuBackend& be, int cores, const std:
   // slow one (calibrate_collectives.cpp).
   for (size_t i = 0; overlapped && i < casts.size() / 2; ++i) post()->wait();
   // Every rank must make the same number of calls: the count comes from the
-  // slowest rank's probe, for about 0.3 s a trial.
+  // slowest rank's probe, for about trial_seconds a trial.
   for (Size& s : at) {
     double probe = steps(s, 5).step_us / 5;
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &probe, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce",
               "calibrate");
-    s.count = int(std::clamp(0.3 / std::max(probe, 1e-9), 10.0, 4000.0));
+    s.count = int(std::clamp(trial_seconds / std::max(probe, 1e-9), 10.0, 4000.0));
   }
   // Five trials per size, the sizes in turn, so that a burst of load from
   // elsewhere falls on one trial of each rather than on every trial of one.
-  for (int t = 0; t < 5; ++t)
+  for (int t = 0; t < trial_count; ++t)
     for (Size& s : at) {
       const Trial r = steps(s, s.count);
       auto per_step = [&](double seconds) { return mean_over_ranks(1e6 * seconds / s.count); };
@@ -325,7 +329,7 @@ json measure_steps(MpiCommunicator& world, CpuBackend& be, int cores, const std:
   }
   log << "  " << (overlapped ? "overlap" : "core") << " steps: " << n << " ranks on " << cores << " cores, a GEMM's CPU time "
       << (overlapped ? "beside a 1 MiB " + beside + ": " : "then a 4 KiB all-reduce: ") << text << "\n";
-  return {{"sync_bytes", overlapped ? 4 * kCast : sync.nbytes()}, {"steps", rows}};
+  return {{"sync_bytes", overlapped ? 4 * kCast : sync.nbytes()}, {"steps", rows}, {"trials", trial_count}};
 }
 
 }  // namespace
@@ -408,14 +412,19 @@ int calibrate_rank(const CalibrateOptions& given) {
     Allocator alloc;
     CpuBackend be(alloc, rec);
     std::ostringstream log;
-    const json contention = measure_contention(world, be, rec, ranks <= cores, options.quick ? 3 : 9, log);
-    json steps, overlap;
-    if (ranks > cores) {
-      steps = measure_steps(world, be, cores, "", log);
-      for (const char* op : {"broadcast", "sendrecv"}) overlap[op] = measure_steps(world, be, cores, op, log);
+    // Where each rank has a core, how its two threads share it; with more
+    // ranks than cores, how all of them share the cores (which the
+    // contention figures would only blur: the simulator then uses these).
+    json contention, steps, overlap;
+    if (ranks <= cores) {
+      contention = measure_contention(world, be, rec, options.quick ? 3 : 9, log);
+    } else {
+      steps = measure_steps(world, be, cores, "", options.quick, log);
+      for (const char* op : {"broadcast", "sendrecv"})
+        overlap[op] = measure_steps(world, be, cores, op, options.quick, log);
     }
     if (me == 0) {
-      device["contention"] = contention;
+      if (!contention.is_null()) device["contention"] = contention;
       if (!steps.is_null()) device["core_steps"] = steps;
       if (!overlap.is_null()) device["overlap_raw"] = overlap;
       std::printf("%s%s@device %s\n", gemm_log.str().c_str(), log.str().c_str(), device.dump().c_str());
