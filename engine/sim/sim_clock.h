@@ -27,7 +27,7 @@
 // get them only as the ranks' kernels leave them. Measured (4 ranks on 2
 // cores, a broadcast posted before a GEMM and waited for after it, as tsp
 // does): the broadcast made no progress beside the GEMMs, and the wait after
-// them lasted the broadcast's own time plus 0.5-2 ms, more the longer the
+// them lasted the broadcast's own time plus up to 2 ms, more the longer the
 // GEMMs; the GEMMs themselves ran at a larger share of a core than between
 // blocking collectives (the waiting ranks leave theirs). So a collective
 // posted before kernels begins when the rank waits for it (or at its last
