@@ -612,21 +612,21 @@ json overlap_steps_of(const json& raw, int ranks, int cores, const LinkProfile& 
       ++i;
     }
     wait_us[op] = waits;
-    char b[200];
-    std::snprintf(b, sizeof b, "%s%s +%.0f, +%.0f, +%.0f us past its own %.0f us", text.empty() ? "" : "; ",
-                  op.c_str(), waits[0].get<double>(), waits[1].get<double>(), waits[2].get<double>(), alone_us);
-    text += b;
+    text += (text.empty() ? "" : "; ") + op;
+    for (size_t k = 0; k < waits.size(); ++k) text += (k ? ", +" : " +") + std::to_string(std::lround(waits[k].get<double>()));
+    text += " us past its own " + std::to_string(std::lround(alone_us)) + " us";
   }
   json kernel_us = json::array(), share = json::array();
+  std::string shares;
   for (size_t i = 0; i < cpu.size(); ++i) {
     kernel_us.push_back(cpu[i]);
     share.push_back(std::clamp(cpu[i] / std::max(wall[i], cpu[i]), 0.01, 1.0));
+    char b[64];
+    std::snprintf(b, sizeof b, "%s%.1f%% at %.2f ms", i ? ", " : "", 100 * share.back().get<double>(), 1e-3 * cpu[i]);
+    shares += b;
   }
-  char line[200];
-  std::snprintf(line, sizeof line, "  overlap: %d ranks on %d cores, share of a core %.1f%%, %.1f%%, %.1f%% at %.2f, %.2f, %.2f ms; "
-                "waits ", ranks, cores, 100 * share[0].get<double>(), 100 * share[1].get<double>(),
-                100 * share[2].get<double>(), 1e-3 * cpu[0], 1e-3 * cpu[1], 1e-3 * cpu[2]);
-  log << line << text << "\n";
+  log << "  overlap: " << ranks << " ranks on " << cores << " cores, share of a core " << shares << "; waits " << text
+      << "\n";
   return {{"kernel_us", kernel_us},
           {"share", share},
           {"wait_us", wait_us},

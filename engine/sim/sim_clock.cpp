@@ -102,7 +102,7 @@ void SimClock::wait(const OpPtr& op) {
       segment_cpu = 0;  // the rank stops here: its core goes to others
       m_cpu_at_block = cpu_total;
     }
-    m_comm_free = std::max(m_comm_free, op->end);
+    if (oversubscribed) m_comm_free = std::max(m_comm_free, op->end);
     compute_ns = std::max(compute_ns, op->end);
     comm_ns = std::max(comm_ns, op->end);
     return;
