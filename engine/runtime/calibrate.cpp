@@ -73,7 +73,10 @@ double best_seconds(int reps, F&& f) {
 // The median duration of the last span each call of `f` records: what a run
 // on the cpu backend records for that kernel (on the CPU clock: the call's
 // thread CPU time). Each call after `before` (untimed); at least `min_reps`
-// calls, more while under `budget_s` seconds in all (at most 200).
+// calls, more while under `budget_s` seconds in all (at most 200). Where
+// every rank times the same calls at once (a budget of 0, so the same count
+// on each), `g_each_call` makes each call's time the slowest rank's.
+std::function<double(double)> g_each_call;
 template <class F, class B>
 double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& before) {
   std::vector<double> d;
@@ -87,7 +90,9 @@ double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& befo
     f();
     const double cpu = clock_since(t0);
     const auto spans = rec.take_spans();
-    if (!spans.empty()) d.push_back(g_cpu_clock ? cpu : double(spans.back().t1 - spans.back().t0) * 1e-9);
+    const double t = g_cpu_clock ? cpu : spans.empty() ? 0.0 : double(spans.back().t1 - spans.back().t0) * 1e-9;
+    if (g_each_call) d.push_back(g_each_call(t));
+    else if (!spans.empty()) d.push_back(t);
   }
   return median(d);
 }
@@ -353,8 +358,8 @@ nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& sourc
           {"note", std::string("median span of y[m,n] = x[m,k] w[n,k]^T with w read from a pool twice the last-level "
                                "cache (weights not in any cache, as in decode)") +
                        (in_step ? "; every rank called the same GEMM at once (a barrier before each call), as the "
-                                  "ranks of a tensor-parallel step do, and each entry is the slowest rank's (a step "
-                                  "waits for it at its next collective)"
+                                  "ranks of a tensor-parallel step do, and each call's time is the slowest rank's (a "
+                                  "step waits for it at its next collective)"
                                 : "") +
                        "; the median of " + std::to_string(passes) + " pass(es)"},
           {"shapes", shapes}};
@@ -369,9 +374,10 @@ int threads_per_rank(int ranks) {
 }  // namespace
 
 nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateOptions& options,
-                                  const std::function<void()>& before_each) {
+                                  const std::function<void()>& before_each,
+                                  const std::function<double(double)>& each_call) {
   cpu::set_threads(threads_per_rank(ranks));
-  g_cpu_clock = false;
+  g_cpu_clock = ranks > int(std::max(1u, std::thread::hardware_concurrency()));
   const auto started = Clock::now();
   Allocator alloc;
   Recorder rec;
@@ -379,7 +385,9 @@ nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateO
   CpuBackend be(alloc, rec);
   const auto shape_set = gemm_shape_set(options);
   std::vector<json> passes;
+  g_each_call = each_call;
   for (int pass = 0; pass < options.passes(); ++pass) passes.push_back(gemm_times(be, rec, shape_set, before_each));
+  g_each_call = nullptr;
   json shapes = median_of_passes(passes);
   log_gemm_times(shapes, options.passes(), log);
   log << "  (gemm times, every rank at once)" << since(started);

@@ -80,9 +80,12 @@ std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> gemm_shape_set(const Ca
 // The "shapes" of device.gemm_times measured in this process (one thread when
 // ranks > 1), with `before_each` called untimed before each timed GEMM (a
 // barrier: every rank then streams the same weights' worth from memory at
-// once, as the ranks of a tensor-parallel decode step do).
+// once, as the ranks of a tensor-parallel decode step do), and each call's
+// time replaced by `each_call` of it (the slowest rank's: a step waits for
+// it at its next collective, call by call).
 nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateOptions& options,
-                                  const std::function<void()>& before_each);
+                                  const std::function<void()>& before_each,
+                                  const std::function<double(double)>& each_call);
 // device.gemm_times: those shapes with their source and how they were measured.
 nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& source, bool in_step, int passes);
 // Called before every timed call of measure_device (nullptr: nothing).

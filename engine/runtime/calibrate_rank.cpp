@@ -347,9 +347,13 @@ int calibrate_rank(const CalibrateOptions& given) {
   // one-row GEMMs of small-llama's tp decode on 2 ranks came out 5-27%
   // faster (gate_up 753 against 953 us, the means of three calibrations
   // each, alternating), and the measured run's own spans sided with the
-  // latter. With more ranks than cores they take turns on the cores
-  // instead (core_share).
-  const bool gemms_in_step = ranks > 1 && ranks <= cores;
+  // latter. With more ranks than cores too, on the thread CPU clock there
+  // (core_share says what part of a core a rank gets): timed on rank 0
+  // beside the other ranks' load phase, the one-row GEMMs depended on what
+  // that load was doing at the time (tp's 131 MB lm_head at 4 ranks on 2
+  // cores: 10.3, 14.6 and 18.1 ms of CPU in three calibrations minutes
+  // apart), while in a run every rank streams its weights at once.
+  const bool gemms_in_step = ranks > 1;
   CalibrateOptions options = given;
   options.gemms_in_step = gemms_in_step;
   json device;
@@ -378,27 +382,26 @@ int calibrate_rank(const CalibrateOptions& given) {
   if (done != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&done, MPI_STATUS_IGNORE), "MPI_Wait", "calibrate");
   std::ostringstream gemm_log;
   if (gemms_in_step) {
-    json shapes = measure_gemm_times(gemm_log, ranks, options, [] {
-      check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", "calibrate");
-    });
-    // The ranks of a step wait for the slowest at their next collective, and
-    // on this host one rank's core is often the slower by 10-20% for a whole
-    // run (a tp decode's GEMMs: 155 ms on rank 1 against 135 on rank 0, the
-    // same shapes), so each entry keeps the slowest rank's time.
-    std::vector<double> mine;
-    for_each_time(shapes, [&](json& t) { mine.push_back(t.get<double>()); });
-    std::vector<double> slowest(mine.size()), fastest(mine.size());
-    check_mpi(MPI_Allreduce(mine.data(), slowest.data(), int(mine.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
-              "MPI_Allreduce", "calibrate");
-    check_mpi(MPI_Allreduce(mine.data(), fastest.data(), int(mine.size()), MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD),
-              "MPI_Allreduce", "calibrate");
-    size_t i = 0;
-    for_each_time(shapes, [&](json& t) { t = slowest[i++]; });
-    const double sum_slow = std::accumulate(slowest.begin(), slowest.end(), 0.0);
-    const double sum_fast = std::accumulate(fastest.begin(), fastest.end(), 0.0);
+    // The ranks of a step wait for the slowest at their next collective, so
+    // each call's time is the slowest rank's. On this host one rank's core is
+    // often the slower by 10-20% for a whole run (a tp decode's GEMMs: 155 ms
+    // on rank 1 against 135 on rank 0, the same shapes), and the ranks also
+    // take turns being late by tens of microseconds call by call (small-llama's
+    // tp decode on 2 ranks: the ranks reached its all-reduces 50 us apart on
+    // average), which the slowest of each rank's median missed.
+    double own = 0, slowest = 0;
+    json shapes = measure_gemm_times(
+        gemm_log, ranks, options, [] { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", "calibrate"); },
+        [&](double t) {
+          double worst = t;
+          check_mpi(MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce", "calibrate");
+          own += t;
+          slowest += worst;
+          return worst;
+        });
     char b[160];
-    std::snprintf(b, sizeof b, "  gemm times: each the slowest rank's, %.0f%% above the fastest rank's in all\n",
-                  100 * (sum_slow / std::max(sum_fast, 1e-12) - 1));
+    std::snprintf(b, sizeof b, "  gemm times: each call the slowest rank's, %.1f%% above rank 0's own in all\n",
+                  100 * (slowest / std::max(own, 1e-12) - 1));
     gemm_log << b;
     if (me == 0) device["gemm_times"] = gemm_table(shapes, device["sources"].value("all", ""), true, options.passes());
   }
