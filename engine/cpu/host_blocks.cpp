@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <new>
+#include <unordered_map>
 
 // Under AddressSanitizer a kept block is poisoned until it is handed out
 // again, so a use after free of a tensor still fails there.
@@ -94,9 +96,14 @@ void release(void* p) {
     munmap(h.base, mapped_bytes(h.size));
 }
 
+// The kept blocks in the order they were freed, and by size (each size's
+// oldest first), so a request finds its block without a walk over all of
+// them (up to kCacheBytes / kMinCachedBytes).
 struct Cache {
+  using Blocks = std::list<std::pair<size_t, void*>>;  // (size, data), most recently freed first
   std::mutex mutex;
-  std::list<std::pair<size_t, void*>> blocks;  // (size, data), most recently freed first
+  Blocks blocks;
+  std::unordered_map<size_t, std::deque<Blocks::iterator>> by_size;
   size_t bytes = 0;
 };
 
@@ -112,14 +119,16 @@ void* host_alloc(int64_t bytes) {
   if (size >= kMinCachedBytes) {
     Cache& c = cache();
     std::lock_guard lock(c.mutex);
-    for (auto it = c.blocks.begin(); it != c.blocks.end(); ++it)
-      if (it->first == size) {
-        void* p = it->second;
-        c.bytes -= size;
-        c.blocks.erase(it);
-        SS_UNPOISON(p, size);
-        return p;
-      }
+    if (auto found = c.by_size.find(size); found != c.by_size.end()) {
+      const auto it = found->second.back();  // the most recently freed: its pages likeliest still cached
+      found->second.pop_back();
+      if (found->second.empty()) c.by_size.erase(found);
+      void* p = it->second;
+      c.bytes -= size;
+      c.blocks.erase(it);
+      SS_UNPOISON(p, size);
+      return p;
+    }
   }
   return fresh_block(size);
 }
@@ -132,11 +141,16 @@ void host_free(void* p) {
     std::lock_guard lock(c.mutex);
     SS_POISON(p, h.size);
     c.blocks.emplace_front(h.size, p);
+    c.by_size[h.size].push_back(c.blocks.begin());
     c.bytes += h.size;
     while (c.bytes > kCacheBytes) {
-      void* last = c.blocks.back().second;
-      c.bytes -= c.blocks.back().first;
-      SS_UNPOISON(last, c.blocks.back().first);
+      const auto [size, last] = c.blocks.back();
+      // The oldest block of all is the oldest of its size.
+      auto same = c.by_size.find(size);
+      same->second.pop_front();
+      if (same->second.empty()) c.by_size.erase(same);
+      c.bytes -= size;
+      SS_UNPOISON(last, size);
       release(last);
       c.blocks.pop_back();
     }
