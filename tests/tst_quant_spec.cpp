@@ -182,19 +182,21 @@ class TestQuantSpec : public QObject {
     const ss::CommPrecision p = ss::parse_comm_precision(
         "int8:128,attn=bf16,mlp@0-3=int4:32:sr,mlp@2-2=fp8,all@10-11=fp32");
     QCOMPARE(p.rules.size(), size_t(5));
-    QCOMPARE(p.at("attn", 0).precision, Precision::BF16);
-    QCOMPARE(p.at("mlp", 0).precision, Precision::INT4);
+    const struct {
+      const char* site;
+      int layer;
+      Precision precision;
+    } chosen[] = {{"attn", 0, Precision::BF16},   {"mlp", 0, Precision::INT4},   {"mlp", 1, Precision::INT4},
+                  {"mlp", 2, Precision::FP8},     {"mlp", 3, Precision::INT4},   {"mlp", 4, Precision::INT8},
+                  {"mixer", 7, Precision::INT8},  {"attn", 10, Precision::FP32}, {"mlp", 11, Precision::FP32},
+                  {"mlp", 12, Precision::INT8}};
+    for (const auto& c : chosen)
+      QVERIFY2(p.at(c.site, c.layer).precision == c.precision,
+               qPrintable(QStringLiteral("%1 layer %2: %3").arg(c.site).arg(c.layer).arg(
+                   QString::fromStdString(p.at(c.site, c.layer).str()))));
     QCOMPARE(p.at("mlp", 0).block, 32);
     QCOMPARE(p.at("mlp", 0).rounding, Rounding::Stochastic);
-    QCOMPARE(p.at("mlp", 1).precision, Precision::INT4);
-    QCOMPARE(p.at("mlp", 2).precision, Precision::FP8);
-    QCOMPARE(p.at("mlp", 3).precision, Precision::INT4);
-    QCOMPARE(p.at("mlp", 4).precision, Precision::INT8);
     QCOMPARE(p.at("mlp", 4).block, 128);
-    QCOMPARE(p.at("mixer", 7).precision, Precision::INT8);
-    QCOMPARE(p.at("attn", 10).precision, Precision::FP32);
-    QCOMPARE(p.at("mlp", 11).precision, Precision::FP32);
-    QCOMPARE(p.at("mlp", 12).precision, Precision::INT8);
     QVERIFY(p.quantizes());
     // str() writes the rules back in a form that parses to the same choices.
     const ss::CommPrecision again = ss::parse_comm_precision(p.str());

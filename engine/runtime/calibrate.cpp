@@ -359,7 +359,8 @@ nlohmann::json gemm_table(const nlohmann::json& shapes, const std::string& sourc
                                "cache (weights not in any cache, as in decode)") +
                        (in_step ? "; every rank called the same GEMM at once (a barrier before each call), as the "
                                   "ranks of a tensor-parallel step do, and each call's time is the slowest rank's (a "
-                                  "step waits for it at its next collective)"
+                                  "step waits for it at its next collective; with more ranks than cores the mean "
+                                  "over the ranks, the core share holding that wait)"
                                 : "") +
                        "; the median of " + std::to_string(passes) + " pass(es)"},
           {"shapes", shapes}};

@@ -383,25 +383,32 @@ int calibrate_rank(const CalibrateOptions& given) {
   std::ostringstream gemm_log;
   if (gemms_in_step) {
     // The ranks of a step wait for the slowest at their next collective, so
-    // each call's time is the slowest rank's. On this host one rank's core is
-    // often the slower by 10-20% for a whole run (a tp decode's GEMMs: 155 ms
-    // on rank 1 against 135 on rank 0, the same shapes), and the ranks also
-    // take turns being late by tens of microseconds call by call (small-llama's
-    // tp decode on 2 ranks: the ranks reached its all-reduces 50 us apart on
-    // average), which the slowest of each rank's median missed.
-    double own = 0, slowest = 0;
+    // where each rank has a core, each call's time is the slowest rank's. On
+    // this host one rank's core is often the slower by 10-20% for a whole run
+    // (a tp decode's GEMMs: 155 ms on rank 1 against 135 on rank 0, the same
+    // shapes), and the ranks also take turns being late by tens of
+    // microseconds call by call (small-llama's tp decode on 2 ranks: the
+    // ranks reached its all-reduces 50 us apart on average), which the
+    // slowest of each rank's median missed. With more ranks than cores the
+    // core share stands for that wait (its steps' wall time holds it, set
+    // against the ranks' mean CPU time), so there each call's time is the
+    // mean over the ranks: their slowest would count the wait twice.
+    const bool slowest_rank = ranks <= cores;
+    double own = 0, combined = 0;
     json shapes = measure_gemm_times(
         gemm_log, ranks, options, [] { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", "calibrate"); },
         [&](double t) {
-          double worst = t;
-          check_mpi(MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce", "calibrate");
+          double all = t;
+          check_mpi(MPI_Allreduce(&t, &all, 1, MPI_DOUBLE, slowest_rank ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD),
+                    "MPI_Allreduce", "calibrate");
+          if (!slowest_rank) all /= ranks;
           own += t;
-          slowest += worst;
-          return worst;
+          combined += all;
+          return all;
         });
     char b[160];
-    std::snprintf(b, sizeof b, "  gemm times: each call the slowest rank's, %.1f%% above rank 0's own in all\n",
-                  100 * (slowest / std::max(own, 1e-12) - 1));
+    std::snprintf(b, sizeof b, "  gemm times: each call the %s, %+.1f%% against rank 0's own in all\n",
+                  slowest_rank ? "slowest rank's" : "mean over the ranks", 100 * (combined / std::max(own, 1e-12) - 1));
     gemm_log << b;
     if (me == 0) device["gemm_times"] = gemm_table(shapes, device["sources"].value("all", ""), true, options.passes());
   }
