@@ -2,8 +2,8 @@
 // and allocator code as `launch` (one thread per rank instead of one MPI
 // process), so for the same options the two streams must agree on everything
 // but time: peak memory per rank and category to the byte, placements, token
-// ranges, and the sequence of compute and comm spans. Beyond that: malformed
-// hardware profiles are refused naming the field, 7B-class models at 64K-128K
+// ranges, and the sequence of compute and comm spans. Beyond that (malformed
+// hardware profiles: tst_sim_profiles): 7B-class models at 64K-128K
 // tokens and a 64-rank mesh simulate to the end with the weights their
 // strategy promises, and running out of a simulated device's memory is an
 // `oom` result, not a crash.
@@ -346,133 +346,6 @@ class TestSim : public QObject {
     QVERIFY2(conf["hardware"] == m_h100, conf["hardware"].dump().c_str());
   }
 
-  // --- 3. malformed profiles: exit 2, one line naming field and reason -----
-
-  void malformedProfile_data() {
-    QTest::addColumn<QString>("edit");
-    QTest::addColumn<QString>("field");  // empty: a file that is not JSON names none
-    QTest::addColumn<QString>("reason");
-    QTest::newRow("missing") << "missing"
-                             << "device.memory_bandwidth_gbps"
-                             << "is missing";
-    QTest::newRow("negative") << "negative"
-                              << "node.link.bandwidth_gbps"
-                              << "must be positive";
-    QTest::newRow("string") << "string"
-                            << "device.fp32_tflops"
-                            << "must be a number";
-    QTest::newRow("zero") << "zero"
-                          << "network.latency_us"
-                          << "must be positive";
-    QTest::newRow("not-object") << "not-object"
-                                << "node"
-                                << "must be an object";
-    QTest::newRow("not-json") << "not-json"
-                              << ""
-                              << "not valid JSON";
-    // The measured tables calibrate writes (optional fields).
-    QTest::newRow("grid-shape") << "grid-shape"
-                                << "device.kernel_times.add.us"
-                                << "must be 2 arrays (one per rows) of 3 positive numbers (one per cols)";
-    QTest::newRow("grid-axis") << "grid-axis"
-                               << "device.kernel_times.add.cols"
-                               << "must be strictly increasing";
-    QTest::newRow("table-source") << "table-source"
-                                  << "device.gemm_times.source"
-                                  << "is missing";
-    QTest::newRow("gemm-times") << "gemm-times"
-                                << "device.gemm_times.shapes[0].us"
-                                << "must hold one time per entry";
-    QTest::newRow("attention-heads") << "attention-heads"
-                                     << "device.attention_times.heads"
-                                     << "must be positive";
-    QTest::newRow("collective") << "collective"
-                                << "node.link.collectives.all_reduce.latency_us"
-                                << "must be positive";
-    QTest::newRow("contention") << "contention"
-                                << "device.contention.comm"
-                                << "must be a number >= 0";
-    QTest::newRow("contention-hold") << "contention-hold"
-                                     << "device.contention.hold_us"
-                                     << "must be a number >= 0";
-    QTest::newRow("contention-source") << "contention-source"
-                                       << "device.contention.source"
-                                       << "is missing";
-    QTest::newRow("core-share") << "core-share"
-                                << "device.core_share.share"
-                                << "at most 1";
-    QTest::newRow("core-share-count") << "core-share-count"
-                                      << "device.core_share.share"
-                                      << "one share per kernel_us";
-    QTest::newRow("overlap-share") << "overlap-share"
-                                   << "device.overlap_steps.share"
-                                   << "at most 1";
-    QTest::newRow("overlap-wait") << "overlap-wait"
-                                  << "device.overlap_steps.wait_us"
-                                  << "an object of times per collective";
-    QTest::newRow("overlap-wait-count") << "overlap-wait-count"
-                                        << "device.overlap_steps.wait_us.sendrecv"
-                                        << "one time per kernel_us";
-    QTest::newRow("collective-missing") << "collective-missing"
-                                        << "network.collectives.broadcast.bandwidth_gbps"
-                                        << "is missing";
-  }
-  void malformedProfile() {
-    QFETCH(QString, edit);
-    QFETCH(QString, field);
-    QFETCH(QString, reason);
-    json j = m_h100;
-    if (edit == "missing") j["device"].erase("memory_bandwidth_gbps");
-    if (edit == "negative") j["node"]["link"]["bandwidth_gbps"] = -370;
-    if (edit == "string") j["device"]["fp32_tflops"] = "67";
-    if (edit == "zero") j["network"]["latency_us"] = 0;
-    if (edit == "not-object") j["node"] = 8;
-    if (edit.startsWith("grid")) {
-      j["device"]["kernel_times"] = {{"source", "test"},
-                                     {"add", {{"rows", {1, 8}}, {"cols", {64, 512, 4096}}, {"us", {{1, 2, 3}, {4, 5}}}}}};
-      if (edit == "grid-axis") j["device"]["kernel_times"]["add"] = {{"rows", {1}}, {"cols", {64, 64}}, {"us", {{1, 2}}}};
-    }
-    if (edit == "table-source") j["device"]["gemm_times"] = {{"shapes", json::array()}};
-    if (edit == "gemm-times")
-      j["device"]["gemm_times"] = {{"source", "test"}, {"shapes", {{{"n", 64}, {"k", 64}, {"m", {1, 2}}, {"us", {3}}}}}};
-    if (edit == "attention-heads")
-      j["device"]["attention_times"] = {{"source", "test"}, {"heads", 0}, {"kv_heads", 1}, {"head_dim", 64},
-                                        {"tq", {1}}, {"tk", {64}}, {"us", {{1}}}};
-    if (edit == "collective") j["node"]["link"]["collectives"] = {{"all_reduce", {{"latency_us", -2}, {"bandwidth_gbps", 5}}}};
-    if (edit == "collective-missing") j["network"]["collectives"] = {{"broadcast", {{"latency_us", 2}}}};
-    if (edit == "contention") j["device"]["contention"] = {{"source", "test"}, {"compute", 1}, {"comm", -0.5}};
-    if (edit == "contention-source") j["device"]["contention"] = {{"compute", 1}, {"comm", 1}};
-    if (edit == "contention-hold") j["device"]["contention"] = {{"source", "test"}, {"hold_us", -1}};
-    if (edit == "core-share")
-      j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {0.4, 1.5}}};
-    if (edit == "core-share-count")
-      j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {0.4}}};
-    if (edit.startsWith("overlap")) {
-      j["device"]["overlap_steps"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {1, 0.5}},
-                                      {"wait_us", {{"broadcast", {300, 900}}, {"sendrecv", {200, 600}}}}};
-      if (edit == "overlap-share") j["device"]["overlap_steps"]["share"] = {1, 1.5};
-      if (edit == "overlap-wait") j["device"]["overlap_steps"]["wait_us"] = {300, 900};
-      if (edit == "overlap-wait-count") j["device"]["overlap_steps"]["wait_us"]["sendrecv"] = {200};
-    }
-    const QString file = m_dir.filePath(edit + ".json");
-    {
-      QFile f(file);
-      QVERIFY(f.open(QIODevice::WriteOnly));
-      f.write(edit == "not-json" ? QByteArray("name: h100\n[device]\nmemory_bytes = 80e9\n")
-                                 : QByteArray::fromStdString(j.dump(2)));
-    }
-    const Ran r =
-        engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--prompt-len", "8"});
-    QVERIFY(!r.crashed);
-    QCOMPARE(r.exit_code, 2);
-    QVERIFY2(r.out.isEmpty(), r.out.left(200).constData());  // refused before any rank ran
-    const QString err = one_line(r.err);
-    QVERIFY2(!err.isEmpty() && !err.contains('\n'), qPrintable(err));
-    QVERIFY2(err.contains(file), qPrintable(err));
-    if (!field.isEmpty()) QVERIFY2(err.contains("'" + field + "'"), qPrintable(err));
-    QVERIFY2(err.contains(reason), qPrintable(err));
-  }
-
   // --- measured tables: the simulator uses them as calibrate wrote them ----
 
   // With measured times in the profile, a kernel lasts what its table says at
@@ -637,7 +510,7 @@ class TestSim : public QObject {
     for (QString p : profiles) QVERIFY2(err.contains(p.chopped(5)), qPrintable(err));
   }
 
-  // --- 4. scale: big models and many ranks run to the end ------------------
+  // --- 3. scale: big models and many ranks run to the end ------------------
 
   void scale_data() {
     QTest::addColumn<QString>("model");
@@ -741,7 +614,7 @@ class TestSim : public QObject {
     QCOMPARE(int(ranks.size()), devices);
   }
 
-  // --- 5. out of memory in the simulator: a result, not a crash ------------
+  // --- 4. out of memory in the simulator: a result, not a crash ------------
 
   void oomIsAResult() {
     const json a6000 = read_json(resources_dir() + "/hardware/a6000-pcie.json");
