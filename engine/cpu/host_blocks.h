@@ -10,13 +10,13 @@
 // 60-90). Freed blocks of at least kMinCachedBytes are kept and handed out
 // again to a request of the same rounded size; at most kCacheBytes wait in
 // all, the least recently freed leave first. The floor is 64 KiB, not the
-// 1 MiB it was: glibc hands blocks from 128 KiB up back to the system on free
-// (and trims its heap's top), so tsp's K and V gathered each layer (512 KiB
-// at 4 ranks) came in fresh pages every time, and a transfer into fresh
+// 1 MiB it was: glibc hands blocks from 128 KiB up back to the system on
+// free (and trims its heap's top), so tsp's K and V gathered each layer (512
+// KiB at 4 ranks) came in fresh pages every time, and a transfer into fresh
 // pages is slow: 4 ranks on 2 cores gathering 512 KiB took 3.7 ms after the
 // last arrival into fresh buffers against 0.25 ms into reused ones, and in
-// tsp launches the K gather's 3.4 ms came down to 0.2-1.4 ms. Like a GPU framework's caching
-// allocator, it changes where bytes come from, never what is accounted: the
+// tsp launches the K gather's 3.4 ms came down to 0.2-1.4 ms. Like a GPU
+// framework's caching allocator, it changes where bytes come from, never what is accounted: the
 // Allocator charges every tensor as before; peak RSS may exceed the accounted
 // peak by at most kCacheBytes. Blocks of 2 MiB and more are mapped on their
 // own with their whole 2 MiB pages as transparent huge pages: one fault per

@@ -75,7 +75,8 @@ double best_seconds(int reps, F&& f) {
 // thread CPU time). Each call after `before` (untimed); at least `min_reps`
 // calls, more while under `budget_s` seconds in all (at most 200). Where
 // every rank times the same calls at once (a budget of 0, so the same count
-// on each), `g_each_call` makes each call's time the slowest rank's.
+// on each), each call's time is what `g_each_call` makes of it over the
+// ranks (measure_gemm_times).
 std::function<double(double)> g_each_call;
 template <class F, class B>
 double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& before) {

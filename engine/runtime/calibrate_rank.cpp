@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <numeric>
 #include <sstream>
 #include <thread>
 
