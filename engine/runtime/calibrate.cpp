@@ -75,11 +75,12 @@ double best_seconds(int reps, F&& f) {
 // thread CPU time). Each call after `before` (untimed); at least `min_reps`
 // calls, more while under `budget_s` seconds in all (at most 200). Where
 // every rank times the same calls at once (a budget of 0, so the same count
-// on each), each call's time is what `g_each_call` makes of it over the
-// ranks (measure_gemm_times).
-std::function<double(double)> g_each_call;
+// on each), `each_call` makes each call's time one over the ranks (called on
+// every call, so every rank makes the same collective calls).
+using EachCall = std::function<double(double)>;
 template <class F, class B>
-double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& before) {
+double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& before,
+                   const EachCall& each_call = nullptr) {
   std::vector<double> d;
   rec.clear();
   const auto start = Clock::now();
@@ -92,7 +93,7 @@ double median_span(Recorder& rec, int min_reps, double budget_s, F&& f, B&& befo
     const double cpu = clock_since(t0);
     const auto spans = rec.take_spans();
     const double t = g_cpu_clock ? cpu : spans.empty() ? 0.0 : double(spans.back().t1 - spans.back().t0) * 1e-9;
-    if (g_each_call) d.push_back(g_each_call(t));
+    if (each_call) d.push_back(each_call(t));
     else if (!spans.empty()) d.push_back(t);
   }
   return median(d);
@@ -219,7 +220,7 @@ json kernel_times(CpuBackend& be, Recorder& rec, CacheSweep& sweep) {
 // a different place of a pool twice the last-level cache, so they come from
 // memory as a decode step's do (a model's weights exceed the caches).
 json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t, int64_t>, std::set<int64_t>>& shapes,
-                const std::function<void()>& before_each) {
+                const std::function<void()>& before_each, const EachCall& each_call = nullptr) {
   int64_t largest = 0;
   for (auto& [nk, ms] : shapes) largest = std::max(largest, nk.first * nk.second);
   const int64_t pool_elems =
@@ -244,7 +245,7 @@ json gemm_times(CpuBackend& be, Recorder& rec, const std::map<std::pair<int64_t,
             const Tensor w = w_all.slice(0, (next++ % slots) * N, N);
             be.matmul(y, x, w);
           },
-          before_each);
+          before_each, each_call);
       m_list.push_back(M);
       us.push_back(round_us(std::max(t, 1e-8)));
     }
@@ -387,9 +388,8 @@ nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateO
   CpuBackend be(alloc, rec);
   const auto shape_set = gemm_shape_set(options);
   std::vector<json> passes;
-  g_each_call = each_call;
-  for (int pass = 0; pass < options.passes(); ++pass) passes.push_back(gemm_times(be, rec, shape_set, before_each));
-  g_each_call = nullptr;
+  for (int pass = 0; pass < options.passes(); ++pass)
+    passes.push_back(gemm_times(be, rec, shape_set, before_each, each_call));
   json shapes = median_of_passes(passes);
   log_gemm_times(shapes, options.passes(), log);
   log << "  (gemm times, every rank at once)" << since(started);
@@ -650,13 +650,15 @@ json overlap_steps_of(const json& raw, int ranks, int cores, const LinkProfile& 
                    "collective's fitted time"}};
 }
 
-}  // namespace
-
+// Calls f on every measured time of a profile table (its numbers with a
+// fraction; shapes are integers), in order.
 void for_each_time(nlohmann::json& table, const std::function<void(nlohmann::json&)>& f) {
   if (table.is_number_float()) f(table);
   else if (table.is_array() || table.is_object())
     for (auto& part : table) for_each_time(part, f);
 }
+
+}  // namespace
 
 nlohmann::json median_of_passes(std::vector<nlohmann::json> passes) {
   if (passes.empty()) return nullptr;

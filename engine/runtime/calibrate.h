@@ -44,9 +44,6 @@ struct CalibrateOptions {
 // its own collectives.
 nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOptions& options = {});
 int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, const CalibrateOptions& options = {});
-// Calls f on every measured time of a profile table (its numbers with a
-// fraction; shapes are integers), in order.
-void for_each_time(nlohmann::json& table, const std::function<void(nlohmann::json&)>& f);
 // The entry-wise median of several measurements of one table (calibrate
 // measures its grids in passes): each time is the median of its passes; the
 // rest (shapes, names) come from the first.
@@ -81,8 +78,8 @@ std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> gemm_shape_set(const Ca
 // ranks > 1), with `before_each` called untimed before each timed GEMM (a
 // barrier: every rank then streams the same weights' worth from memory at
 // once, as the ranks of a tensor-parallel decode step do), and each call's
-// time replaced by `each_call` of it (the slowest rank's: a step waits for
-// it at its next collective, call by call).
+// time replaced by `each_call` of it (one over the ranks: calibrate_rank.cpp
+// takes the slowest rank's where each rank has a core, else their mean).
 nlohmann::json measure_gemm_times(std::ostream& log, int ranks, const CalibrateOptions& options,
                                   const std::function<void()>& before_each,
                                   const std::function<double(double)>& each_call);
