@@ -8,6 +8,8 @@
 // strategy promises, and running out of a simulated device's memory is an
 // `oom` result, not a crash.
 #include <QtTest>
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -451,10 +453,14 @@ class TestSim : public QObject {
   // and per-collective alpha-beta, each with its source.
   // Under a sanitizer, --quick (the same tables from one pass of each grid,
   // the collectives at 4 sizes): a full calibration there took 140 s.
+  // With --for a run, its GEMM shapes and its collectives' own message sizes
+  // are measured too.
   void calibratedProfile() {
     const bool quick = qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG");
     const QString file = m_dir.filePath("calibrated.json");
-    const Ran c = engine(QStringList{"calibrate", "--ranks", "2", "--out", file} +
+    const QStringList run = {"--model", "tiny-llama", "--strategy", "tsp", "--devices", "2", "--prompt-len", "24",
+                             "--decode", "4"};
+    const Ran c = engine(QStringList{"calibrate", "--ranks", "2", "--out", file, "--for", run.join(' ')} +
                              (quick ? QStringList{"--quick"} : QStringList{}),
                          kCalibrateMs);
     QVERIFY(!c.crashed);
@@ -468,6 +474,10 @@ class TestSim : public QObject {
     }
     for (const char* op : {"add", "rmsnorm", "rope", "silu_mul", "embedding", "argmax"})
       QVERIFY2(d["kernel_times"].contains(op), op);
+    // The engine's own time between kernels, from a decode of the --for run's model.
+    QVERIFY2(d.contains("host_gap") && d["host_gap"].contains("source") && d["host_gap"].value("us", 0.0) > 0 &&
+                 d["host_gap"].value("note", "").find("tiny-llama") != std::string::npos,
+             d.value("host_gap", json()).dump().c_str());
     QVERIFY(d["gemm_times"]["shapes"].size() >= 4);
     // A core for each rank: the ranks measured each GEMM at once, as a tp step runs it.
     if (std::thread::hardware_concurrency() >= 2)
@@ -488,12 +498,25 @@ class TestSim : public QObject {
       const json& c = p["node"]["link"]["collectives"][op];  // the measured times beside the fit
       QVERIFY2(c.value("ranks", 0) == 2 && c["bytes"].size() >= 2 && c["us"].size() == c["bytes"].size(), op);
     }
-    const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp", "--devices",
-                          "2", "--prompt-len", "24", "--decode", "4"});
+    const Ran r = engine(QStringList{"simulate", "--hardware", file} + run);
     QVERIFY(!r.crashed);
     QVERIFY2(r.exit_code == 0, r.err.constData());
     const Stream s = read_stream(r.out);
     QVERIFY(s.done() && s.done()->status == "ok");
+    // Every message of the run is a size of its collective's table: the
+    // buffer it moves (fp32 elements, dims[0]), whatever its wire bytes.
+    const json& colls = p["node"]["link"]["collectives"];
+    int odd = 0;  // sizes no 64 B times a power of 4 matches: off the fixed list, measured because --for asked
+    for (const ss::proto::Span* sp : s.all<ss::proto::Span>()) {
+      if (sp->stream != "comm" || sp->dims.empty() || sp->bytes <= 0) continue;
+      const double want = 4.0 * double(sp->dims[0]);
+      const json& bytes = colls[sp->op]["bytes"];
+      QVERIFY2(std::find(bytes.begin(), bytes.end(), json(want)) != bytes.end(),
+               qPrintable(QString::fromStdString(sp->op) + " of " + QString::number(want) + " B not in " +
+                          QString::fromStdString(bytes.dump())));
+      odd += std::log2(want / 64) / 2 != std::floor(std::log2(want / 64) / 2);
+    }
+    QVERIFY(odd > 0);
   }
 
   void unknownProfileListsProfiles() {

@@ -315,6 +315,29 @@ class TestSimCosts : public QObject {
     QVERIFY(segments > 4);
   }
 
+  // The engine's own time before each kernel (device.host_gap, measured by
+  // calibrate on a cpu host): every kernel starts that much later and lasts
+  // as long; tp's ranks run the same kernels, so each collective starts
+  // later by the gaps of the kernels before it.
+  void hostGapComesBeforeEachKernel() {
+    const Spans whole = rank0_spans("gap-none.json", "host_gap", json(), "tp"),
+                gapped = rank0_spans("gap-7us.json", "host_gap", json{{"source", "test"}, {"us", 7}}, "tp");
+    QVERIFY(!whole.empty());
+    QCOMPARE(gapped.size(), whole.size());
+    int64_t kernels = 0;
+    for (size_t i = 0; i < whole.size(); ++i) {
+      const auto& [op, t0, d] = whole[i];
+      QCOMPARE(std::get<0>(gapped[i]), op);
+      kernels += op.rfind("compute:", 0) == 0;
+      const int64_t shift = std::get<1>(gapped[i]) - t0;
+      QVERIFY2(std::abs(shift - 7000 * kernels) <= 2 * kernels + 2 && std::abs(std::get<2>(gapped[i]) - d) <= 2,
+               qPrintable(QString("%1 (after %2 kernels): starts %3 ns later, lasts %4 ns against %5")
+                              .arg(QString::fromStdString(op)).arg(kernels).arg(shift)
+                              .arg(std::get<2>(gapped[i])).arg(d)));
+    }
+    QVERIFY(kernels > 10);
+  }
+
   // Overlap steps (device.overlap_steps, measured by calibrate for more ranks
   // than cores): a collective posted before kernels begins when the rank
   // waits for it, and ends its time alone plus the measured extra wait at

@@ -72,6 +72,12 @@ class TestSimProfiles : public QObject {
     QTest::newRow("contention-source") << "contention-source"
                                        << "device.contention.source"
                                        << "is missing";
+    QTest::newRow("host-gap") << "host-gap"
+                              << "device.host_gap.us"
+                              << "must be positive";
+    QTest::newRow("host-gap-source") << "host-gap-source"
+                                     << "device.host_gap.source"
+                                     << "is missing";
     QTest::newRow("core-share") << "core-share"
                                 << "device.core_share.share"
                                 << "at most 1";
@@ -117,6 +123,8 @@ class TestSimProfiles : public QObject {
     if (edit == "contention") j["device"]["contention"] = {{"source", "test"}, {"compute", 1}, {"comm", -0.5}};
     if (edit == "contention-source") j["device"]["contention"] = {{"compute", 1}, {"comm", 1}};
     if (edit == "contention-hold") j["device"]["contention"] = {{"source", "test"}, {"hold_us", -1}};
+    if (edit == "host-gap") j["device"]["host_gap"] = {{"source", "test"}, {"us", -2}};
+    if (edit == "host-gap-source") j["device"]["host_gap"] = {{"us", 6}};
     if (edit == "core-share")
       j["device"]["core_share"] = {{"source", "test"}, {"kernel_us", {100, 1000}}, {"share", {0.4, 1.5}}};
     if (edit == "core-share-count")

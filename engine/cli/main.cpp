@@ -412,6 +412,8 @@ int main(int argc, char** argv) {
   coll_rank->add_option("--iterations", coll_iters);
   bool coll_json = false;
   coll_rank->add_flag("--json", coll_json);
+  std::vector<std::string> coll_extra;
+  coll_rank->add_option("--extra", coll_extra)->delimiter(',');
 
   std::string calib_out = "calibrated.json";
   int calib_ranks = 2;
@@ -427,7 +429,7 @@ int main(int argc, char** argv) {
                       "a smoke test, noisier figures: cpu, one pass of each grid and fewer collective sizes; "
                       "cuda, small sizes");
   calibrate->add_option("--for", calib_for,
-                        "also measure the GEMM shapes of this run, e.g. --for '--model small-llama --strategy tp "
+                        "also measure the GEMM shapes and message sizes of this run, e.g. --for '--model small-llama --strategy tp "
                         "--devices 2 --prompt-len 512 --decode 8' (repeat it for several runs)");
 
   auto* calib_rank = app.add_subcommand("calibrate-rank", "(internal) one rank of calibrate --ranks N");
@@ -547,7 +549,7 @@ int main(int argc, char** argv) {
       std::printf("wrote %s (%s, %d file(s))\n", export_dir.c_str(), export_dtype.c_str(), export_shards);
       return 0;
     }
-    if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters, coll_json);
+    if (*coll_rank) return ss::collective_bench_rank(coll_sizes, coll_iters, coll_json, coll_extra);
     if (*calib_rank) {
       ss::CalibrateOptions options;
       options.quick = calib_quick;
@@ -567,8 +569,7 @@ int main(int argc, char** argv) {
         ss::write_profile(ss::calibrate_cuda(calib_backend, calib_quick, std::cout), calib_out, std::cout);
         return 0;
       }
-      for (const std::string& run : calib_for)
-        for (const auto& shape : ss::gemm_shapes_of(run)) options.gemm_shapes.push_back(shape);
+      for (const std::string& run : calib_for) ss::add_run_shapes(options, run);
       return ss::run_calibrate(calib_out, calib_ranks, std::cout, options);
     }
     if (*bench && bench_collectives) return ss::run_collective_bench(cb, std::cout);

@@ -225,7 +225,7 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
     };
     CalibrateOptions copt;
     for (auto& r : runs)
-      for (auto& shape : gemm_shapes_of(args(r), o.hardware)) copt.gemm_shapes.push_back(shape);
+      add_run_shapes(copt, args(r), o.hardware);
     std::vector<std::string> profiles;
     std::string contention;
     auto calibrate_now = [&] {
@@ -418,7 +418,7 @@ int run_sim_bench(const SimBenchOptions& o, std::ostream& out) {
   // The GEMM shapes this model and strategy use, from a simulation (any
   // profile gives the same shapes): calibrate measures them besides its grid.
   CalibrateOptions copt;
-  copt.gemm_shapes = gemm_shapes_of(common, o.hardware);
+  add_run_shapes(copt, common, o.hardware);
   std::ostringstream calib_log;
   const nlohmann::json prof = calibrate_machine(calib_log, o.check_devices, copt);
   out << calib_log.str();
@@ -696,9 +696,10 @@ int run_collective_bench(const CollectiveBenchOptions& o, std::ostream& out) {
   return 0;
 }
 
-int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations, bool json) {
+int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations, bool json,
+                          const std::vector<std::string>& extra) {
   // --json: the per-collective timings calibrate fits alpha and beta to.
-  if (json) return collective_timing_rank(sizes, iterations);
+  if (json) return collective_timing_rank(sizes, iterations, extra);
   MpiWorld mpi;
   Recorder rec(mpi.rank());
   {

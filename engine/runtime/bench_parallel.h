@@ -51,6 +51,8 @@ struct CollectiveBenchOptions {
 // Starts mpirun for each device count and prints rank 0's table.
 int run_collective_bench(const CollectiveBenchOptions& o, std::ostream& out);
 // The rank side of run_collective_bench (hidden subcommand `bench-collectives-rank`).
-int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations, bool json = false);
+// `extra` (with `json`): collective_timing_rank's.
+int collective_bench_rank(const std::vector<int64_t>& sizes, int iterations, bool json = false,
+                          const std::vector<std::string>& extra = {});
 
 }  // namespace ss

@@ -684,6 +684,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   // once on this host's cores and memory (calibrate_rank.cpp).
   json device = ranks > 1 ? measure_device_on_ranks(log, ranks, options) : measure_device(log, ranks, options);
   const double bw = device.value("memory_bandwidth_gbps", 10.0) * 1e9;
+  if (json gap = measure_host_gap(log, threads, options); !gap.is_null()) device["host_gap"] = std::move(gap);
 
   // MPI: every collective over message sizes between `ranks` ranks of this
   // host; alpha-beta per collective. The link's own figures are all_reduce's.
@@ -691,7 +692,7 @@ nlohmann::json calibrate_machine(std::ostream& log, int ranks, const CalibrateOp
   json colls = json::object();
   LinkProfile measured;  // what the simulator will make of them
   if (ranks > 1) {
-    colls = measure_collectives(log, ranks, options.quick, measured);
+    colls = measure_collectives(log, ranks, options, measured);
     if (auto it = measured.collectives.find("all_reduce"); it != measured.collectives.end())
       alpha = it->second.latency, beta = it->second.bandwidth;
     else
@@ -740,26 +741,6 @@ nlohmann::json grid_only(const nlohmann::json& profile) {
   }
   out["device"]["gemm_times"]["shapes"] = kept;
   return out;
-}
-
-std::vector<std::array<int64_t, 3>> gemm_shapes_of(const std::string& run_args, const std::string& hardware) {
-  const std::string events = "/tmp/shardscope-shapes-" + std::to_string(getpid()) + ".jsonl";
-  const int rc = std::system(("'" + self_exe() + "' simulate --hardware '" + hardware + "' " + run_args +
-                              " --events '" + events + "' 2>/dev/null >/dev/null")
-                                 .c_str());
-  std::set<std::array<int64_t, 3>> shapes;
-  proto::Reader reader;
-  std::ifstream in(events);
-  std::string line;
-  while (std::getline(in, line))
-    if (auto r = reader.parse_line(line); r.event)
-      if (auto* s = std::get_if<proto::Span>(&*r.event); s && s->op == "gemm" && s->dims.size() == 3)
-        shapes.insert({s->dims[0], s->dims[1], s->dims[2]});
-  std::filesystem::remove(events);
-  if (rc != 0 || shapes.empty())
-    throw UsageError("--for '" + run_args + "' is not a run the simulator accepts; try it with `shardscope-engine check " +
-                     run_args + "`");
-  return {shapes.begin(), shapes.end()};
 }
 
 int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, const CalibrateOptions& options) {

@@ -27,6 +27,15 @@ struct CalibrateOptions {
   // GEMM shapes (M, N, K) to measure besides the grid of weight shapes, e.g.
   // the ones a model uses: each (N, K) at 1, 2 and every M given for it.
   std::vector<std::array<int64_t, 3>> gemm_shapes;
+  // Message sizes per collective ("broadcast" -> bytes, keyed as the
+  // collective tables are) to time besides the fixed sizes: a transfer's time
+  // is not smooth in its size (a 1.5 MiB broadcast took 289 us here, 2 MiB
+  // 115, 3 MiB 291, 4 MiB 228), so the simulator's interpolation between
+  // the fixed sizes misses a run's own.
+  std::map<std::string, std::set<int64_t>> message_sizes;
+  // The model whose decode measure_host_gap runs (empty: small-llama, or
+  // tiny-llama when quick); add_run_shapes sets it to its run's.
+  std::string host_gap_model;
   // measure_device leaves out gemm_times: the caller measures them with
   // measure_gemm_times, every rank calling the same GEMM at once.
   bool gemms_in_step = false;
@@ -50,11 +59,19 @@ int run_calibrate(const std::string& out_file, int ranks, std::ostream& log, con
 nlohmann::json median_of_passes(std::vector<nlohmann::json> passes);
 // Writes a profile to `out_file` whole or not at all (a temporary file, then a rename).
 void write_profile(const nlohmann::json& profile, const std::string& out_file, std::ostream& log);
-// The GEMM shapes (M, N, K) a run uses, from a simulation of it: `run_args`
-// are simulate's options without --hardware and --events (e.g. "--model
+// What a run asks of the machine, from a simulation of it: `run_args` are
+// simulate's options without --hardware and --events (e.g. "--model
 // llama2-7b --strategy tp --devices 8 --prompt-len 4096"); any profile gives
-// the same shapes. Throws UsageError when the simulator refuses the run.
-std::vector<std::array<int64_t, 3>> gemm_shapes_of(const std::string& run_args, const std::string& hardware = "h100-sxm");
+// the same shapes. Adds to `options` the run's GEMM shapes (M, N, K) and the
+// message sizes of its collectives that span all its ranks (and of its ring
+// steps), as the collective tables key them, and, when none is set yet, its
+// model as host_gap_model. Throws UsageError when the simulator refuses the
+// run.
+void add_run_shapes(CalibrateOptions& options, const std::string& run_args, const std::string& hardware = "h100-sxm");
+// device.host_gap: the engine's own time before each kernel on a rank's
+// thread, which the kernel tables leave out, from a real single-device run's
+// decode on `threads` threads, a rank's (null when that run fails).
+nlohmann::json measure_host_gap(std::ostream& log, int threads, const CalibrateOptions& options);
 // The profile as calibrate writes it without options: the GEMM shapes and
 // row counts measured only because CalibrateOptions asked for them removed.
 nlohmann::json grid_only(const nlohmann::json& profile);
@@ -99,6 +116,8 @@ std::string calibration_source(int threads);
 // core's private caches; timed from the last rank's start to the last rank's
 // end on the host's clock. Rank 0 prints one JSON line per (op, size) with
 // the median over iterations.
-int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations);
+// `extra` adds sizes for one collective each ("broadcast:3145728").
+int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations,
+                           const std::vector<std::string>& extra = {});
 
 }  // namespace ss

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,7 +59,7 @@ std::pair<double, double> fit_alpha_beta(const std::string& op, int n,
 
 }  // namespace
 
-int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
+int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations, const std::vector<std::string>& extra) {
   MpiWorld mpi;
   const int n = mpi.size(), me = mpi.rank();
   cpu::set_threads(1);
@@ -76,7 +77,11 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
     for (const char* op :
          {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv"}) {
       const std::string o = op;
-      for (int64_t bytes : sizes) {
+      std::set<int64_t> op_sizes(sizes.begin(), sizes.end());
+      for (const std::string& e : extra)
+        if (e.size() > o.size() && e.compare(0, o.size() + 1, o + ":") == 0)
+          op_sizes.insert(std::stoll(e.substr(o.size() + 1)));
+      for (int64_t bytes : op_sizes) {
         // Whole f32 elements per rank; `bytes` is the whole buffer as in wire_bytes().
         const bool split = o == "all_gather" || o == "reduce_scatter" || o == "all_to_all";
         const int64_t per = std::max<int64_t>(1, bytes / 4 / (split ? n : 1));
@@ -165,14 +170,18 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations) {
   return 0;
 }
 
-nlohmann::json measure_collectives(std::ostream& log, int ranks, bool quick,
+nlohmann::json measure_collectives(std::ostream& log, int ranks, const CalibrateOptions& options,
                                    LinkProfile& measured) {
   json colls = json::object();
+  std::string extra;
+  for (const auto& [op, sizes] : options.message_sizes)
+    for (int64_t bytes : sizes) extra += (extra.empty() ? " --extra " : ",") + op + ":" + std::to_string(bytes);
   const std::string cmd = mpirun_self_command(
-      ranks, quick
-                 ? "bench-collectives-rank --json --sizes 64,65536,1048576,4194304 --iterations 20"
-                 : "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304,16777216 "
-                   "--iterations 100");
+      ranks, (options.quick
+                  ? "bench-collectives-rank --json --sizes 64,65536,1048576,4194304 --iterations 20"
+                  : "bench-collectives-rank --json --sizes 64,4096,65536,1048576,4194304,16777216 "
+                    "--iterations 100") +
+                 extra);
   std::map<std::string, std::vector<std::pair<double, double>>> pts;
   if (std::FILE* p = popen(cmd.c_str(), "r")) {
     char buf[4096];

@@ -12,6 +12,7 @@
 #include <ostream>
 #include <vector>
 
+#include "runtime/calibrate.h"
 #include "sim/hardware.h"
 
 namespace ss {
@@ -59,11 +60,12 @@ class CacheSweep {
 };
 
 // The collectives between `ranks` ranks of this host, measured by
-// collective_timing_rank in processes of their own (`quick`: 4 sizes, up to
-// 20 calls each, else 6 sizes, up to 100; fewer for messages of 1 MiB and
-// up): the profile's link.collectives, each with its times
+// collective_timing_rank in processes of their own (options.quick: 4 sizes,
+// up to 20 calls each, else 6 sizes, up to 100; fewer for messages of 1 MiB
+// and up; and each collective's options.message_sizes besides): the
+// profile's link.collectives, each with its times
 // over message sizes and alpha-beta fitted to them (empty when no measurement
 // came back), and the same as the simulator reads them in `measured`.
-nlohmann::json measure_collectives(std::ostream& log, int ranks, bool quick, LinkProfile& measured);
+nlohmann::json measure_collectives(std::ostream& log, int ranks, const CalibrateOptions& options, LinkProfile& measured);
 
 }  // namespace ss

@@ -264,6 +264,11 @@ HardwareProfile parse_hardware(const json& j, const std::string& origin) {
       if (v > 1) throw UsageError(origin + ": field '" + p + "share' holds fractions of a core, at most 1");
     return it;
   };
+  if (auto it = d.find("host_gap"); it != d.end()) {
+    if (!it->is_object()) throw UsageError(origin + ": field 'device.host_gap' must be an object");
+    require_source(*it, "device.host_gap.", origin);
+    h.host_gap = positive(*it, "device.host_gap.", "us", origin) * 1e-6;
+  }
   shares("core_share", h.core_share_seconds, h.core_share);
   if (auto it = shares("overlap_steps", h.overlap_seconds, h.overlap_share); it != d.end()) {
     const std::string p = "device.overlap_steps.wait_us";

@@ -93,6 +93,11 @@ struct HardwareProfile {
   double matmul_rate(DType t) const;
   double memory_bandwidth = 0;  // bytes/s
   double launch = 0;            // seconds per kernel
+  // The engine's own work on a rank's thread before each kernel, which a
+  // kernel's measured span leaves out (model code, tensors, the recorder):
+  // calibrate measures it on cpu hosts from a real run (device.host_gap);
+  // 0 where the profile gives none.
+  double host_gap = 0;  // seconds
   // Achieved fractions (optional in the file): fused attention and SSD scans
   // of the matmul rate, elementwise kernels of the memory bandwidth.
   double attention_efficiency = 0.5, scan_efficiency = 0.5, elementwise_efficiency = 0.8;

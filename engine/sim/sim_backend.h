@@ -22,7 +22,9 @@ class SimBackend final : public MetaBackend {
  protected:
   void execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
                const std::function<void()>&, DType dtype) override {
-    const double cpu = kernel_seconds(m_hw, op, flops, bytes, dims, dtype, attention_runs());
+    // The engine's own work before the kernel (hardware.h) takes the core
+    // as the kernel does; the kernel's span starts after it.
+    const double cpu = m_hw.host_gap + kernel_seconds(m_hw, op, flops, bytes, dims, dtype, attention_runs());
     const double s0 = m_clock.segment_cpu;
     m_clock.segment_cpu += cpu;
     m_clock.cpu_total += cpu;
@@ -32,7 +34,7 @@ class SimBackend final : public MetaBackend {
     const double wall = m_hw.core_share.empty() && !m_clock.oversubscribed
                             ? cpu
                             : std::max(cpu, wall_of(m_hw, s0 + cpu) - wall_of(m_hw, s0));
-    const double t0 = m_clock.compute_ns;
+    const double t0 = m_clock.compute_ns + (cpu > 0 ? wall * 1e9 * m_hw.host_gap / cpu : 0.0);
     m_clock.kernel(wall * 1e9);
     recorder().span(StreamKind::Compute, op, int64_t(t0), int64_t(m_clock.compute_ns), flops, bytes, std::move(dims));
   }
