@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "protocol/events.h"
 #include "runtime/calibrate.h"
+#include "runtime/calibrate_common.h"
 #include "runtime/process.h"
 
 namespace ss {
@@ -84,30 +85,46 @@ nlohmann::json measure_host_gap(std::ostream& log, int threads, const CalibrateO
       "'" + self_exe() + "' run --model '" + model + "' --prompt-len 64 --decode " + std::to_string(kSteps) +
           " --warm-start --threads " + std::to_string(threads),
       "/tmp/shardscope-gap-" + std::to_string(getpid()) + ".jsonl", rc);
-  // Decode's kernels, back to back on one thread: whatever of the steps'
-  // wall time no span covers is the engine's own.
+  // Decode's kernels, back to back on one thread: whatever of a step's wall
+  // time no span covers is the engine's own. Each step (from its embedding
+  // to the next step's) gives its own figure, and the median of them stands
+  // past a burst of load from elsewhere on the host.
   std::vector<std::pair<int64_t, int64_t>> k;
+  std::vector<int64_t> starts;
   for (const proto::Span& s : spans)
-    if (s.stream == "compute" && s.phase == "decode") k.emplace_back(s.t0, s.t1);
+    if (s.stream == "compute" && s.phase == "decode") {
+      k.emplace_back(s.t0, s.t1);
+      if (s.op == "embedding") starts.push_back(s.t0);
+    }
   std::sort(k.begin(), k.end());
-  if (rc != 0 || k.size() < 2) {
+  std::sort(starts.begin(), starts.end());
+  if (rc != 0 || starts.size() < 3) {
     log << "  host gap: the run of " << model << " did not come back; left out\n";
     return nullptr;
   }
-  int64_t covered = 0, open = k.front().first, close = k.front().first;
-  for (auto [a, b] : k) {
-    if (a > close) covered += close - open, open = a;
-    close = std::max(close, b);
+  std::vector<double> per_step;
+  size_t j = 0;
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    int64_t covered = 0, open = starts[i], close = starts[i];
+    int kernels = 0;
+    for (; j < k.size() && k[j].first < starts[i + 1]; ++j) {
+      if (k[j].first < starts[i]) continue;
+      if (k[j].first > close) covered += close - open, open = k[j].first;
+      close = std::max(close, k[j].second);
+      ++kernels;
+    }
+    covered += close - open;
+    if (kernels > 0) per_step.push_back(double(std::max<int64_t>(0, starts[i + 1] - starts[i] - covered)) * 1e-9 / kernels);
   }
-  covered += close - open;
-  const double wall = double(close - k.front().first);
-  const double gap = std::max(0.0, wall - double(covered)) * 1e-9 / double(k.size() - 1);
-  log << "  host gap: " << gap * 1e6 << " us before each of " << k.size() << " kernels (" << model << ")\n";
+  const double gap = median(per_step);
+  log << "  host gap: " << gap * 1e6 << " us before each kernel, the median of " << per_step.size()
+      << " decode steps of " << model << "\n";
   return {{"us", std::max(gap * 1e6, 1e-3)},
           {"note", "the engine's own time between two kernels on a rank's thread (model code, tensors, the "
-                   "recorder), which the kernel tables leave out: the part of " + std::to_string(kSteps) +
-                       " decode steps of " + model + " (prompt 64, --warm-start, " + std::to_string(threads) +
-                       " thread(s)) no kernel span covers, per kernel"},
+                   "recorder), which the kernel tables leave out: the part of a decode step's wall time no "
+                   "kernel span covers, per kernel, the median over " + std::to_string(per_step.size()) +
+                       " steps of " + model + " (prompt 64, --warm-start, " + std::to_string(threads) +
+                       " thread(s))"},
           {"source", calibration_source(threads)}};
 }
 
