@@ -74,8 +74,7 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations, co
     Allocator alloc;
     CpuBackend be(alloc, rec);
     CacheSweep sweep;
-    for (const char* op :
-         {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv"}) {
+    for (const char* op : kTimedCollectives) {
       const std::string o = op;
       std::set<int64_t> op_sizes(sizes.begin(), sizes.end());
       for (const std::string& e : extra)

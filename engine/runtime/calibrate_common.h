@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,10 @@
 #include "sim/hardware.h"
 
 namespace ss {
+
+// The collectives calibrate times, each over message sizes (calibrate_collectives.cpp).
+inline constexpr std::array<const char*, 6> kTimedCollectives = {"all_reduce", "all_gather", "reduce_scatter",
+                                                                 "broadcast",  "all_to_all", "sendrecv"};
 
 // The median (the mean of the middle two for an even count); 0 for none.
 inline double median(std::vector<double> v) {

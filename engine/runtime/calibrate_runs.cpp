@@ -16,6 +16,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "protocol/analysis.h"
 #include "protocol/events.h"
 #include "runtime/calibrate.h"
 #include "runtime/calibrate_common.h"
@@ -64,8 +65,7 @@ void add_run_shapes(CalibrateOptions& options, const std::string& run_args, cons
     const int n = s.op == "sendrecv" ? ranks : int(s.peers.size()) + 1;
     const double per_byte = wire_bytes(s.op, 1.0, n);
     if (n != ranks || per_byte <= 0) continue;
-    if (s.op == "sendrecv" || s.op == "all_reduce" || s.op == "all_gather" || s.op == "reduce_scatter" ||
-        s.op == "broadcast" || s.op == "all_to_all")
+    if (std::find(kTimedCollectives.begin(), kTimedCollectives.end(), s.op) != kTimedCollectives.end())
       options.message_sizes[s.op].insert(std::llround(s.bytes / per_byte));
   }
   // The host gap is measured on the model of the first run asked for.
@@ -105,16 +105,12 @@ nlohmann::json measure_host_gap(std::ostream& log, int threads, const CalibrateO
   std::vector<double> per_step;
   size_t j = 0;
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
-    int64_t covered = 0, open = starts[i], close = starts[i];
-    int kernels = 0;
-    for (; j < k.size() && k[j].first < starts[i + 1]; ++j) {
-      if (k[j].first < starts[i]) continue;
-      if (k[j].first > close) covered += close - open, open = k[j].first;
-      close = std::max(close, k[j].second);
-      ++kernels;
-    }
-    covered += close - open;
-    if (kernels > 0) per_step.push_back(double(std::max<int64_t>(0, starts[i + 1] - starts[i] - covered)) * 1e-9 / kernels);
+    std::vector<std::pair<int64_t, int64_t>> step;
+    for (; j < k.size() && k[j].first < starts[i + 1]; ++j)
+      if (k[j].first >= starts[i]) step.push_back(k[j]);
+    if (step.empty()) continue;
+    const double idle = double(starts[i + 1] - starts[i]) - proto::union_ns(step);
+    per_step.push_back(std::max(0.0, idle) * 1e-9 / double(step.size()));
   }
   const double gap = median(per_step);
   log << "  host gap: " << gap * 1e6 << " us before each kernel, the median of " << per_step.size()
