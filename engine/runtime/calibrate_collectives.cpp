@@ -16,6 +16,7 @@
 
 #include "comm/mpi_communicator.h"
 #include "core/allocator.h"
+#include "core/error.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "runtime/calibrate.h"
@@ -78,8 +79,12 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations, co
       const std::string o = op;
       std::set<int64_t> op_sizes(sizes.begin(), sizes.end());
       for (const std::string& e : extra)
-        if (e.size() > o.size() && e.compare(0, o.size() + 1, o + ":") == 0)
-          op_sizes.insert(std::stoll(e.substr(o.size() + 1)));
+        if (e.size() > o.size() && e.compare(0, o.size() + 1, o + ":") == 0) {
+          const std::string bytes = e.substr(o.size() + 1);
+          if (bytes.empty() || bytes.find_first_not_of("0123456789") != std::string::npos)
+            throw UsageError("--extra takes OP:BYTES with BYTES a whole number, got " + e);
+          op_sizes.insert(std::stoll(bytes));
+        }
       for (int64_t bytes : op_sizes) {
         // Whole f32 elements per rank; `bytes` is the whole buffer as in wire_bytes().
         const bool split = o == "all_gather" || o == "reduce_scatter" || o == "all_to_all";
