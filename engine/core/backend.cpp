@@ -10,9 +10,12 @@
 namespace ss {
 namespace detail {
 namespace {
-// [first, last] runs of consecutive increasing positions.
-std::vector<std::pair<int64_t, int64_t>> runs_of(std::span<const int32_t> pos, size_t limit) {
-  std::vector<std::pair<int64_t, int64_t>> runs;
+using Runs = std::vector<std::pair<int64_t, int64_t>>;
+constexpr size_t kMaxRuns = 64;
+
+// [first, last] runs of consecutive increasing positions; none past `limit`.
+Runs runs_of(std::span<const int32_t> pos, size_t limit) {
+  Runs runs;
   const int32_t* p = pos.data();
   const size_t n = pos.size();
   for (size_t i = 0; i < n;) {
@@ -24,27 +27,29 @@ std::vector<std::pair<int64_t, int64_t>> runs_of(std::span<const int32_t> pos, s
   }
   return runs;
 }
+
+// Causal (query, key) pairs between runs of query and key positions.
+double pairs_of_runs(const Runs& qr, const Runs& kr) {
+  double pairs = 0;
+  for (auto [qa, qb] : qr)
+    for (auto [ka, kb] : kr) {
+      // Queries q in [qa, qb] see min(max(q - ka + 1, 0), kb - ka + 1) keys of [ka, kb].
+      const int64_t n = kb - ka + 1;
+      const int64_t ramp_lo = std::max(qa, ka), ramp_hi = std::min(qb, kb);  // q - ka + 1 keys
+      if (ramp_lo <= ramp_hi) {
+        const int64_t c = ramp_hi - ramp_lo + 1;
+        pairs += double(c) * double(ramp_lo - ka + 1) + double(c) * double(c - 1) / 2;
+      }
+      const int64_t full_lo = std::max(qa, kb + 1);  // every key of the run
+      if (full_lo <= qb) pairs += double(qb - full_lo + 1) * double(n);
+    }
+  return pairs;
+}
 }  // namespace
 
 double visible_pairs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos) {
-  constexpr size_t kMaxRuns = 64;
-  const auto qr = runs_of(q_pos, kMaxRuns), kr = runs_of(k_pos, kMaxRuns);
-  if ((!qr.empty() || q_pos.empty()) && (!kr.empty() || k_pos.empty())) {
-    double pairs = 0;
-    for (auto [qa, qb] : qr)
-      for (auto [ka, kb] : kr) {
-        // Queries q in [qa, qb] see min(max(q - ka + 1, 0), kb - ka + 1) keys of [ka, kb].
-        const int64_t n = kb - ka + 1;
-        const int64_t ramp_lo = std::max(qa, ka), ramp_hi = std::min(qb, kb);  // q - ka + 1 keys
-        if (ramp_lo <= ramp_hi) {
-          const int64_t c = ramp_hi - ramp_lo + 1;
-          pairs += double(c) * double(ramp_lo - ka + 1) + double(c) * double(c - 1) / 2;
-        }
-        const int64_t full_lo = std::max(qa, kb + 1);  // every key of the run
-        if (full_lo <= qb) pairs += double(qb - full_lo + 1) * double(n);
-      }
-    return pairs;
-  }
+  const Runs qr = runs_of(q_pos, kMaxRuns), kr = runs_of(k_pos, kMaxRuns);
+  if ((!qr.empty() || q_pos.empty()) && (!kr.empty() || k_pos.empty())) return pairs_of_runs(qr, kr);
   std::vector<int32_t> keys(k_pos.begin(), k_pos.end());
   std::sort(keys.begin(), keys.end());
   double pairs = 0;
@@ -54,13 +59,22 @@ double visible_pairs(std::span<const int32_t> q_pos, std::span<const int32_t> k_
 std::vector<AttentionRun> attention_runs(std::span<const int32_t> q_pos, std::span<const int32_t> k_pos,
                                          size_t limit) {
   std::vector<AttentionRun> out;
+  // The keys' runs once for all query runs (a 1M-token step's keys are
+  // megabytes of positions, walked per query run before).
+  const Runs kr = runs_of(k_pos, kMaxRuns);
+  const bool key_runs = !kr.empty() || k_pos.empty();
   size_t first = 0;
   for (auto [a, b] : runs_of(q_pos, limit)) {
     const size_t n = size_t(b - a + 1);
     AttentionRun r;
     r.queries = int64_t(n);
-    r.keys = std::count_if(k_pos.begin(), k_pos.end(), [b = b](int32_t k) { return k <= b; });
-    r.pairs = visible_pairs(q_pos.subspan(first, n), k_pos);
+    if (key_runs) {
+      for (auto [ka, kb] : kr) r.keys += std::max<int64_t>(0, std::min(kb, b) - ka + 1);  // keys <= b
+      r.pairs = pairs_of_runs({{a, b}}, kr);
+    } else {
+      r.keys = std::count_if(k_pos.begin(), k_pos.end(), [b = b](int32_t k) { return k <= b; });
+      r.pairs = visible_pairs(q_pos.subspan(first, n), k_pos);
+    }
     out.push_back(r);
     first += n;
   }

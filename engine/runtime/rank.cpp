@@ -135,9 +135,9 @@ RankSetup mpi_rank_setup(int devices) {
   return setup;
 }
 
-RunResult simulate_ranks(int devices, bool single, const HardwareProfile& hw, int nodes, nlohmann::json config,
-                         proto::Writer& out, const RankMain& rank_body) {
-  SimNetwork net(hw, devices, devices / nodes);
+RunResult simulate_ranks(int devices, bool single, const HardwareProfile& hw, int nodes, bool timed,
+                         nlohmann::json config, proto::Writer& out, const RankMain& rank_body) {
+  SimNetwork net(hw, devices, devices / nodes, timed);
   std::vector<RunResult> results(static_cast<size_t>(devices));
   std::mutex failure_mutex;
   std::optional<std::pair<proto::Error, int>> failure;

@@ -44,6 +44,10 @@ struct RunOptions {
   std::string logits_out;                // .npy of [prompt + decoded, vocab]
   int threads = 0;                       // 0 = all cores
   bool timeline = true;                  // spans and memory samples (off: summary records only)
+  // sim: false, the ranks' collectives do not wait for each other and the
+  // times mean nothing; what each rank allocates, in its own order, and so
+  // its peak, is the same (scale's micro-batch search, which reads peaks only).
+  bool timed = true;
 };
 
 inline DType cache_dtype(const RunOptions& o) { return o.kv_dtype.value_or(o.dtype); }

@@ -38,7 +38,8 @@ const LinkProfile& SimNetwork::link_for(const std::vector<int>& members) const {
   return m_hw.intra;
 }
 
-std::vector<SimNetwork::Deposit> SimNetwork::exchange(uint64_t comm, uint64_t seq, int n, int index, Deposit mine) {
+std::vector<SimNetwork::Deposit> SimNetwork::exchange(uint64_t comm, uint64_t seq, int n, int index, Deposit mine,
+                                                      bool receive) {
   std::unique_lock lock(m_mutex);
   if (m_aborted) throw std::runtime_error("the simulated run was aborted by another rank");
   Slot& s = m_slots[{comm, seq}];
@@ -47,8 +48,10 @@ std::vector<SimNetwork::Deposit> SimNetwork::exchange(uint64_t comm, uint64_t se
   if (++s.arrived == n) s.cv.notify_all();
   else s.cv.wait(lock, [&] { return s.arrived == n || m_aborted; });
   if (s.arrived != n) throw std::runtime_error("the simulated run was aborted by another rank");
-  std::vector<Deposit> out = s.deposits;
-  if (++s.departed == n) m_slots.erase({comm, seq});
+  std::vector<Deposit> out;
+  const bool last = ++s.departed == n;
+  if (receive) out = last ? std::move(s.deposits) : s.deposits;  // the last one out takes them
+  if (last) m_slots.erase({comm, seq});
   return out;
 }
 
@@ -74,9 +77,9 @@ std::vector<int> SimCommunicator::others() const {
 
 Request SimCommunicator::timed(const char* op, double payload, std::vector<int64_t> dims, std::vector<int> peers) {
   const double arrive = std::max(m_clock.compute_ns, m_clock.comm_ns);
-  const auto all = m_net.exchange(m_id, m_seq++, size(), m_rank, {arrive, {}});
-  double start = 0;
-  for (auto& d : all) start = std::max(start, d.time);
+  double start = arrive;
+  if (m_net.timed())  // the collective starts when its last member arrives
+    for (auto& d : m_net.exchange(m_id, m_seq++, size(), m_rank, {arrive, {}})) start = std::max(start, d.time);
   const CollectiveCost cost = collective_seconds(m_net.link_for(m_members), op, payload, size());
   const double end = start + cost.seconds * 1e9;
   m_clock.comm_ns = end;
@@ -119,7 +122,7 @@ void SimCommunicator::recv(const Tensor& buf, int src) {
 void SimCommunicator::barrier() { timed("barrier", 0, {}, others())->wait(); }
 
 std::vector<std::string> SimCommunicator::gather_blobs(const std::string& blob, int root) {
-  auto all = m_net.exchange(m_id, m_seq++, size(), m_rank, {0, blob});
+  auto all = m_net.exchange(m_id, m_seq++, size(), m_rank, {0, blob}, m_rank == root);
   std::vector<std::string> out;
   if (m_rank == root)
     for (auto& d : all) out.push_back(std::move(d.payload));
