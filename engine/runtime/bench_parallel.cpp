@@ -199,21 +199,27 @@ namespace {
 // Bursts of load from elsewhere last seconds: of two benches with 4 rounds
 // and 3 calibrations, each missed one figure of 14 by a burst alone (one
 // calibration simulated tp's first token on 4 ranks at 1,044 ms, the other
-// two at 710 and 841, against launches of 651-985), so there are 6 rounds
-// and 4 calibrations, and a median stands past one burst on either side.
+// two at 710 and 841, against launches of 651-985), so there are 4
+// calibrations, and a median stands past one burst on either side. Launches
+// back to back spread more than calibrations do (tp's decode on 4 ranks:
+// 23.5, 28.3 and 34.8 ms a token in three launches within a minute, against
+// 28.4-31.5 simulated from four calibrations over ten), and a launch costs
+// seconds where a calibration costs a minute: 12 rounds of launches, a
+// calibration before every fourth.
 int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
-  // Rounds of launches, and a calibration before every second round and after the last.
+  // Rounds of launches, and a calibration before every kCalibrateEvery-th round and after the last.
   // A launch shares this host with whatever else runs on it, which only ever adds
   // time: on a shared 2-core VM the same tsp run measured 776 to 1,640 ms to its
   // first token within half an hour.
-  constexpr int kRounds = 6;
+  constexpr int kRounds = 12, kCalibrateEvery = 4;
   char line[400];
   out << "\nSimulated vs measured end to end: " << o.check_model << ", prompt " << o.check_prompt
       << ", decode 8, on D cpu ranks of this host. Measured: median (and range) of " << kRounds
       << " launches with --warm-start (a first untimed prefill and decode step, so that, as in the simulator, buffers "
          "are not allocated and faulted in during the timed ones), and the fastest of them; the launches go in "
-         "rounds, every strategy once a round. Simulated: median (and range) over " << kRounds / 2 + 1
-      << " profiles calibrated for D ranks in this run, before every second round and after the last. Goal: within "
+         "rounds, every strategy once a round. Simulated: median (and range) over " << kRounds / kCalibrateEvery + 1
+      << " profiles calibrated for D ranks in this run, before every " << kCalibrateEvery
+      << "th round and after the last. Goal: within "
          "15%\n";
   std::snprintf(line, sizeof line, "%-8s %2s %24s %8s %24s %7s %7s  %22s %8s %22s %7s %7s\n", "strategy", "D",
                 "TTFT ms median (range)", "fastest", "simulated (range)", "error", "vs fast", "ms/token median (range)",
@@ -273,7 +279,7 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
     std::vector<std::vector<double>> ttft(runs.size()), tok(runs.size());
     std::vector<std::string> launch_why(runs.size());
     for (int round = 0; round < kRounds; ++round) {
-      if (round % 2 == 0) calibrate_now();
+      if (round % kCalibrateEvery == 0) calibrate_now();
       for (size_t i = 0; i < runs.size(); ++i) {
         const auto [a, b] = metrics("'" + self_exe() + "' launch" + args(runs[i]) + " --warm-start");
         if (std::isnan(a)) {
