@@ -520,6 +520,9 @@ void TestKernels::visible_pairs() {
   std::shuffle(shuffled.begin(), shuffled.end(), rng);
   cases.push_back({many, shuffled});
   cases.push_back({shuffled, many});
+  // Query runs the simulator costs one by one against keys past 64 runs (each key counted).
+  cases.push_back({range(0, 300), many});
+  cases.push_back({cat(range(0, 10), range(200, 260)), shuffled});
   for (auto& [q, k] : cases)
     QCOMPARE(ss::detail::visible_pairs(q, k), brute(q, k));
   // The simulator's query runs: consecutive ascending positions, each with

@@ -193,8 +193,8 @@ namespace {
 // drifts over minutes: one-row GEMMs, which decode is made of, came out 30%
 // slower in one calibration of three taken a minute apart, and the launches
 // move with them. So the launches go in rounds (every strategy once a round),
-// calibrations come between them (before every second round and after the
-// last), and each strategy's simulated time is the median over the
+// calibrations come between them (before every kCalibrateEvery-th round and
+// after the last), and each strategy's simulated time is the median over the
 // calibrations, set against the median over the launches of the same span.
 // Bursts of load from elsewhere last seconds: of two benches with 4 rounds
 // and 3 calibrations, each missed one figure of 14 by a burst alone (one
@@ -212,6 +212,7 @@ int end_to_end_check(const SimBenchOptions& o, std::ostream& out) {
   // time: on a shared 2-core VM the same tsp run measured 776 to 1,640 ms to its
   // first token within half an hour.
   constexpr int kRounds = 12, kCalibrateEvery = 4;
+  static_assert(kRounds % kCalibrateEvery == 0, "the text below counts kRounds / kCalibrateEvery + 1 calibrations");
   char line[400];
   out << "\nSimulated vs measured end to end: " << o.check_model << ", prompt " << o.check_prompt
       << ", decode 8, on D cpu ranks of this host. Measured: median (and range) of " << kRounds

@@ -71,7 +71,7 @@ struct SimClock {
   using Intervals = std::vector<std::pair<double, double>>;  // [start, end) in ns, ordered, disjoint
 
   // A collective this rank posted: its post, its start (the last
-  // participant's arrival) and its time alone, in ns.
+  // participant's arrival; untimed, its own) and its time alone, in ns.
   struct Op {
     double posted = 0, start = 0, work = 0;
     double claim = -1;  // when the comm thread got the core for it; < 0: not known yet

@@ -5,6 +5,8 @@
 // and ends on every participant's comm stream at once. Blocking calls then
 // advance the caller's compute clock to the end; the i* forms leave that to
 // Request::wait(), so overlap falls out of the strategy code's own schedule.
+// An untimed network (peaks only) holds no rendezvous: each rank's
+// collective starts at its own arrival.
 #pragma once
 
 #include <condition_variable>
