@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
   train->add_flag("--check-only", train_opts.check_only, "validate the setup, print ok and start nothing");
   // Not listed: the runs of scale's micro-batch search (peaks only, ranks not
   // meeting at collectives), for tst_scale to set against timed runs.
-  train->add_flag_callback("--untimed", [&] { train_opts.run.timed = train_opts.run.timeline = false; })->group("");
+  train->add_flag_callback("--untimed", [&] { train_opts.run.timeline = false; })->group("");
   std::string rank_events;
   auto* train_rank = app.add_subcommand("train-rank", "one rank of a multi-device `train` (started by train)");
   add_train_options(train_rank, train_opts, train_tokens, train_capacity);

@@ -98,7 +98,7 @@ void describe_cuda(std::ostream& out);
 // Runs `rank_main(out, group, recorder, setup)` on `devices` simulated ranks
 // (threads) of `hw` over `nodes` nodes; rank 0 writes to `out`. Returns rank
 // 0's result, which reports the first failure of any rank. Untimed (not
-// `timed`), the ranks' collectives do not meet (RunOptions::timed).
+// `timed`), the ranks' collectives do not meet (RunOptions::timeline).
 using RankMain = std::function<RunResult(proto::Writer*, Group&, Recorder&, const RankSetup&)>;
 RunResult simulate_ranks(int devices, bool single, const HardwareProfile& hw, int nodes, bool timed,
                          nlohmann::json config, proto::Writer& out, const RankMain& rank_main);

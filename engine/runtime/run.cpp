@@ -524,7 +524,7 @@ RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, in
   const RunPlan plan = plan_inference(o, "sim");
   nlohmann::json config = {{"hardware", hw.source}, {"hardware_file", hw.file}, {"nodes", nodes}};
   if (replicas > 1) config["replicas"] = replicas;
-  return simulate_ranks(o.devices, plan.strategy == Strategy::Single, hw, nodes, o.timed, config, out,
+  return simulate_ranks(o.devices, plan.strategy == Strategy::Single, hw, nodes, o.timeline, config, out,
                         [&](proto::Writer* w, Group& g, Recorder& rec, const RankSetup& setup) {
                           return run_rank(o, w, g, rec, setup);
                         });

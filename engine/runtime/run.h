@@ -43,11 +43,11 @@ struct RunOptions {
   int64_t capacity = 0;                  // bytes per device; 0 = unlimited
   std::string logits_out;                // .npy of [prompt + decoded, vocab]
   int threads = 0;                       // 0 = all cores
-  bool timeline = true;                  // spans and memory samples (off: summary records only)
-  // sim: false, the ranks' collectives do not wait for each other and the
-  // times mean nothing; what each rank allocates, in its own order, and so
-  // its peak, is the same (scale's micro-batch search, which reads peaks only).
-  bool timed = true;
+  // Spans and memory samples. Off: summary records only (peaks), and on the
+  // sim backend untimed: the ranks' collectives do not wait for each other,
+  // so the times mean nothing, while what each rank allocates, in its own
+  // order, and so its peak, is the same (scale's micro-batch search).
+  bool timeline = true;
 };
 
 inline DType cache_dtype(const RunOptions& o) { return o.kv_dtype.value_or(o.dtype); }

@@ -252,17 +252,17 @@ class Sweep {
 
   // The point's whole run; without `timeline`, only its summary records
   // (peaks), and untimed: its ranks' collectives do not wait for each other
-  // (RunOptions::timed). On this 2-core VM those meetings were 12 s of the
+  // (RunOptions::timeline). On this 2-core VM those meetings were 12 s of the
   // default sweep's 74, 8 rank threads handing the cores to each other at
   // every collective.
   std::vector<proto::Event> run_point(const ScaleCase& p, bool timeline = true) const {
     if (m_o.mode == "train") {
       TrainOptions t = train_options(p);
-      t.run.timeline = t.run.timed = timeline;
+      t.run.timeline = timeline;
       return capture([&](proto::Writer& w) { return simulate_training(t, w); });
     }
     RunOptions r = infer_options(p);
-    r.timeline = r.timed = timeline;
+    r.timeline = timeline;
     return capture([&](proto::Writer& w) { return ss::simulate(r, m_hw, p.v.nodes, 1, w); });
   }
 

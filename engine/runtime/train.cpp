@@ -489,7 +489,7 @@ RunResult simulate_training(const TrainOptions& o, proto::Writer& out) {
     throw UsageError(std::to_string(o.run.devices / o.nodes) + " devices per node exceed the profile's " +
                      std::to_string(hw.max_devices_per_node) + "; raise --nodes");
   const nlohmann::json config = {{"hardware", hw.source}, {"hardware_file", hw.file}, {"nodes", o.nodes}};
-  return simulate_ranks(o.run.devices, plan.strategy == Strategy::Single, hw, o.nodes, o.run.timed, config, out,
+  return simulate_ranks(o.run.devices, plan.strategy == Strategy::Single, hw, o.nodes, o.run.timeline, config, out,
                         [&](proto::Writer* w, Group& g, Recorder& rec, const RankSetup& setup) {
                           return train_rank(o, w, g, rec, setup);
                         });
