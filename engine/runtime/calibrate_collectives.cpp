@@ -101,9 +101,15 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations, co
         // one huge-page block instead made a 1 MiB broadcast look twice as
         // fast as a run's weight shards move (4 ranks on 2 cores here:
         // 480-820 us against 1000-1570 us, waited for after a short GEMM).
+        // Two buffers at least, so that no call moves the bytes the call
+        // before it left in the cache: with one (the pool's rule for a
+        // message past the last-level cache) a 17.3 MB sendrecv on 2 ranks
+        // took 0.84-1.13 ms, with 2-3 1.1-1.6 ms, and the same transfer in a
+        // tsp run (its MLP ring at 2 ranks) 1.27-1.45 ms after the last
+        // arrival.
         const int64_t na = split && o != "all_gather" ? total : per,
                       nb = split && o != "reduce_scatter" ? total : per;
-        const int pool = int(std::clamp<int64_t>(2 * l3_bytes() / (4 * (na + nb)), 1, 64));
+        const int pool = int(std::clamp<int64_t>(2 * l3_bytes() / (4 * (na + nb)), 2, 64));
         std::vector<Tensor> as, bs;
         for (int i = 0; i < pool; ++i) {
           as.push_back(be.alloc({na}, Category::CommBuffers, "send"));
@@ -138,6 +144,15 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations, co
         std::vector<double> t0(static_cast<size_t>(iters)), t1(static_cast<size_t>(iters));
         for (int i = 0; i < iters; ++i) {
           sweep();  // before the barrier: the ranks then start together
+          // Every ring in the engine sends what the rank's kernels have just
+          // used (tsp's shard its GEMMs read, a K/V block just copied), and
+          // a transfer of bytes warm in the sender's caches was the slower
+          // here (the 17.3 MB sendrecv over two buffers: 1.13-1.37 ms
+          // against 1.04-1.08 ms from memory).
+          if (o == "sendrecv") {
+            const Tensor& a = as[size_t(turn % pool)];
+            sweep.read(a.data<float>(), size_t(a.numel()));
+          }
           world.barrier();
           rec.clear();
           call();
@@ -229,8 +244,9 @@ nlohmann::json measure_collectives(std::ostream& log, int ranks, const Calibrate
     colls["note"] =
         "us: each collective's median time at `bytes` through the engine's communicator, from the "
         "last rank's start to the last rank's end, each call after a sweep of the private caches "
-        "and on buffers of its own from a pool of twice the last-level cache (data from memory; each "
-        "buffer a block of its own, as a run's tensors, and moved once before the timed calls); the "
+        "and on buffers of its own from a pool of twice the last-level cache, two at least (data from memory; each "
+        "buffer a block of its own, as a run's tensors, and moved once before the timed calls; a sendrecv's "
+        "send buffer read by the rank just before, as a ring's is); the "
         "simulator interpolates them at " +
         std::to_string(ranks) +
         " ranks. alpha (latency_us, per "

@@ -49,11 +49,13 @@ class CacheSweep {
     if (l2 <= 0) l2 = 1 << 20;
     m_buf.assign(size_t(2 * l2 / 4), 1.0f);
   }
-  void operator()() {
+  void operator()() { read(m_buf.data(), m_buf.size()); }
+  // Reads `n` floats from `p` (untimed), as a kernel that uses them does.
+  void read(const float* p, size_t n) {
     float acc[8] = {};
-    const size_t n = m_buf.size() / 8 * 8;
-    for (size_t i = 0; i < n; i += 8)
-      for (int j = 0; j < 8; ++j) acc[j] += m_buf[i + size_t(j)];
+    const size_t whole = n / 8 * 8;
+    for (size_t i = 0; i < whole; i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += p[i + size_t(j)];
     float sum = 0;
     for (float v : acc) sum += v;
     m_sink = sum;
