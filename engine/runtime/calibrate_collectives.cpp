@@ -104,9 +104,9 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations, co
         // Two buffers at least, so that no call moves the bytes the call
         // before it left in the cache: with one (the pool's rule for a
         // message past the last-level cache) a 17.3 MB sendrecv on 2 ranks
-        // took 0.84-1.13 ms, with 2-3 1.1-1.6 ms, and the same transfer in a
-        // tsp run (its MLP ring at 2 ranks) 1.27-1.45 ms after the last
-        // arrival.
+        // took 0.84-1.13 ms, with two or three (each send buffer read first,
+        // below) 1.13-1.61 ms, and the same transfer in a tsp run (its MLP
+        // ring at 2 ranks) 1.27-1.45 ms after the last arrival.
         const int64_t na = split && o != "all_gather" ? total : per,
                       nb = split && o != "reduce_scatter" ? total : per;
         const int pool = int(std::clamp<int64_t>(2 * l3_bytes() / (4 * (na + nb)), 2, 64));
@@ -147,8 +147,8 @@ int collective_timing_rank(const std::vector<int64_t>& sizes, int iterations, co
           // Every ring in the engine sends what the rank's kernels have just
           // used (tsp's shard its GEMMs read, a K/V block just copied), and
           // a transfer of bytes warm in the sender's caches was the slower
-          // here (the 17.3 MB sendrecv over two buffers: 1.13-1.37 ms
-          // against 1.04-1.08 ms from memory).
+          // here (the 17.3 MB sendrecv over two buffers, in alternating
+          // rounds: 1.14-1.44 ms against 1.04-1.08 ms from memory).
           if (o == "sendrecv") {
             const Tensor& a = as[size_t(turn % pool)];
             sweep.read(a.data<float>(), size_t(a.numel()));
