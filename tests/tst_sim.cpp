@@ -418,8 +418,9 @@ class TestSim : public QObject {
     // --quick: the core share is measured as in a full calibration; the grids
     // once and the collectives at fewer sizes.
     const QString file = m_dir.filePath("calibrated-over.json");
-    const Ran c =
-        engine({"calibrate", "--quick", "--ranks", QString::number(cores + 1), "--out", file}, kCalibrateMs);
+    // An even count, so that the ranks also form groups of 2 (a mesh's).
+    const int ranks = (cores / 2 + 1) * 2;
+    const Ran c = engine({"calibrate", "--quick", "--ranks", QString::number(ranks), "--out", file}, kCalibrateMs);
     QVERIFY(!c.crashed);
     QVERIFY2(c.exit_code == 0, c.err.constData());
     const json profile = read_json(file);
@@ -447,6 +448,28 @@ class TestSim : public QObject {
     }
     QVERIFY(!d.contains("overlap_raw"));
     QVERIFY(!d.contains("contention"));  // the steps stand for it
+    // Every collective also timed in groups of each count that divides the
+    // ranks, at the world's sizes, and read back by the simulator.
+    if (ranks < 4) return;
+    for (const char* op : {"all_reduce", "all_gather", "broadcast", "sendrecv"}) {
+      const json& c = profile["node"]["link"]["collectives"][op];
+      QVERIFY2(c.value("ranks", 0) == ranks && c.contains("groups"), c.dump().c_str());
+      std::vector<int> counts;
+      for (const json& g : c["groups"]) {
+        counts.push_back(g.value("ranks", 0));
+        QVERIFY2(g["bytes"] == c["bytes"] && g["us"].size() == c["us"].size(), g.dump().c_str());
+        for (const json& us : g["us"]) QVERIFY2(us.get<double>() > 0, g.dump().c_str());
+      }
+      std::vector<int> want;
+      for (int n = 2; n < ranks; ++n)
+        if (ranks % n == 0) want.push_back(n);
+      QCOMPARE(counts, want);
+    }
+    const Ran r = engine({"simulate", "--hardware", file, "--model", "tiny-llama", "--strategy", "tp_sp", "--mesh",
+                          "2x" + QString::number(ranks / 2), "--devices", QString::number(ranks), "--prompt-len", "24",
+                          "--decode", "2"});
+    QVERIFY(!r.crashed);
+    QVERIFY2(r.exit_code == 0, r.err.constData());
   }
 
   // calibrate writes a profile the simulator accepts, with the measured tables
@@ -497,6 +520,7 @@ class TestSim : public QObject {
       QVERIFY2(p["node"]["link"].contains("collectives") && p["node"]["link"]["collectives"].contains(op), op);
       const json& c = p["node"]["link"]["collectives"][op];  // the measured times beside the fit
       QVERIFY2(c.value("ranks", 0) == 2 && c["bytes"].size() >= 2 && c["us"].size() == c["bytes"].size(), op);
+      QVERIFY2(!c.contains("groups"), op);  // 2 ranks form no smaller group
     }
     const Ran r = engine(QStringList{"simulate", "--hardware", file} + run);
     QVERIFY(!r.crashed);

@@ -201,9 +201,10 @@ class TestSimCosts : public QObject {
     QCOMPARE(tp_held, tp_free);
   }
 
-  // A calibrated collective's own times (collectives.<op>.us at `ranks`):
-  // for that many ranks the cost model interpolates them, log-log between
-  // the measured sizes and linear past the last; other counts take the fit.
+  // A calibrated collective's own times (collectives.<op>.us at `ranks`,
+  // and groups[].us at fewer): for those rank counts the cost model
+  // interpolates them, log-log between the measured sizes and linear past
+  // the last; other counts take the fit.
   void measuredCollectiveTimes() {
     ss::LinkProfile l;
     l.latency = 1e-6;
@@ -211,9 +212,7 @@ class TestSimCosts : public QObject {
     ss::CollectiveFit& f = l.collectives["broadcast"];
     f.latency = 2e-6;
     f.bandwidth = 4e9;
-    f.ranks = 4;
-    f.bytes = {1e3, 1e6, 4e6};
-    f.seconds = {10e-6, 250e-6, 1000e-6};
+    f.times.push_back({4, {1e3, 1e6, 4e6}, {10e-6, 250e-6, 1000e-6}});
     auto at = [&](double bytes, int n) { return ss::collective_seconds(l, "broadcast", bytes, n).seconds; };
     QCOMPARE(at(1e6, 4), 250e-6);
     QCOMPARE(at(10, 4), 10e-6);                                  // below the smallest: its time
@@ -222,6 +221,12 @@ class TestSimCosts : public QObject {
     QVERIFY(std::abs(at(6e6, 4) - 1500e-6) < 1e-12);             // the last segment's 250 us per MB
     // 2 ranks: the fitted ring, alpha + S / beta.
     QVERIFY(std::abs(at(1e6, 2) - (2e-6 + 1e6 / 4e9)) < 1e-15);
+    // Times measured in groups of 2 (calibrate on a host whose ranks form a
+    // mesh) serve a collective over 2; 3 ranks still take the fit.
+    f.times.push_back({2, {1e3, 1e6}, {8e-6, 120e-6}});
+    QCOMPARE(at(1e6, 2), 120e-6);
+    QCOMPARE(at(1e6, 4), 250e-6);
+    QVERIFY(std::abs(at(1e6, 3) - (2 * 2e-6 + 1e6 / 4e9)) < 1e-15);  // a ring of 2 steps, cheaper than the tree
   }
 
   // The simulator costs an attention call run by run (AttentionRun): from a

@@ -93,6 +93,9 @@ class TestSimProfiles : public QObject {
     QTest::newRow("overlap-wait-count") << "overlap-wait-count"
                                         << "device.overlap_steps.wait_us.sendrecv"
                                         << "one time per kernel_us";
+    QTest::newRow("collective-groups") << "collective-groups"
+                                       << "node.link.collectives.all_reduce.groups[0].us"
+                                       << "must hold one time per entry";
     QTest::newRow("collective-missing") << "collective-missing"
                                         << "network.collectives.broadcast.bandwidth_gbps"
                                         << "is missing";
@@ -119,6 +122,10 @@ class TestSimProfiles : public QObject {
       j["device"]["attention_times"] = {{"source", "test"}, {"heads", 0}, {"kv_heads", 1}, {"head_dim", 64},
                                         {"tq", {1}}, {"tk", {64}}, {"us", {{1}}}};
     if (edit == "collective") j["node"]["link"]["collectives"] = {{"all_reduce", {{"latency_us", -2}, {"bandwidth_gbps", 5}}}};
+    if (edit == "collective-groups")
+      j["node"]["link"]["collectives"] = {
+          {"all_reduce",
+           {{"latency_us", 2}, {"bandwidth_gbps", 5}, {"groups", {{{"ranks", 2}, {"bytes", {64, 4096}}, {"us", {9}}}}}}}};
     if (edit == "collective-missing") j["network"]["collectives"] = {{"broadcast", {{"latency_us", 2}}}};
     if (edit == "contention") j["device"]["contention"] = {{"source", "test"}, {"compute", 1}, {"comm", -0.5}};
     if (edit == "contention-source") j["device"]["contention"] = {{"compute", 1}, {"comm", 1}};

@@ -57,14 +57,15 @@ void add_run_shapes(CalibrateOptions& options, const std::string& run_args, cons
                      run_args + "`");
   options.gemm_shapes.insert(options.gemm_shapes.end(), shapes.begin(), shapes.end());
   // A span carries its wire bytes; the tables key a collective by its buffer
-  // (wire_bytes' argument). Collectives over fewer ranks than the run's read
-  // the fitted figures, not the tables (cost_model.cpp), so only the run's
-  // own rank count is worth timing; ring steps are kept whatever their ring.
+  // (wire_bytes' argument). The tables hold the run's own rank count and
+  // groups of each count that divides it (calibrate_collectives.cpp); a
+  // collective over any other count reads the fitted figures, so only those
+  // are worth timing; ring steps are kept whatever their ring.
   for (const proto::Span& s : spans) {
     if (s.stream != "comm" || s.bytes <= 0) continue;
     const int n = s.op == "sendrecv" ? ranks : int(s.peers.size()) + 1;
     const double per_byte = wire_bytes(s.op, 1.0, n);
-    if (n != ranks || per_byte <= 0) continue;
+    if (n < 2 || ranks % n != 0 || per_byte <= 0) continue;
     if (std::find(kTimedCollectives.begin(), kTimedCollectives.end(), s.op) != kTimedCollectives.end())
       options.message_sizes[s.op].insert(std::llround(s.bytes / per_byte));
   }

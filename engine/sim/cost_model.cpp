@@ -99,7 +99,7 @@ CollectiveCost collective_seconds(const LinkProfile& l, const std::string& op, d
   // Alpha and beta measured for this collective when the profile has them.
   double a = l.latency, b = l.bandwidth;
   if (auto it = l.collectives.find(op); it != l.collectives.end()) {
-    if (it->second.ranks == n && !it->second.seconds.empty()) return {it->second.at(S), "measured"};
+    if (const CollectiveTimes* t = it->second.times_for(n)) return {t->at(S), "measured"};
     a = it->second.latency;
     b = it->second.bandwidth;
   }

@@ -123,17 +123,28 @@ std::map<std::string, CollectiveFit> collectives(const json& link_json, const st
     CollectiveFit& f = out[op];
     f.latency = positive(v, q, "latency_us", origin) * 1e-6;
     f.bandwidth = positive(v, q, "bandwidth_gbps", origin) * 1e9;
-    if (v.contains("us") || v.contains("bytes") || v.contains("ranks")) {
-      const double ranks = positive(v, q, "ranks", origin);
+    auto table = [&](const json& t, const std::string& at) {
+      CollectiveTimes c;
+      const double ranks = positive(t, at, "ranks", origin);
       if (ranks != std::floor(ranks) || ranks > 1 << 20)
-        throw UsageError(origin + ": field '" + q + "ranks' must be a whole number of ranks");
-      f.ranks = int(ranks);
-      f.bytes = numbers(v, q, "bytes", origin, true);
-      f.seconds = numbers(v, q, "us", origin, false);
-      if (f.seconds.size() != f.bytes.size() || f.bytes.size() < 2)
-        throw UsageError(origin + ": field '" + q + "us' must hold one time per entry of '" + q +
+        throw UsageError(origin + ": field '" + at + "ranks' must be a whole number of ranks");
+      c.ranks = int(ranks);
+      c.bytes = numbers(t, at, "bytes", origin, true);
+      c.seconds = numbers(t, at, "us", origin, false);
+      if (c.seconds.size() != c.bytes.size() || c.bytes.size() < 2)
+        throw UsageError(origin + ": field '" + at + "us' must hold one time per entry of '" + at +
                          "bytes', at least two");
-      for (double& t : f.seconds) t *= 1e-6;
+      for (double& x : c.seconds) x *= 1e-6;
+      f.times.push_back(std::move(c));
+    };
+    if (v.contains("us") || v.contains("bytes") || v.contains("ranks")) table(v, q);
+    if (auto g = v.find("groups"); g != v.end()) {
+      if (!g->is_array()) throw UsageError(origin + ": field '" + q + "groups' must be an array");
+      for (size_t i = 0; i < g->size(); ++i) {
+        const std::string at = q + "groups[" + std::to_string(i) + "].";
+        if (!(*g)[i].is_object()) throw UsageError(origin + ": field '" + at.substr(0, at.size() - 1) + "' must be an object");
+        table((*g)[i], at);
+      }
     }
   }
   return out;
@@ -151,7 +162,7 @@ LinkProfile link(const json& j, const std::string& path, const std::string& orig
 
 }  // namespace
 
-double CollectiveFit::at(double message_bytes) const {
+double CollectiveTimes::at(double message_bytes) const {
   if (message_bytes <= bytes.front()) return seconds.front();
   size_t i = 0;
   while (i + 2 < bytes.size() && message_bytes > bytes[i + 1]) ++i;

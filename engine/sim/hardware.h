@@ -20,7 +20,8 @@
 //       collective's own time a rank then waits for it;
 //   node.link.collectives.<op> / network.collectives.<op>  {"latency_us", "bandwidth_gbps"}
 //       alpha and beta of <op> fitted to its measured times over message sizes,
-//       and optionally those times: "ranks", "bytes": [..], "us": [..].
+//       and optionally those times: "ranks", "bytes": [..], "us": [..], and "groups": [{"ranks",
+//       "bytes", "us"}, ..] the same in groups of fewer ranks, every group at once.
 #pragma once
 
 #include <cstdint>
@@ -34,18 +35,31 @@
 
 namespace ss {
 
-struct CollectiveFit {
-  double latency = 0;    // seconds per step (alpha)
-  double bandwidth = 0;  // bytes/s (beta)
-  // The times the fit came from (optional): at `ranks` ranks, seconds per
-  // message of `bytes` (increasing). For that many ranks the cost model
-  // interpolates them instead: two figures fitted over 64 B - 16 MiB miss
-  // the middle (a 1.5 MB broadcast on 4 ranks: 250 us fitted, 500 measured).
+// A collective's measured times at `ranks` ranks: seconds per message of
+// `bytes` (increasing).
+struct CollectiveTimes {
   int ranks = 0;
   std::vector<double> bytes, seconds;
   // Log-log between the measured sizes, the last segment's slope beyond the
   // largest, the smallest size's time below it.
   double at(double message_bytes) const;
+};
+
+struct CollectiveFit {
+  double latency = 0;    // seconds per step (alpha)
+  double bandwidth = 0;  // bytes/s (beta)
+  // The times the fit came from (optional), at the calibrated rank count,
+  // then in groups of fewer ranks where calibrate measured those (every
+  // group of the host at once, as a mesh's groups run). For a rank count
+  // with times the cost model interpolates them instead: two figures fitted
+  // over 64 B - 16 MiB miss the middle (a 1.5 MB broadcast on 4 ranks: 250
+  // us fitted, 500 measured).
+  std::vector<CollectiveTimes> times;
+  const CollectiveTimes* times_for(int ranks) const {
+    for (const CollectiveTimes& t : times)
+      if (t.ranks == ranks && !t.seconds.empty()) return &t;
+    return nullptr;
+  }
 };
 
 struct LinkProfile {
