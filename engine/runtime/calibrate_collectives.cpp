@@ -238,11 +238,15 @@ nlohmann::json measure_collectives(std::ostream& log, int ranks, const Calibrate
                                                                          row.value("time_s", 0.0));
     }
   }
-  for (auto& [op, by_ranks] : pts) {
+  for (auto& entry : pts) {
+    // Plain names, not structured bindings: the lambdas below capture them (clang 14 can't).
+    const std::string& op = entry.first;
+    auto& by_ranks = entry.second;
     auto world = by_ranks.find(ranks);
     if (world == by_ranks.end()) continue;
     for (auto& [n, v] : by_ranks) std::sort(v.begin(), v.end());
-    const auto [a, b] = fit_alpha_beta(op, ranks, world->second);
+    const std::pair<double, double> fit = fit_alpha_beta(op, ranks, world->second);
+    const double a = fit.first, b = fit.second;
     colls[op] = {{"latency_us", a * 1e6}, {"bandwidth_gbps", b * 1e-9}};
     CollectiveFit& f = measured.collectives[op];
     f.latency = a;
