@@ -5,19 +5,14 @@
 //    dtype and head width up to 256; its key range can be split over blocks
 //    (flash-decoding) whose partials attn_combine merges by log-sum-exp, so a
 //    few queries over a long cache still fill the GPU;
-//  - attn_wmma: bf16/fp16 Q, K, V on tensor cores (WMMA 16x16x16, fp32
-//    accumulation) for head widths 64 and 128 and 64 queries or more: S = Q K^T
-//    per warp, the softmax in fp32, P rounded to the dtype for P V, as
-//    FlashAttention does.
+//  - attn_mma: bf16/fp16 Q, K, V on tensor cores (mma.sync m16n8k16, fp32
+//    accumulation) for head widths 64 and 128 and 64 queries or more, with
+//    S, P and O in registers (FlashAttention-2): the softmax in fp32, P
+//    rounded to the dtype for P V, as FlashAttention does.
 // Softmax statistics, lse and the merge are fp32 whatever the dtype.
 #include "cuda/common.cuh"
 
-#ifdef __CUDACC__
-#include <cuda_bf16.h>
-#include <mma.h>
-#else
-#include "cuda/emu/wmma.h"
-#endif
+#include "cuda/mma.cuh"
 
 #include <climits>
 
@@ -304,245 +299,240 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ------------------------------------------------------------------ wmma
+// ------------------------------------------------------------ tensor cores
 
-namespace wmma = nvcuda::wmma;
-
+// FlashAttention-2's forward (Dao 2023, §3.1) on mma.sync: each warp owns 16
+// query rows, and its scores S = Q K^T, the probabilities P and its O
+// accumulators stay in registers for the whole key loop (mma.cuh gives the
+// layouts). Shared memory holds Q once and two K/V tiles: the one
+// being computed and the next visible one, copied by cp.async meanwhile.
 template <int HD>
-struct Wmma {
-  static constexpr int BQ = 64, BK = 64;  // four warps of 16 query rows
-  static constexpr int LDH = HD + 16;     // 16-bit rows (Q, K, V); keeps every fragment 32-byte aligned
-  static constexpr int LDS = BK + 4;      // fp32 scores
-  static constexpr int LDP = BK + 16;     // 16-bit probabilities
-  // Q is staged where the scores go later (its fragments then live in
-  // registers, as O's do): about 66 KB at width 128, so two blocks an SM, as
-  // many as the registers allow (__launch_bounds__ below).
-  static constexpr size_t qs_bytes = 2 * BQ * LDH > 4 * BQ * LDS ? 2 * BQ * LDH : 4 * BQ * LDS;
-  static constexpr size_t q_off = 0, s_off = 0, k_off = qs_bytes, v_off = k_off + 2 * BK * LDH,
-                          p_off = v_off + 2 * BK * LDH, stat_off = p_off + 2 * BQ * LDP;
-  // per row: reference max, sum, correction, position; per key: position
-  static constexpr size_t smem_bytes() { return stat_off + 4 * (4 * BQ + BK); }
+struct Mma {
+  static constexpr int BQ = 64, BK = 64;  // four warps of 16 query rows; 64 keys a tile
+  static constexpr int LD = HD + 8;       // rows padded by 16 bytes: ldmatrix's 8 rows fall in distinct banks
+  static constexpr size_t tile_bytes = size_t(BQ) * LD * 2;
+  // Q, then K and V of stage 0, then of stage 1: 87 KB at width 128, two blocks an SM
+  static constexpr size_t smem_bytes() { return 5 * tile_bytes; }
 };
-// The running max a row's probabilities are taken against moves only when a
-// tile's max passes it by more than this (natural log: e^8 ~ 3000, within
-// every dtype's range), so O, held in registers, is rescaled rarely
-// (FlashAttention-4's conditional rescaling); the result is the same.
-constexpr float kRescaleMargin = 8.0f;
+static_assert(Mma<64>::BQ == Mma<64>::BK, "Q and the K/V tiles are staged by one loop");
 
-// A bf16 or fp16 value's bits from any storage dtype (the same dtype here: a copy).
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+// A bf16 or fp16 value's bits (the storage dtype is the operands').
 SS_DEV uint16_t bits16(const Mat& m, int64_t r, int64_t c) {
   return static_cast<const uint16_t*>(m.p)[r * m.ld + c];
 }
-SS_DEV uint16_t round16(float v, DType dt) { return dt == DType::BF16 ? float_to_bf16(v) : float_to_f16(v); }
 
 template <class T, int HD>
 __global__ void __launch_bounds__(kThreads, 2)
-    attn_wmma_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse) {
-  using W = Wmma<HD>;
-  constexpr int BQ = W::BQ, BK = W::BK, LDH = W::LDH, LDS = W::LDS, LDP = W::LDP;
-  SS_DYNAMIC_SMEM(unsigned char, smem);
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem + W::q_off);
-  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + W::k_off);
-  uint16_t* Vs = reinterpret_cast<uint16_t*>(smem + W::v_off);
-  float* S = reinterpret_cast<float*>(smem + W::s_off);
-  uint16_t* P = reinterpret_cast<uint16_t*>(smem + W::p_off);
-  float* row_m = reinterpret_cast<float*>(smem + W::stat_off);
-  float* row_l = row_m + BQ;
-  float* row_corr = row_l + BQ;
-  int* qp = reinterpret_cast<int*>(row_corr + BQ);
-  int* kp = qp + BQ;
-  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+    attn_mma_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse) {
+  using M = Mma<HD>;
+  constexpr int BQ = M::BQ, BK = M::BK, LD = M::LD, CH = HD / 8, PER = BK * CH / kThreads;
+  static_assert(BK * CH % kThreads == 0 && HD % 32 == 0, "tiles of whole 16-byte pieces");
+  SS_DYNAMIC_SMEM(uint16_t, Qs);
+  auto kbuf = [&](int st) { return Qs + (BQ + 2 * st * BK) * LD; };
+  auto vbuf = [&](int st) { return Qs + (BQ + (2 * st + 1) * BK) * LD; };
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = int(blockIdx.y), kvh = h / (a.n_heads / a.n_kv_heads);
-  const int64_t q0 = int64_t(blockIdx.x) * BQ;
-  const DType dt = q.dt;
-
-  // Rows in 16-byte pieces where every view allows it (CH a row, PER a
-  // thread a tile), else a value at a time.
-  constexpr int CH = HD / 8, PER = BK * CH / kThreads;
-  static_assert(BQ == BK && BK * CH % kThreads == 0, "tiles of whole pieces");
+  // The last query tiles first: under causal positions they see the most keys.
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * BQ;
   const bool vec = aligned16(q) && aligned16(k) && aligned16(v);
-  if (vec) {
-    for (int c = 0; c < PER; ++c) {
-      const int idx = tid + c * kThreads, rr = idx / CH, ch = idx % CH;
-      const Bytes16 zero{0, 0, 0, 0};
-      store16(Qs + rr * LDH + ch * 8, q0 + rr < a.Tq ? load16(static_cast<const uint16_t*>(q.p) + (q0 + rr) * q.ld +
-                                                                int64_t(h) * HD + ch * 8)
-                                                     : zero);
+
+  // Rows row0.. row0 + 63 (zeros past `rows`), columns col0.. col0 + HD - 1,
+  // into a tile: by cp.async in 16-byte pieces where every view allows it.
+  auto stage = [&](uint16_t* dst, const Mat& m, int64_t row0, int64_t rows, int64_t col0) {
+    if (vec) {
+#pragma unroll
+      for (int c = 0; c < PER; ++c) {
+        const int idx = tid + c * kThreads, rr = idx / CH, ch = idx % CH;
+        const bool ok = row0 + rr < rows;
+        const uint16_t* src = static_cast<const uint16_t*>(m.p) + (ok ? (row0 + rr) * m.ld + col0 + ch * 8 : 0);
+        cp_async16(dst + rr * LD + ch * 8, src, ok);
+      }
+    } else {
+      for (int i = tid; i < BK * HD; i += kThreads) {
+        const int rr = i / HD, d = i % HD;
+        dst[rr * LD + d] = row0 + rr < rows ? bits16(m, row0 + rr, col0 + d) : uint16_t(0);
+      }
     }
-  } else {
-    for (int i = tid; i < BQ * HD; i += kThreads) {
-      const int rr = i / HD, d = i % HD;
-      Qs[rr * LDH + d] = q0 + rr < a.Tq ? bits16(q, q0 + rr, int64_t(h) * HD + d) : uint16_t(0);
-    }
-  }
-  for (int i = tid; i < BQ; i += kThreads) {
-    qp[i] = q0 + i < a.Tq ? qpos[q0 + i] : INT_MIN;
-    row_m[i] = -INFINITY;
-    row_l[i] = 0.0f;
-  }
-  // Every warp finds the same answers itself, so tiles are skipped without a
-  // barrier: the block's largest query position, and whether a key tile
-  // holds a key at or before it.
+  };
+
+  // This lane's rows (g and g + 8 of the warp's 16); a row past the end sees no key.
+  const int64_t qi0 = q0 + warp * 16 + g, qi1 = qi0 + 8;
+  const int qp0 = qi0 < a.Tq ? qpos[qi0] : INT_MIN, qp1 = qi1 < a.Tq ? qpos[qi1] : INT_MIN;
+  // Every warp finds these itself, so tiles are skipped without a barrier:
+  // the block's largest query position (a key tile none of whose keys is at
+  // or before it is skipped unloaded), and the warp's smallest (a tile whose
+  // keys all are at or before it needs no mask).
   int qmax = INT_MIN;
   for (int i = lane; i < BQ; i += 32)
     if (q0 + i < a.Tq) qmax = imax(qmax, qpos[q0 + i]);
-  for (int off = 16; off > 0; off /= 2) qmax = imax(qmax, __shfl_xor_sync(0xffffffffu, qmax, off));
-  auto next_visible = [&](int64_t k0) {
+  int wmin = imin(qp0, qp1);
+  for (int off = 16; off > 0; off /= 2) {
+    qmax = imax(qmax, __shfl_xor_sync(0xffffffffu, qmax, off));
+    wmin = imin(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+  }
+  // The first visible tile from k0 on, and its largest key position (past the end: INT_MAX).
+  auto next_visible = [&](int64_t k0, int& kmax) {
     for (; k0 < a.Tk; k0 += BK) {
-      int mn = INT_MAX;
-      for (int64_t i = k0 + lane; i < min64(k0 + BK, a.Tk); i += 32) mn = imin(mn, kpos[i]);
-      for (int off = 16; off > 0; off /= 2) mn = imin(mn, __shfl_xor_sync(0xffffffffu, mn, off));
+      int mn = INT_MAX, mx = INT_MIN;
+      for (int64_t i = k0 + lane; i < k0 + BK; i += 32) {
+        const int p = i < a.Tk ? kpos[i] : INT_MAX;
+        mn = imin(mn, p);
+        mx = imax(mx, p);
+      }
+      for (int off = 16; off > 0; off /= 2) {
+        mn = imin(mn, __shfl_xor_sync(0xffffffffu, mn, off));
+        mx = imax(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      }
+      kmax = mx;
       if (mn <= qmax) break;
     }
     return k0;
   };
-  // The next visible tile's K and V pieces are loaded into registers while
-  // the current one is computed, then stored to shared memory.
-  Bytes16 kreg[PER], vreg[PER];
-  auto fetch = [&](int64_t k0) {
-    if (!vec) return;
-    const Bytes16 zero{0, 0, 0, 0};
-#pragma unroll
-    for (int c = 0; c < PER; ++c) {
-      const int idx = tid + c * kThreads, kk = idx / CH, ch = idx % CH;
-      const bool ok = k0 + kk < a.Tk;
-      const int64_t col = int64_t(kvh) * HD + ch * 8;
-      kreg[c] = ok ? load16(static_cast<const uint16_t*>(k.p) + (k0 + kk) * k.ld + col) : zero;
-      vreg[c] = ok ? load16(static_cast<const uint16_t*>(v.p) + (k0 + kk) * v.ld + col) : zero;
-    }
-  };
-  auto stash = [&](int64_t k0, int nb) {
-    if (vec) {
-#pragma unroll
-      for (int c = 0; c < PER; ++c) {
-        const int idx = tid + c * kThreads, kk = idx / CH, ch = idx % CH;
-        store16(Ks + kk * LDH + ch * 8, kreg[c]);
-        store16(Vs + kk * LDH + ch * 8, vreg[c]);
-      }
-    } else {
-      for (int i = tid; i < BK * HD; i += kThreads) {
-        const int kk = i / HD, d = i % HD;
-        const bool ok = kk < nb;
-        Ks[kk * LDH + d] = ok ? bits16(k, k0 + kk, int64_t(kvh) * HD + d) : uint16_t(0);
-        Vs[kk * LDH + d] = ok ? bits16(v, k0 + kk, int64_t(kvh) * HD + d) : uint16_t(0);
-      }
-    }
-    for (int i = tid; i < BK; i += kThreads) kp[i] = i < nb ? kpos[k0 + i] : INT_MAX;
-  };
 
-  // This warp's Q rows as fragments and its O rows as accumulators, in
-  // registers for the whole key loop; Q's staging area becomes the scores'.
-  const int r0 = warp * 16;
-  __syncthreads();  // Q is staged
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf[HD / 16];
-  for (int kk = 0; kk < HD / 16; ++kk)
-    wmma::load_matrix_sync(qf[kk], reinterpret_cast<const T*>(Qs + r0 * LDH + kk * 16), LDH);
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> of[HD / 16];
-  for (int n = 0; n < HD / 16; ++n) wmma::fill_fragment(of[n], 0.0f);
-  float* scratch = S + r0 * LDS;  // the warp's score rows, once read: a 16 x 16 block of O at a time
+  stage(Qs, q, q0, a.Tq, int64_t(h) * HD);
+  int kmax = INT_MAX;
+  int64_t k0 = next_visible(0, kmax);
+  if (k0 < a.Tk) {
+    stage(kbuf(0), k, k0, a.Tk, int64_t(kvh) * HD);
+    stage(vbuf(0), v, k0, a.Tk, int64_t(kvh) * HD);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
 
-  int64_t k0 = next_visible(0);
-  if (k0 < a.Tk) fetch(k0);
+  // This lane's row address for ldmatrix of the warp's Q fragments: read
+  // from shared memory per key tile, as FlashAttention-2 does, since keeping
+  // them in registers (32 at width 128) spills.
+  const uint16_t* qrow = Qs + (warp * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + lane / 16 * 8;
+  float of[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) of[n][0] = of[n][1] = of[n][2] = of[n][3] = 0.0f;
+  // Running maxima in log2 units (the scores carry scale x log2 e, for
+  // exp2), and this lane's part of each row's sum.
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  const float scale2 = a.scale * kLog2e;
+  int st = 0;
   while (k0 < a.Tk) {
-    const int nb = int(min64(BK, a.Tk - k0));
-    __syncthreads();  // the previous tile is read (and, the first time, every warp's Q fragments)
-    stash(k0, nb);
-    __syncthreads();
-    const int64_t next = next_visible(k0 + BK);
-    if (next < a.Tk) fetch(next);
+    int next_kmax = INT_MAX;
+    const int64_t next = next_visible(k0 + BK, next_kmax);
+    if (next < a.Tk) {
+      stage(kbuf(st ^ 1), k, next, a.Tk, int64_t(kvh) * HD);
+      stage(vbuf(st ^ 1), v, next, a.Tk, int64_t(kvh) * HD);
+    }
+    cp_async_commit();
+    const uint16_t* Kt = kbuf(st);
+    const uint16_t* Vt = vbuf(st);
 
-    // S_w = Q_w K^T for this warp's 16 rows: the BK / 16 key blocks' products
-    // in flight together.
-    {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf[BK / 16];
-      for (int n = 0; n < BK / 16; ++n) wmma::fill_fragment(sf[n], 0.0f);
-      for (int kk = 0; kk < HD / 16; ++kk)
-        for (int n = 0; n < BK / 16; ++n) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
-          wmma::load_matrix_sync(kf, reinterpret_cast<const T*>(Ks + n * 16 * LDH + kk * 16), LDH);
-          wmma::mma_sync(sf[n], qf[kk], kf, sf[n]);
+    // S = Q K^T, 32 columns of Q and K at a time (two k-steps): Q's two A
+    // fragments, then per 8-key tile an ldmatrix x4 of K giving both B's.
+    float s[BK / 8][4];
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 32; ++kk) {
+      uint32_t qa[4], qb[4];
+      ldmatrix_x4(qa, qrow + kk * 32, false);
+      ldmatrix_x4(qb, qrow + kk * 32 + 16, false);
+#pragma unroll
+      for (int n = 0; n < BK / 8; ++n) {
+        uint32_t b[4];
+        ldmatrix_x4(b, Kt + (n * 8 + lane % 8) * LD + kk * 32 + lane / 8 * 8, false);
+        mma_16816<T>(s[n], qa, b[0], b[1]);
+        mma_16816<T>(s[n], qb, b[2], b[3]);
+      }
+    }
+
+    // The online softmax: a row's max over the four lanes holding it.
+    const bool mask = kmax > wmin;
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v0 = s[n][e] * scale2, v1 = s[n][2 + e] * scale2;
+        if (mask) {
+          const int64_t j = k0 + n * 8 + 2 * t + e;
+          const int kp = j < a.Tk ? kpos[j] : INT_MAX;
+          if (kp > qp0) v0 = -INFINITY;
+          if (kp > qp1) v1 = -INFINITY;
         }
-      for (int n = 0; n < BK / 16; ++n)
-        wmma::store_matrix_sync(S + r0 * LDS + n * 16, sf[n], LDS, wmma::mem_row_major);
+        s[n][e] = v0;
+        s[n][2 + e] = v1;
+        mx0 = fmaxf(mx0, v0);
+        mx1 = fmaxf(mx1, v1);
+      }
+    for (int off = 1; off < 4; off *= 2) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
     }
-    __syncwarp();
-    // Online softmax, two lanes a row, each over half the tile's keys (BK =
-    // 64), walked from a lane-rotated start so the lanes hit distinct banks.
-    {
-      const int row = r0 + lane / 2, half = lane % 2, qrow = qp[row];
-      const float m_ref = row_m[row];
-      float sv[32];
-      float mx = -INFINITY;
+    // Rows that have seen no key yet keep a zero base (their scores are all -inf).
+    const float c0 = mx0 == -INFINITY ? 1.0f : exp2f(m0 - mx0), c1 = mx1 == -INFINITY ? 1.0f : exp2f(m1 - mx1);
+    const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
+    m0 = mx0;
+    m1 = mx1;
+    l0 *= c0;
+    l1 *= c1;
 #pragma unroll
-      for (int t = 0; t < 32; ++t) {
-        const int j = half * 32 + ((t + lane) & 31);
-        const bool visible = j < nb && kp[j] <= qrow;
-        sv[t] = visible ? S[row * LDS + j] * a.scale : -INFINITY;
-        mx = fmaxf(mx, sv[t]);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      // A new reference only past the margin (or for a row's first keys).
-      const float ref = mx > m_ref + kRescaleMargin || m_ref == -INFINITY ? fmaxf(m_ref, mx) : m_ref;
-      float psum = 0.0f;
+    for (int n = 0; n < HD / 8; ++n) {
+      of[n][0] *= c0;
+      of[n][1] *= c0;
+      of[n][2] *= c1;
+      of[n][3] *= c1;
+    }
+    // P, rounded to the dtype for P V (the sums keep fp32), as the A
+    // fragments of the 16-key steps: tiles 2j and 2j + 1 make step j.
+    uint32_t pf[BK / 16][4];
 #pragma unroll
-      for (int t = 0; t < 32; ++t) {
-        const int j = half * 32 + ((t + lane) & 31);
-        const float p = sv[t] == -INFINITY ? 0.0f : expf(sv[t] - ref);
-        psum += p;
-        P[row * LDP + j] = round16(p, dt);
-      }
-      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-      __syncwarp();  // both lanes of the row have read row_m before it changes
-      if (half == 0) {
-        const float corr = ref == m_ref || m_ref == -INFINITY ? 1.0f : expf(m_ref - ref);
-        row_corr[row] = corr;
-        row_l[row] = row_l[row] * corr + psum;
-        row_m[row] = ref;
-      }
+    for (int n = 0; n < BK / 8; ++n) {
+      const float p00 = exp2f(s[n][0] - b0), p01 = exp2f(s[n][1] - b0);
+      const float p10 = exp2f(s[n][2] - b1), p11 = exp2f(s[n][3] - b1);
+      l0 += p00 + p01;
+      l1 += p10 + p11;
+      pf[n / 2][2 * (n % 2)] = pack_pair<T>(p00, p01);
+      pf[n / 2][2 * (n % 2) + 1] = pack_pair<T>(p10, p11);
     }
-    __syncwarp();
-    // O's rows rescaled where a reference moved: a block at a time through
-    // the scratch (the scores are read by now).
-    bool moved = false;
-    for (int rr = 0; rr < 16; ++rr) moved = moved || row_corr[r0 + rr] != 1.0f;
-    if (moved)
+    // O += P V: V's rows transposed by ldmatrix into the B fragments of two
+    // 8-column tiles of O at once.
+#pragma unroll
+    for (int j = 0; j < BK / 16; ++j)
+#pragma unroll
       for (int n = 0; n < HD / 16; ++n) {
-        wmma::store_matrix_sync(scratch, of[n], LDS, wmma::mem_row_major);
-        __syncwarp();
-        for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDS + i % 16] *= row_corr[r0 + i / 16];
-        __syncwarp();
-        wmma::load_matrix_sync(of[n], scratch, LDS, wmma::mem_row_major);
-        __syncwarp();
+        uint32_t b[4];
+        ldmatrix_x4(b, Vt + (j * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + n * 16 + lane / 16 * 8, true);
+        mma_16816<T>(of[2 * n], pf[j], b[0], b[1]);
+        mma_16816<T>(of[2 * n + 1], pf[j], b[2], b[3]);
       }
-    // O_w += P_w V: the HD / 16 output blocks' products in flight together,
-    // each P fragment loaded once.
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
-      wmma::load_matrix_sync(pf, reinterpret_cast<const T*>(P + r0 * LDP + kk * 16), LDP);
-      for (int n = 0; n < HD / 16; ++n) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
-        wmma::load_matrix_sync(vf, reinterpret_cast<const T*>(Vs + kk * 16 * LDH + n * 16), LDH);
-        wmma::mma_sync(of[n], pf, vf, of[n]);
-      }
-    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // the next tile has landed, and no warp reads this one any more
+    st ^= 1;
     k0 = next;
+    kmax = next_kmax;
   }
-  // O / l, a 16 x 16 block at a time through the warp's scratch.
-  __syncthreads();  // (with no visible tile, every warp's Q fragments are loaded before the scratch is used)
-  for (int n = 0; n < HD / 16; ++n) {
-    wmma::store_matrix_sync(scratch, of[n], LDS, wmma::mem_row_major);
-    __syncwarp();
-    for (int i = lane; i < 256; i += 32) {
-      const int rr = r0 + i / 16, d = n * 16 + i % 16;
-      const int64_t qi = q0 + rr;
-      const float l = row_l[rr];
-      if (qi < a.Tq) put(o, qi, int64_t(h) * HD + d, l > 0.0f ? scratch[(i / 16) * LDS + i % 16] / l : 0.0f);
+
+  for (int off = 1; off < 4; off *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    const int64_t col = int64_t(h) * HD + n * 8 + 2 * t;
+    if (qi0 < a.Tq) {
+      put(o, qi0, col, of[n][0] * inv0);
+      put(o, qi0, col + 1, of[n][1] * inv0);
     }
-    __syncwarp();
+    if (qi1 < a.Tq) {
+      put(o, qi1, col, of[n][2] * inv1);
+      put(o, qi1, col + 1, of[n][3] * inv1);
+    }
   }
-  if (lse)
-    for (int i = tid; i < BQ; i += kThreads)
-      if (q0 + i < a.Tq) lse[(q0 + i) * a.n_heads + h] = row_l[i] > 0.0f ? row_m[i] + logf(row_l[i]) : -INFINITY;
+  if (lse && t == 0) {
+    if (qi0 < a.Tq) lse[qi0 * a.n_heads + h] = l0 > 0.0f ? m0 * kLn2 + logf(l0) : -INFINITY;
+    if (qi1 < a.Tq) lse[qi1 * a.n_heads + h] = l1 > 0.0f ? m1 * kLn2 + logf(l1) : -INFINITY;
+  }
 }
 
 // ------------------------------------------------------------------ merge
@@ -580,14 +570,14 @@ void launch_tiled(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const 
 }
 
 template <class T, int HD>
-void launch_wmma(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a, const int32_t* qpos,
-                 const int32_t* kpos, float* lse, Stream s) {
-  using W = Wmma<HD>;
-  auto* kernel = &attn_wmma_kernel<T, HD>;
-  SS_SMEM_LIMIT(kernel, W::smem_bytes());
-  const dim3 grid(unsigned((a.Tq + W::BQ - 1) / W::BQ), unsigned(a.n_heads));
-  SS_LAUNCH(kernel, grid, kThreads, W::smem_bytes(), s)(o, q, k, v, a, qpos, kpos, lse);
-  check_launch("attention (wmma)");
+void launch_mma(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a, const int32_t* qpos,
+                const int32_t* kpos, float* lse, Stream s) {
+  using M = Mma<HD>;
+  auto* kernel = &attn_mma_kernel<T, HD>;
+  SS_SMEM_LIMIT(kernel, M::smem_bytes());
+  const dim3 grid(unsigned((a.Tq + M::BQ - 1) / M::BQ), unsigned(a.n_heads));
+  SS_LAUNCH(kernel, grid, kThreads, M::smem_bytes(), s)(o, q, k, v, a, qpos, kpos, lse);
+  check_launch("attention (tensor cores)");
 }
 
 // The decode kernel takes R = Tq x group rows up to 8, K and V of one dtype
@@ -642,11 +632,11 @@ void attention(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const Att
   const bool same16 = (q.dt == DType::BF16 || q.dt == DType::F16) && k.dt == q.dt && v.dt == q.dt;
   if (same16 && a.Tq >= 64 && a.Tk > 0 && (a.head_dim == 64 || a.head_dim == 128)) {
     if (q.dt == DType::BF16) {
-      if (a.head_dim == 64) launch_wmma<__nv_bfloat16, 64>(o, q, k, v, a, q_pos, k_pos, lse, s);
-      else launch_wmma<__nv_bfloat16, 128>(o, q, k, v, a, q_pos, k_pos, lse, s);
+      if (a.head_dim == 64) launch_mma<__nv_bfloat16, 64>(o, q, k, v, a, q_pos, k_pos, lse, s);
+      else launch_mma<__nv_bfloat16, 128>(o, q, k, v, a, q_pos, k_pos, lse, s);
     } else {
-      if (a.head_dim == 64) launch_wmma<half, 64>(o, q, k, v, a, q_pos, k_pos, lse, s);
-      else launch_wmma<half, 128>(o, q, k, v, a, q_pos, k_pos, lse, s);
+      if (a.head_dim == 64) launch_mma<half, 64>(o, q, k, v, a, q_pos, k_pos, lse, s);
+      else launch_mma<half, 128>(o, q, k, v, a, q_pos, k_pos, lse, s);
     }
     return;
   }

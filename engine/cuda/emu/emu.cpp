@@ -289,4 +289,15 @@ uint64_t warp_exchange(uint64_t value, int src) {
   return got;
 }
 
+void warp_gather(const void* mine, size_t bytes, void* all) {
+  Block& b = *tl_block;
+  const unsigned me = b.current, base = me - me % 32;
+  if (base + 32 > b.count) throw std::runtime_error("emulated warp-wide operation in a partial warp");
+  b.exchange[me] = reinterpret_cast<uintptr_t>(mine);
+  sync_warp();  // every lane's operand is in place (on its own fiber's stack, paused here)
+  for (unsigned i = 0; i < 32; ++i)
+    std::memcpy(static_cast<char*>(all) + i * bytes, reinterpret_cast<const void*>(b.exchange[base + i]), bytes);
+  sync_warp();  // nobody changes its operand before every lane has read it
+}
+
 }  // namespace ss::emu

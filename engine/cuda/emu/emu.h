@@ -51,6 +51,10 @@ void sync_block();
 void sync_warp();
 // All 32 lanes of the warp call it with a value; each gets the value of lane `src`.
 uint64_t warp_exchange(uint64_t value, int src);
+// All 32 lanes of the warp call it with `bytes` of their own at `mine`; each
+// gets lane i's at all + i * bytes (the warp-wide operand exchange of
+// ldmatrix and mma.sync).
+void warp_gather(const void* mine, size_t bytes, void* all);
 inline unsigned lane_id() {
   const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   return t % 32u;
