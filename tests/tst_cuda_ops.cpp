@@ -65,6 +65,39 @@ class TestCudaOps : public QObject {
     VERIFY_TWIN_TOL(r, y, "matmul", tolerance(accumulate ? 2 : 1));
   }
 
+  void matmul_group_data() {
+    QTest::addColumn<int>("M");
+    QTest::addColumn<int>("groups");
+    QTest::addColumn<bool>("aligned");  // aligned, 1 to 4 rows and up to 4 products: one gemv launch
+    QTest::newRow("decode q, k, v, aligned") << 1 << 3 << true;
+    QTest::newRow("4 rows, 4 products, aligned") << 4 << 4 << true;
+    QTest::newRow("5 products, aligned") << 2 << 5 << true;
+    QTest::newRow("decode, strided") << 1 << 3 << false;
+    QTest::newRow("prefill") << 33 << 2 << true;
+  }
+  void matmul_group() {
+    QFETCH(int, M);
+    QFETCH(int, groups);
+    QFETCH(bool, aligned);
+    Rigs r;
+    const int64_t K = 136, rows[] = {300, 70, 1, 130, 41};
+    const Twin x = r.random_mat(M, K, aligned ? 8 : 3);
+    std::vector<Twin> ws, ys;
+    for (int i = 0; i < groups; ++i) {
+      ws.push_back(r.random({rows[i], K}, 0.2));
+      ys.push_back(r.random_mat(M, rows[i], 2, 1.0, i == 2 ? DType::F32 : g_dtype));
+    }
+    for (const bool cpu : {true, false}) {
+      std::vector<Tensor> y, w;
+      for (int i = 0; i < groups; ++i) {
+        y.push_back(ys[size_t(i)].on(cpu));
+        w.push_back(ws[size_t(i)].on(cpu));
+      }
+      (cpu ? static_cast<ss::Backend&>(r.cpu) : r.gpu).matmul_group(y, x.on(cpu), w);
+    }
+    for (int i = 0; i < groups; ++i) VERIFY_TWIN(r, ys[size_t(i)], "matmul_group");
+  }
+
   void elementwise_data() {
     QTest::addColumn<bool>("aligned");  // 16-byte aligned rows of whole pieces: the vectorised kernels
     QTest::newRow("strided") << false;

@@ -1,6 +1,7 @@
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -350,6 +351,19 @@ void CudaBackend::k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bo
   // A few rows (decode): a kernel that streams the weights at the memory's rate (gemv.cu).
   if (x.rows() <= 4 && kern::gemv_fits(mat(y), mat(x), mat(w))) return kern::gemv(mat(y), mat(x), mat(w), accumulate, m_compute);
   gemm(x.rows(), w.rows(), x.cols(), x, false, w, true, y, 1.0f, accumulate ? 1.0f : 0.0f);
+}
+
+// A decode step's group (q, k and v; gate and up) streams every weight in one launch.
+void CudaBackend::k_matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws) {
+  bool fits = x.rows() <= 4 && ws.size() <= size_t(kern::kMaxGemvGroup);
+  std::array<kern::Mat, kern::kMaxGemvGroup> ym, wm;
+  for (size_t i = 0; fits && i < ws.size(); ++i) {
+    ym[i] = mat(ys[i]);
+    wm[i] = mat(ws[i]);
+    fits = kern::gemv_fits(ym[i], mat(x), wm[i]);
+  }
+  if (!fits) return Backend::k_matmul_group(ys, x, ws);
+  kern::gemv_group(ym.data(), mat(x), wm.data(), int(ws.size()), false, m_compute);
 }
 
 void CudaBackend::k_embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) {

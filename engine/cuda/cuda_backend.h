@@ -94,6 +94,7 @@ class CudaBackend final : public Backend {
   void k_download(const Tensor& src, float* dst) override;
   void k_fill(const Tensor& dst, float value) override;
   void k_matmul(const Tensor& y, const Tensor& x, const Tensor& w, bool accumulate) override;
+  void k_matmul_group(std::span<const Tensor> ys, const Tensor& x, std::span<const Tensor> ws) override;
   void k_embedding(const Tensor& y, const Tensor& table, std::span<const int32_t> tokens) override;
   void k_rmsnorm(const Tensor& y, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                  int64_t group) override;

@@ -3,6 +3,7 @@
 // not at all. A warp takes a weight row at a time and streams it in 16-byte
 // pieces, four in flight a lane; x's pieces come through the L1 with them.
 // (Two rows a warp, eight pieces in flight, measured no faster on an H200.)
+// A group of products of one x (gemv_group) is one launch over all their rows.
 // Accumulation in fp32, the result rounded once on store.
 #include "cuda/common.cuh"
 
@@ -11,15 +12,34 @@ namespace {
 
 constexpr int kThreads = 256, kUnroll = 4;
 
+// The products of one launch: w[i]'s rows are rows first[i] .. first[i + 1]
+// - 1 of their concatenation, so a group (q, k and v; gate and up) fills the
+// GPU as one matrix does, in one launch.
+struct GemvSet {
+  Mat y[kMaxGemvGroup], w[kMaxGemvGroup];
+  int64_t first[kMaxGemvGroup + 1] = {};
+  int count = 0;
+};
+
 template <DType DT, int MAXM>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(Mat y, Mat x, Mat w, bool accumulate) {
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvSet set, Mat x, bool accumulate) {
   constexpr int VEC = DT == DType::F32 ? 4 : 8;
   constexpr int64_t es = DT == DType::F32 ? 4 : 2;
   const int lane = int(threadIdx.x) % 32, M = int(x.rows);
   const int64_t pieces = x.cols / VEC, warps = int64_t(gridDim.x) * (kThreads / 32);
   const char* xb = static_cast<const char*>(x.p);
-  for (int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; n < w.rows; n += warps) {
-    const char* wr = static_cast<const char*>(w.p) + n * w.ld * es;
+  for (int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; n < set.first[set.count]; n += warps) {
+    // The product row n belongs to (constant indices: the set stays in parameter space).
+    Mat w = set.w[0], y = set.y[0];
+    int64_t row = n;
+#pragma unroll
+    for (int i = 1; i < kMaxGemvGroup; ++i)
+      if (i < set.count && n >= set.first[i]) {
+        w = set.w[i];
+        y = set.y[i];
+        row = n - set.first[i];
+      }
+    const char* wr = static_cast<const char*>(w.p) + row * w.ld * es;
     float acc[MAXM];
     for (int m = 0; m < MAXM; ++m) acc[m] = 0.0f;
     for (int64_t p0 = lane; p0 < pieces; p0 += 32 * kUnroll) {
@@ -45,16 +65,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(Mat y, Mat x, Mat w, boo
     }
     for (int m = 0; m < MAXM && m < M; ++m) {
       const float sum = warp_sum(acc[m]);
-      if (lane == 0) put(y, m, n, accumulate ? at(y, m, n) + sum : sum);
+      if (lane == 0) put(y, m, row, accumulate ? at(y, m, row) + sum : sum);
     }
   }
 }
 
-template <DType DT>
-void launch(const Mat& y, const Mat& x, const Mat& w, bool accumulate, Stream s) {
-  auto* kernel = x.rows == 1 ? &gemv_kernel<DT, 1> : &gemv_kernel<DT, 4>;
+void launch(const GemvSet& set, const Mat& x, bool accumulate, Stream s) {
+  auto* kernel = for_dtype(x.dt, [&](auto d) {
+    constexpr DType DT = decltype(d)::value;
+    return x.rows == 1 ? &gemv_kernel<DT, 1> : &gemv_kernel<DT, 4>;
+  });
   // A warp a weight row, up to 8 blocks an SM's worth on the largest GPUs.
-  SS_LAUNCH(kernel, unsigned(min64((w.rows + 7) / 8, 132 * 8)), kThreads, 0, s)(y, x, w, accumulate);
+  const int64_t rows = set.first[set.count];
+  SS_LAUNCH(kernel, unsigned(min64((rows + 7) / 8, 132 * 8)), kThreads, 0, s)(set, x, accumulate);
   check_launch("gemv");
 }
 
@@ -67,11 +90,21 @@ bool gemv_fits(const Mat& y, const Mat& x, const Mat& w) {
 }
 
 void gemv(const Mat& y, const Mat& x, const Mat& w, bool accumulate, Stream s) {
-  expect(gemv_fits(y, x, w), "gemv", "needs 1 to 4 rows, one dtype, 16-byte aligned rows of whole pieces");
-  if (w.rows == 0) return;
-  if (x.dt == DType::BF16) launch<DType::BF16>(y, x, w, accumulate, s);
-  else if (x.dt == DType::F16) launch<DType::F16>(y, x, w, accumulate, s);
-  else launch<DType::F32>(y, x, w, accumulate, s);
+  gemv_group(&y, x, &w, 1, accumulate, s);
+}
+
+void gemv_group(const Mat* ys, const Mat& x, const Mat* ws, int count, bool accumulate, Stream s) {
+  expect(count >= 1 && count <= kMaxGemvGroup, "gemv", "1 to 4 products");
+  GemvSet set;
+  for (int i = 0; i < count; ++i) {
+    expect(gemv_fits(ys[i], x, ws[i]), "gemv", "needs 1 to 4 rows, one dtype, 16-byte aligned rows of whole pieces");
+    set.y[i] = ys[i];
+    set.w[i] = ws[i];
+    set.first[i + 1] = set.first[i] + ws[i].rows;
+  }
+  set.count = count;
+  if (set.first[set.count] == 0) return;
+  launch(set, x, accumulate, s);
 }
 
 }  // namespace ss::SS_CUDA_NS

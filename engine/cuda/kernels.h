@@ -55,6 +55,10 @@ enum ScratchSlot : int {
 // (one dtype, 16-byte aligned rows, K a whole number of 16-byte pieces).
 bool gemv_fits(const Mat& y, const Mat& x, const Mat& w);
 void gemv(const Mat& y, const Mat& x, const Mat& w, bool accumulate, Stream s);
+// ys[i] (+)= x ws[i]^T, i < count, for up to kMaxGemvGroup products of one
+// x, in one launch (nvcc builds this header as C++17: no std::span).
+constexpr int kMaxGemvGroup = 4;
+void gemv_group(const Mat* ys, const Mat& x, const Mat* ws, int count, bool accumulate, Stream s);
 
 // ---- elementwise.cu
 void fill(const Mat& y, float value, Stream s);
