@@ -209,6 +209,14 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     line(out, "  forward GEMMs: %d calls, %.1f TFLOP/s; bare cuBLAS on the same shapes %.1f TFLOP/s: %.2f of bare (goal >= 0.85)\n",
          gemm.count, gemm.flops / std::max(gemm.seconds, 1e-12) * 1e-12, gemm.flops / std::max(bare, 1e-12) * 1e-12,
          bare / std::max(gemm.seconds, 1e-12));
+    if (ops.count("attention")) {
+      double kernels_s = 0;
+      for (const auto& [name, k] : ops) kernels_s += k.seconds;
+      const Totals& att = ops.at("attention");
+      line(out, "  attention: %d calls, %.1f TFLOP/s (causal flops); of the kernels' time: attention %.0f%%, GEMMs %.0f%%\n",
+           att.count, att.flops / std::max(att.seconds, 1e-12) * 1e-12, 100.0 * att.seconds / std::max(kernels_s, 1e-12),
+           100.0 * gemm.seconds / std::max(kernels_s, 1e-12));
+    }
     if (peak > 0)
       line(out, "  MFU: %.1f TFLOP/s of matrix work / %.1f peak = %.2f (goal >= 0.50 for a 7B at 4K)\n",
            matmul_flops / prefill_s * 1e-12, peak * 1e-12, matmul_flops / prefill_s / peak);
