@@ -326,7 +326,8 @@ class TestCudaOps : public QObject {
       if (lc[i] == -INFINITY) lg[i] = lc[i] = 0.0f;
     }
     const double lse_err = rel_l2(lg, lc), lse_tol = g_dtype == DType::F32 ? 1e-5 : 1e-3;
-    QVERIFY2(lse_err <= lse_tol, qPrintable(QStringLiteral("lse: cuda vs cpu relative L2 %1 > %2").arg(lse_err).arg(lse_tol)));
+    QVERIFY2(lse_err <= lse_tol,
+             qPrintable(QStringLiteral("lse: cuda vs cpu relative L2 %1 > %2").arg(lse_err).arg(lse_tol)));
     QVERIFY(r.padding_intact(lse));
   }
 

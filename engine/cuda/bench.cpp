@@ -213,9 +213,9 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
       double kernels_s = 0;
       for (const auto& [name, k] : ops) kernels_s += k.seconds;
       const Totals& att = ops.at("attention");
+      const double share = 100.0 / std::max(kernels_s, 1e-12);
       line(out, "  attention: %d calls, %.1f TFLOP/s (causal flops); of the kernels' time: attention %.0f%%, GEMMs %.0f%%\n",
-           att.count, att.flops / std::max(att.seconds, 1e-12) * 1e-12, 100.0 * att.seconds / std::max(kernels_s, 1e-12),
-           100.0 * gemm.seconds / std::max(kernels_s, 1e-12));
+           att.count, att.flops / std::max(att.seconds, 1e-12) * 1e-12, att.seconds * share, gemm.seconds * share);
     }
     if (peak > 0)
       line(out, "  MFU: %.1f TFLOP/s of matrix work / %.1f peak = %.2f (goal >= 0.50 for a 7B at 4K)\n",
