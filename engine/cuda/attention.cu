@@ -311,7 +311,8 @@ struct Mma {
   static constexpr int BQ = 64, BK = 64;  // four warps of 16 query rows; 64 keys a tile
   static constexpr int LD = HD + 8;       // rows padded by 16 bytes: ldmatrix's 8 rows fall in distinct banks
   static constexpr size_t tile_bytes = size_t(BQ) * LD * 2;
-  // Q, then K and V of stage 0, then of stage 1: 87 KB at width 128, two blocks an SM
+  // Q, then K and V of stage 0, then of stage 1: 87 KB at width 128, so two
+  // blocks an SM on an H100 or H200 (228 KB), one on an A100 (164 KB)
   static constexpr size_t smem_bytes() { return 5 * tile_bytes; }
 };
 static_assert(Mma<64>::BQ == Mma<64>::BK, "Q and the K/V tiles are staged by one loop");

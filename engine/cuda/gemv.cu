@@ -18,6 +18,7 @@ constexpr int kThreads = 256, kUnroll = 4;
 struct GemvSet {
   Mat y[kMaxGemvGroup], w[kMaxGemvGroup];
   int64_t first[kMaxGemvGroup + 1] = {};
+  int64_t total = 0;  // first[count]: every row of the launch
   int count = 0;
 };
 
@@ -28,7 +29,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvSet set, Mat x, bool
   const int lane = int(threadIdx.x) % 32, M = int(x.rows);
   const int64_t pieces = x.cols / VEC, warps = int64_t(gridDim.x) * (kThreads / 32);
   const char* xb = static_cast<const char*>(x.p);
-  for (int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; n < set.first[set.count]; n += warps) {
+  for (int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; n < set.total; n += warps) {
     // The product row n belongs to (constant indices: the set stays in parameter space).
     Mat w = set.w[0], y = set.y[0];
     int64_t row = n;
@@ -76,8 +77,7 @@ void launch(const GemvSet& set, const Mat& x, bool accumulate, Stream s) {
     return x.rows == 1 ? &gemv_kernel<DT, 1> : &gemv_kernel<DT, 4>;
   });
   // A warp a weight row, up to 8 blocks an SM's worth on the largest GPUs.
-  const int64_t rows = set.first[set.count];
-  SS_LAUNCH(kernel, unsigned(min64((rows + 7) / 8, 132 * 8)), kThreads, 0, s)(set, x, accumulate);
+  SS_LAUNCH(kernel, unsigned(min64((set.total + 7) / 8, 132 * 8)), kThreads, 0, s)(set, x, accumulate);
   check_launch("gemv");
 }
 
@@ -103,7 +103,8 @@ void gemv_group(const Mat* ys, const Mat& x, const Mat* ws, int count, bool accu
     set.first[i + 1] = set.first[i] + ws[i].rows;
   }
   set.count = count;
-  if (set.first[set.count] == 0) return;
+  set.total = set.first[count];
+  if (set.total == 0) return;
   launch(set, x, accumulate, s);
 }
 

@@ -33,16 +33,19 @@ SS_DEV unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_ge
 
 // Four 8 x 8 tiles of 16-bit values: lanes 8i..8i+7 give the 16-byte aligned
 // row addresses of tile i, whose row g, columns 2t and 2t+1, land in r[i]
-// (transposed: rows 2t, 2t+1 of column g).
+// (transposed: rows 2t, 2t+1 of column g). The memory clobber orders it
+// after the plain stores that fill a tile where cp.async cannot.
 SS_DEV void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
   if (trans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(row)));
+                 : "r"(smem_u32(row))
+                 : "memory");
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(row)));
+                 : "r"(smem_u32(row))
+                 : "memory");
 }
 
 // d += a b (T: __nv_bfloat16 or half operands, fp32 accumulators).
