@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "comm/quantize.h"
-#include "core/hash.h"
 
 namespace ss::SS_CUDA_NS {
 
@@ -180,7 +179,7 @@ class CudaBackend::DeviceScratch final : public Scratch {
 struct CudaBackend::CachedArray {
   std::vector<char> host;
   void* device = nullptr;
-  uint64_t hash = 0, last_use = 0;
+  uint64_t last_use = 0;
 };
 
 DeviceContext::DeviceContext(int dev, Recorder& rec) : device(dev) {
@@ -254,17 +253,14 @@ void CudaBackend::execute(const char* op, double flops, double bytes, std::vecto
 void* CudaBackend::allocate_data(int64_t bytes) { return malloc_device(bytes, m_compute); }
 Buffer::FreeFn CudaBackend::free_fn() const { return &free_on_stream; }
 
+// Found by size and content, no hash: a decode step asks for its key
+// positions once a layer, and a memcmp of them at a 4K context (16 KiB) took
+// 0.17 us on a 2-core EPYC host, where hashing them took 7.5 us.
 const void* CudaBackend::device_copy(const void* host, int64_t bytes) {
   static uint64_t clock = 0;
-  uint64_t h = splitmix64(uint64_t(bytes));
   const auto* p = static_cast<const unsigned char*>(host);
-  for (int64_t i = 0; i < bytes; i += 8) {
-    uint64_t word = 0;
-    std::memcpy(&word, p + i, size_t(std::min<int64_t>(8, bytes - i)));
-    h = splitmix64(h ^ word);
-  }
   for (auto& a : m_arrays)
-    if (a.hash == h && int64_t(a.host.size()) == bytes && std::memcmp(a.host.data(), host, size_t(bytes)) == 0) {
+    if (int64_t(a.host.size()) == bytes && (bytes == 0 || std::memcmp(a.host.data(), host, size_t(bytes)) == 0)) {
       a.last_use = ++clock;
       return a.device;
     }
@@ -277,7 +273,6 @@ const void* CudaBackend::device_copy(const void* host, int64_t bytes) {
   }
   CachedArray a;
   a.host.assign(p, p + bytes);
-  a.hash = h;
   a.last_use = ++clock;
   a.device = malloc_device(std::max<int64_t>(bytes, 1), m_compute);
   if (!a.device) throw std::runtime_error("cuda: no device memory for " + std::to_string(bytes) + " bytes of indices");
