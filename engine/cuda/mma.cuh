@@ -97,9 +97,11 @@ SS_DEV uint32_t pack_pair(float lo, float hi) {
 using ::ss::emu::cp_async16;
 using ::ss::emu::ldmatrix_x4;
 using ::ss::emu::mma_16816;
-inline void cp_async_commit() {}
+inline void cp_async_commit() { ::ss::emu::async_commit(); }
 template <int N>
-void cp_async_wait() {}
+void cp_async_wait() {
+  ::ss::emu::async_wait(N);
+}
 template <class T>
 uint32_t pack_pair(float lo, float hi) {
   if constexpr (std::is_same_v<T, half>) return uint32_t(float_to_f16(lo)) | uint32_t(float_to_f16(hi)) << 16;

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -63,6 +64,11 @@ constexpr size_t kEntryFrames = 16 * 1024;  // above any frames fiber_entry and 
 constexpr unsigned kMaxThreads = 1024;
 
 enum class State { Ready, AtBlockBarrier, AtWarpBarrier, Done };
+// Threads: each thread in turn to its next barrier; Reverse: the same from
+// the last thread; Warps: a warp at a time as far as it can go (through its
+// warp barriers, up to a __syncthreads) before the next starts, so a read of
+// another warp's writes that no block barrier or cp.async wait orders shows.
+enum class Order { Threads, Reverse, Warps };
 
 struct Fiber {
   void* sp = nullptr;  // saved stack pointer while switched out
@@ -79,6 +85,14 @@ struct Block {
   void* main_sp = nullptr;
   const std::function<void()>* body = nullptr;
   std::vector<uint64_t> exchange;  // a slot per thread, for shuffles
+  // cp.async per thread: the copies issued since its last commit, and its
+  // committed groups, oldest first; a copy lands only when a wait lets it.
+  struct AsyncCopy {
+    void* dst;
+    unsigned char bytes[16];
+  };
+  std::vector<std::vector<AsyncCopy>> async_open;
+  std::vector<std::deque<std::vector<AsyncCopy>>> async_groups;
   std::vector<unsigned char> smem_bytes;
   unsigned char* smem = nullptr;  // 128-byte aligned, as a GPU's shared memory window
 #ifdef SS_EMU_ASAN
@@ -139,6 +153,25 @@ std::string where() {
          std::to_string(blockIdx.z) + ")";
 }
 
+// Opens the warp barrier of the warp starting at thread w0 if all its lanes
+// wait there; throws if some lanes left without reaching it.
+bool open_warp_barrier(Block& b, unsigned w0) {
+  std::vector<Fiber>& fs = *b.fibers;
+  const unsigned w1 = std::min(b.count, w0 + 32);
+  unsigned waiting = 0, gone = 0;
+  for (unsigned i = w0; i < w1; ++i) {
+    waiting += fs[i].state == State::AtWarpBarrier;
+    gone += fs[i].state == State::Done;
+  }
+  if (waiting == 0 || waiting + gone < w1 - w0) return false;
+  if (gone > 0)
+    throw std::runtime_error("emulated kernel: lanes of warp " + std::to_string(w0 / 32) + " in " + where() +
+                             " wait at a warp barrier (__syncwarp or a shuffle) that " + std::to_string(gone) +
+                             " lanes left without reaching it");
+  for (unsigned i = w0; i < w1; ++i) fs[i].state = State::Ready;
+  return true;
+}
+
 // Opens the barriers every thread they wait for has reached. Returns whether
 // any thread can run again; throws for a barrier that can never open.
 bool open_barriers(Block& b) {
@@ -157,25 +190,11 @@ bool open_barriers(Block& b) {
     for (unsigned i = 0; i < b.count; ++i) fs[i].state = State::Ready;
     return true;
   }
-  for (unsigned w0 = 0; w0 < b.count; w0 += 32) {
-    const unsigned w1 = std::min(b.count, w0 + 32);
-    unsigned waiting = 0, gone = 0;
-    for (unsigned i = w0; i < w1; ++i) {
-      waiting += fs[i].state == State::AtWarpBarrier;
-      gone += fs[i].state == State::Done;
-    }
-    if (waiting == 0 || waiting + gone < w1 - w0) continue;
-    if (gone > 0)
-      throw std::runtime_error("emulated kernel: lanes of warp " + std::to_string(w0 / 32) + " in " + where() +
-                               " wait at a warp barrier (__syncwarp or a shuffle) that " +
-                               std::to_string(gone) + " lanes left without reaching it");
-    for (unsigned i = w0; i < w1; ++i) fs[i].state = State::Ready;
-    opened = true;
-  }
+  for (unsigned w0 = 0; w0 < b.count; w0 += 32) opened = open_warp_barrier(b, w0) || opened;
   return opened;
 }
 
-void run_block(Block& b, bool reverse) {
+void run_block(Block& b, Order order) {
   std::vector<Fiber>& fs = *b.fibers;
   for (unsigned i = 0; i < b.count; ++i) {
     // A fresh stack whose first switch "returns" into fiber_entry: six zero
@@ -199,11 +218,24 @@ void run_block(Block& b, bool reverse) {
   }
   for (;;) {
     bool ran = false;
-    for (unsigned k = 0; k < b.count; ++k) {
-      const unsigned i = reverse ? b.count - 1 - k : k;
-      if (fs[i].state != State::Ready) continue;
-      resume(b, i);
-      ran = true;
+    if (order == Order::Warps) {
+      // A warp at a time, through its warp barriers, up to its next
+      // __syncthreads (or its end) before the next warp starts.
+      for (unsigned w0 = 0; w0 < b.count; w0 += 32)
+        do {
+          for (unsigned i = w0; i < std::min(b.count, w0 + 32); ++i)
+            if (fs[i].state == State::Ready) {
+              resume(b, i);
+              ran = true;
+            }
+        } while (open_warp_barrier(b, w0));
+    } else {
+      for (unsigned k = 0; k < b.count; ++k) {
+        const unsigned i = order == Order::Reverse ? b.count - 1 - k : k;
+        if (fs[i].state != State::Ready) continue;
+        resume(b, i);
+        ran = true;
+      }
     }
     bool all_done = true;
     for (unsigned i = 0; i < b.count; ++i) all_done = all_done && fs[i].state == State::Done;
@@ -214,12 +246,13 @@ void run_block(Block& b, bool reverse) {
   }
 }
 
-bool reverse_order() {
-  static const bool reverse = [] {
+Order run_order() {
+  static const Order order = [] {
     const char* e = std::getenv("SHARDSCOPE_EMU_ORDER");
-    return e && std::string(e) == "reverse";
+    const std::string v = e ? e : "";
+    return v == "reverse" ? Order::Reverse : v == "warps" ? Order::Warps : Order::Threads;
   }();
-  return reverse;
+  return order;
 }
 
 }  // namespace
@@ -258,7 +291,9 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         blockIdx = dim3(bx, by, bz);
         std::fill(b.smem, b.smem + smem, 0xff);
-        run_block(b, reverse_order());
+        b.async_open.assign(count, {});  // copies still in flight when a block ends land nowhere it reads
+        b.async_groups.assign(count, {});
+        run_block(b, run_order());
       }
 }
 
@@ -287,6 +322,28 @@ uint64_t warp_exchange(uint64_t value, int src) {
   const uint64_t got = from < b.count ? b.exchange[from] : value;
   sync_warp();  // nobody overwrites a slot before every lane has read
   return got;
+}
+
+void async_copy16(void* dst, const void* src, bool fill) {
+  Block& b = *tl_block;
+  Block::AsyncCopy c{dst, {}};
+  if (fill) std::memcpy(c.bytes, src, 16);  // the source is read as the copy is issued
+  b.async_open[b.current].push_back(c);
+}
+
+void async_commit() {
+  Block& b = *tl_block;
+  b.async_groups[b.current].push_back(std::move(b.async_open[b.current]));
+  b.async_open[b.current].clear();
+}
+
+void async_wait(int in_flight) {
+  Block& b = *tl_block;
+  auto& groups = b.async_groups[b.current];
+  while (int(groups.size()) > in_flight) {
+    for (const Block::AsyncCopy& c : groups.front()) std::memcpy(c.dst, c.bytes, 16);
+    groups.pop_front();
+  }
 }
 
 void warp_gather(const void* mine, size_t bytes, void* all) {

@@ -9,7 +9,9 @@
 // __syncthreads shows as a wrong result (thread 0 runs a whole phase before
 // thread 1 starts it), a barrier some threads skip or leave early is an
 // error naming the block, and the order threads run in can be reversed
-// (SHARDSCOPE_EMU_ORDER=reverse) to shake out the other direction of a race.
+// (SHARDSCOPE_EMU_ORDER=reverse) to shake out the other direction of a race,
+// or taken a warp at a time (SHARDSCOPE_EMU_ORDER=warps): each warp runs up
+// to its next __syncthreads before the next warp starts.
 // Dynamic shared memory starts each block filled with 0xff (NaN as floats),
 // so a read before the write shows.
 //
@@ -55,6 +57,12 @@ uint64_t warp_exchange(uint64_t value, int src);
 // gets lane i's at all + i * bytes (the warp-wide operand exchange of
 // ldmatrix and mma.sync).
 void warp_gather(const void* mine, size_t bytes, void* all);
+// cp.async for the calling thread: a copy of 16 bytes (zeros unless fill)
+// issued now lands only when async_wait lets its group complete, so a read
+// before the wait sees the bytes that were there (NaN in fresh shared memory).
+void async_copy16(void* dst, const void* src, bool fill);
+void async_commit();                // closes the copies issued since the last commit into a group
+void async_wait(int in_flight);     // completes all but the `in_flight` newest groups
 inline unsigned lane_id() {
   const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   return t % 32u;

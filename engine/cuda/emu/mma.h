@@ -1,9 +1,10 @@
 // The warp-level tensor-core instructions cuda/mma.cuh wraps, for the
 // emulator: ldmatrix (x4, plain and transposed), mma.sync m16n8k16 with fp32
-// accumulation, and cp.async. Each lane holds exactly the registers the PTX
-// ISA gives it (the fragment layouts of "Matrix Fragments for mma.m16n8k16"
-// and "Warp-level matrix load instruction: ldmatrix"), so a kernel that puts
-// a value in the wrong lane or register computes a wrong result here as it
+// accumulation, and cp.async, whose copies land only at the wait that
+// completes them (emu.cpp). Each lane holds exactly the registers the PTX ISA
+// gives it (the fragment layouts of "Matrix Fragments for mma.m16n8k16" and
+// "Warp-level matrix load instruction: ldmatrix"), so a kernel that puts a
+// value in the wrong lane or register computes a wrong result here as it
 // would on a GPU. The warp calls each operation together (a warp barrier);
 // ldmatrix's row addresses must be 16-byte aligned.
 #pragma once
@@ -33,19 +34,16 @@ namespace ss::emu {
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
     throw std::runtime_error("emulated ldmatrix: a row address not 16-byte aligned");
-  const void* rows[32];
-  warp_gather(&row, sizeof(row), rows);
+  // Each lane's row is read as the lane issues the instruction, before the
+  // others arrive: a row another thread has not yet written (a missing
+  // barrier or cp.async wait) reads as what was there.
+  uint16_t mine[8], rows[32][8];
+  std::memcpy(mine, row, 16);
+  warp_gather(mine, sizeof(mine), rows);
   const unsigned l = lane_id(), g = l / 4, t = l % 4;
   for (int i = 0; i < 4; ++i) {
-    uint16_t lo, hi;
-    if (!trans) {
-      const auto* p = static_cast<const uint16_t*>(rows[8 * i + g]);
-      lo = p[2 * t];
-      hi = p[2 * t + 1];
-    } else {
-      lo = static_cast<const uint16_t*>(rows[8 * i + 2 * t])[g];
-      hi = static_cast<const uint16_t*>(rows[8 * i + 2 * t + 1])[g];
-    }
+    const uint16_t lo = trans ? rows[8 * i + 2 * t][g] : rows[8 * i + g][2 * t];
+    const uint16_t hi = trans ? rows[8 * i + 2 * t + 1][g] : rows[8 * i + g][2 * t + 1];
     r[i] = uint32_t(lo) | uint32_t(hi) << 16;
   }
 }
@@ -88,13 +86,12 @@ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) 
   }
 }
 
-// cp.async of 16 bytes, done at once (the emulator has no copy in flight);
+// cp.async of 16 bytes: in flight until a wait completes its group (emu.cpp);
 // fill: false writes zeros, as a source size of 0 does.
 inline void cp_async16(void* dst, const void* src, bool fill) {
   if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
     throw std::runtime_error("emulated cp.async: an address not 16-byte aligned");
-  if (fill) std::memcpy(dst, src, 16);
-  else std::memset(dst, 0, 16);
+  async_copy16(dst, src, fill);
 }
 
 }  // namespace ss::emu
