@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <deque>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -92,7 +91,7 @@ struct Block {
     unsigned char bytes[16];
   };
   std::vector<std::vector<AsyncCopy>> async_open;
-  std::vector<std::deque<std::vector<AsyncCopy>>> async_groups;
+  std::vector<std::vector<std::vector<AsyncCopy>>> async_groups;  // empty ones allocate nothing
   std::vector<unsigned char> smem_bytes;
   unsigned char* smem = nullptr;  // 128-byte aligned, as a GPU's shared memory window
 #ifdef SS_EMU_ASAN
@@ -342,7 +341,7 @@ void async_wait(int in_flight) {
   auto& groups = b.async_groups[b.current];
   while (int(groups.size()) > in_flight) {
     for (const Block::AsyncCopy& c : groups.front()) std::memcpy(c.dst, c.bytes, 16);
-    groups.pop_front();
+    groups.erase(groups.begin());  // a few groups at most
   }
 }
 
