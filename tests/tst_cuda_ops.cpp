@@ -271,6 +271,8 @@ class TestCudaOps : public QObject {
     QTest::newRow("decode 3, width 128") << 3 << 520 << 2 << 2 << 128 << "decode" << false;
     QTest::newRow("decode 3, width 128, aligned") << 3 << 1500 << 4 << 2 << 128 << "decode" << true;
     QTest::newRow("decode, width 256, aligned") << 1 << 333 << 2 << 1 << 256 << "decode" << true;
+    QTest::newRow("decode, a kv head a head, aligned") << 1 << 1001 << 3 << 3 << 128 << "decode" << true;
+    QTest::newRow("decode, a kv head a head, width 64, aligned") << 1 << 130 << 2 << 2 << 64 << "decode" << true;
     QTest::newRow("short cache") << 2 << 9 << 2 << 1 << 32 << "decode" << false;
     QTest::newRow("short cache, aligned") << 2 << 9 << 2 << 1 << 32 << "decode" << true;
     QTest::newRow("late keys, groups of 4, aligned") << 140 << 150 << 8 << 2 << 64 << "late" << true;
@@ -315,6 +317,12 @@ class TestCudaOps : public QObject {
     a.q_pos = qp;
     a.k_pos = kp;
     r.cpu.attention(o.c, q.c, k.c, v.c, a, lse.c);
+    // A launch before, of other queries into another output: the decode
+    // kernel's tickets must be back at zero for the next launch, whose merge
+    // must not read this one's partials.
+    const Twin before = r.mat(Tq, heads * head_dim, 1, std::vector<float>(size_t(Tq * heads * head_dim), 0.0f)),
+               q_before = r.random_mat(Tq, heads * head_dim, aligned ? 8 : 4);
+    r.gpu.attention(before.d, q_before.d, k.d, v.d, a);
     r.gpu.attention(o.d, q.d, k.d, v.d, a, lse.d);
     VERIFY_TWIN(r, o, "attention");
     // A row that sees no key has lse -inf on both sides; those are compared

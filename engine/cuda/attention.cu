@@ -144,32 +144,42 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// A thread per (query, head, value): the splits' partials weighed by e^(m_s - max).
+// One output of the splits' partials (row = query * heads + head, column d),
+// each weighed by e^(m_s - max); splits that saw no key (sum 0) count for
+// nothing. Loads through the L2 only (__ldcg): the decode kernel's last block
+// reads partials other blocks wrote during the same launch.
+SS_DEV void merge_splits(const float* part, int splits, int64_t stride, int64_t row, int d, int hd, float& out,
+                         float& lse) {
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) {
+    const float* pr = part + s * stride + row * (hd + 2);
+    if (__ldcg(pr + hd + 1) > 0.0f) mx = fmaxf(mx, __ldcg(pr + hd));
+  }
+  float sum = 0.0f, acc = 0.0f;
+  if (mx != -INFINITY)
+    for (int s = 0; s < splits; ++s) {
+      const float* pr = part + s * stride + row * (hd + 2);
+      const float l = __ldcg(pr + hd + 1);
+      if (l <= 0.0f) continue;
+      const float w = expf(__ldcg(pr + hd) - mx);
+      sum += w * l;
+      acc += w * __ldcg(pr + d);
+    }
+  out = sum > 0.0f ? acc / sum : 0.0f;
+  lse = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+}
+
+// A thread per (query, head, value) over the tiled kernel's splits.
 __global__ void attn_combine_kernel(Mat o, AttnShape a, int splits, const float* part, float* lse) {
   const int hd = a.head_dim;
   const int64_t n = a.Tq * a.n_heads * hd;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / hd;  // query * heads + head
     const int d = int(i % hd);
-    const int64_t stride = a.Tq * a.n_heads * (hd + 2);
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) {
-      const float* pr = part + s * stride + row * (hd + 2);
-      if (pr[hd + 1] > 0.0f) mx = fmaxf(mx, pr[hd]);
-    }
-    float sum = 0.0f, out = 0.0f;
-    if (mx != -INFINITY)
-      for (int s = 0; s < splits; ++s) {
-        const float* pr = part + s * stride + row * (hd + 2);
-        if (pr[hd + 1] <= 0.0f) continue;
-        const float w = expf(pr[hd] - mx);
-        sum += w * pr[hd + 1];
-        out += w * pr[d];
-      }
-    const int64_t qi = row / a.n_heads;
-    const int h = int(row % a.n_heads);
-    put(o, qi, int64_t(h) * hd + d, sum > 0.0f ? out / sum : 0.0f);
-    if (lse && d == 0) lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    float out, row_lse;
+    merge_splits(part, splits, a.Tq * a.n_heads * (hd + 2), row, d, hd, out, row_lse);
+    put(o, row / a.n_heads, int64_t(row % a.n_heads) * hd + d, out);
+    if (lse && d == 0) lse[row] = row_lse;
   }
 }
 
@@ -179,20 +189,25 @@ __global__ void attn_combine_kernel(Mat o, AttnShape a, int splits, const float*
 // reads each key's K and V once for every query and every head of its group
 // (R = queries x group rows, at most MAXR). L = head_dim / VEC lanes share a
 // key, each holding VEC values from one 16-byte load, so a warp takes 32 / L
-// keys a step; each lane keeps an online softmax per row, merged across the
-// warp's keys, then across warps, into o and lse (one split) or `part`.
-constexpr int kDecodeMaxHd = 256;
+// keys a step, and each lane has the K and V pieces of the next kDecodeDepth
+// steps in flight. Each lane keeps an online softmax per row, merged across
+// the warp's keys, then across warps, into o and lse (one split) or the
+// split's partial in `part`. With several splits, the last block of a kv head
+// to finish (a ticket per kv head, left at zero for the next launch) merges
+// the partials: decode attention is one launch.
+constexpr int kDecodeMaxHd = 256, kDecodeDepth = 4;
 
 template <DType DT, int MAXR>
 __global__ void __launch_bounds__(kThreads)
     attn_decode_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse,
-                       float* part) {
-  constexpr int VEC = DT == DType::F32 ? 4 : 8, kWarps = kThreads / 32;
+                       float* part, int* tickets) {
+  constexpr int VEC = DT == DType::F32 ? 4 : 8, kWarps = kThreads / 32, D = kDecodeDepth;
   constexpr int64_t es = DT == DType::F32 ? 4 : 2;
   __shared__ float qs[MAXR * kDecodeMaxHd];  // scaled; row rr: query rr / G, head kvh * G + rr % G
   __shared__ int qp[MAXR];
   __shared__ float wm[kWarps][MAXR], wl[kWarps][MAXR];
   __shared__ float wacc[kWarps][MAXR * kDecodeMaxHd];
+  __shared__ int merges;  // this block is the last of its kv head: it merges the splits
   const int hd = a.head_dim, L = hd / VEC, KPW = 32 / L;
   const int G = a.n_heads / a.n_kv_heads, R = int(a.Tq) * G;
   const int kvh = int(blockIdx.x), splits = int(gridDim.y), split = int(blockIdx.y);
@@ -215,39 +230,47 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t col = int64_t(kvh) * hd + dc * VEC;
   const char* kb = static_cast<const char*>(k.p) + col * es;
   const char* vb = static_cast<const char*>(v.p) + col * es;
-  // Each step's K and V pieces are loaded while the step before is computed.
-  const int64_t step = int64_t(kWarps) * KPW;
-  Bytes16 kraw{0, 0, 0, 0}, vraw{0, 0, 0, 0};
-  int kp_next = INT_MAX;
-  auto fetch = [&](int64_t j0) {
+  // A warp's steps are step = kWarps * KPW keys apart; the pieces of step
+  // j0 + u * step wait in slot u of a ring of D (unrolled: registers).
+  const int64_t step = int64_t(kWarps) * KPW, first = k_begin + int64_t(warp) * KPW;
+  Bytes16 kraw[D], vraw[D];
+  int kp_at[D];
+  auto fetch = [&](int u, int64_t j0) {
     const int64_t j = j0 + slot;
+    kp_at[u] = INT_MAX;
+    if (j0 >= k_end) return;  // the same for the whole warp
     const bool have = j < k_end;
     const int64_t row = have ? j : k_begin;  // a lane past the end reads a real row and uses none of it
-    kraw = load16(kb + row * k.ld * es);
-    vraw = load16(vb + row * v.ld * es);
-    kp_next = have ? kpos[j] : INT_MAX;
+    kraw[u] = load16(kb + row * k.ld * es);
+    vraw[u] = load16(vb + row * v.ld * es);
+    if (have) kp_at[u] = kpos[j];
   };
-  if (k_begin + int64_t(warp) * KPW < k_end) fetch(k_begin + int64_t(warp) * KPW);
-  for (int64_t j0 = k_begin + int64_t(warp) * KPW; j0 < k_end; j0 += step) {
-    float kf[VEC], vf[VEC];
-    unpack16<DT>(kraw, kf);
-    unpack16<DT>(vraw, vf);
-    const int kp = kp_next;
-    if (j0 + step < k_end) fetch(j0 + step);
-    for (int rr = 0; rr < MAXR && rr < R; ++rr) {
-      float sc = 0.0f;
-      for (int e = 0; e < VEC; ++e) sc += qs[rr * hd + dc * VEC + e] * kf[e];
-      for (int off = L / 2; off > 0; off /= 2) sc += __shfl_xor_sync(0xffffffffu, sc, off);
-      if (kp > qp[rr]) continue;  // the same for the L lanes of this key
-      if (sc > m[rr]) {
-        const float c = expf(m[rr] - sc);
-        l[rr] = l[rr] * c + 1.0f;
-        for (int e = 0; e < VEC; ++e) acc[rr][e] = acc[rr][e] * c + vf[e];
-        m[rr] = sc;
-      } else {
-        const float p = expf(sc - m[rr]);
-        l[rr] += p;
-        for (int e = 0; e < VEC; ++e) acc[rr][e] += p * vf[e];
+#pragma unroll
+  for (int u = 0; u < D; ++u) fetch(u, first + u * step);
+  for (int64_t j0 = first; j0 < k_end; j0 += D * step) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      if (j0 + u * step >= k_end) break;  // warp-uniform
+      float kf[VEC], vf[VEC];
+      unpack16<DT>(kraw[u], kf);
+      unpack16<DT>(vraw[u], vf);
+      const int kp = kp_at[u];
+      fetch(u, j0 + (u + D) * step);
+      for (int rr = 0; rr < MAXR && rr < R; ++rr) {
+        float sc = 0.0f;
+        for (int e = 0; e < VEC; ++e) sc += qs[rr * hd + dc * VEC + e] * kf[e];
+        for (int off = L / 2; off > 0; off /= 2) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+        if (kp > qp[rr]) continue;  // the same for the L lanes of this key
+        if (sc > m[rr]) {
+          const float c = expf(m[rr] - sc);
+          l[rr] = l[rr] * c + 1.0f;
+          for (int e = 0; e < VEC; ++e) acc[rr][e] = acc[rr][e] * c + vf[e];
+          m[rr] = sc;
+        } else {
+          const float p = expf(sc - m[rr]);
+          l[rr] += p;
+          for (int e = 0; e < VEC; ++e) acc[rr][e] += p * vf[e];
+        }
       }
     }
   }
@@ -271,6 +294,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   __syncthreads();
   // The warps into one, a thread per (row, column).
+  const int64_t stride = a.Tq * a.n_heads * (hd + 2);  // one split's partials
   for (int i = tid; i < R * hd; i += kThreads) {
     const int rr = i / hd, d = i % hd;
     float mx = -INFINITY;
@@ -285,11 +309,11 @@ __global__ void __launch_bounds__(kThreads)
       }
     const int64_t qi = rr / G;
     const int h = kvh * G + rr % G;
-    if (!part) {
+    if (splits == 1) {
       put(o, qi, int64_t(h) * hd + d, sum > 0.0f ? out / sum : 0.0f);
       if (lse && d == 0) lse[qi * a.n_heads + h] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
     } else {
-      float* pr = part + ((int64_t(split) * a.Tq + qi) * a.n_heads + h) * (hd + 2);
+      float* pr = part + split * stride + (qi * a.n_heads + h) * (hd + 2);
       pr[d] = out;
       if (d == 0) {
         pr[hd] = mx;
@@ -297,6 +321,24 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  if (splits == 1) return;
+  // Every thread's partials out before the ticket is taken; the last taker
+  // sees every other block's.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) merges = atomicAdd(&tickets[kvh], 1) == splits - 1;
+  __syncthreads();
+  if (!merges) return;
+  __threadfence();
+  for (int i = tid; i < R * hd; i += kThreads) {
+    const int rr = i / hd, d = i % hd;
+    const int64_t row = (rr / G) * a.n_heads + kvh * G + rr % G;  // query * heads + head
+    float out, row_lse;
+    merge_splits(part, splits, stride, row, d, hd, out, row_lse);
+    put(o, row / a.n_heads, int64_t(row % a.n_heads) * hd + d, out);
+    if (lse && d == 0) lse[row] = row_lse;
+  }
+  if (tid == 0) tickets[kvh] = 0;
 }
 
 // ------------------------------------------------------------ tensor cores
@@ -594,20 +636,21 @@ bool decode_fits(const Mat& k, const Mat& v, const AttnShape& a) {
 template <DType DT, int MAXR>
 void launch_decode(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const AttnShape& a, const int32_t* qpos,
                    const int32_t* kpos, float* lse, Scratch& scratch, Stream s) {
-  // About 1024 blocks in all, at least 64 keys a split.
-  const int splits = int(max64(1, min64(min64(256, a.Tk / 64), (1024 + a.n_kv_heads - 1) / a.n_kv_heads)));
+  auto* kernel = &attn_decode_kernel<DT, MAXR>;
+  // One wave of blocks (occupancy times SMs: a second, partial wave would
+  // double the time), at least 64 keys a split.
+  static const int resident = resident_blocks(kernel, kThreads, 0);
+  const int splits = int(max64(1, min64(min64(256, a.Tk / 64), max64(1, resident / a.n_kv_heads))));
   float* part = nullptr;
-  if (splits > 1)
+  int* tickets = nullptr;
+  if (splits > 1) {
     part = static_cast<float*>(
         scratch.get(kScratchAttention, int64_t(sizeof(float)) * splits * a.Tq * a.n_heads * (a.head_dim + 2)));
-  const dim3 grid(unsigned(a.n_kv_heads), unsigned(splits));
-  auto* kernel = &attn_decode_kernel<DT, MAXR>;
-  SS_LAUNCH(kernel, grid, kThreads, 0, s)(o, q, k, v, a, qpos, kpos, lse, part);
-  check_launch("attention (decode)");
-  if (splits > 1) {
-    SS_LAUNCH(attn_combine_kernel, blocks_for(a.Tq * a.n_heads * a.head_dim, 256), 256, 0, s)(o, a, splits, part, lse);
-    check_launch("attention (combine)");
+    tickets = scratch.counters(a.n_kv_heads);
   }
+  const dim3 grid(unsigned(a.n_kv_heads), unsigned(splits));
+  SS_LAUNCH(kernel, grid, kThreads, 0, s)(o, q, k, v, a, qpos, kpos, lse, part, tickets);
+  check_launch("attention (decode)");
 }
 
 template <int MAXR>
@@ -626,7 +669,9 @@ void attention(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const Att
          "heads must be a multiple of kv heads, head width 1 to 256");
   if (a.Tq == 0) return;
   if (decode_fits(k, v, a)) {
-    if (a.Tq * (a.n_heads / a.n_kv_heads) <= 2) launch_decode_any<2>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
+    const int64_t rows = a.Tq * (a.n_heads / a.n_kv_heads);
+    if (rows == 1) launch_decode_any<1>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
+    else if (rows == 2) launch_decode_any<2>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
     else launch_decode_any<8>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
     return;
   }

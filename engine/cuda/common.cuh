@@ -43,6 +43,24 @@ void check_launch(const char* kernel);
 inline void expect(bool ok, const char* op, const char* what) {
   if (!ok) throw std::logic_error(std::string("cuda ") + op + ": " + what);
 }
+// How many blocks of `kernel` (with `threads` threads and `smem` bytes of
+// dynamic shared memory) the whole GPU holds at once: a grid of that many
+// runs in one wave. Asked of the device each time (the launchers keep it);
+// the emulator, which has no occupancy, answers 1024.
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem) {
+#ifdef __CUDACC__
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
+    throw std::runtime_error("cuda: the occupancy of a kernel could not be read");
+  return sms * per_sm > 0 ? sms * per_sm : 1;
+#else
+  static_cast<void>(kernel), static_cast<void>(threads), static_cast<void>(smem);
+  return 1024;
+#endif
+}
 // Blocks for n items at `per` a block, at least 1.
 inline unsigned blocks_for(int64_t n, int64_t per) {
   const int64_t b = (n + per - 1) / per;

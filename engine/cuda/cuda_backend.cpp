@@ -152,19 +152,20 @@ class CudaBackend::DeviceScratch final : public Scratch {
   ~DeviceScratch() override {
     for (auto& b : m_bufs)
       if (b.p) free_device(b.p, m_stream);
+    if (m_counters.p) free_device(m_counters.p, m_stream);
   }
   void* get(int slot, int64_t bytes) override {
     Buf& b = m_bufs[size_t(slot)];
-    if (bytes > b.bytes) {
-      if (b.p) free_device(b.p, m_stream);
-      b.bytes = std::max<int64_t>(bytes, 2 * b.bytes);
-      b.p = malloc_device(b.bytes, m_stream);
-      if (!b.p) {
-        b.bytes = 0;
-        throw std::runtime_error("cuda: no device memory for " + std::to_string(bytes) + " bytes of kernel scratch");
-      }
-    }
+    if (bytes > b.bytes) grow(b, bytes, "kernel scratch");
     return b.p;
+  }
+  int* counters(int64_t count) override {
+    const int64_t bytes = count * int64_t(sizeof(int));
+    if (bytes > m_counters.bytes) {
+      grow(m_counters, bytes, "kernel counters");
+      memset_device(m_counters.p, 0, m_counters.bytes, m_stream);
+    }
+    return static_cast<int*>(m_counters.p);
   }
 
  private:
@@ -172,8 +173,17 @@ class CudaBackend::DeviceScratch final : public Scratch {
     void* p = nullptr;
     int64_t bytes = 0;
   };
+  void grow(Buf& b, int64_t bytes, const char* what) {
+    if (b.p) free_device(b.p, m_stream);
+    b.bytes = std::max<int64_t>(bytes, 2 * b.bytes);
+    b.p = malloc_device(b.bytes, m_stream);
+    if (!b.p) {
+      b.bytes = 0;
+      throw std::runtime_error("cuda: no device memory for " + std::to_string(bytes) + " bytes of " + what);
+    }
+  }
   Stream m_stream;
-  Buf m_bufs[kScratchSlots];
+  Buf m_bufs[kScratchSlots], m_counters;
 };
 
 struct CudaBackend::CachedArray {

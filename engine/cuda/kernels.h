@@ -38,6 +38,9 @@ class Scratch {
  public:
   virtual ~Scratch() = default;
   virtual void* get(int slot, int64_t bytes) = 0;
+  // `count` ints, zero when handed out, that the kernels using them leave at
+  // zero (tickets: the last block of a group to finish finishes the group).
+  virtual int* counters(int64_t count) = 0;
 };
 enum ScratchSlot : int {
   kScratchAttention = 0,

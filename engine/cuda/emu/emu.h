@@ -188,6 +188,12 @@ template <class T>
 inline T __ldg(const T* p) {
   return *p;
 }
+template <class T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
+// Blocks run one after another: every write of an earlier block is seen.
+inline void __threadfence() {}
 
 // A kernel with template arguments is named through a pointer first (the
 // macro's arguments cannot hold their commas).
