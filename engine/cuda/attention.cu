@@ -201,6 +201,7 @@ template <DType DT, int MAXR>
 __global__ void __launch_bounds__(kThreads)
     attn_decode_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse,
                        float* part, int* tickets) {
+  pdl_release();  // a dependent gemv may start its prefetch now
   constexpr int VEC = DT == DType::F32 ? 4 : 8, kWarps = kThreads / 32, D = kDecodeDepth;
   constexpr int64_t es = DT == DType::F32 ? 4 : 2;
   __shared__ float qs[MAXR * kDecodeMaxHd];  // scaled; row rr: query rr / G, head kvh * G + rr % G

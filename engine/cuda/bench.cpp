@@ -193,7 +193,7 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
       be.synchronize();
     }
     rec.take_spans();
-    Cache cache = m.make_cache(prompt + 2 * decode);  // decode twice: with spans, then without
+    Cache cache = m.make_cache(prompt + 3 * decode);  // decode thrice: with spans, without, without dependent launches
     Timer t(s);
     t.start();
     Tensor last = m.forward(tokens(prompt, V), positions(0, prompt), cache, false);
@@ -250,6 +250,13 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     const double spanned = decode_steps();
     const auto dec_ops = by_op(rec.take_spans());
     rec.set_span_recording(false);
+    // Without programmatic dependent launches (sm_90+; common.cuh), then with
+    // them: what starting each gemv's weights early saves. The pass without
+    // runs first, on the shorter cache, so the saving is not flattered.
+    const bool dependent = dependent_launch();
+    set_dependent_launch(false);
+    const double per_token_plain = decode_steps();
+    set_dependent_launch(dependent);
     const double per_token = decode_steps();
     rec.set_span_recording(true);
     const double weights = double(alloc.state().bytes[size_t(Category::Weights)]);
@@ -257,6 +264,12 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     line(out, "\ndecode, batch 1: %.3f ms a token (median of %d; %.3f ms with spans recorded); weights %.2f GiB / "
               "copy bandwidth = %.3f ms: %.2f of the limit (goal >= 0.70)\n",
          per_token * 1e3, decode, spanned * 1e3, weights / double(1 << 30), limit * 1e3, limit / per_token);
+    if (dependent)
+      line(out, "  without dependent launches: %.3f ms a token (%.2f of the limit); with them %.3f ms: %.3f ms saved\n",
+           per_token_plain * 1e3, limit / per_token_plain, per_token * 1e3, (per_token_plain - per_token) * 1e3);
+    else
+      line(out, "  dependent launches: off (%s); %.3f ms a token in a second pass\n",
+           props.cc_major < 9 ? "the device is older than sm_90" : "SHARDSCOPE_CUDA_PDL=0", per_token_plain * 1e3);
     // Where a token's time goes: each op's kernels, and what is left between them (launches, the host).
     double kernels = 0;
     for (const auto& [op, k] : dec_ops) {

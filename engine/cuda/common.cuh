@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "cuda/kernels.h"
+#include "cuda/runtime.h"
 
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
@@ -33,6 +34,60 @@
 
 #define SS_HD __host__ __device__ __forceinline__
 #define SS_DEV __device__ __forceinline__
+
+namespace ss::SS_CUDA_NS {
+
+// Programmatic dependent launch (compute capability 9.0): a kernel started
+// by launch_dependent may run while the kernel before it in the stream
+// finishes. Until it calls pdl_wait() (every block must, before it reads or
+// writes global memory; prefetch_l2 is the exception) that kernel's writes
+// may be unseen. A kernel that calls pdl_release() lets its dependent's
+// blocks be scheduled before it ends. Off (and these no-ops) below sm_90,
+// with SHARDSCOPE_CUDA_PDL=0, and in the emulator, whose launches run in order.
+SS_DEV void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+SS_DEV void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+// Brings the line holding p into the L2 (no register, no ordering: safe before
+// pdl_wait, since every SM's writes land in the L2).
+SS_DEV void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  static_cast<void>(p);
+#endif
+}
+
+#ifdef __CUDACC__
+template <class... P, class... A>
+void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, const A&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = static_cast<cudaStream_t>(s);
+  cfg.attrs = &attr;
+  cfg.numAttrs = dependent_launch() ? 1 : 0;
+  const cudaError_t rc = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (rc != cudaSuccess) throw std::runtime_error(std::string("cuda: a dependent launch failed: ") + cudaGetErrorString(rc));
+}
+#else
+template <class K, class... A>
+void launch_dependent(K kernel, dim3 grid, dim3 block, size_t smem, Stream s, const A&... args) {
+  SS_LAUNCH(kernel, grid, block, smem, s)(args...);
+}
+#endif
+
+}  // namespace ss::SS_CUDA_NS
 
 namespace ss::SS_CUDA_NS {
 

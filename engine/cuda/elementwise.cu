@@ -48,6 +48,7 @@ __global__ void add_bias_kernel(Mat y, Mat bias) {
 }
 
 __global__ void silu_mul_kernel(Mat y, Mat gate, Mat up) {
+  pdl_release();  // a dependent gemv may start its prefetch now
   SS_FOR_EACH_VALUE(y.rows, y.cols) {
     const int64_t r = i_ / y.cols, c = i_ % y.cols;
     put(y, r, c, silu(at(gate, r, c)) * at(up, r, c));
@@ -76,6 +77,7 @@ SS_DEV const void* piece(const Mat& m, int64_t r, int64_t p) {
 
 template <DType DT, Binary OP>
 __global__ void binary_pieces_kernel(Mat y, Mat a, Mat b) {
+  pdl_release();  // a dependent gemv may start its prefetch now
   constexpr int VEC = DT == DType::F32 ? 4 : 8;
   const int64_t per_row = y.cols / VEC;
   SS_FOR_EACH_PIECE(y.rows, per_row) {

@@ -4,6 +4,8 @@
 // pieces, four in flight a lane; x's pieces come through the L1 with them.
 // (Two rows a warp, eight pieces in flight, measured no faster on an H200.)
 // A group of products of one x (gemv_group) is one launch over all their rows.
+// Launched dependent (common.cuh): its first weights are on their way to the
+// L2 while the kernel that makes x still runs.
 // Accumulation in fp32, the result rounded once on store.
 #include "cuda/common.cuh"
 
@@ -29,10 +31,11 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvSet set, Mat x, bool
   const int lane = int(threadIdx.x) % 32, M = int(x.rows);
   const int64_t pieces = x.cols / VEC, warps = int64_t(gridDim.x) * (kThreads / 32);
   const char* xb = static_cast<const char*>(x.p);
-  for (int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; n < set.total; n += warps) {
-    // The product row n belongs to (constant indices: the set stays in parameter space).
-    Mat w = set.w[0], y = set.y[0];
-    int64_t row = n;
+  // The product row n belongs to (constant indices: the set stays in parameter space).
+  auto locate = [&](int64_t n, Mat& w, Mat& y, int64_t& row) {
+    w = set.w[0];
+    y = set.y[0];
+    row = n;
 #pragma unroll
     for (int i = 1; i < kMaxGemvGroup; ++i)
       if (i < set.count && n >= set.first[i]) {
@@ -40,6 +43,25 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvSet set, Mat x, bool
         y = set.y[i];
         row = n - set.first[i];
       }
+  };
+  const int64_t n0 = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  // Launched dependent: while the kernel before (the norm or activation that
+  // makes x) finishes, the weights -- which no kernel writes -- start towards
+  // the L2: the first 128-byte lines of this warp's first row, as many as its
+  // first round of loads reads. Then x may be read.
+  if (n0 < set.total) {
+    Mat w, y;
+    int64_t row;
+    locate(n0, w, y, row);
+    const int64_t lines = (pieces * 16 + 127) / 128;
+    if (lane < lines && lane < 32 * kUnroll * 16 / 128)
+      prefetch_l2(static_cast<const char*>(w.p) + row * w.ld * es + lane * 128);
+  }
+  pdl_wait();
+  for (int64_t n = n0; n < set.total; n += warps) {
+    Mat w, y;
+    int64_t row;
+    locate(n, w, y, row);
     const char* wr = static_cast<const char*>(w.p) + row * w.ld * es;
     float acc[MAXM];
     for (int m = 0; m < MAXM; ++m) acc[m] = 0.0f;
@@ -71,14 +93,21 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvSet set, Mat x, bool
   }
 }
 
+template <DType DT, int MAXM>
+void launch_as(const GemvSet& set, const Mat& x, bool accumulate, Stream s) {
+  auto* kernel = &gemv_kernel<DT, MAXM>;
+  // A warp a weight row, at most one wave of blocks (they stride over the rest).
+  static const int resident = resident_blocks(kernel, kThreads, 0);
+  launch_dependent(kernel, dim3(unsigned(min64((set.total + 7) / 8, resident))), dim3(kThreads), 0, s, set, x,
+                   accumulate);
+}
+
 void launch(const GemvSet& set, const Mat& x, bool accumulate, Stream s) {
-  auto* kernel = for_dtype(x.dt, [&](auto d) {
+  for_dtype(x.dt, [&](auto d) {
     constexpr DType DT = decltype(d)::value;
-    return x.rows == 1 ? &gemv_kernel<DT, 1> : &gemv_kernel<DT, 4>;
+    if (x.rows == 1) launch_as<DT, 1>(set, x, accumulate, s);
+    else launch_as<DT, 4>(set, x, accumulate, s);
   });
-  // A warp a weight row, up to 8 blocks an SM's worth on the largest GPUs.
-  SS_LAUNCH(kernel, unsigned(min64((set.total + 7) / 8, 132 * 8)), kThreads, 0, s)(set, x, accumulate);
-  check_launch("gemv");
 }
 
 }  // namespace

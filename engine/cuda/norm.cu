@@ -16,6 +16,7 @@ SS_DEV float normed_input(const Mat& x, const Mat& z, int64_t r, int64_t c) {
 // A block per (row, group of columns), looping when there are more of them
 // than blocks: the group's sum of squares, then y = v / sqrt(mean + eps) * w.
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Mat y, Mat x, Mat z, Mat w, float eps, int64_t group) {
+  pdl_release();  // a dependent gemv may start its prefetch now
   __shared__ float red[32];
   const int64_t groups = x.cols / group;
   for (int64_t item = blockIdx.x; item < x.rows * groups; item += gridDim.x) {
@@ -40,6 +41,7 @@ constexpr int kMaxPieces = 4;
 
 template <DType DX, DType DY, bool GATED>
 __global__ void __launch_bounds__(kThreads) rmsnorm_pieces_kernel(Mat y, Mat x, Mat z, Mat w, float eps) {
+  pdl_release();  // a dependent gemv may start its prefetch now
   constexpr int64_t ex = DX == DType::F32 ? 4 : 2, ey = DY == DType::F32 ? 4 : 2;
   __shared__ float red[32];
   const int64_t pieces = x.cols / 8;

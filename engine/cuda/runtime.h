@@ -31,6 +31,13 @@ DeviceProps device_props(int device);
 void set_device(int device);
 std::string runtime_version();  // "CUDA runtime 13.0, driver 13.0"
 
+// Programmatic dependent launch (common.cuh's launch_dependent): whether a
+// kernel launched so may start while the kernel before it in its stream
+// finishes. On for devices of compute capability 9.0 and newer unless
+// SHARDSCOPE_CUDA_PDL=0; the benchmark turns it off and on to measure it.
+bool dependent_launch();
+void set_dependent_launch(bool on);
+
 // Stream-ordered memory on `s` (a pool keeps freed blocks for reuse).
 void* malloc_device(int64_t bytes, Stream s);  // null when the device has no room
 void free_device(void* p, Stream s);

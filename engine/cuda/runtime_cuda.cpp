@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -87,6 +89,25 @@ void check_launch(const char* kernel) {
   if (rc != cudaSuccess)
     throw std::runtime_error(std::string("cuda: kernel ") + kernel + " did not launch: " + cudaGetErrorString(rc));
 }
+
+namespace {
+std::atomic<int> g_dependent_wanted{-1};  // -1: SHARDSCOPE_CUDA_PDL not read yet
+}  // namespace
+
+bool dependent_launch() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+  }();
+  if (g_dependent_wanted.load() < 0) {
+    const char* env = std::getenv("SHARDSCOPE_CUDA_PDL");
+    g_dependent_wanted = env && std::string(env) == "0" ? 0 : 1;
+  }
+  return supported && g_dependent_wanted.load() == 1;
+}
+
+void set_dependent_launch(bool on) { g_dependent_wanted = on ? 1 : 0; }
 
 std::string unavailable_reason() {
   int n = 0;
