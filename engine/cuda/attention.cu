@@ -201,7 +201,7 @@ template <DType DT, int MAXR>
 __global__ void __launch_bounds__(kThreads)
     attn_decode_kernel(Mat o, Mat q, Mat k, Mat v, AttnShape a, const int32_t* qpos, const int32_t* kpos, float* lse,
                        float* part, int* tickets) {
-  pdl_release();  // a dependent gemv may start its prefetch now
+  pdl_begin();
   constexpr int VEC = DT == DType::F32 ? 4 : 8, kWarps = kThreads / 32, D = kDecodeDepth;
   constexpr int64_t es = DT == DType::F32 ? 4 : 2;
   __shared__ float qs[MAXR * kDecodeMaxHd];  // scaled; row rr: query rr / G, head kvh * G + rr % G
@@ -650,7 +650,7 @@ void launch_decode(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const
     tickets = scratch.counters(a.n_kv_heads);
   }
   const dim3 grid(unsigned(a.n_kv_heads), unsigned(splits));
-  SS_LAUNCH(kernel, grid, kThreads, 0, s)(o, q, k, v, a, qpos, kpos, lse, part, tickets);
+  launch_dependent(kernel, grid, kThreads, 0, s, o, q, k, v, a, qpos, kpos, lse, part, tickets);
   check_launch("attention (decode)");
 }
 

@@ -64,6 +64,14 @@ SS_DEV void prefetch_l2(const void* p) {
 #endif
 }
 
+// The start of a kernel launched dependent that needs the kernel before's
+// results from its first instruction: wait for them, then let the next
+// kernel's blocks be scheduled.
+SS_DEV void pdl_begin() {
+  pdl_wait();
+  pdl_release();
+}
+
 #ifdef __CUDACC__
 template <class... P, class... A>
 void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, const A&... args) {

@@ -48,7 +48,7 @@ __global__ void add_bias_kernel(Mat y, Mat bias) {
 }
 
 __global__ void silu_mul_kernel(Mat y, Mat gate, Mat up) {
-  pdl_release();  // a dependent gemv may start its prefetch now
+  pdl_begin();
   SS_FOR_EACH_VALUE(y.rows, y.cols) {
     const int64_t r = i_ / y.cols, c = i_ % y.cols;
     put(y, r, c, silu(at(gate, r, c)) * at(up, r, c));
@@ -77,7 +77,7 @@ SS_DEV const void* piece(const Mat& m, int64_t r, int64_t p) {
 
 template <DType DT, Binary OP>
 __global__ void binary_pieces_kernel(Mat y, Mat a, Mat b) {
-  pdl_release();  // a dependent gemv may start its prefetch now
+  pdl_begin();
   constexpr int VEC = DT == DType::F32 ? 4 : 8;
   const int64_t per_row = y.cols / VEC;
   SS_FOR_EACH_PIECE(y.rows, per_row) {
@@ -165,7 +165,7 @@ template <Binary OP>
 void binary_pieces(const Mat& y, const Mat& a, const Mat& b, Stream s) {
   const int vec = y.dt == DType::F32 ? 4 : 8;
   auto* kernel = for_dtype(y.dt, [](auto d) { return &binary_pieces_kernel<decltype(d)::value, OP>; });
-  SS_LAUNCH(kernel, grid_for(y.rows * y.cols / vec), kThreads, 0, s)(y, a, b);
+  launch_dependent(kernel, grid_for(y.rows * y.cols / vec), kThreads, 0, s, y, a, b);
 }
 
 void copy_pieces(const Mat& y, const Mat& src, const int32_t* tokens, Stream s) {
@@ -222,7 +222,7 @@ void silu_mul(const Mat& y, const Mat& gate, const Mat& up, Stream s) {
     binary_pieces<Binary::SiluMul>(y, gate, up, s);
     return check_launch("silu_mul");
   }
-  SS_LAUNCH(silu_mul_kernel, grid_for(y.rows * y.cols), kThreads, 0, s)(y, gate, up);
+  launch_dependent(silu_mul_kernel, grid_for(y.rows * y.cols), kThreads, 0, s, y, gate, up);
   check_launch("silu_mul");
 }
 

@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvSet set, Mat x, bool
       prefetch_l2(static_cast<const char*>(w.p) + row * w.ld * es + lane * 128);
   }
   pdl_wait();
+  pdl_release();
   for (int64_t n = n0; n < set.total; n += warps) {
     Mat w, y;
     int64_t row;

@@ -16,7 +16,7 @@ SS_DEV float normed_input(const Mat& x, const Mat& z, int64_t r, int64_t c) {
 // A block per (row, group of columns), looping when there are more of them
 // than blocks: the group's sum of squares, then y = v / sqrt(mean + eps) * w.
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Mat y, Mat x, Mat z, Mat w, float eps, int64_t group) {
-  pdl_release();  // a dependent gemv may start its prefetch now
+  pdl_begin();
   __shared__ float red[32];
   const int64_t groups = x.cols / group;
   for (int64_t item = blockIdx.x; item < x.rows * groups; item += gridDim.x) {
@@ -41,7 +41,7 @@ constexpr int kMaxPieces = 4;
 
 template <DType DX, DType DY, bool GATED>
 __global__ void __launch_bounds__(kThreads) rmsnorm_pieces_kernel(Mat y, Mat x, Mat z, Mat w, float eps) {
-  pdl_release();  // a dependent gemv may start its prefetch now
+  pdl_begin();
   constexpr int64_t ex = DX == DType::F32 ? 4 : 2, ey = DY == DType::F32 ? 4 : 2;
   __shared__ float red[32];
   const int64_t pieces = x.cols / 8;
@@ -88,7 +88,7 @@ bool launch_rmsnorm_pieces(const Mat& y, const Mat& x, const Mat& z, const Mat& 
   else if (x.dt == DType::F32 && y.dt == DType::F16)
     kernel = &rmsnorm_pieces_kernel<DType::F32, DType::F16, GATED>;
   if (!kernel) return false;
-  SS_LAUNCH(kernel, blocks_for(x.rows, 1), kThreads, 0, s)(y, x, z, w, eps);
+  launch_dependent(kernel, blocks_for(x.rows, 1), kThreads, 0, s, y, x, z, w, eps);
   return true;
 }
 
@@ -137,7 +137,7 @@ void rmsnorm(const Mat& y, const Mat& x, const Mat& z, const Mat& w, float eps, 
                      (!w.p || (w.dt == y.dt && eights_fit({&w}, x.cols)));
   if (whole && (z.p ? launch_rmsnorm_pieces<true>(y, x, z, w, eps, s) : launch_rmsnorm_pieces<false>(y, x, z, w, eps, s)))
     return check_launch("rmsnorm");
-  SS_LAUNCH(rmsnorm_kernel, blocks_for(items, 1), kThreads, 0, s)(y, x, z, w, eps, group);
+  launch_dependent(rmsnorm_kernel, blocks_for(items, 1), kThreads, 0, s, y, x, z, w, eps, group);
   check_launch("rmsnorm");
 }
 

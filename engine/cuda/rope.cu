@@ -30,6 +30,7 @@ SS_DEV void rotate(float& a, float& b, float c, float s) {
 // A block per token: the token's angles once into shared memory for every
 // head, then a thread per (head, pair).
 __global__ void rope_kernel(Mat x, int n_heads, int head_dim, const int32_t* pos, const double* inv_freq) {
+  pdl_begin();
   __shared__ float cs[2][kMaxHalf];
   const int half = head_dim / 2;
   for (int64_t t = blockIdx.x; t < x.rows; t += gridDim.x) {
@@ -49,6 +50,7 @@ __global__ void rope_kernel(Mat x, int n_heads, int head_dim, const int32_t* pos
 // half a head a whole number of pieces).
 template <DType DT>
 __global__ void rope_pieces_kernel(Mat x, int n_heads, int head_dim, const int32_t* pos, const double* inv_freq) {
+  pdl_begin();
   constexpr int64_t es = DT == DType::F32 ? 4 : 2;
   __shared__ float cs[2][kMaxHalf];
   const int half = head_dim / 2, per_head = half / 8;
@@ -76,10 +78,10 @@ void rope(const Mat& x, int n_heads, int head_dim, const int32_t* pos, const dou
   if (x.rows * n_heads == 0) return;
   if (head_dim % 16 == 0 && eights_fit({&x}, x.cols)) {
     auto* kernel = for_dtype(x.dt, [](auto d) { return &rope_pieces_kernel<decltype(d)::value>; });
-    SS_LAUNCH(kernel, blocks_for(x.rows, 1), kThreads, 0, s)(x, n_heads, head_dim, pos, inv_freq);
+    launch_dependent(kernel, blocks_for(x.rows, 1), kThreads, 0, s, x, n_heads, head_dim, pos, inv_freq);
     return check_launch("rope");
   }
-  SS_LAUNCH(rope_kernel, blocks_for(x.rows, 1), kThreads, 0, s)(x, n_heads, head_dim, pos, inv_freq);
+  launch_dependent(rope_kernel, blocks_for(x.rows, 1), kThreads, 0, s, x, n_heads, head_dim, pos, inv_freq);
   check_launch("rope");
 }
 
