@@ -17,6 +17,9 @@
 # backend (ranks beyond the GPUs share them, collectives staged over MPI),
 # side by side; calibrate --backend cuda (its profile
 # lands in OUTDIR); bench --backend cuda (SHARDSCOPE_GPU_BENCH_RUNS times).
+# A kernel suite or benchmark that fails runs once more with
+# SHARDSCOPE_CUDA_PDL=0 (no programmatic dependent launches), to tell
+# whether they are the cause.
 # Limits: SHARDSCOPE_GPU_CHECK_LIMIT seconds a suite (300),
 # SHARDSCOPE_GPU_BENCH_LIMIT a benchmark run (180).
 set -uo pipefail
@@ -121,6 +124,14 @@ SHARDSCOPE_TRAIN_BACKEND=cuda check tst_train_cuda_2 "$limit" "$bin/tst_train" a
   memoryMatchesClosedForm & pids+=($!)
 wait "${pids[@]}"  # these alone: a bare wait would also wait for the log's tee
 for n in "${names[@]}"; do show "$n"; done
+# A kernel suite that failed runs again without programmatic dependent
+# launches (sm_90+, engine/cuda/README.md): passing then names them the cause.
+for n in tst_cuda_ops tst_cuda_models; do
+  if grep -q "FAILED\|timed out" "$out/rows/$n"; then
+    SHARDSCOPE_CUDA_PDL=0 check "${n}_no_pdl" "$limit" "$bin/$n"
+    show "${n}_no_pdl"
+  fi
+done
 check calibrate 90 "$bin/shardscope-engine" calibrate --backend cuda --out "$out/calibrated-gpu.json"
 show calibrate
 # The benchmark SHARDSCOPE_GPU_BENCH_RUNS times (default 1), each run's
@@ -135,6 +146,11 @@ for ((i = 1; i <= runs; i++)); do
   timeout "${SHARDSCOPE_GPU_BENCH_LIMIT:-180}" "$bin/shardscope-engine" bench --backend cuda >> "$out/bench.txt" 2>&1 ||
     bench_status=$?
 done
+if [[ $bench_status -ne 0 ]]; then  # once more without dependent launches, to tell whether they are the cause
+  echo "--- again with SHARDSCOPE_CUDA_PDL=0, after exit $bench_status" >> "$out/bench.txt"
+  SHARDSCOPE_CUDA_PDL=0 timeout "${SHARDSCOPE_GPU_BENCH_LIMIT:-180}" "$bin/shardscope-engine" bench --backend cuda \
+    >> "$out/bench.txt" 2>&1 && echo "--- passed without dependent launches" >> "$out/bench.txt"
+fi
 cat "$out/bench.txt"
 echo "| bench --backend cuda | $([[ $bench_status -eq 0 ]] && echo ok || echo "FAILED (exit $bench_status)") | - | - | - | $(( $(date +%s) - t0 )) |" \
   > "$out/rows/zz-bench"
