@@ -273,6 +273,7 @@ class TestCudaOps : public QObject {
     QTest::newRow("decode, width 256, aligned") << 1 << 333 << 2 << 1 << 256 << "decode" << true;
     QTest::newRow("decode, a kv head a head, aligned") << 1 << 1001 << 3 << 3 << 128 << "decode" << true;
     QTest::newRow("decode, a kv head a head, width 64, aligned") << 1 << 130 << 2 << 2 << 64 << "decode" << true;
+    QTest::newRow("decode, groups of 4, aligned") << 1 << 900 << 8 << 2 << 64 << "decode" << true;
     QTest::newRow("short cache") << 2 << 9 << 2 << 1 << 32 << "decode" << false;
     QTest::newRow("short cache, aligned") << 2 << 9 << 2 << 1 << 32 << "decode" << true;
     QTest::newRow("late keys, groups of 4, aligned") << 140 << 150 << 8 << 2 << 64 << "late" << true;
@@ -325,6 +326,8 @@ class TestCudaOps : public QObject {
     r.gpu.attention(before.d, q_before.d, k.d, v.d, a);
     r.gpu.attention(o.d, q.d, k.d, v.d, a, lse.d);
     VERIFY_TWIN(r, o, "attention");
+    r.cpu.attention(before.c, q_before.c, k.c, v.c, a);
+    VERIFY_TWIN(r, before, "attention (the launch before)");
     // A row that sees no key has lse -inf on both sides; those are compared
     // exactly, then set aside (-inf has no relative error).
     std::vector<float> lg = r.gpu_values(lse), lc = r.cpu_values(lse);

@@ -324,20 +324,56 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (splits == 1) return;
   // Every thread's partials out before the ticket is taken; the last taker
-  // sees every other block's.
+  // sees every other block's (its fence after the atomic, before the barrier
+  // that releases the block's reads).
   __threadfence();
   __syncthreads();
-  if (tid == 0) merges = atomicAdd(&tickets[kvh], 1) == splits - 1;
+  if (tid == 0) {
+    merges = atomicAdd(&tickets[kvh], 1) == splits - 1;
+    __threadfence();
+  }
   __syncthreads();
   if (!merges) return;
-  __threadfence();
+  // The merge, in three passes so no thread waits on a chain of loads:
+  // every split's (max, sum) of each row into shared memory (wacc is free
+  // now: 2 R splits <= 2 MAXR 256 floats), a warp a row turns them into
+  // weights e^(m_s - max) / sum (0 for splits that saw no key) and the
+  // row's lse, then each output is one weighted pass over the splits.
+  auto row_of = [&](int rr) { return (rr / G) * int64_t(a.n_heads) + kvh * G + rr % G; };  // query * heads + head
+  float* sm = &wacc[0][0];
+  float* sl = sm + R * splits;
+  for (int i = tid; i < R * splits; i += kThreads) {
+    const float* pr = part + (i % splits) * stride + row_of(i / splits) * (hd + 2);
+    sm[i] = __ldcg(pr + hd);
+    sl[i] = __ldcg(pr + hd + 1);
+  }
+  __syncthreads();
+  for (int rr = warp; rr < R; rr += kWarps) {
+    float mx = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32)
+      if (sl[rr * splits + sp] > 0.0f) mx = fmaxf(mx, sm[rr * splits + sp]);
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.0f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float l = sl[rr * splits + sp];
+      if (l > 0.0f) sum += expf(sm[rr * splits + sp] - mx) * l;
+    }
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float l = sl[rr * splits + sp];
+      sm[rr * splits + sp] = l > 0.0f && sum > 0.0f ? expf(sm[rr * splits + sp] - mx) / sum : 0.0f;
+    }
+    if (lse && lane == 0) lse[row_of(rr)] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+  }
+  __syncthreads();
   for (int i = tid; i < R * hd; i += kThreads) {
     const int rr = i / hd, d = i % hd;
-    const int64_t row = (rr / G) * a.n_heads + kvh * G + rr % G;  // query * heads + head
-    float out, row_lse;
-    merge_splits(part, splits, stride, row, d, hd, out, row_lse);
+    const int64_t row = row_of(rr);
+    const float* w = sm + rr * splits;
+    float out = 0.0f;
+#pragma unroll 8
+    for (int sp = 0; sp < splits; ++sp) out += w[sp] * __ldcg(part + sp * stride + row * (hd + 2) + d);
     put(o, row / a.n_heads, int64_t(row % a.n_heads) * hd + d, out);
-    if (lse && d == 0) lse[row] = row_lse;
   }
   if (tid == 0) tickets[kvh] = 0;
 }
@@ -650,7 +686,7 @@ void launch_decode(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const
     tickets = scratch.counters(a.n_kv_heads);
   }
   const dim3 grid(unsigned(a.n_kv_heads), unsigned(splits));
-  launch_dependent(kernel, grid, kThreads, 0, s, o, q, k, v, a, qpos, kpos, lse, part, tickets);
+  launch_dependent("attention (decode)", kernel, grid, kThreads, 0, s, o, q, k, v, a, qpos, kpos, lse, part, tickets);
   check_launch("attention (decode)");
 }
 
@@ -673,6 +709,7 @@ void attention(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const Att
     const int64_t rows = a.Tq * (a.n_heads / a.n_kv_heads);
     if (rows == 1) launch_decode_any<1>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
     else if (rows == 2) launch_decode_any<2>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
+    else if (rows <= 4) launch_decode_any<4>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
     else launch_decode_any<8>(o, q, k, v, a, q_pos, k_pos, lse, scratch, s);
     return;
   }

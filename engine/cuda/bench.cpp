@@ -254,9 +254,15 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     // them: what starting each gemv's weights early saves. The pass without
     // runs first, on the shorter cache, so the saving is not flattered.
     const bool dependent = dependent_launch();
-    set_dependent_launch(false);
-    const double per_token_plain = decode_steps();
-    set_dependent_launch(dependent);
+    double per_token_plain = 0;
+    {
+      set_dependent_launch(false);
+      struct Restore {
+        bool on;
+        ~Restore() { set_dependent_launch(on); }
+      } restore{dependent};
+      per_token_plain = decode_steps();
+    }
     const double per_token = decode_steps();
     rec.set_span_recording(true);
     const double weights = double(alloc.state().bytes[size_t(Category::Weights)]);
@@ -268,9 +274,12 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
       line(out, "  without dependent launches: %.3f ms a token (%.2f of the limit); with them %.3f ms: %.3f ms saved\n",
            per_token_plain * 1e3, limit / per_token_plain, per_token * 1e3, (per_token_plain - per_token) * 1e3);
     else
-      line(out, "  dependent launches: off (%s); %.3f ms a token in a second pass\n",
+      line(out, "  dependent launches: off (%s); the pass before this one: %.3f ms a token\n",
            props.cc_major < 9 ? "the device is older than sm_90" : "SHARDSCOPE_CUDA_PDL=0", per_token_plain * 1e3);
-    // Where a token's time goes: each op's kernels, and what is left between them (launches, the host).
+    // Where a token's time goes: each op's kernels, and what is left between
+    // them (launches, the host), from the pass with spans, whose events
+    // between kernels also keep them from overlapping.
+    out << "  where a token's time goes (the pass with spans recorded, so no launch overlaps another):\n";
     double kernels = 0;
     for (const auto& [op, k] : dec_ops) {
       kernels += k.seconds;

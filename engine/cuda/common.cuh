@@ -37,6 +37,10 @@
 
 namespace ss::SS_CUDA_NS {
 
+// After a launch: on a GPU, throws with the launch's error (bad configuration,
+// too much shared memory); the emulator throws from the launch itself.
+void check_launch(const char* kernel);
+
 // Programmatic dependent launch (compute capability 9.0): a kernel started
 // by launch_dependent may run while the kernel before it in the stream
 // finishes. Until it calls pdl_wait() (every block must, before it reads or
@@ -58,7 +62,7 @@ SS_DEV void pdl_release() {
 // pdl_wait, since every SM's writes land in the L2).
 SS_DEV void prefetch_l2(const void* p) {
 #if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  asm volatile("prefetch.L2 [%0];" ::"l"(p));  // a generic address
 #else
   static_cast<void>(p);
 #endif
@@ -72,9 +76,14 @@ SS_DEV void pdl_begin() {
   pdl_release();
 }
 
+// kernel<<<grid, block, smem, s>>>(args...), dependent where
+// dependent_launch() allows and the kernel's code has its wait (it was
+// compiled for sm_90 or newer: a build for older architectures alone, run on
+// a newer GPU, has none). Throws, naming `name`, when the launch fails.
 #ifdef __CUDACC__
 template <class... P, class... A>
-void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, const A&... args) {
+void launch_dependent(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s,
+                      const A&... args) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
@@ -84,13 +93,13 @@ void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, 
   cfg.dynamicSmemBytes = smem;
   cfg.stream = static_cast<cudaStream_t>(s);
   cfg.attrs = &attr;
-  cfg.numAttrs = dependent_launch() ? 1 : 0;
-  const cudaError_t rc = cudaLaunchKernelEx(&cfg, kernel, args...);
-  if (rc != cudaSuccess) throw std::runtime_error(std::string("cuda: a dependent launch failed: ") + cudaGetErrorString(rc));
+  cfg.numAttrs = dependent_launch() && kernel_waits(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
+  if (cudaLaunchKernelEx(&cfg, kernel, args...) != cudaSuccess) check_launch(name);
 }
 #else
 template <class K, class... A>
-void launch_dependent(K kernel, dim3 grid, dim3 block, size_t smem, Stream s, const A&... args) {
+void launch_dependent(const char* name, K kernel, dim3 grid, dim3 block, size_t smem, Stream s, const A&... args) {
+  static_cast<void>(name);
   SS_LAUNCH(kernel, grid, block, smem, s)(args...);
 }
 #endif
@@ -99,16 +108,14 @@ void launch_dependent(K kernel, dim3 grid, dim3 block, size_t smem, Stream s, co
 
 namespace ss::SS_CUDA_NS {
 
-// After a launch: on a GPU, throws with the launch's error (bad configuration,
-// too much shared memory); the emulator throws from the launch itself.
-void check_launch(const char* kernel);
 // Throws std::logic_error("<op>: <what>") when !ok (shape checks of launchers).
 inline void expect(bool ok, const char* op, const char* what) {
   if (!ok) throw std::logic_error(std::string("cuda ") + op + ": " + what);
 }
 // How many blocks of `kernel` (with `threads` threads and `smem` bytes of
 // dynamic shared memory) the whole GPU holds at once: a grid of that many
-// runs in one wave. Asked of the device each time (the launchers keep it);
+// runs in one wave. Asked of the device each time (the launchers keep it:
+// a process drives one GPU);
 // the emulator, which has no occupancy, answers 1024.
 template <class Kernel>
 int resident_blocks(Kernel kernel, int threads, size_t smem) {

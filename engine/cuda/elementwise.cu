@@ -165,7 +165,7 @@ template <Binary OP>
 void binary_pieces(const Mat& y, const Mat& a, const Mat& b, Stream s) {
   const int vec = y.dt == DType::F32 ? 4 : 8;
   auto* kernel = for_dtype(y.dt, [](auto d) { return &binary_pieces_kernel<decltype(d)::value, OP>; });
-  launch_dependent(kernel, grid_for(y.rows * y.cols / vec), kThreads, 0, s, y, a, b);
+  launch_dependent("elementwise", kernel, grid_for(y.rows * y.cols / vec), kThreads, 0, s, y, a, b);
 }
 
 void copy_pieces(const Mat& y, const Mat& src, const int32_t* tokens, Stream s) {
@@ -222,7 +222,7 @@ void silu_mul(const Mat& y, const Mat& gate, const Mat& up, Stream s) {
     binary_pieces<Binary::SiluMul>(y, gate, up, s);
     return check_launch("silu_mul");
   }
-  launch_dependent(silu_mul_kernel, grid_for(y.rows * y.cols), kThreads, 0, s, y, gate, up);
+  launch_dependent("silu_mul", silu_mul_kernel, grid_for(y.rows * y.cols), kThreads, 0, s, y, gate, up);
   check_launch("silu_mul");
 }
 

@@ -99,7 +99,7 @@ void launch_as(const GemvSet& set, const Mat& x, bool accumulate, Stream s) {
   auto* kernel = &gemv_kernel<DT, MAXM>;
   // A warp a weight row, at most one wave of blocks (they stride over the rest).
   static const int resident = resident_blocks(kernel, kThreads, 0);
-  launch_dependent(kernel, dim3(unsigned(min64((set.total + 7) / 8, resident))), dim3(kThreads), 0, s, set, x,
+  launch_dependent("gemv", kernel, dim3(unsigned(min64((set.total + 7) / 8, resident))), dim3(kThreads), 0, s, set, x,
                    accumulate);
 }
 

@@ -88,7 +88,7 @@ bool launch_rmsnorm_pieces(const Mat& y, const Mat& x, const Mat& z, const Mat& 
   else if (x.dt == DType::F32 && y.dt == DType::F16)
     kernel = &rmsnorm_pieces_kernel<DType::F32, DType::F16, GATED>;
   if (!kernel) return false;
-  launch_dependent(kernel, blocks_for(x.rows, 1), kThreads, 0, s, y, x, z, w, eps);
+  launch_dependent("rmsnorm", kernel, blocks_for(x.rows, 1), kThreads, 0, s, y, x, z, w, eps);
   return true;
 }
 
@@ -137,7 +137,7 @@ void rmsnorm(const Mat& y, const Mat& x, const Mat& z, const Mat& w, float eps, 
                      (!w.p || (w.dt == y.dt && eights_fit({&w}, x.cols)));
   if (whole && (z.p ? launch_rmsnorm_pieces<true>(y, x, z, w, eps, s) : launch_rmsnorm_pieces<false>(y, x, z, w, eps, s)))
     return check_launch("rmsnorm");
-  launch_dependent(rmsnorm_kernel, blocks_for(items, 1), kThreads, 0, s, y, x, z, w, eps, group);
+  launch_dependent("rmsnorm", rmsnorm_kernel, blocks_for(items, 1), kThreads, 0, s, y, x, z, w, eps, group);
   check_launch("rmsnorm");
 }
 

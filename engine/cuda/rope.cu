@@ -78,10 +78,10 @@ void rope(const Mat& x, int n_heads, int head_dim, const int32_t* pos, const dou
   if (x.rows * n_heads == 0) return;
   if (head_dim % 16 == 0 && eights_fit({&x}, x.cols)) {
     auto* kernel = for_dtype(x.dt, [](auto d) { return &rope_pieces_kernel<decltype(d)::value>; });
-    launch_dependent(kernel, blocks_for(x.rows, 1), kThreads, 0, s, x, n_heads, head_dim, pos, inv_freq);
+    launch_dependent("rope", kernel, blocks_for(x.rows, 1), kThreads, 0, s, x, n_heads, head_dim, pos, inv_freq);
     return check_launch("rope");
   }
-  launch_dependent(rope_kernel, blocks_for(x.rows, 1), kThreads, 0, s, x, n_heads, head_dim, pos, inv_freq);
+  launch_dependent("rope", rope_kernel, blocks_for(x.rows, 1), kThreads, 0, s, x, n_heads, head_dim, pos, inv_freq);
   check_launch("rope");
 }
 

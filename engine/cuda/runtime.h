@@ -37,6 +37,9 @@ std::string runtime_version();  // "CUDA runtime 13.0, driver 13.0"
 // SHARDSCOPE_CUDA_PDL=0; the benchmark turns it off and on to measure it.
 bool dependent_launch();
 void set_dependent_launch(bool on);
+// Whether a kernel's code was compiled for sm_90 or newer, so that its
+// griddepcontrol.wait is there (asked of the runtime once a kernel).
+bool kernel_waits(const void* kernel);
 
 // Stream-ordered memory on `s` (a pool keeps freed blocks for reuse).
 void* malloc_device(int64_t bytes, Stream s);  // null when the device has no room

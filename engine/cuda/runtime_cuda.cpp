@@ -12,6 +12,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "cuda/runtime.h"
 
@@ -94,6 +95,8 @@ namespace {
 std::atomic<int> g_dependent_wanted{-1};  // -1: SHARDSCOPE_CUDA_PDL not read yet
 }  // namespace
 
+// Decided once, for the device current at the first launch: a process
+// drives one GPU (its local rank's), chosen before its first kernel.
 bool dependent_launch() {
   static const bool supported = [] {
     int device = 0, major = 0;
@@ -108,6 +111,18 @@ bool dependent_launch() {
 }
 
 void set_dependent_launch(bool on) { g_dependent_wanted = on ? 1 : 0; }
+
+bool kernel_waits(const void* kernel) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, bool> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(kernel);
+  if (it != known.end()) return it->second;
+  cudaFuncAttributes attr{};
+  const bool waits = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90;
+  known.emplace(kernel, waits);
+  return waits;
+}
 
 std::string unavailable_reason() {
   int n = 0;

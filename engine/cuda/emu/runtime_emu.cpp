@@ -44,6 +44,7 @@ bool g_dependent = true;
 }  // namespace
 bool dependent_launch() { return g_dependent; }
 void set_dependent_launch(bool on) { g_dependent = on; }
+bool kernel_waits(const void*) { return true; }
 
 std::string unavailable_reason() { return ""; }
 int device_count() { return 1; }
