@@ -163,6 +163,86 @@ void line(std::ostream& out, const char* fmt, auto... args) {
   out << buf;
 }
 
+// Decode's kernels alone, each launched back to back `reps` times with no
+// span, host work or other kernel between, on the model's shapes (one
+// token) and on enough copies of its operands that no launch finds the last
+// one's bytes in the L2: what each kernel streams, against the copy. The
+// step's own figures above add the launches, the small kernels and the host.
+void decode_kernels_alone(CudaBackend& be, Recorder& rec, const ModelConfig& c, int64_t ctx, double copy_bw,
+                          std::ostream& out) {
+  const Stream s = be.compute_stream();
+  const DType dt = c.dtype;
+  const int64_t d = c.d_model, F = c.ffn_dim, hd = c.head_dim, hq = c.n_heads * hd, hkv = c.n_kv_heads * hd;
+  constexpr int kSets = 3, kReps = 12;
+  const bool spans = rec.span_recording();
+  rec.set_span_recording(false);
+  auto make = [&](int64_t rows, int64_t cols, uint64_t seed) {
+    Tensor t = be.alloc({rows, cols}, Category::Workspace, "bench.decode", dt);
+    fill_random(mat(t), seed, 0.02f, s);
+    return t;
+  };
+  Timer t(s);
+  auto time_it = [&](const std::function<void(int)>& run) {  // seconds a launch
+    run(0);
+    t.start();
+    for (int r = 0; r < kReps; ++r) run(r % kSets);
+    return t.stop_ms() * 1e-3 / kReps;
+  };
+  auto report = [&](const char* what, const std::string& shape, double bytes, double sec) {
+    line(out, "    %-16s %-28s %8.1f us %9.1f GB/s  %.2f of copy\n", what, shape.c_str(), sec * 1e6,
+         bytes / sec * 1e-9, bytes / sec / copy_bw);
+  };
+  out << "  decode's kernels alone (back to back, no spans, operands beyond the L2):\n";
+  const Tensor x = make(1, d, 40);
+  struct Product {
+    const char* name;
+    std::vector<int64_t> rows;  // one weight [rows_i, cols] a product, sharing x
+    int64_t cols;
+  };
+  for (const Product& p : {Product{"gemv q, k, v", {hq, hkv, hkv}, d}, Product{"gemv o", {d}, hq},
+                           Product{"gemv gate, up", {F, F}, d}, Product{"gemv down", {d}, F},
+                           Product{"gemv lm head", {c.vocab}, d}}) {
+    std::vector<std::vector<Tensor>> ws(kSets);
+    std::vector<Tensor> ys;
+    double bytes = 0;
+    for (int64_t n : p.rows) {
+      ys.push_back(be.alloc({1, n}, Category::Workspace, "bench.decode", dt));
+      bytes += double(n) * double(p.cols) * double(dtype_size(dt));
+    }
+    for (int set = 0; set < kSets; ++set)
+      for (int64_t n : p.rows) ws[size_t(set)].push_back(make(n, p.cols, 41 + uint64_t(set) * 7 + uint64_t(n)));
+    const Tensor xin = p.cols == d ? x : make(1, p.cols, 42);
+    const double sec = time_it([&](int set) {
+      if (ys.size() == 1) be.matmul(ys[0], xin, ws[size_t(set)][0]);
+      else be.matmul_group(ys, xin, ws[size_t(set)]);
+    });
+    std::string shape;
+    for (int64_t n : p.rows) shape += (shape.empty() ? "" : " + ") + std::to_string(n);
+    report(p.name, shape + " x " + std::to_string(p.cols), bytes, sec);
+  }
+  // Attention over a cache of ctx tokens: K and V read once.
+  std::vector<Tensor> ks, vs;
+  for (int set = 0; set < kSets; ++set) {
+    ks.push_back(make(ctx, hkv, 50 + uint64_t(set)));
+    vs.push_back(make(ctx, hkv, 60 + uint64_t(set)));
+  }
+  const Tensor q = make(1, hq, 43), o = be.alloc({1, hq}, Category::Workspace, "bench.decode", dt);
+  std::vector<int32_t> kpos(static_cast<size_t>(ctx)), qpos{int32_t(ctx - 1)};
+  std::iota(kpos.begin(), kpos.end(), 0);
+  AttentionArgs aa;
+  aa.n_heads = c.n_heads;
+  aa.n_kv_heads = c.n_kv_heads;
+  aa.head_dim = int(hd);
+  aa.scale = float(1.0 / std::sqrt(double(hd)));
+  aa.q_pos = qpos;
+  aa.k_pos = kpos;
+  const double att = time_it([&](int set) { be.attention(o, q, ks[size_t(set)], vs[size_t(set)], aa); });
+  report("attention", std::to_string(ctx) + " keys, " + std::to_string(c.n_kv_heads) + " kv heads x " +
+                          std::to_string(hd), 2.0 * double(ctx) * double(hkv) * double(dtype_size(dt)), att);
+  be.synchronize();
+  rec.set_span_recording(spans);
+}
+
 }  // namespace
 
 int run_bench(const CudaBenchOptions& o, std::ostream& out) {
@@ -290,6 +370,7 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     line(out, "    %-16s %6s       %8.3f ms a token (the step's time less its spans: launches, the host)\n",
          "between kernels", "", std::max(0.0, spanned - kernels / decode) * 1e3);
   }
+  decode_kernels_alone(be, rec, config(model, o.dtype), prompt, copy_bw, out);
 
   // ---- the SSMs: the scans and their neighbours' bandwidth, Mamba2's SSD
   // and Mamba's selective scan.
