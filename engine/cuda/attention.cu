@@ -144,42 +144,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One output of the splits' partials (row = query * heads + head, column d),
-// each weighed by e^(m_s - max); splits that saw no key (sum 0) count for
-// nothing. Loads through the L2 only (__ldcg): the decode kernel's last block
-// reads partials other blocks wrote during the same launch.
-SS_DEV void merge_splits(const float* part, int splits, int64_t stride, int64_t row, int d, int hd, float& out,
-                         float& lse) {
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) {
-    const float* pr = part + s * stride + row * (hd + 2);
-    if (__ldcg(pr + hd + 1) > 0.0f) mx = fmaxf(mx, __ldcg(pr + hd));
-  }
-  float sum = 0.0f, acc = 0.0f;
-  if (mx != -INFINITY)
-    for (int s = 0; s < splits; ++s) {
-      const float* pr = part + s * stride + row * (hd + 2);
-      const float l = __ldcg(pr + hd + 1);
-      if (l <= 0.0f) continue;
-      const float w = expf(__ldcg(pr + hd) - mx);
-      sum += w * l;
-      acc += w * __ldcg(pr + d);
-    }
-  out = sum > 0.0f ? acc / sum : 0.0f;
-  lse = sum > 0.0f ? mx + logf(sum) : -INFINITY;
-}
-
-// A thread per (query, head, value) over the tiled kernel's splits.
+// A thread per (query, head, value): the splits' partials weighed by e^(m_s - max).
 __global__ void attn_combine_kernel(Mat o, AttnShape a, int splits, const float* part, float* lse) {
   const int hd = a.head_dim;
   const int64_t n = a.Tq * a.n_heads * hd;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / hd;  // query * heads + head
     const int d = int(i % hd);
-    float out, row_lse;
-    merge_splits(part, splits, a.Tq * a.n_heads * (hd + 2), row, d, hd, out, row_lse);
-    put(o, row / a.n_heads, int64_t(row % a.n_heads) * hd + d, out);
-    if (lse && d == 0) lse[row] = row_lse;
+    const int64_t stride = a.Tq * a.n_heads * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) {
+      const float* pr = part + s * stride + row * (hd + 2);
+      if (pr[hd + 1] > 0.0f) mx = fmaxf(mx, pr[hd]);
+    }
+    float sum = 0.0f, out = 0.0f;
+    if (mx != -INFINITY)
+      for (int s = 0; s < splits; ++s) {
+        const float* pr = part + s * stride + row * (hd + 2);
+        if (pr[hd + 1] <= 0.0f) continue;
+        const float w = expf(pr[hd] - mx);
+        sum += w * pr[hd + 1];
+        out += w * pr[d];
+      }
+    const int64_t qi = row / a.n_heads;
+    const int h = int(row % a.n_heads);
+    put(o, qi, int64_t(h) * hd + d, sum > 0.0f ? out / sum : 0.0f);
+    if (lse && d == 0) lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
   }
 }
 

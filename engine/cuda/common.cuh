@@ -104,10 +104,6 @@ void launch_dependent(const char* name, K kernel, dim3 grid, dim3 block, size_t 
 }
 #endif
 
-}  // namespace ss::SS_CUDA_NS
-
-namespace ss::SS_CUDA_NS {
-
 // Throws std::logic_error("<op>: <what>") when !ok (shape checks of launchers).
 inline void expect(bool ok, const char* op, const char* what) {
   if (!ok) throw std::logic_error(std::string("cuda ") + op + ": " + what);
@@ -115,8 +111,8 @@ inline void expect(bool ok, const char* op, const char* what) {
 // How many blocks of `kernel` (with `threads` threads and `smem` bytes of
 // dynamic shared memory) the whole GPU holds at once: a grid of that many
 // runs in one wave. Asked of the device each time (the launchers keep it:
-// a process drives one GPU);
-// the emulator, which has no occupancy, answers 1024.
+// a process drives one GPU); the emulator, which has no occupancy, answers
+// 1024.
 template <class Kernel>
 int resident_blocks(Kernel kernel, int threads, size_t smem) {
 #ifdef __CUDACC__
