@@ -7,8 +7,10 @@
 #   tst_sim (its simulated-only functions): `simulate`, every simulated rank
 #     a thread of one process, meeting in the simulated network;
 #   tst_sessions: the session store (connections per thread);
-#   tst_faults (stoppedRankEndsTheRunNamingIt): the ranks' heartbeat threads
-#     and the launcher that reads them. Its other function kills single-rank
+#   tst_faults (stoppedRankEndsTheRunNamingIt, ncclFaultEndsTheRun): the
+#     ranks' heartbeat threads and the launcher that reads them; NCCL's
+#     communicator (emulated ranks, the stand-in library's worker threads)
+#     with its watchdog thread, a peer hung or gone. Its other function kills single-rank
 #     saves to check the files left behind (no threads of ours in it); ten
 #     training runs under TSan took it past QtTest's 300 s, so the plain and
 #     ASan legs run it;
@@ -60,7 +62,7 @@ scale_threads="ssmStateConstantInLength notApplicableSaysWhy"
 sim=$!
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1200 \
   -R '^(tst_comm|tst_comm_np[0-9]|tst_sessions)$' || { wait $sim || true; exit 1; }
-if ! (cd "$build/tests" && OMP_WAIT_POLICY=PASSIVE SHARDSCOPE_RESOURCES="$root/resources" ./tst_faults stoppedRankEndsTheRunNamingIt > "$build/tst_faults-tsan.log" 2>&1); then
+if ! (cd "$build/tests" && OMP_WAIT_POLICY=PASSIVE SHARDSCOPE_RESOURCES="$root/resources" ./tst_faults stoppedRankEndsTheRunNamingIt ncclFaultEndsTheRun > "$build/tst_faults-tsan.log" 2>&1); then
   echo "tsan: tst_faults failed; its log:" >&2
   tail -80 "$build/tst_faults-tsan.log" >&2
   wait $sim || true

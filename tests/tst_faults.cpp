@@ -6,6 +6,8 @@
 //   writes leaves the folder holding the previous checkpoint or the new one,
 //   byte for byte, never a mix or a half; the next save clears what the
 //   killed ones left beside it.
+// - a rank of NCCL's communicator (emulated ranks, the stand-in library)
+//   hung or gone inside an operation ends the run with an error event.
 // SHARDSCOPE_FAULT_TRIALS lowers the count (the sanitizer leg, where every
 // start is slower).
 #include <QtTest>
@@ -258,6 +260,60 @@ class TstFaults : public QObject {
     QCOMPARE(files_of(ckpt), B);
     for (const auto& e : fs::directory_iterator(tmp()))
       QVERIFY2(e.path().filename().string().rfind(".ckpt.saving-", 0) != 0, e.path().c_str());
+  }
+
+  // NCCL's communicator between emulated ranks (over the tests' stand-in for
+  // libnccl, tests/fake_nccl): one rank hangs inside an NCCL operation, or
+  // its process exits there. The run must end, failed, with an error event
+  // within seconds of SHARDSCOPE_NCCL_TIMEOUT, its ranks breaking none of
+  // NCCL's rules on the way (the stand-in logs any).
+  void ncclFaultEndsTheRun_data() {
+    QTest::addColumn<QString>("fault");
+    QTest::addColumn<QString>("says");
+    // The sixth operation of rank 1: its world's init is the first, prefill's all-reduces follow.
+    QTest::newRow("hung peer") << "hang:1:6" << "did not return in 3 s";
+    QTest::newRow("lost peer") << "exit:1:6" << "rank 1";
+  }
+  void ncclFaultEndsTheRun() {
+#ifndef SHARDSCOPE_FAKE_NCCL
+    QSKIP("the emulator was built without NCCL's header: there is no NCCL communicator to fault");
+#else
+    QFETCH(QString, fault);
+    QFETCH(QString, says);
+    const double timeout = 3.0;
+    const QString events = QString::fromStdString((tmp() / ("nccl-" + fault.toStdString() + ".jsonl")).string());
+    QProcess p;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("SHARDSCOPE_NCCL_LIBRARY", SHARDSCOPE_FAKE_NCCL);
+    env.insert("SHARDSCOPE_FAKE_NCCL_FAULT", fault);
+    env.insert("SHARDSCOPE_NCCL_TIMEOUT", QString::number(timeout));
+    const std::string misuse = (tmp() / ("nccl-misuse-" + fault.toStdString())).string();
+    env.insert("SHARDSCOPE_FAKE_NCCL_MISUSE_LOG", QString::fromStdString(misuse));
+    p.setProcessEnvironment(env);
+    const auto t0 = Clock::now();
+    p.start(SHARDSCOPE_ENGINE_BIN, {"launch", "--backend", "cuda-emu", "--model", "tiny-llama", "--strategy", "tp",
+                                    "--devices", "2", "--prompt-len", "16", "--decode", "8", "--timeout", "120",
+                                    "--events", events});
+    QVERIFY(p.waitForStarted());
+    ReapBelow reap{pid_t(p.processId())};
+    QVERIFY2(p.waitForFinished(90000), "the launcher did not end the run");
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    const QString err = QString::fromUtf8(p.readAllStandardError());
+    const Stream s = read_stream(QByteArray::fromStdString(read_all(events.toStdString())));
+    const auto errors = s.all<ss::proto::Error>();
+    QVERIFY2(!errors.empty(), qPrintable("no error event; stderr: " + err));
+    QString messages;
+    for (const auto* e : errors) messages += QString::fromStdString(e->message) + "\n";
+    QVERIFY2(messages.contains(says), qPrintable(messages));
+    QVERIFY(s.done() && s.done()->status == "failed");
+    QVERIFY(p.exitCode() != 0);
+    // Failing, no rank broke NCCL's rules (a handle used after its abort, a
+    // call before the last one was polled to the end, ...).
+    QVERIFY2(read_all(misuse).empty(), read_all(misuse).c_str());
+    qInfo("%s: ended %.1f s after the launch (SHARDSCOPE_NCCL_TIMEOUT %.0f s): %s", qPrintable(fault), took, timeout,
+          qPrintable(messages.trimmed()));
+    QVERIFY2(took < timeout + 30, qPrintable(QString("the run took %1 s to end").arg(took)));
+#endif
   }
 };
 

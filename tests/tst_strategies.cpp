@@ -338,6 +338,11 @@ class TestStrategies : public QObject {
     const nlohmann::json& conf = s.all<Config>().front()->config;
     QCOMPARE(conf["strategy"].get<std::string>(), strategy.toStdString());
     QCOMPARE(conf["devices"].get<int>(), devices);
+    // The emulated ranks' collectives are the ones this pass means: NCCL's
+    // communicator where SHARDSCOPE_NCCL_LIBRARY names a library for it.
+    if (m_backend == "cuda-emu" && devices > 1)
+      QCOMPARE(QString::fromStdString(conf.value("/gpu/collectives"_json_pointer, std::string())).startsWith("nccl"),
+               !qEnvironmentVariable("SHARDSCOPE_NCCL_LIBRARY").isEmpty());
     std::set<int> ranks;
     for (auto* d : s.all<Device>()) QVERIFY(ranks.insert(d->rank).second);
     QCOMPARE(int(ranks.size()), devices);

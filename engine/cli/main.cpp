@@ -13,6 +13,9 @@
 #include "cuda/bench.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/staged_communicator.h"
+#ifdef SHARDSCOPE_EMU_NCCL
+#include "cuda/nccl_communicator.h"
+#endif
 #include "io/checkpoint.h"
 #include "model/config.h"
 #include "runtime/bench.h"
@@ -192,14 +195,26 @@ int run_command(ss::RunOptions& o, const std::string& tokens, const std::string&
 
 int main(int argc, char** argv) {
   // --backend cuda-emu: the cuda kernels under the host emulator, for the tests.
+  // A rank's emulated device, where its NCCL world made one for the backend to share.
+  static std::shared_ptr<ss::cuda_emu::DeviceContext> emulated_device;
   ss::register_emulated_cuda(
       {[](ss::Allocator& a, ss::Recorder& r) -> std::unique_ptr<ss::Backend> {
+         if (emulated_device) return std::make_unique<ss::cuda_emu::CudaBackend>(a, r, emulated_device);
          return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
        },
        [](std::unique_ptr<ss::Communicator> host) -> std::unique_ptr<ss::Communicator> {
          // The emulator's streams are synchronous: the copies need none.
          return std::make_unique<ss::cuda_emu::StagedCommunicator>(std::move(host), nullptr, nullptr);
        },
+#ifdef SHARDSCOPE_EMU_NCCL
+       [](std::unique_ptr<ss::MpiCommunicator> host, ss::Recorder& rec,
+          double timeout_s) -> std::unique_ptr<ss::Communicator> {
+         emulated_device = std::make_shared<ss::cuda_emu::DeviceContext>(0, rec);
+         return std::make_unique<ss::cuda_emu::NcclCommunicator>(std::move(host), emulated_device, rec, timeout_s);
+       },
+#else
+       nullptr,
+#endif
        [](const ss::CudaBenchOptions& o, std::ostream& out) { return ss::cuda_emu::run_bench(o, out); },
        [](bool quick, std::ostream& log) { return ss::cuda_emu::calibrate(quick, log); }});
   // Hand-written kernels and OpenBLAS take turns on the cores: idle OpenMP

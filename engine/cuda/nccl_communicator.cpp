@@ -1,6 +1,5 @@
 #include "cuda/nccl_communicator.h"
 
-#include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
 
@@ -8,6 +7,7 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -49,9 +49,13 @@ const NcclApi& nccl() {
   static NcclApi api;
   static std::once_flag once;
   std::call_once(once, [] {
-    api.lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    // SHARDSCOPE_NCCL_LIBRARY: another build of the library (or the tests'
+    // stand-in, tests/fake_nccl, which the emulated ranks run on).
+    const char* env = std::getenv("SHARDSCOPE_NCCL_LIBRARY");
+    const std::string path = env && *env ? env : "libnccl.so.2";
+    api.lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!api.lib) {
-      api.error = std::string("libnccl.so.2 not found (") + dlerror() + ")";
+      api.error = path + " not found (" + dlerror() + ")";
       return;
     }
     auto sym = [](auto& fn, const char* name) {
@@ -112,14 +116,18 @@ std::string nccl_version() {
 
 // One NCCL communicator and what watches it. The watchdog polls NCCL's
 // asynchronous error and the oldest outstanding operation; either failing
-// aborts the communicator, and every later call throws the reason.
+// aborts the communicator, and every later call throws the reason. Every NCCL
+// call on `comm` (a group's calls together) holds `nccl_mutex`, and the abort
+// takes it too and leaves `comm` null: an abort from the watchdog never meets
+// a call of the compute thread, and the handle is never used after it.
 struct NcclCommunicator::State {
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // guarded by nccl_mutex; null once aborted or destroyed
   std::string name;
   int device = 0;
   double timeout_s = 0;
 
-  std::mutex mutex;
+  std::mutex nccl_mutex;
+  std::mutex mutex;  // what follows; taken before nccl_mutex where both are held
   std::condition_variable cv;
   struct Outstanding {
     Event done;
@@ -139,23 +147,37 @@ struct NcclCommunicator::State {
     }
     cv.notify_all();
     if (watchdog.joinable()) watchdog.join();
-    const NcclApi& api = nccl();
+    std::lock_guard lock(nccl_mutex);
     if (comm) {
-      if (failure.empty() && api.finalize(comm) == ncclSuccess) {
-        ncclResult_t state = ncclInProgress;
-        while (state == ncclInProgress && api.async_error(comm, &state) == ncclSuccess) std::this_thread::yield();
-        api.destroy(comm);
-      } else {
-        api.abort(comm);
+      // Non-blocking, ncclCommFinalize answers ncclInProgress until every
+      // operation of the communicator is done; a peer that never finishes
+      // its part must not hang the exit.
+      const NcclApi& api = nccl();
+      ncclResult_t rc = failure.empty() ? api.finalize(comm) : ncclInternalError;
+      const auto start = std::chrono::steady_clock::now();
+      while (rc == ncclInProgress && !past(start)) {
+        if (api.async_error(comm, &rc) != ncclSuccess) rc = ncclInternalError;
+        if (rc == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
+      if (rc == ncclSuccess) api.destroy(comm);
+      else api.abort(comm);
+      comm = nullptr;
     }
     for (Event e : free_events) destroy_event(e);
     for (auto& o : outstanding) destroy_event(o.done);
   }
 
+  bool past(std::chrono::steady_clock::time_point start) const {
+    return timeout_s > 0 && std::chrono::steady_clock::now() - start > std::chrono::duration<double>(timeout_s);
+  }
   void throw_if_failed() {
     std::lock_guard lock(mutex);
     if (!failure.empty()) throw std::runtime_error(failure);
+  }
+  void abort_comm() {
+    std::lock_guard lock(nccl_mutex);
+    if (comm) nccl().abort(comm);
+    comm = nullptr;
   }
   void fail(const std::string& why) {
     {
@@ -163,16 +185,39 @@ struct NcclCommunicator::State {
       if (!failure.empty()) return;
       failure = why;
     }
-    if (comm) nccl().abort(comm);
+    abort_comm();
+  }
+  // `calls(comm)` (NCCL calls on this communicator) under the NCCL lock;
+  // throws the failure instead once the communicator is aborted.
+  template <class F>
+  ncclResult_t locked(F&& calls) {
+    {
+      std::lock_guard lock(nccl_mutex);
+      if (comm) return calls(comm);
+    }
+    throw_if_failed();
+    throw std::runtime_error("nccl: " + name + " was used after it was destroyed");
+  }
+  // One NCCL call `name`, `calls(comm)`, under the lock, then waited for.
+  template <class F>
+  void call(const char* name, F&& calls) {
+    check(locked(calls), name);
+  }
+  // NCCL's state of the communicator (ncclSystemError once it is aborted).
+  ncclResult_t state() {
+    std::lock_guard lock(nccl_mutex);
+    ncclResult_t st = ncclSystemError;
+    if (comm && nccl().async_error(comm, &st) != ncclSuccess) st = ncclSystemError;
+    return st;
   }
   // After an NCCL call on a non-blocking communicator: wait until it is
   // enqueued (or has failed), then throw its error.
   void check(ncclResult_t rc, const char* call) {
-    const NcclApi& api = nccl();
     const auto start = std::chrono::steady_clock::now();
     while (rc == ncclInProgress) {
-      if (api.async_error(comm, &rc) != ncclSuccess) break;
-      if (timeout_s > 0 && std::chrono::steady_clock::now() - start > std::chrono::duration<double>(timeout_s)) {
+      rc = state();
+      if (rc != ncclInProgress) break;
+      if (past(start)) {
         fail("nccl: " + std::string(call) + " on " + name + " did not return in " + std::to_string(int(timeout_s)) +
              " s; the communicator was aborted");
         break;
@@ -180,7 +225,8 @@ struct NcclCommunicator::State {
       std::this_thread::yield();
     }
     if (rc != ncclSuccess && rc != ncclInProgress) {
-      const char* detail = api.last_error ? api.last_error(comm) : "";
+      const NcclApi& api = nccl();
+      const char* detail = api.last_error ? api.last_error(nullptr) : "";  // its communicator argument is unused
       fail("nccl: " + std::string(call) + " on " + name + " failed: " + api.error_string(rc) +
            (detail && *detail ? std::string(" (") + detail + ")" : ""));
     }
@@ -205,7 +251,7 @@ struct NcclCommunicator::State {
 
   void start_watchdog() {
     watchdog = std::thread([this] {
-      cudaSetDevice(device);
+      set_device(device);
       const NcclApi& api = nccl();
       std::unique_lock lock(mutex);
       while (!stop) {
@@ -216,9 +262,9 @@ struct NcclCommunicator::State {
           outstanding.pop_front();
         }
         std::string why;
-        ncclResult_t err = ncclSuccess;
-        if (api.async_error(comm, &err) == ncclSuccess && err != ncclSuccess && err != ncclInProgress) {
-          const char* detail = api.last_error ? api.last_error(comm) : "";
+        const ncclResult_t err = state();
+        if (err != ncclSuccess && err != ncclInProgress) {
+          const char* detail = api.last_error ? api.last_error(nullptr) : "";
           why = "nccl: " + name + " failed: " + api.error_string(err) +
                 (detail && *detail ? std::string(" (") + detail + ")" : "") + " (a peer is gone or failed)";
         } else if (timeout_s > 0 && !outstanding.empty() &&
@@ -230,7 +276,7 @@ struct NcclCommunicator::State {
         if (why.empty()) continue;
         failure = why;
         lock.unlock();
-        api.abort(comm);
+        abort_comm();
         lock.lock();
       }
     });
@@ -265,6 +311,33 @@ struct NcclRequest final : CommRequest {
     state->give_event(done_event);  // the waits queued on it keep the state they saw
   }
 };
+// A group of point-to-point calls on one communicator: `queue` makes them
+// between ncclGroupStart and ncclGroupEnd, under the NCCL lock; then the
+// group is waited for as any call. The first call to fail is its result.
+struct P2pGroup {
+  ncclComm_t comm;
+  cudaStream_t stream;
+  ncclResult_t rc = ncclSuccess;
+  void send(const void* p, int64_t bytes, int peer) {
+    keep(nccl().send(p, size_t(bytes), ncclUint8, peer, comm, stream));
+  }
+  void recv(void* p, int64_t bytes, int peer) { keep(nccl().recv(p, size_t(bytes), ncclUint8, peer, comm, stream)); }
+  void keep(ncclResult_t r) {
+    if (rc == ncclSuccess && r != ncclSuccess) rc = r;
+  }
+};
+
+template <class F>
+void run_group(NcclCommunicator::State& s, Stream stream, const char* what, F&& queue) {
+  s.check(s.locked([&](ncclComm_t comm) {
+    const NcclApi& api = nccl();
+    if (const ncclResult_t rc = api.group_start(); rc != ncclSuccess) return rc;
+    P2pGroup g{comm, nccl_st(stream)};
+    queue(g);
+    const ncclResult_t end = api.group_end();
+    return g.rc != ncclSuccess ? g.rc : end;
+  }), what);
+}
 }  // namespace
 
 // ----------------------------------------------------------- communicator
@@ -289,7 +362,12 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> host, std::s
   s.timeout_s = timeout_s;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // calls return at once; the watchdog can abort a hung one
-  s.check(api.init_rank_config(&s.comm, m_host->size(), id, m_host->rank(), &config), "ncclCommInitRankConfig");
+  ncclResult_t rc;
+  {
+    std::lock_guard lock(s.nccl_mutex);
+    rc = api.init_rank_config(&s.comm, m_host->size(), id, m_host->rank(), &config);
+  }
+  s.check(rc, "ncclCommInitRankConfig");
   s.start_watchdog();
 }
 
@@ -365,7 +443,6 @@ Request NcclCommunicator::issue(const char* op, double payload_bytes, std::vecto
 }
 
 void NcclCommunicator::reduce_16bit(void* data, int64_t n, DType dt, void* out_block, bool gather_back) {
-  const NcclApi& api = nccl();
   State& s = *m_state;
   const int D = size(), me = rank();
   std::vector<int64_t> first(size_t(D) + 1);
@@ -375,25 +452,23 @@ void NcclCommunicator::reduce_16bit(void* data, int64_t n, DType dt, void* out_b
   void* staging = malloc_device(2 * mine * D, m_ctx->comm);
   if (!staging && mine > 0) throw std::runtime_error("nccl: no device memory to stage a 16-bit reduction");
   char* base = static_cast<char*>(data);
-  s.check(api.group_start(), "ncclGroupStart");
-  for (int r = 0; r < D; ++r) {
-    const int64_t count = first[size_t(r) + 1] - first[size_t(r)];
-    api.send(base + 2 * first[size_t(r)], size_t(2 * count), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
-    api.recv(static_cast<char*>(staging) + 2 * mine * r, size_t(2 * mine), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
-  }
-  s.check(api.group_end(), "ncclGroupEnd (16-bit reduce)");
+  run_group(s, m_ctx->comm, "ncclGroupEnd (16-bit reduce)", [&](P2pGroup& g) {
+    for (int r = 0; r < D; ++r) {
+      g.send(base + 2 * first[size_t(r)], 2 * (first[size_t(r) + 1] - first[size_t(r)]), r);
+      g.recv(static_cast<char*>(staging) + 2 * mine * r, 2 * mine, r);
+    }
+  });
   void* dst = gather_back ? base + 2 * first[size_t(me)] : out_block;
   sum_rows(dst, staging, D, mine, dt, m_ctx->comm);
   free_device(staging, m_ctx->comm);
   if (!gather_back) return;
-  s.check(api.group_start(), "ncclGroupStart");
-  for (int r = 0; r < D; ++r) {
-    if (r == me) continue;
-    api.send(dst, size_t(2 * mine), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
-    const int64_t count = first[size_t(r) + 1] - first[size_t(r)];
-    api.recv(base + 2 * first[size_t(r)], size_t(2 * count), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
-  }
-  s.check(api.group_end(), "ncclGroupEnd (16-bit gather)");
+  run_group(s, m_ctx->comm, "ncclGroupEnd (16-bit gather)", [&](P2pGroup& g) {
+    for (int r = 0; r < D; ++r) {
+      if (r == me) continue;
+      g.send(dst, 2 * mine, r);
+      g.recv(base + 2 * first[size_t(r)], 2 * (first[size_t(r) + 1] - first[size_t(r)]), r);
+    }
+  });
 }
 
 Request NcclCommunicator::iall_reduce(const Tensor& buf) {
@@ -401,10 +476,10 @@ Request NcclCommunicator::iall_reduce(const Tensor& buf) {
   const DType dt = buf.dtype();
   return issue("all_reduce", double(buf.nbytes()), {buf.numel()}, others(), {buf}, [this, buf, dt] {
     if (dt == DType::F32 || dt == DType::I32) {
-      State& s = *m_state;
-      s.check(nccl().all_reduce(buf.raw(), buf.raw(), size_t(buf.numel()), nccl_type(dt), ncclSum, s.comm,
-                                nccl_st(m_ctx->comm)),
-              "ncclAllReduce");
+      m_state->call("ncclAllReduce", [&](ncclComm_t c) {
+        return nccl().all_reduce(buf.raw(), buf.raw(), size_t(buf.numel()), nccl_type(dt), ncclSum, c,
+                                 nccl_st(m_ctx->comm));
+      });
     } else {
       reduce_16bit(buf.raw(), buf.numel(), dt, nullptr, true);
     }
@@ -425,10 +500,10 @@ void NcclCommunicator::reduce_scatter(const Tensor& out, const Tensor& in) {
   const DType dt = in.dtype();
   issue("reduce_scatter", double(in.nbytes()), {in.numel()}, others(), {out, in}, [this, out, in, dt] {
     if (dt == DType::F32 || dt == DType::I32) {
-      State& s = *m_state;
-      s.check(nccl().reduce_scatter(in.raw(), out.raw(), size_t(out.numel()), nccl_type(dt), ncclSum, s.comm,
-                                    nccl_st(m_ctx->comm)),
-              "ncclReduceScatter");
+      m_state->call("ncclReduceScatter", [&](ncclComm_t c) {
+        return nccl().reduce_scatter(in.raw(), out.raw(), size_t(out.numel()), nccl_type(dt), ncclSum, c,
+                                     nccl_st(m_ctx->comm));
+      });
     } else {
       reduce_16bit(in.raw(), in.numel(), dt, out.raw(), false);
     }
@@ -447,9 +522,9 @@ Request NcclCommunicator::iall_gather(const Tensor& out, const Tensor& in) {
   if (!in_place && buffers_overlap(out, in))
     throw std::logic_error("all_gather on " + name() + ": in overlaps out other than as this rank's block");
   return issue("all_gather", double(out.nbytes()), {out.numel()}, others(), {out, in}, [this, out, in] {
-    State& s = *m_state;
-    s.check(nccl().all_gather(in.raw(), out.raw(), size_t(in.nbytes()), ncclUint8, s.comm, nccl_st(m_ctx->comm)),
-            "ncclAllGather");
+    m_state->call("ncclAllGather", [&](ncclComm_t c) {
+      return nccl().all_gather(in.raw(), out.raw(), size_t(in.nbytes()), ncclUint8, c, nccl_st(m_ctx->comm));
+    });
   });
 }
 
@@ -465,14 +540,12 @@ void NcclCommunicator::all_to_all(const Tensor& out, const Tensor& in) {
   if (in.dtype() != out.dtype()) throw std::logic_error("all_to_all on " + name() + ": in and out dtypes differ");
   const int64_t block = in.nbytes() / size();
   issue("all_to_all", double(in.nbytes()), {in.numel()}, others(), {out, in}, [this, out, in, block] {
-    const NcclApi& api = nccl();
-    State& s = *m_state;
-    s.check(api.group_start(), "ncclGroupStart");
-    for (int r = 0; r < size(); ++r) {
-      api.send(static_cast<char*>(in.raw()) + block * r, size_t(block), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
-      api.recv(static_cast<char*>(out.raw()) + block * r, size_t(block), ncclUint8, r, s.comm, nccl_st(m_ctx->comm));
-    }
-    s.check(api.group_end(), "ncclGroupEnd (all_to_all)");
+    run_group(*m_state, m_ctx->comm, "ncclGroupEnd (all_to_all)", [&](P2pGroup& g) {
+      for (int r = 0; r < size(); ++r) {
+        g.send(static_cast<char*>(in.raw()) + block * r, block, r);
+        g.recv(static_cast<char*>(out.raw()) + block * r, block, r);
+      }
+    });
   })->wait();
 }
 
@@ -480,9 +553,9 @@ Request NcclCommunicator::ibroadcast(const Tensor& buf, int root) {
   check_tensor(buf, "broadcast", "buf");
   check_peer(root, "broadcast", "root");
   return issue("broadcast", double(buf.nbytes()), {buf.numel()}, others(), {buf}, [this, buf, root] {
-    State& s = *m_state;
-    s.check(nccl().broadcast(buf.raw(), buf.raw(), size_t(buf.nbytes()), ncclUint8, root, s.comm, nccl_st(m_ctx->comm)),
-            "ncclBroadcast");
+    m_state->call("ncclBroadcast", [&](ncclComm_t c) {
+      return nccl().broadcast(buf.raw(), buf.raw(), size_t(buf.nbytes()), ncclUint8, root, c, nccl_st(m_ctx->comm));
+    });
   });
 }
 
@@ -498,12 +571,10 @@ Request NcclCommunicator::isendrecv(const Tensor& send_t, int dst, const Tensor&
     throw std::logic_error("sendrecv on " + name() + ": send and recv dtypes differ");
   return issue("sendrecv", double(send_t.nbytes()), {send_t.numel()},
                {members()[size_t(dst)], members()[size_t(src)]}, {send_t, recv_t}, [this, send_t, dst, recv_t, src] {
-                 const NcclApi& api = nccl();
-                 State& s = *m_state;
-                 s.check(api.group_start(), "ncclGroupStart");
-                 api.send(send_t.raw(), size_t(send_t.nbytes()), ncclUint8, dst, s.comm, nccl_st(m_ctx->comm));
-                 api.recv(recv_t.raw(), size_t(recv_t.nbytes()), ncclUint8, src, s.comm, nccl_st(m_ctx->comm));
-                 s.check(api.group_end(), "ncclGroupEnd (sendrecv)");
+                 run_group(*m_state, m_ctx->comm, "ncclGroupEnd (sendrecv)", [&](P2pGroup& g) {
+                   g.send(send_t.raw(), send_t.nbytes(), dst);
+                   g.recv(recv_t.raw(), recv_t.nbytes(), src);
+                 });
                });
 }
 
@@ -515,8 +586,9 @@ void NcclCommunicator::send(const Tensor& buf, int dst) {
   check_tensor(buf, "send", "buf");
   check_peer(dst, "send", "dst");
   issue("send", double(buf.nbytes()), {buf.numel()}, {members()[size_t(dst)]}, {buf}, [this, buf, dst] {
-    State& s = *m_state;
-    s.check(nccl().send(buf.raw(), size_t(buf.nbytes()), ncclUint8, dst, s.comm, nccl_st(m_ctx->comm)), "ncclSend");
+    m_state->call("ncclSend", [&](ncclComm_t c) {
+      return nccl().send(buf.raw(), size_t(buf.nbytes()), ncclUint8, dst, c, nccl_st(m_ctx->comm));
+    });
   })->wait();
 }
 
@@ -525,8 +597,9 @@ void NcclCommunicator::recv(const Tensor& buf, int src) {
   check_peer(src, "recv", "src");
   // A receive puts nothing on the wire: its bytes are the sender's.
   issue("recv", 0, {buf.numel()}, {members()[size_t(src)]}, {buf}, [this, buf, src] {
-    State& s = *m_state;
-    s.check(nccl().recv(buf.raw(), size_t(buf.nbytes()), ncclUint8, src, s.comm, nccl_st(m_ctx->comm)), "ncclRecv");
+    m_state->call("ncclRecv", [&](ncclComm_t c) {
+      return nccl().recv(buf.raw(), size_t(buf.nbytes()), ncclUint8, src, c, nccl_st(m_ctx->comm));
+    });
   })->wait();
 }
 
@@ -557,7 +630,13 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   state->timeout_s = m_state->timeout_s;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  const ncclResult_t rc = nccl().split(m_state->comm, color, key, &state->comm, &config);
+  ncclComm_t comm = nullptr;
+  const ncclResult_t rc =
+      m_state->locked([&](ncclComm_t parent) { return nccl().split(parent, color, key, &comm, &config); });
+  {
+    std::lock_guard lock(state->nccl_mutex);
+    state->comm = comm;
+  }
   if (rc != ncclSuccess && rc != ncclInProgress) m_state->check(rc, "ncclCommSplit");
   state->check(rc, "ncclCommSplit");  // polls the child until it is ready
   return std::unique_ptr<Communicator>(

@@ -22,6 +22,13 @@ EmulatedCuda& emulated() {
   static EmulatedCuda e;
   return e;
 }
+
+// Seconds an NCCL operation may stay outstanding before the run is ended
+// (a peer that stopped answering); SHARDSCOPE_NCCL_TIMEOUT overrides.
+double nccl_timeout_s() {
+  if (const char* v = std::getenv("SHARDSCOPE_NCCL_TIMEOUT")) return std::atof(v);
+  return 120.0;
+}
 }  // namespace
 
 void register_emulated_cuda(EmulatedCuda e) { emulated() = std::move(e); }
@@ -35,7 +42,14 @@ RankSetup emulated_cuda_rank_setup(int devices) {
   setup.make_backend = emulated().make_backend;
   setup.connect = [devices](Group& g, Recorder& rec) {
     connect_mpi(g, rec, devices);
-    g.device_world = emulated().stage(std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world"));
+    auto host = std::make_unique<MpiCommunicator>(g.stream, MPI_COMM_WORLD, rec, "world");
+    const char* nccl = std::getenv("SHARDSCOPE_NCCL_LIBRARY");
+    if (nccl && *nccl && emulated().nccl) {
+      g.config = {{"gpu", {{"collectives", std::string("nccl (") + nccl + ")"}}}};
+      g.device_world = emulated().nccl(std::move(host), rec, nccl_timeout_s());
+    } else {
+      g.device_world = emulated().stage(std::move(host));
+    }
     g.world = g.device_world.get();
   };
   return setup;
@@ -116,13 +130,6 @@ int local_size() {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
     if (const char* v = std::getenv(name)) return std::max(1, std::atoi(v));
   return 1;
-}
-
-// Seconds an NCCL operation may stay outstanding before the run is ended
-// (a peer that stopped answering); SHARDSCOPE_NCCL_TIMEOUT overrides.
-double nccl_timeout_s() {
-  if (const char* v = std::getenv("SHARDSCOPE_NCCL_TIMEOUT")) return std::atof(v);
-  return 120.0;
 }
 
 }  // namespace

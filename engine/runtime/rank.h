@@ -80,6 +80,11 @@ struct EmulatedCuda {
   // The world the ranks' collectives use: the host communicator staged
   // through the emulated device memory (cuda/staged_communicator.h).
   std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator> host)> stage;
+  // The world over NCCL's communicator instead, where SHARDSCOPE_NCCL_LIBRARY
+  // names a library for it (the tests' stand-in, tests/fake_nccl) and the
+  // emulator was built with it (null otherwise): `timeout_s` as --backend cuda's.
+  std::function<std::unique_ptr<Communicator>(std::unique_ptr<MpiCommunicator> host, Recorder& rec, double timeout_s)>
+      nccl;
   std::function<int(const CudaBenchOptions&, std::ostream&)> bench;
   std::function<nlohmann::json(bool quick, std::ostream& log)> calibrate;
 };

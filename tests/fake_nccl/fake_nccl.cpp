@@ -1,0 +1,733 @@
+// libnccl.so.2 for machines without a GPU: the entry points
+// engine/cuda/nccl_communicator.cpp loads, over the cuda emulator's device
+// memory (host memory), between the processes of one host. The engine takes
+// it instead of NCCL's own where SHARDSCOPE_NCCL_LIBRARY names it, and the
+// emulated ranks (--backend cuda-emu) then run their collectives through the
+// NCCL communicator: its grouping, splits, non-blocking polling, watchdog and
+// teardown run in every CI leg, sanitizers included.
+//
+// What it keeps of NCCL (the user guide's rules, "Communicator Creation and
+// Management", "Group Calls", "Point-to-point"):
+// - a non-blocking communicator's calls return ncclInProgress; the work runs
+//   on a thread of the communicator's own, and ncclCommGetAsyncError says
+//   ncclInProgress until it is done. Calling anything else on a communicator
+//   before that poll has said ncclSuccess is an error here (NCCL: "users must
+//   query the communicator state until it becomes ncclSuccess before calling
+//   another NCCL function");
+// - calls between ncclGroupStart and ncclGroupEnd are queued and run at the
+//   outermost ncclGroupEnd, sends before receives, so a ring's exchanges
+//   cannot deadlock;
+// - in-place all-gather and reduce-scatter only with NCCL's offsets; ranks
+//   of a collective must agree on what it is, its count, type, operation and
+//   root, and a send on the receive's count and type: a mismatch, which NCCL
+//   would hang or corrupt memory on, is an ncclInvalidUsage naming both;
+// - a handle after ncclCommDestroy or ncclCommAbort is not a communicator;
+// - nothing times out by itself (NCCL waits on a hung peer for ever): only
+//   ncclCommAbort ends a wait. A peer process that is gone is an
+//   ncclRemoteError, as NCCL's transports report a closed connection.
+//
+// Bytes travel as files in $SHARDSCOPE_FAKE_NCCL_DIR (else /dev/shm or
+// /tmp)/shardscope-fake-nccl: a message per (communicator, sender,
+// receiver, sequence number), published by rename and removed by its reader.
+//
+// Faults, for the tests: SHARDSCOPE_FAKE_NCCL_FAULT=hang:R:N or exit:R:N
+// makes the process of MPI world rank R hang in (until aborted), or exit
+// at, its Nth operation; SHARDSCOPE_FAKE_NCCL_MISUSE_LOG collects every
+// broken rule, so a run that fails anyway still shows one.
+#include <nccl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct ncclComm {
+  std::string key;
+  int rank = 0, nranks = 0;
+  bool blocking = true;
+  std::vector<long> pids;                // each rank's process, to tell a lost peer
+  std::vector<uint64_t> sent, received;  // messages to and from each rank so far
+  int splits = 0;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::function<ncclResult_t()>> queue;
+  std::thread worker;
+  bool busy = false, stop = false;
+  bool ready = true;                 // false while a split that makes it is under way
+  bool must_poll = false;            // an ncclInProgress not yet polled to ncclSuccess
+  ncclResult_t error = ncclSuccess;  // sticky
+  std::atomic<bool> aborted{false};
+};
+
+namespace {
+
+std::mutex g_mutex;  // the live communicators and the last error
+std::map<ncclComm*, std::shared_ptr<ncclComm>> g_live;
+std::string g_last_error;
+std::atomic<long> g_ops{0};  // this process's operations, for the fault
+
+// An error: NCCL's last error, a stderr line, and where the caller broke one
+// of NCCL's rules (invalid usage or argument), a line in
+// $SHARDSCOPE_FAKE_NCCL_MISUSE_LOG too: a run that fails anyway (a fault
+// test) would otherwise hide it.
+ncclResult_t fail(ncclResult_t rc, const std::string& why) {
+  std::lock_guard lock(g_mutex);
+  g_last_error = "fake nccl: " + why;
+  std::fprintf(stderr, "%s\n", g_last_error.c_str());
+  const char* log = std::getenv("SHARDSCOPE_FAKE_NCCL_MISUSE_LOG");
+  if (log && *log && (rc == ncclInvalidUsage || rc == ncclInvalidArgument))
+    if (std::FILE* f = std::fopen(log, "a")) {
+      std::fprintf(f, "pid %ld: %s\n", long(getpid()), g_last_error.c_str());
+      std::fclose(f);
+    }
+  return rc;
+}
+
+fs::path root_dir() {
+  static const fs::path dir = [] {
+    fs::path base = "/tmp";
+    if (const char* d = std::getenv("SHARDSCOPE_FAKE_NCCL_DIR"))
+      base = d;
+    else if (access("/dev/shm", W_OK) == 0)
+      base = "/dev/shm";
+    fs::path p = base / "shardscope-fake-nccl";
+    std::error_code ec;
+    fs::create_directories(p, ec);
+    return p;
+  }();
+  return dir;
+}
+
+std::shared_ptr<ncclComm> live(ncclComm_t comm) {
+  std::lock_guard lock(g_mutex);
+  auto it = g_live.find(comm);
+  return it == g_live.end() ? nullptr : it->second;
+}
+
+int world_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 0;
+}
+
+// The injected fault, at this process's Nth operation.
+void maybe_fault(ncclComm& c) {
+  static const auto fault = []() -> std::tuple<std::string, int, long> {
+    const char* v = std::getenv("SHARDSCOPE_FAKE_NCCL_FAULT");
+    if (!v) return {"", -1, 0};
+    char kind[16] = {};
+    int rank = -1;
+    long n = 0;
+    if (std::sscanf(v, "%15[a-z]:%d:%ld", kind, &rank, &n) != 3) return {"", -1, 0};
+    return {kind, rank, n};
+  }();
+  const auto& [kind, rank, n] = fault;
+  if (kind.empty() || rank != world_rank() || ++g_ops != n) return;
+  std::fprintf(stderr, "fake nccl: SHARDSCOPE_FAKE_NCCL_FAULT: world rank %d %s at operation %ld\n", rank, kind.c_str(),
+               n);
+  if (kind == "exit") _exit(17);
+  while (!c.aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+size_t type_size(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+// ------------------------------------------------------------- messages
+
+enum Kind : uint32_t { kSend = 1, kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSplit, kFinalize, kJoin };
+const char* kind_name(uint32_t k) {
+  static const char* names[] = {"?",
+                                "ncclSend/ncclRecv",
+                                "ncclAllReduce",
+                                "ncclAllGather",
+                                "ncclReduceScatter",
+                                "ncclBroadcast",
+                                "ncclCommSplit",
+                                "ncclCommFinalize",
+                                "ncclCommInitRank"};
+  return k < sizeof names / sizeof *names ? names[k] : "?";
+}
+
+// What a message says of the call that sent it; a receive expects the same.
+struct Header {
+  uint32_t magic = 0x5353464e;  // "NFSS"
+  uint32_t kind = 0;
+  uint64_t count = 0;
+  int32_t type = 0, extra = 0;  // extra: the operation or the root
+  uint64_t bytes = 0;
+  bool operator==(const Header&) const = default;
+};
+
+std::string describe(const Header& h) {
+  return std::string(kind_name(h.kind)) + " of " + std::to_string(h.count) + " x type " + std::to_string(h.type) +
+         (h.kind == kAllReduce || h.kind == kReduceScatter ? ", op " + std::to_string(h.extra)
+          : h.kind == kBroadcast                           ? ", root " + std::to_string(h.extra)
+                                                           : "");
+}
+
+fs::path message_path(const ncclComm& c, int src, int dst, uint64_t seq) {
+  return root_dir() / (c.key + "." + std::to_string(src) + "-" + std::to_string(dst) + "." + std::to_string(seq));
+}
+
+ncclResult_t post(ncclComm& c, int peer, const Header& h, const void* data) {
+  const fs::path to = message_path(c, c.rank, peer, c.sent[size_t(peer)]++);
+  const fs::path tmp = to.string() + ".part";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return fail(ncclSystemError, "cannot write " + tmp.string());
+  const bool ok = std::fwrite(&h, sizeof h, 1, f) == 1 && (h.bytes == 0 || std::fwrite(data, h.bytes, 1, f) == 1);
+  if (std::fclose(f) != 0 || !ok) return fail(ncclSystemError, "cannot write " + tmp.string());
+  std::error_code ec;
+  fs::rename(tmp, to, ec);
+  return ec ? fail(ncclSystemError, "cannot publish " + to.string()) : ncclSuccess;
+}
+
+bool peer_gone(const ncclComm& c, int peer) {
+  const long pid = c.pids.empty() ? 0 : c.pids[size_t(peer)];
+  return pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+}
+
+// Waits for the next message from `peer` (until it comes, the peer is gone,
+// or the communicator is aborted) and checks it is the call this rank made.
+ncclResult_t take(ncclComm& c, int peer, const Header& want, void* data) {
+  const fs::path from = message_path(c, peer, c.rank, c.received[size_t(peer)]++);
+  auto last_look = Clock::now();
+  for (int spins = 0;; ++spins) {
+    if (std::FILE* f = std::fopen(from.c_str(), "rb")) {
+      Header got;
+      const bool ok = std::fread(&got, sizeof got, 1, f) == 1;
+      if (ok && got == want && (want.bytes == 0 || std::fread(data, want.bytes, 1, f) == 1)) {
+        std::fclose(f);
+        fs::remove(from);
+        return ncclSuccess;
+      }
+      std::fclose(f);
+      if (!ok || got.magic != want.magic) return fail(ncclInternalError, "unreadable message " + from.string());
+      return fail(ncclInvalidUsage, c.key + " rank " + std::to_string(c.rank) + " is in " + describe(want) +
+                                        " while rank " + std::to_string(peer) + " sent " + describe(got) +
+                                        " (calls that do not match: NCCL would hang or corrupt memory)");
+    }
+    if (c.aborted) return ncclSystemError;
+    if (Clock::now() - last_look > std::chrono::milliseconds(100)) {
+      last_look = Clock::now();
+      if (peer_gone(c, peer))
+        return fail(ncclRemoteError, c.key + " rank " + std::to_string(c.rank) + ": rank " + std::to_string(peer) +
+                                         " (pid " + std::to_string(c.pids[size_t(peer)]) + ") is gone");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(spins < 100 ? 20 : 500));
+  }
+}
+
+// ----------------------------------------------------------- operations
+
+// An operation as two halves: what it posts (never waits) and what it takes.
+struct Op {
+  std::shared_ptr<ncclComm> comm;
+  std::function<ncclResult_t()> post, take;
+};
+
+template <class T>
+void reduce_into(T* acc, const T* x, size_t n, ncclRedOp_t op) {
+  for (size_t i = 0; i < n; ++i) {
+    switch (op) {
+      case ncclProd: acc[i] = T(acc[i] * x[i]); break;
+      case ncclMax: acc[i] = std::max(acc[i], x[i]); break;
+      case ncclMin: acc[i] = std::min(acc[i], x[i]); break;
+      default: acc[i] = T(acc[i] + x[i]); break;
+    }
+  }
+}
+
+bool reduce_bytes(void* acc, const void* x, size_t count, ncclDataType_t t, ncclRedOp_t op) {
+  switch (t) {
+    case ncclInt8: reduce_into(static_cast<int8_t*>(acc), static_cast<const int8_t*>(x), count, op); return true;
+    case ncclUint8: reduce_into(static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(x), count, op); return true;
+    case ncclInt32: reduce_into(static_cast<int32_t*>(acc), static_cast<const int32_t*>(x), count, op); return true;
+    case ncclUint32: reduce_into(static_cast<uint32_t*>(acc), static_cast<const uint32_t*>(x), count, op); return true;
+    case ncclInt64: reduce_into(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), count, op); return true;
+    case ncclUint64: reduce_into(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x), count, op); return true;
+    case ncclFloat32: reduce_into(static_cast<float*>(acc), static_cast<const float*>(x), count, op); return true;
+    case ncclFloat64: reduce_into(static_cast<double*>(acc), static_cast<const double*>(x), count, op); return true;
+    default: return false;  // 16- and 8-bit floats: the engine sums those itself
+  }
+}
+
+// Every rank's `bytes` from `in` to every other; `got(r, data)` for each rank's
+// (this rank's own included), in rank order, so every rank combines alike.
+Op exchange(std::shared_ptr<ncclComm> c, Header h, const void* in, std::function<ncclResult_t(int, const void*)> got) {
+  Op op{c, nullptr, nullptr};
+  auto own = std::make_shared<std::vector<char>>();
+  op.post = [c, h, in, own] {
+    own->assign(static_cast<const char*>(in), static_cast<const char*>(in) + h.bytes);
+    for (int r = 0; r < c->nranks; ++r)
+      if (r != c->rank)
+        if (ncclResult_t rc = post(*c, r, h, own->data()); rc != ncclSuccess) return rc;
+    return ncclSuccess;
+  };
+  op.take = [c, h, own, got] {
+    std::vector<char> buf(h.bytes);
+    for (int r = 0; r < c->nranks; ++r) {
+      if (r == c->rank) {
+        if (ncclResult_t rc = got(r, own->data()); rc != ncclSuccess) return rc;
+        continue;
+      }
+      if (ncclResult_t rc = take(*c, r, h, buf.data()); rc != ncclSuccess) return rc;
+      if (ncclResult_t rc = got(r, buf.data()); rc != ncclSuccess) return rc;
+    }
+    return ncclSuccess;
+  };
+  return op;
+}
+
+// Runs operations of one communicator, posts first: on its thread when it is
+// non-blocking, here when not.
+ncclResult_t submit(const std::shared_ptr<ncclComm>& c, std::vector<Op> ops) {
+  auto unit = [c, ops = std::move(ops)]() -> ncclResult_t {
+    maybe_fault(*c);
+    if (c->aborted) return ncclSystemError;
+    for (const Op& o : ops)
+      if (o.post)
+        if (ncclResult_t rc = o.post(); rc != ncclSuccess) return rc;
+    for (const Op& o : ops)
+      if (o.take)
+        if (ncclResult_t rc = o.take(); rc != ncclSuccess) return rc;
+    return ncclSuccess;
+  };
+  std::unique_lock lock(c->mutex);
+  if (c->error != ncclSuccess) return c->error;
+  if (c->blocking) {
+    lock.unlock();
+    const ncclResult_t rc = unit();
+    lock.lock();
+    if (rc != ncclSuccess && c->error == ncclSuccess) c->error = rc;
+    return rc;
+  }
+  c->queue.push_back(std::move(unit));
+  c->must_poll = true;
+  c->cv.notify_all();
+  return ncclInProgress;
+}
+
+void start_worker(const std::shared_ptr<ncclComm>& c) {
+  ncclComm* raw = c.get();  // the thread ends before the communicator does
+  c->worker = std::thread([raw] {
+    std::unique_lock lock(raw->mutex);
+    while (true) {
+      raw->cv.wait(lock, [&] { return raw->stop || !raw->queue.empty(); });
+      if (raw->stop) return;
+      auto unit = std::move(raw->queue.front());
+      raw->queue.pop_front();
+      raw->busy = true;
+      const ncclResult_t before = raw->error;
+      lock.unlock();
+      const ncclResult_t rc = before == ncclSuccess ? unit() : before;
+      lock.lock();
+      raw->busy = false;
+      if (rc != ncclSuccess && raw->error == ncclSuccess) raw->error = rc;
+      raw->cv.notify_all();
+    }
+  });
+}
+
+// The group this thread is in: its depth and what it queued.
+thread_local int t_depth = 0;
+thread_local std::vector<Op> t_group;
+
+// The checks every call on a communicator starts with.
+ncclResult_t enter(ncclComm_t handle, const char* call, std::shared_ptr<ncclComm>& c) {
+  c = live(handle);
+  if (!c)
+    return fail(ncclInvalidArgument, std::string(call) +
+                                         " on a handle that is no communicator (never made, "
+                                         "or after ncclCommDestroy or ncclCommAbort)");
+  std::lock_guard lock(c->mutex);
+  if (c->must_poll)
+    return fail(ncclInvalidUsage, std::string(call) + " on " + c->key + " while an earlier call's ncclInProgress was " +
+                                      "not yet polled to ncclSuccess with ncclCommGetAsyncError");
+  if (c->error != ncclSuccess) return c->error;
+  return ncclSuccess;
+}
+
+// A call's operation: queued in a group, else run at once.
+ncclResult_t issue(Op op) {
+  if (t_depth > 0) {
+    t_group.push_back(std::move(op));
+    return ncclSuccess;
+  }
+  auto c = op.comm;
+  return submit(c, {std::move(op)});
+}
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  const char *pa = static_cast<const char*>(a), *pb = static_cast<const char*>(b);
+  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ API
+
+extern "C" {
+
+const char* ncclGetErrorString(ncclResult_t rc) {
+  switch (rc) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+const char* ncclGetLastError(ncclComm_t) {
+  static thread_local std::string copy;
+  std::lock_guard lock(g_mutex);
+  copy = g_last_error;
+  return copy.c_str();
+}
+
+ncclResult_t ncclGetVersion(int* version) {
+  if (!version) return ncclInvalidArgument;
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  if (!id) return ncclInvalidArgument;
+  std::memset(id, 0, sizeof *id);
+  std::random_device rd;
+  std::snprintf(id->internal, sizeof id->internal, "ssfake-%ld-%08x%08x", long(getpid()), rd(), rd());
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
+  if (!out) return ncclInvalidArgument;
+  *out = nullptr;
+  if (std::strncmp(id.internal, "ssfake-", 7) != 0)
+    return fail(ncclInvalidArgument, "ncclCommInitRankConfig: the id is not one ncclGetUniqueId of this library made");
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return fail(ncclInvalidArgument,
+                "ncclCommInitRankConfig: rank " + std::to_string(rank) + " of " + std::to_string(nranks));
+  auto c = std::make_shared<ncclComm>();
+  c->key = std::string(id.internal, strnlen(id.internal, sizeof id.internal));
+  c->rank = rank;
+  c->nranks = nranks;
+  c->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
+  c->sent.assign(size_t(nranks), 0);
+  c->received.assign(size_t(nranks), 0);
+  c->pids.assign(size_t(nranks), 0);
+  {
+    std::lock_guard lock(g_mutex);
+    g_live[c.get()] = c;
+  }
+  if (!c->blocking) start_worker(c);
+  *out = c.get();
+  // Joining: every rank's pid reaches every rank (which also tells when one is gone).
+  Header h{.kind = kJoin, .count = 1, .type = ncclInt64, .bytes = sizeof(long)};
+  auto mine = std::make_shared<long>(long(getpid()));
+  return submit(c, {exchange(c, h, mine.get(), [c, mine](int r, const void* p) {
+                  std::memcpy(&c->pids[size_t(r)], p, sizeof(long));
+                  return ncclSuccess;
+                })});
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* state) {
+  auto c = live(handle);
+  if (!c || !state) return fail(ncclInvalidArgument, "ncclCommGetAsyncError on a handle that is no communicator");
+  std::lock_guard lock(c->mutex);
+  if (c->error != ncclSuccess)
+    *state = c->error;
+  else if (c->busy || !c->queue.empty() || !c->ready)
+    *state = ncclInProgress;
+  else {
+    *state = ncclSuccess;
+    c->must_poll = false;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* out, ncclConfig_t* config) {
+  std::shared_ptr<ncclComm> p;
+  if (!out) return ncclInvalidArgument;
+  *out = nullptr;
+  if (ncclResult_t rc = enter(handle, "ncclCommSplit", p); rc != ncclSuccess) return rc;
+  std::shared_ptr<ncclComm> child;
+  if (color != NCCL_SPLIT_NOCOLOR) {
+    child = std::make_shared<ncclComm>();
+    child->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
+    child->ready = false;
+    child->must_poll = !child->blocking;  // the caller polls the child until the split is done
+    child->key = p->key + "." + std::to_string(p->splits) + "c" + std::to_string(color);
+    {
+      std::lock_guard lock(g_mutex);
+      g_live[child.get()] = child;
+    }
+    if (!child->blocking) start_worker(child);
+    *out = child.get();
+  }
+  ++p->splits;
+  // Every rank's (color, key) to every rank; the child's ranks by (key, parent rank).
+  Header h{.kind = kSplit, .count = 2, .type = ncclInt32, .bytes = 2 * sizeof(int32_t)};
+  auto mine = std::make_shared<std::array<int32_t, 2>>(std::array<int32_t, 2>{color, key});
+  auto all = std::make_shared<std::vector<std::array<int32_t, 2>>>(size_t(p->nranks));
+  Op op = exchange(p, h, mine->data(), [all, mine](int r, const void* d) {
+    std::memcpy((*all)[size_t(r)].data(), d, sizeof(int32_t) * 2);
+    return ncclSuccess;
+  });
+  auto inner_take = op.take;
+  op.take = [p, child, all, inner_take, color]() -> ncclResult_t {
+    const ncclResult_t rc = inner_take();
+    if (!child) return rc;
+    std::lock_guard lock(child->mutex);
+    if (rc == ncclSuccess) {
+      std::vector<std::pair<int, int>> members;  // (key, parent rank)
+      for (int r = 0; r < p->nranks; ++r)
+        if ((*all)[size_t(r)][0] == color) members.push_back({(*all)[size_t(r)][1], r});
+      std::sort(members.begin(), members.end());
+      child->nranks = int(members.size());
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (members[i].second == p->rank) child->rank = int(i);
+        child->pids.push_back(p->pids[size_t(members[i].second)]);
+      }
+      child->sent.assign(members.size(), 0);
+      child->received.assign(members.size(), 0);
+    } else {
+      child->error = rc;
+    }
+    child->ready = true;
+    return rc;
+  };
+  const ncclResult_t rc = submit(p, {op});
+  if (rc == ncclInProgress) {
+    // The child is what the caller polls: the parent's part is its.
+    std::lock_guard lock(p->mutex);
+    p->must_poll = false;
+  }
+  return child && !child->blocking && (rc == ncclSuccess || rc == ncclInProgress) ? ncclInProgress : rc;
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t redop,
+                           ncclComm_t handle, cudaStream_t) {
+  std::shared_ptr<ncclComm> c;
+  if (ncclResult_t rc = enter(handle, "ncclAllReduce", c); rc != ncclSuccess) return rc;
+  const size_t es = type_size(type);
+  if (!es || int(redop) < 0 || redop >= ncclAvg || !reduce_bytes(nullptr, nullptr, 0, type, redop))
+    return fail(ncclInvalidArgument, "ncclAllReduce: type " + std::to_string(type) + " / op " + std::to_string(redop) +
+                                         " is not emulated (sum, prod, max, min over integers, fp32, fp64)");
+  Header h{.kind = kAllReduce, .count = count, .type = type, .extra = redop, .bytes = count * es};
+  auto acc = std::make_shared<std::vector<char>>(h.bytes);
+  return issue(exchange(c, h, send, [=](int r, const void* d) {
+    if (r == 0)
+      std::memcpy(acc->data(), d, h.bytes);
+    else
+      reduce_bytes(acc->data(), d, count, type, redop);
+    if (r == c->nranks - 1 && h.bytes) std::memcpy(recv, acc->data(), h.bytes);
+    return ncclSuccess;
+  }));
+}
+
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t handle,
+                           cudaStream_t) {
+  std::shared_ptr<ncclComm> c;
+  if (ncclResult_t rc = enter(handle, "ncclAllGather", c); rc != ncclSuccess) return rc;
+  const size_t bytes = count * type_size(type);
+  if (overlaps(send, bytes, recv, bytes * size_t(c->nranks)) &&
+      send != static_cast<const char*>(recv) + bytes * size_t(c->rank))
+    return fail(ncclInvalidUsage, "ncclAllGather in place needs sendbuff == recvbuff + rank * sendcount");
+  Header h{.kind = kAllGather, .count = count, .type = type, .bytes = bytes};
+  return issue(exchange(c, h, send, [=](int r, const void* d) {
+    char* dst = static_cast<char*>(recv) + bytes * size_t(r);
+    if (dst != d && bytes) std::memmove(dst, d, bytes);
+    return ncclSuccess;
+  }));
+}
+
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t redop,
+                               ncclComm_t handle, cudaStream_t) {
+  std::shared_ptr<ncclComm> c;
+  if (ncclResult_t rc = enter(handle, "ncclReduceScatter", c); rc != ncclSuccess) return rc;
+  const size_t es = type_size(type), bytes = count * es, all = bytes * size_t(c->nranks);
+  if (!es || int(redop) < 0 || redop >= ncclAvg || !reduce_bytes(nullptr, nullptr, 0, type, redop))
+    return fail(ncclInvalidArgument, "ncclReduceScatter: type " + std::to_string(type) + " / op " +
+                                         std::to_string(redop) + " is not emulated");
+  if (overlaps(send, all, recv, bytes) && recv != static_cast<const char*>(send) + bytes * size_t(c->rank))
+    return fail(ncclInvalidUsage, "ncclReduceScatter in place needs recvbuff == sendbuff + rank * recvcount");
+  // Every rank's whole input to every rank, each keeping its own block's sum.
+  Header h{.kind = kReduceScatter, .count = count, .type = type, .extra = redop, .bytes = all};
+  auto acc = std::make_shared<std::vector<char>>(bytes);
+  return issue(exchange(c, h, send, [=](int r, const void* d) {
+    const char* block = static_cast<const char*>(d) + bytes * size_t(c->rank);
+    if (r == 0)
+      std::memcpy(acc->data(), block, bytes);
+    else
+      reduce_bytes(acc->data(), block, count, type, redop);
+    if (r == c->nranks - 1 && bytes) std::memcpy(recv, acc->data(), bytes);
+    return ncclSuccess;
+  }));
+}
+
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t handle,
+                           cudaStream_t) {
+  std::shared_ptr<ncclComm> c;
+  if (ncclResult_t rc = enter(handle, "ncclBroadcast", c); rc != ncclSuccess) return rc;
+  if (root < 0 || root >= c->nranks) return fail(ncclInvalidArgument, "ncclBroadcast: root " + std::to_string(root));
+  const size_t bytes = count * type_size(type);
+  Header h{.kind = kBroadcast, .count = count, .type = type, .extra = root, .bytes = bytes};
+  Op op{c, nullptr, nullptr};
+  if (c->rank == root) {
+    op.post = [=] {
+      for (int r = 0; r < c->nranks; ++r)
+        if (r != root)
+          if (ncclResult_t rc = post(*c, r, h, send); rc != ncclSuccess) return rc;
+      if (recv != send && bytes) std::memmove(recv, send, bytes);
+      return ncclSuccess;
+    };
+  } else {
+    op.take = [=] { return take(*c, root, h, recv); };
+  }
+  return issue(std::move(op));
+}
+
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t handle, cudaStream_t) {
+  std::shared_ptr<ncclComm> c;
+  if (ncclResult_t rc = enter(handle, "ncclSend", c); rc != ncclSuccess) return rc;
+  if (peer < 0 || peer >= c->nranks) return fail(ncclInvalidArgument, "ncclSend: peer " + std::to_string(peer));
+  Header h{.kind = kSend, .count = count, .type = type, .bytes = count * type_size(type)};
+  // To itself: the bytes now, as the matching receive (in the same group) will take them.
+  return issue(Op{c, [=] { return post(*c, peer, h, send); }, nullptr});
+}
+
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t handle, cudaStream_t) {
+  std::shared_ptr<ncclComm> c;
+  if (ncclResult_t rc = enter(handle, "ncclRecv", c); rc != ncclSuccess) return rc;
+  if (peer < 0 || peer >= c->nranks) return fail(ncclInvalidArgument, "ncclRecv: peer " + std::to_string(peer));
+  Header h{.kind = kSend, .count = count, .type = type, .bytes = count * type_size(type)};
+  return issue(Op{c, nullptr, [=] { return take(*c, peer, h, recv); }});
+}
+
+ncclResult_t ncclGroupStart() {
+  ++t_depth;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (t_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--t_depth > 0) return ncclSuccess;
+  std::vector<Op> ops = std::move(t_group);
+  t_group.clear();
+  // Each communicator's operations, in the order they were called.
+  std::vector<std::pair<std::shared_ptr<ncclComm>, std::vector<Op>>> by_comm;
+  for (Op& o : ops) {
+    auto it = std::find_if(by_comm.begin(), by_comm.end(), [&](auto& e) { return e.first == o.comm; });
+    if (it == by_comm.end()) by_comm.push_back({o.comm, {}}), it = by_comm.end() - 1;
+    it->second.push_back(std::move(o));
+  }
+  ncclResult_t result = ncclSuccess;
+  for (auto& [c, list] : by_comm) {
+    const ncclResult_t rc = submit(c, std::move(list));
+    if (rc != ncclSuccess && (result == ncclSuccess || result == ncclInProgress)) result = rc;
+  }
+  return result;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t handle) {
+  std::shared_ptr<ncclComm> c;
+  if (ncclResult_t rc = enter(handle, "ncclCommFinalize", c); rc != ncclSuccess) return rc;
+  // Every rank's last message taken before any goes: an exchange of nothing.
+  Header h{.kind = kFinalize};
+  return submit(c, {exchange(c, h, nullptr, [](int, const void*) { return ncclSuccess; })});
+}
+
+namespace {
+// After an abort, messages to or from this rank that nobody will take.
+void remove_messages(const ncclComm& c) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root_dir(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= c.key.size() + 1 || name.compare(0, c.key.size() + 1, c.key + ".") != 0) continue;
+    int src = -1, dst = -1, used = 0;
+    unsigned long long seq = 0;
+    const std::string rest = name.substr(c.key.size() + 1);  // "src-dst.seq", not a child's "NcM..."
+    if (std::sscanf(rest.c_str(), "%d-%d.%llu%n", &src, &dst, &seq, &used) == 3 &&
+        (size_t(used) == rest.size() || rest.compare(size_t(used), std::string::npos, ".part") == 0) &&
+        (src == c.rank || dst == c.rank))
+      fs::remove(e.path(), ec);
+  }
+}
+
+ncclResult_t end(ncclComm_t handle, const char* call, bool abort) {
+  std::shared_ptr<ncclComm> c = live(handle);
+  if (!c)
+    return fail(ncclInvalidArgument, std::string(call) +
+                                         " on a handle that is no communicator (destroyed or "
+                                         "aborted already?)");
+  if (!abort) {
+    std::lock_guard lock(c->mutex);
+    if (c->busy || !c->queue.empty())
+      return fail(ncclInvalidUsage, std::string(call) + " on " + c->key + " with operations still in flight");
+  }
+  {
+    std::lock_guard lock(g_mutex);
+    g_live.erase(handle);
+  }
+  c->aborted = abort;
+  {
+    std::lock_guard lock(c->mutex);
+    c->stop = true;
+  }
+  c->cv.notify_all();
+  if (c->worker.joinable()) c->worker.join();
+  c->queue.clear();  // what was never run (an abort's), and the references it held
+  if (abort) remove_messages(*c);
+  return ncclSuccess;
+}
+}  // namespace
+
+ncclResult_t ncclCommDestroy(ncclComm_t handle) {
+  return end(handle, "ncclCommDestroy", false);
+}
+ncclResult_t ncclCommAbort(ncclComm_t handle) {
+  return end(handle, "ncclCommAbort", true);
+}
+
+}  // extern "C"
