@@ -34,7 +34,8 @@ echo "sanitize: built in $(($(date +%s) - start)) s"
 # at a fraction of the time; the plain leg runs every row. Of the emulated
 # cuda suites the kernels' own (tst_cuda_ops_emu) runs here, index arithmetic
 # under ASan; the model, strategy and training passes over the same kernels
-# run in the plain leg.
+# run in the plain leg. NCCL's communicator (on the tests' stand-in) runs here
+# in tst_train_nccl_emu's gradients and tst_faults' peer hung or gone.
 export QT_QPA_PLATFORM=offscreen SHARDSCOPE_FAULT_TRIALS=5 SHARDSCOPE_SANITIZER_LEG=asan
 # QtTest's per-function limit (300 s for all of a function's rows) is for
 # unsanitized speed; ctest's --timeout below bounds a hung suite.
@@ -44,5 +45,5 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_odr_
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$root/packaging/ubsan.supp"
 t0=$(date +%s)
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1800 \
-  -E '^(tst_package|tst_cuda_models_emu|tst_strategies_cuda_emu|tst_train_cuda_emu)$'
+  -E '^(tst_package|tst_cuda_models_emu|tst_strategies_cuda_emu|tst_strategies_nccl_emu|tst_train_cuda_emu)$'
 echo "sanitize: tests took $(($(date +%s) - t0)) s; leg $(($(date +%s) - start)) s"

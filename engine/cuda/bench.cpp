@@ -267,9 +267,9 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     DeviceRandomSource src;
     m.load(src);
     const int64_t V = m.config().vocab;
-    {  // warm-up: cuBLAS's heuristics and the pool
-      Cache warm = m.make_cache(std::min<int64_t>(prompt, 256));
-      m.forward(tokens(std::min<int64_t>(prompt, 256), V), positions(0, std::min<int64_t>(prompt, 256)), warm, false);
+    {  // warm-up at the timed length: cuBLAS's heuristics for these shapes, the pool's blocks
+      Cache warm = m.make_cache(prompt);
+      m.forward(tokens(prompt, V), positions(0, prompt), warm, false);
       be.synchronize();
     }
     rec.take_spans();
@@ -381,8 +381,8 @@ int run_bench(const CudaBenchOptions& o, std::ostream& out) {
     m.load(src);
     const int64_t V = m.config().vocab;
     {
-      Cache warm = m.make_cache(std::min<int64_t>(prompt, 256));
-      m.forward(tokens(std::min<int64_t>(prompt, 256), V), positions(0, std::min<int64_t>(prompt, 256)), warm, false);
+      Cache warm = m.make_cache(prompt);
+      m.forward(tokens(prompt, V), positions(0, prompt), warm, false);
       be.synchronize();
     }
     rec.take_spans();

@@ -150,12 +150,14 @@ struct NcclCommunicator::State {
     std::lock_guard lock(nccl_mutex);
     if (comm) {
       // Non-blocking, ncclCommFinalize answers ncclInProgress until every
-      // operation of the communicator is done; a peer that never finishes
-      // its part must not hang the exit.
+      // operation of the communicator is done and the ranks have met; a peer
+      // that never finishes its part must not hang the exit (with no
+      // operation timeout, a minute).
       const NcclApi& api = nccl();
       ncclResult_t rc = failure.empty() ? api.finalize(comm) : ncclInternalError;
       const auto start = std::chrono::steady_clock::now();
-      while (rc == ncclInProgress && !past(start)) {
+      const double limit = timeout_s > 0 ? timeout_s : 60.0;
+      while (rc == ncclInProgress && std::chrono::steady_clock::now() - start < std::chrono::duration<double>(limit)) {
         if (api.async_error(comm, &rc) != ncclSuccess) rc = ncclInternalError;
         if (rc == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
@@ -211,7 +213,10 @@ struct NcclCommunicator::State {
     return st;
   }
   // After an NCCL call on a non-blocking communicator: wait until it is
-  // enqueued (or has failed), then throw its error.
+  // enqueued (or has failed), then throw its error. Yields for the first
+  // millisecond, then sleeps between polls (ranks sharing cores wait on
+  // each other, and a stand-in NCCL may run the whole transfer before it
+  // answers ncclSuccess).
   void check(ncclResult_t rc, const char* call) {
     const auto start = std::chrono::steady_clock::now();
     while (rc == ncclInProgress) {
@@ -222,7 +227,9 @@ struct NcclCommunicator::State {
              " s; the communicator was aborted");
         break;
       }
-      std::this_thread::yield();
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited < std::chrono::milliseconds(1)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(20) ? 20 : 200));
     }
     if (rc != ncclSuccess && rc != ncclInProgress) {
       const NcclApi& api = nccl();
@@ -637,8 +644,18 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
     std::lock_guard lock(state->nccl_mutex);
     state->comm = comm;
   }
-  if (rc != ncclSuccess && rc != ncclInProgress) m_state->check(rc, "ncclCommSplit");
-  state->check(rc, "ncclCommSplit");  // polls the child until it is ready
+  // A non-blocking split is polled on the parent (NCCL's guide does so),
+  // then the child; one that fails is aborted on the parent, then on the
+  // child ("a ncclCommSplit operation may be stopped by calling
+  // ncclCommAbort on the parent communicator, then on any new communicator
+  // returned").
+  try {
+    m_state->check(rc, "ncclCommSplit");
+    state->check(ncclInProgress, "ncclCommSplit (the new communicator)");
+  } catch (const std::exception& e) {
+    state->fail(e.what());
+    throw;
+  }
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(Adopt{}, std::move(host), m_ctx, m_rec, std::move(state)));
 }

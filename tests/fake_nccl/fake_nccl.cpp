@@ -32,8 +32,8 @@
 //
 // Faults, for the tests: SHARDSCOPE_FAKE_NCCL_FAULT=hang:R:N or exit:R:N
 // makes the process of MPI world rank R hang in (until aborted), or exit
-// at, its Nth operation; SHARDSCOPE_FAKE_NCCL_MISUSE_LOG collects every
-// broken rule, so a run that fails anyway still shows one.
+// at, its Nth operation; SHARDSCOPE_FAKE_NCCL_LOG collects the faults that
+// fired and every broken rule, so a run that fails anyway still shows one.
 #include <nccl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -79,29 +79,47 @@ struct ncclComm {
   bool must_poll = false;            // an ncclInProgress not yet polled to ncclSuccess
   ncclResult_t error = ncclSuccess;  // sticky
   std::atomic<bool> aborted{false};
+
+  ~ncclComm() {  // one never destroyed, at the process's exit
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    aborted = true;
+    cv.notify_all();
+    if (worker.joinable()) worker.join();
+  }
 };
 
 namespace {
 
 std::mutex g_mutex;  // the live communicators and the last error
 std::map<ncclComm*, std::shared_ptr<ncclComm>> g_live;
+// Ended communicators stay allocated, so no later one takes the address of
+// one a caller might still hold: a handle after its end is never live again.
+std::vector<std::shared_ptr<ncclComm>> g_ended;
 std::string g_last_error;
 std::atomic<long> g_ops{0};  // this process's operations, for the fault
 
-// An error: NCCL's last error, a stderr line, and where the caller broke one
-// of NCCL's rules (invalid usage or argument), a line in
-// $SHARDSCOPE_FAKE_NCCL_MISUSE_LOG too: a run that fails anyway (a fault
-// test) would otherwise hide it.
+// A line in $SHARDSCOPE_FAKE_NCCL_LOG, where it is set: "misuse: ..." where
+// the caller broke one of NCCL's rules (a run that fails anyway, as a fault
+// test's, would otherwise hide it), "fault: ..." where one was injected.
+void log_line(const std::string& line) {
+  const char* log = std::getenv("SHARDSCOPE_FAKE_NCCL_LOG");
+  if (!log || !*log) return;
+  if (std::FILE* f = std::fopen(log, "a")) {
+    std::fprintf(f, "%s (pid %ld)\n", line.c_str(), long(getpid()));
+    std::fclose(f);
+  }
+}
+
+// An error: NCCL's last error, a stderr line, and a misuse line in the log
+// for an invalid usage or argument.
 ncclResult_t fail(ncclResult_t rc, const std::string& why) {
   std::lock_guard lock(g_mutex);
   g_last_error = "fake nccl: " + why;
   std::fprintf(stderr, "%s\n", g_last_error.c_str());
-  const char* log = std::getenv("SHARDSCOPE_FAKE_NCCL_MISUSE_LOG");
-  if (log && *log && (rc == ncclInvalidUsage || rc == ncclInvalidArgument))
-    if (std::FILE* f = std::fopen(log, "a")) {
-      std::fprintf(f, "pid %ld: %s\n", long(getpid()), g_last_error.c_str());
-      std::fclose(f);
-    }
+  if (rc == ncclInvalidUsage || rc == ncclInvalidArgument) log_line("misuse: " + why);
   return rc;
 }
 
@@ -145,6 +163,7 @@ void maybe_fault(ncclComm& c) {
   }();
   const auto& [kind, rank, n] = fault;
   if (kind.empty() || rank != world_rank() || ++g_ops != n) return;
+  log_line("fault: world rank " + std::to_string(rank) + " " + kind + " at operation " + std::to_string(n));
   std::fprintf(stderr, "fake nccl: SHARDSCOPE_FAKE_NCCL_FAULT: world rank %d %s at operation %ld\n", rank, kind.c_str(),
                n);
   if (kind == "exit") _exit(17);
@@ -373,15 +392,18 @@ thread_local std::vector<Op> t_group;
 ncclResult_t enter(ncclComm_t handle, const char* call, std::shared_ptr<ncclComm>& c) {
   c = live(handle);
   if (!c)
-    return fail(ncclInvalidArgument, std::string(call) +
-                                         " on a handle that is no communicator (never made, "
-                                         "or after ncclCommDestroy or ncclCommAbort)");
-  std::lock_guard lock(c->mutex);
-  if (c->must_poll)
-    return fail(ncclInvalidUsage, std::string(call) + " on " + c->key + " while an earlier call's ncclInProgress was " +
-                                      "not yet polled to ncclSuccess with ncclCommGetAsyncError");
-  if (c->error != ncclSuccess) return c->error;
-  return ncclSuccess;
+    return fail(ncclInvalidArgument, std::string(call) + " on a handle that is no communicator (never made, or "
+                                                         "after ncclCommDestroy or ncclCommAbort)");
+  std::string why;  // reported after the communicator's lock (fail takes the global one)
+  {
+    std::lock_guard lock(c->mutex);
+    if (c->error != ncclSuccess) return c->error;
+    if (!c->ready)
+      why = " before the ncclCommSplit that makes it was polled to ncclSuccess on the parent";
+    else if (c->must_poll)
+      why = " while an earlier call's ncclInProgress was not yet polled to ncclSuccess with ncclCommGetAsyncError";
+  }
+  return why.empty() ? ncclSuccess : fail(ncclInvalidUsage, std::string(call) + " on " + c->key + why);
 }
 
 // A call's operation: queued in a group, else run at once.
@@ -494,9 +516,9 @@ ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* ou
   std::shared_ptr<ncclComm> child;
   if (color != NCCL_SPLIT_NOCOLOR) {
     child = std::make_shared<ncclComm>();
-    child->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
-    child->ready = false;
-    child->must_poll = !child->blocking;  // the caller polls the child until the split is done
+    // NCCL's child takes the parent's blocking unless its config says.
+    child->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT ? p->blocking : config->blocking != 0;
+    child->ready = false;  // until the parent's part is done (polled there, as NCCL's guide does)
     child->key = p->key + "." + std::to_string(p->splits) + "c" + std::to_string(color);
     {
       std::lock_guard lock(g_mutex);
@@ -537,13 +559,7 @@ ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* ou
     child->ready = true;
     return rc;
   };
-  const ncclResult_t rc = submit(p, {op});
-  if (rc == ncclInProgress) {
-    // The child is what the caller polls: the parent's part is its.
-    std::lock_guard lock(p->mutex);
-    p->must_poll = false;
-  }
-  return child && !child->blocking && (rc == ncclSuccess || rc == ncclInProgress) ? ncclInProgress : rc;
+  return submit(p, {op});
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t redop,
@@ -696,20 +712,27 @@ void remove_messages(const ncclComm& c) {
 }
 
 ncclResult_t end(ncclComm_t handle, const char* call, bool abort) {
-  std::shared_ptr<ncclComm> c = live(handle);
+  std::shared_ptr<ncclComm> c;
+  bool ended = false;
+  {
+    std::lock_guard lock(g_mutex);  // then the communicator's: one end of a handle, ever
+    auto it = g_live.find(handle);
+    if (it != g_live.end()) {
+      c = it->second;
+      std::lock_guard comm_lock(c->mutex);
+      if (abort || (!c->busy && c->queue.empty())) {
+        g_live.erase(it);
+        g_ended.push_back(c);
+        ended = true;
+      }
+    }
+  }
   if (!c)
     return fail(ncclInvalidArgument, std::string(call) +
                                          " on a handle that is no communicator (destroyed or "
                                          "aborted already?)");
-  if (!abort) {
-    std::lock_guard lock(c->mutex);
-    if (c->busy || !c->queue.empty())
-      return fail(ncclInvalidUsage, std::string(call) + " on " + c->key + " with operations still in flight");
-  }
-  {
-    std::lock_guard lock(g_mutex);
-    g_live.erase(handle);
-  }
+  if (!ended)  // a destroy with work in flight
+    return fail(ncclInvalidUsage, std::string(call) + " on " + c->key + " with operations still in flight");
   c->aborted = abort;
   {
     std::lock_guard lock(c->mutex);
