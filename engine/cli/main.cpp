@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <utility>
 
 #include "cli/text_commands.h"
 #include "cli/token_ids.h"
@@ -195,11 +196,13 @@ int run_command(ss::RunOptions& o, const std::string& tokens, const std::string&
 
 int main(int argc, char** argv) {
   // --backend cuda-emu: the cuda kernels under the host emulator, for the tests.
-  // A rank's emulated device, where its NCCL world made one for the backend to share.
+  // A rank's emulated device, where its NCCL world made one, until the run's
+  // backend takes it (the world and the backend share its streams and spans).
   static std::shared_ptr<ss::cuda_emu::DeviceContext> emulated_device;
   ss::register_emulated_cuda(
       {[](ss::Allocator& a, ss::Recorder& r) -> std::unique_ptr<ss::Backend> {
-         if (emulated_device) return std::make_unique<ss::cuda_emu::CudaBackend>(a, r, emulated_device);
+         if (auto ctx = std::exchange(emulated_device, nullptr))
+           return std::make_unique<ss::cuda_emu::CudaBackend>(a, r, std::move(ctx));
          return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
        },
        [](std::unique_ptr<ss::Communicator> host) -> std::unique_ptr<ss::Communicator> {
