@@ -637,25 +637,33 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   state->timeout_s = m_state->timeout_s;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  // Non-blocking, NCCL writes the new communicator into `comm` only when the
+  // split is done (NCCL_COMM_NULL until then), from a thread of its own. So
+  // the split is polled on the parent (as NCCL's guide does) before `comm` is
+  // read; one that fails is stopped by the parent's abort first ("a
+  // ncclCommSplit operation may be stopped by calling ncclCommAbort on the
+  // parent communicator, then on any new communicator returned"), and only
+  // then is `comm` read, and aborted if NCCL made one: no write into it
+  // comes after this function.
   ncclComm_t comm = nullptr;
   const ncclResult_t rc =
       m_state->locked([&](ncclComm_t parent) { return nccl().split(parent, color, key, &comm, &config); });
-  {
-    std::lock_guard lock(state->nccl_mutex);
-    state->comm = comm;
-  }
-  // A non-blocking split is polled on the parent (NCCL's guide does so),
-  // then the child; one that fails is aborted on the parent, then on the
-  // child ("a ncclCommSplit operation may be stopped by calling
-  // ncclCommAbort on the parent communicator, then on any new communicator
-  // returned").
+  std::string failed;
   try {
     m_state->check(rc, "ncclCommSplit");
-    state->check(ncclInProgress, "ncclCommSplit (the new communicator)");
   } catch (const std::exception& e) {
-    state->fail(e.what());
-    throw;
+    failed = e.what();  // the parent is aborted
   }
+  {
+    std::lock_guard lock(state->nccl_mutex);
+    state->comm = std::atomic_ref<ncclComm_t>(comm).load(std::memory_order_acquire);
+  }
+  if (failed.empty() && !state->comm) failed = "nccl: ncclCommSplit on " + name() + " made no communicator";
+  if (!failed.empty()) {
+    state->fail(failed);
+    throw std::runtime_error(failed);
+  }
+  state->check(ncclInProgress, "ncclCommSplit (the new communicator)");
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(Adopt{}, std::move(host), m_ctx, m_rec, std::move(state)));
 }

@@ -75,30 +75,27 @@ struct ncclComm {
   std::deque<std::function<ncclResult_t()>> queue;
   std::thread worker;
   bool busy = false, stop = false;
-  bool ready = true;                 // false while a split that makes it is under way
   bool must_poll = false;            // an ncclInProgress not yet polled to ncclSuccess
   ncclResult_t error = ncclSuccess;  // sticky
   std::atomic<bool> aborted{false};
-
-  ~ncclComm() {  // one never destroyed, at the process's exit
-    {
-      std::lock_guard lock(mutex);
-      stop = true;
-    }
-    aborted = true;
-    cv.notify_all();
-    if (worker.joinable()) worker.join();
-  }
 };
 
 namespace {
 
-std::mutex g_mutex;  // the live communicators and the last error
-std::map<ncclComm*, std::shared_ptr<ncclComm>> g_live;
-// Ended communicators stay allocated, so no later one takes the address of
-// one a caller might still hold: a handle after its end is never live again.
-std::vector<std::shared_ptr<ncclComm>> g_ended;
-std::string g_last_error;
+// The live communicators and the last error. Never destroyed: a worker may
+// still run as the process exits. Ended communicators stay allocated, so no
+// later one takes the address of one a caller might still hold: a handle
+// after its end is never live again.
+struct Registry {
+  std::mutex mutex;
+  std::map<ncclComm*, std::shared_ptr<ncclComm>> live;
+  std::vector<std::shared_ptr<ncclComm>> ended;
+  std::string last_error;
+};
+Registry& reg() {
+  static Registry* r = new Registry;
+  return *r;
+}
 std::atomic<long> g_ops{0};  // this process's operations, for the fault
 
 // A line in $SHARDSCOPE_FAKE_NCCL_LOG, where it is set: "misuse: ..." where
@@ -116,9 +113,9 @@ void log_line(const std::string& line) {
 // An error: NCCL's last error, a stderr line, and a misuse line in the log
 // for an invalid usage or argument.
 ncclResult_t fail(ncclResult_t rc, const std::string& why) {
-  std::lock_guard lock(g_mutex);
-  g_last_error = "fake nccl: " + why;
-  std::fprintf(stderr, "%s\n", g_last_error.c_str());
+  std::lock_guard lock(reg().mutex);
+  reg().last_error = "fake nccl: " + why;
+  std::fprintf(stderr, "%s\n", reg().last_error.c_str());
   if (rc == ncclInvalidUsage || rc == ncclInvalidArgument) log_line("misuse: " + why);
   return rc;
 }
@@ -139,9 +136,9 @@ fs::path root_dir() {
 }
 
 std::shared_ptr<ncclComm> live(ncclComm_t comm) {
-  std::lock_guard lock(g_mutex);
-  auto it = g_live.find(comm);
-  return it == g_live.end() ? nullptr : it->second;
+  std::lock_guard lock(reg().mutex);
+  auto it = reg().live.find(comm);
+  return it == reg().live.end() ? nullptr : it->second;
 }
 
 int world_rank() {
@@ -398,9 +395,7 @@ ncclResult_t enter(ncclComm_t handle, const char* call, std::shared_ptr<ncclComm
   {
     std::lock_guard lock(c->mutex);
     if (c->error != ncclSuccess) return c->error;
-    if (!c->ready)
-      why = " before the ncclCommSplit that makes it was polled to ncclSuccess on the parent";
-    else if (c->must_poll)
+    if (c->must_poll)
       why = " while an earlier call's ncclInProgress was not yet polled to ncclSuccess with ncclCommGetAsyncError";
   }
   return why.empty() ? ncclSuccess : fail(ncclInvalidUsage, std::string(call) + " on " + c->key + why);
@@ -443,8 +438,8 @@ const char* ncclGetErrorString(ncclResult_t rc) {
 
 const char* ncclGetLastError(ncclComm_t) {
   static thread_local std::string copy;
-  std::lock_guard lock(g_mutex);
-  copy = g_last_error;
+  std::lock_guard lock(reg().mutex);
+  copy = reg().last_error;
   return copy.c_str();
 }
 
@@ -479,8 +474,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   c->received.assign(size_t(nranks), 0);
   c->pids.assign(size_t(nranks), 0);
   {
-    std::lock_guard lock(g_mutex);
-    g_live[c.get()] = c;
+    std::lock_guard lock(reg().mutex);
+    reg().live[c.get()] = c;
   }
   if (!c->blocking) start_worker(c);
   *out = c.get();
@@ -499,7 +494,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* state) {
   std::lock_guard lock(c->mutex);
   if (c->error != ncclSuccess)
     *state = c->error;
-  else if (c->busy || !c->queue.empty() || !c->ready)
+  else if (c->busy || !c->queue.empty())
     *state = ncclInProgress;
   else {
     *state = ncclSuccess;
@@ -508,6 +503,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* state) {
   return ncclSuccess;
 }
 
+// As NCCL's: the new communicator reaches *out only when the split is done
+// (null until then, and for good if it fails), and the split is polled on
+// the parent.
 ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* out, ncclConfig_t* config) {
   std::shared_ptr<ncclComm> p;
   if (!out) return ncclInvalidArgument;
@@ -516,16 +514,9 @@ ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* ou
   std::shared_ptr<ncclComm> child;
   if (color != NCCL_SPLIT_NOCOLOR) {
     child = std::make_shared<ncclComm>();
-    // NCCL's child takes the parent's blocking unless its config says.
-    child->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT ? p->blocking : config->blocking != 0;
-    child->ready = false;  // until the parent's part is done (polled there, as NCCL's guide does)
+    // A null config inherits the parent's mode; one that leaves it undefined is NCCL's default, blocking.
+    child->blocking = !config ? p->blocking : config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
     child->key = p->key + "." + std::to_string(p->splits) + "c" + std::to_string(color);
-    {
-      std::lock_guard lock(g_mutex);
-      g_live[child.get()] = child;
-    }
-    if (!child->blocking) start_worker(child);
-    *out = child.get();
   }
   ++p->splits;
   // Every rank's (color, key) to every rank; the child's ranks by (key, parent rank).
@@ -537,26 +528,26 @@ ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* ou
     return ncclSuccess;
   });
   auto inner_take = op.take;
-  op.take = [p, child, all, inner_take, color]() -> ncclResult_t {
+  op.take = [p, child, all, inner_take, color, out]() -> ncclResult_t {
     const ncclResult_t rc = inner_take();
-    if (!child) return rc;
-    std::lock_guard lock(child->mutex);
-    if (rc == ncclSuccess) {
-      std::vector<std::pair<int, int>> members;  // (key, parent rank)
-      for (int r = 0; r < p->nranks; ++r)
-        if ((*all)[size_t(r)][0] == color) members.push_back({(*all)[size_t(r)][1], r});
-      std::sort(members.begin(), members.end());
-      child->nranks = int(members.size());
-      for (size_t i = 0; i < members.size(); ++i) {
-        if (members[i].second == p->rank) child->rank = int(i);
-        child->pids.push_back(p->pids[size_t(members[i].second)]);
-      }
-      child->sent.assign(members.size(), 0);
-      child->received.assign(members.size(), 0);
-    } else {
-      child->error = rc;
+    if (rc != ncclSuccess || !child) return rc;
+    std::vector<std::pair<int, int>> members;  // (key, parent rank)
+    for (int r = 0; r < p->nranks; ++r)
+      if ((*all)[size_t(r)][0] == color) members.push_back({(*all)[size_t(r)][1], r});
+    std::sort(members.begin(), members.end());
+    child->nranks = int(members.size());
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i].second == p->rank) child->rank = int(i);
+      child->pids.push_back(p->pids[size_t(members[i].second)]);
     }
-    child->ready = true;
+    child->sent.assign(members.size(), 0);
+    child->received.assign(members.size(), 0);
+    {
+      std::lock_guard lock(reg().mutex);
+      reg().live[child.get()] = child;
+    }
+    if (!child->blocking) start_worker(child);
+    __atomic_store_n(out, child.get(), __ATOMIC_RELEASE);
     return rc;
   };
   return submit(p, {op});
@@ -715,14 +706,14 @@ ncclResult_t end(ncclComm_t handle, const char* call, bool abort) {
   std::shared_ptr<ncclComm> c;
   bool ended = false;
   {
-    std::lock_guard lock(g_mutex);  // then the communicator's: one end of a handle, ever
-    auto it = g_live.find(handle);
-    if (it != g_live.end()) {
+    std::lock_guard lock(reg().mutex);  // then the communicator's: one end of a handle, ever
+    auto it = reg().live.find(handle);
+    if (it != reg().live.end()) {
       c = it->second;
       std::lock_guard comm_lock(c->mutex);
       if (abort || (!c->busy && c->queue.empty())) {
-        g_live.erase(it);
-        g_ended.push_back(c);
+        reg().live.erase(it);
+        reg().ended.push_back(c);
         ended = true;
       }
     }
