@@ -147,22 +147,21 @@ struct NcclCommunicator::State {
     }
     cv.notify_all();
     if (watchdog.joinable()) watchdog.join();
+    // Finalize, polled as any call, then destroy; a failed or timed-out one
+    // is aborted by check(). A peer that never finishes its part must not
+    // hang the exit: with no operation timeout, a minute.
+    if (failure.empty() && timeout_s <= 0) timeout_s = 60;
+    if (failure.empty()) {
+      try {
+        call("ncclCommFinalize", [](ncclComm_t c) { return nccl().finalize(c); });
+      } catch (const std::exception&) {
+        // Aborted: the failure is recorded, and a destructor cannot report it.
+      }
+    }
     std::lock_guard lock(nccl_mutex);
     if (comm) {
-      // Non-blocking, ncclCommFinalize answers ncclInProgress until every
-      // operation of the communicator is done and the ranks have met; a peer
-      // that never finishes its part must not hang the exit (with no
-      // operation timeout, a minute).
-      const NcclApi& api = nccl();
-      ncclResult_t rc = failure.empty() ? api.finalize(comm) : ncclInternalError;
-      const auto start = std::chrono::steady_clock::now();
-      const double limit = timeout_s > 0 ? timeout_s : 60.0;
-      while (rc == ncclInProgress && std::chrono::steady_clock::now() - start < std::chrono::duration<double>(limit)) {
-        if (api.async_error(comm, &rc) != ncclSuccess) rc = ncclInternalError;
-        if (rc == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      if (rc == ncclSuccess) api.destroy(comm);
-      else api.abort(comm);
+      if (failure.empty()) nccl().destroy(comm);
+      else nccl().abort(comm);
       comm = nullptr;
     }
     for (Event e : free_events) destroy_event(e);

@@ -304,6 +304,21 @@ bool reduce_bytes(void* acc, const void* x, size_t count, ncclDataType_t t, nccl
   }
 }
 
+// The reductions emulated: sum, prod, max and min over integers, fp32 and fp64.
+ncclResult_t check_reduction(const char* call, ncclDataType_t type, ncclRedOp_t op) {
+  if (type_size(type) && int(op) >= 0 && op < ncclAvg && reduce_bytes(nullptr, nullptr, 0, type, op))
+    return ncclSuccess;
+  return fail(ncclInvalidArgument, std::string(call) + ": type " + std::to_string(type) + " / op " +
+                                       std::to_string(op) + " is not emulated (sum, prod, max, min over integers, " +
+                                       "fp32, fp64)");
+}
+
+// A call on a handle no live communicator has.
+ncclResult_t not_a_communicator(const char* call) {
+  return fail(ncclInvalidArgument, std::string(call) + " on a handle that is no communicator (never made, or after " +
+                                       "ncclCommDestroy or ncclCommAbort)");
+}
+
 // Every rank's `bytes` from `in` to every other; `got(r, data)` for each rank's
 // (this rank's own included), in rank order, so every rank combines alike.
 Op exchange(std::shared_ptr<ncclComm> c, Header h, const void* in, std::function<ncclResult_t(int, const void*)> got) {
@@ -388,9 +403,7 @@ thread_local std::vector<Op> t_group;
 // The checks every call on a communicator starts with.
 ncclResult_t enter(ncclComm_t handle, const char* call, std::shared_ptr<ncclComm>& c) {
   c = live(handle);
-  if (!c)
-    return fail(ncclInvalidArgument, std::string(call) + " on a handle that is no communicator (never made, or "
-                                                         "after ncclCommDestroy or ncclCommAbort)");
+  if (!c) return not_a_communicator(call);
   std::string why;  // reported after the communicator's lock (fail takes the global one)
   {
     std::lock_guard lock(c->mutex);
@@ -490,7 +503,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* state) {
   auto c = live(handle);
-  if (!c || !state) return fail(ncclInvalidArgument, "ncclCommGetAsyncError on a handle that is no communicator");
+  if (!state) return ncclInvalidArgument;
+  if (!c) return not_a_communicator("ncclCommGetAsyncError");
   std::lock_guard lock(c->mutex);
   if (c->error != ncclSuccess)
     *state = c->error;
@@ -557,10 +571,8 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
                            ncclComm_t handle, cudaStream_t) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclAllReduce", c); rc != ncclSuccess) return rc;
+  if (ncclResult_t rc = check_reduction("ncclAllReduce", type, redop); rc != ncclSuccess) return rc;
   const size_t es = type_size(type);
-  if (!es || int(redop) < 0 || redop >= ncclAvg || !reduce_bytes(nullptr, nullptr, 0, type, redop))
-    return fail(ncclInvalidArgument, "ncclAllReduce: type " + std::to_string(type) + " / op " + std::to_string(redop) +
-                                         " is not emulated (sum, prod, max, min over integers, fp32, fp64)");
   Header h{.kind = kAllReduce, .count = count, .type = type, .extra = redop, .bytes = count * es};
   auto acc = std::make_shared<std::vector<char>>(h.bytes);
   return issue(exchange(c, h, send, [=](int r, const void* d) {
@@ -593,10 +605,8 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
                                ncclComm_t handle, cudaStream_t) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclReduceScatter", c); rc != ncclSuccess) return rc;
+  if (ncclResult_t rc = check_reduction("ncclReduceScatter", type, redop); rc != ncclSuccess) return rc;
   const size_t es = type_size(type), bytes = count * es, all = bytes * size_t(c->nranks);
-  if (!es || int(redop) < 0 || redop >= ncclAvg || !reduce_bytes(nullptr, nullptr, 0, type, redop))
-    return fail(ncclInvalidArgument, "ncclReduceScatter: type " + std::to_string(type) + " / op " +
-                                         std::to_string(redop) + " is not emulated");
   if (overlaps(send, all, recv, bytes) && recv != static_cast<const char*>(send) + bytes * size_t(c->rank))
     return fail(ncclInvalidUsage, "ncclReduceScatter in place needs recvbuff == sendbuff + rank * recvcount");
   // Every rank's whole input to every rank, each keeping its own block's sum.
@@ -719,9 +729,7 @@ ncclResult_t end(ncclComm_t handle, const char* call, bool abort) {
     }
   }
   if (!c)
-    return fail(ncclInvalidArgument, std::string(call) +
-                                         " on a handle that is no communicator (destroyed or "
-                                         "aborted already?)");
+    return not_a_communicator(call);
   if (!ended)  // a destroy with work in flight
     return fail(ncclInvalidUsage, std::string(call) + " on " + c->key + " with operations still in flight");
   c->aborted = abort;
