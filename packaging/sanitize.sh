@@ -27,15 +27,19 @@ configure_sanitized "$build" "$flags" "-fsanitize=address,undefined" -DSHARDSCOP
   -DSHARDSCOPE_TEST_COMPILE_OPTIONS=-fno-sanitize=address,undefined -DSHARDSCOPE_ENGINE_NO_PIE=ON
 cmake --build "$build" -j "$jobs"
 echo "sanitize: built in $(($(date +%s) - start)) s"
-# SHARDSCOPE_SANITIZER_LEG: the oversubscribed calibration and the two long numeric cases (a 7B sweep, 200 training
-# steps) skip here; the plain leg runs them. The strategy, simulator and
+# SHARDSCOPE_SANITIZER_LEG: the oversubscribed calibration, the two long numeric cases (a 7B sweep, 200 training
+# steps) and the kills of checkpoint saves skip here; the plain leg runs them. The strategy, simulator and
 # training suites run their sample of rows (every strategy of every family on 2 and 4 ranks,
 # a few bf16, optimizer and memory rows): the same code paths as every row,
 # at a fraction of the time; the plain leg runs every row. Of the emulated
 # cuda suites the kernels' own (tst_cuda_ops_emu) runs here, index arithmetic
 # under ASan; the model, strategy and training passes over the same kernels
-# run in the plain leg. NCCL's communicator (on the tests' stand-in) runs here
-# in tst_train_nccl_emu's gradients and tst_faults' peer hung or gone.
+# run in the plain leg, and so does their second pass a warp at a time
+# (tst_cuda_ops_emu_warps: the same indices, in another order). NCCL's
+# communicator (on the tests' stand-in) runs here in tst_train_nccl_emu's
+# gradients and tst_faults' peer hung or gone. The quantized all-reduce runs
+# here on 1, 2 and 3 ranks; on 4 (tst_quant_mpi_np4: the code of 2 ranks
+# over more chunks) in the plain leg.
 export QT_QPA_PLATFORM=offscreen SHARDSCOPE_FAULT_TRIALS=5 SHARDSCOPE_SANITIZER_LEG=asan
 # QtTest's per-function limit (300 s for all of a function's rows) is for
 # unsanitized speed; ctest's --timeout below bounds a hung suite.
@@ -45,5 +49,5 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_odr_
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$root/packaging/ubsan.supp"
 t0=$(date +%s)
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1800 \
-  -E '^(tst_package|tst_cuda_models_emu|tst_strategies_cuda_emu|tst_strategies_nccl_emu|tst_train_cuda_emu)$'
+  -E '^(tst_package|tst_cuda_models_emu|tst_cuda_ops_emu_warps|tst_strategies_cuda_emu|tst_strategies_nccl_emu|tst_train_cuda_emu|tst_quant_mpi_np4)$'
 echo "sanitize: tests took $(($(date +%s) - t0)) s; leg $(($(date +%s) - start)) s"

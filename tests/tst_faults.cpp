@@ -192,6 +192,10 @@ class TstFaults : public QObject {
   // folder is A or the new checkpoint (B), whole; most kills land while
   // the new one is still being written, or the test proves nothing.
   void killedSaveLeavesAWholeCheckpoint() {
+    // Under ASan its 13 training runs were 79 s of the leg; what they check
+    // is where a kill leaves the files, not the memory of the save, whose
+    // code the sanitizer legs run in tst_checkpoint and tst_train's resume.
+    if (qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG")) QSKIP("runs in the plain leg");
     const QStringList model = {"--model", "tiny-llama", "--set", "vocab_size=4096", "--set", "hidden_size=256",
                                "--set", "intermediate_size=704", "--set", "num_hidden_layers=2",
                                "--seq-len", "32", "--steps", "1", "--threads", "1"};
