@@ -2,8 +2,9 @@
 # The sanitizer leg of CI: builds the engine, the explorer and the tests with
 # AddressSanitizer + UndefinedBehaviorSanitizer (any UB fails the test, no
 # recovery) into build-asan/ (or $SHARDSCOPE_ASAN_BUILD_DIR) and runs every
-# suite (sampled rows, see below) but the package check (it inspects the plain build's .deb): parsers,
-# the stream, sessions, the explorer, the strategies, the simulator. Leak
+# suite (sampled rows, see below) but the package check (it inspects the plain
+# build's .deb) and the second passes listed below: parsers, the stream,
+# sessions, the explorer, the strategies, the simulator. Leak
 # detection is off: MPI and Qt keep process-lifetime allocations. Called by
 # test.sh after the plain leg passes.
 set -euo pipefail
@@ -16,7 +17,7 @@ flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fr
 start=$(date +%s)
 # The fuzz targets' corpus replays are not built here: packaging/fuzz.sh
 # starts each target on the same corpus and kept inputs, under clang's
-# ASan + UBSan.
+# ASan + UBSan. Nor are the explorer's benchmarks: nothing is timed here.
 # The suites' own files are built without the sanitizers
 # (-fno-sanitize=address,undefined: tests/CMakeLists.txt); the libraries and
 # the engine they run keep both, and the suites link ASan's runtime, whose
@@ -24,7 +25,8 @@ start=$(date +%s)
 # without PIE, which spares every rank ASan's relocations as it starts
 # (engine/CMakeLists.txt).
 configure_sanitized "$build" "$flags" "-fsanitize=address,undefined" -DSHARDSCOPE_FUZZ_REPLAY=OFF \
-  -DSHARDSCOPE_TEST_COMPILE_OPTIONS=-fno-sanitize=address,undefined -DSHARDSCOPE_ENGINE_NO_PIE=ON
+  -DSHARDSCOPE_TEST_COMPILE_OPTIONS=-fno-sanitize=address,undefined -DSHARDSCOPE_ENGINE_NO_PIE=ON \
+  -DSHARDSCOPE_BUILD_BENCHES=OFF
 cmake --build "$build" -j "$jobs"
 echo "sanitize: built in $(($(date +%s) - start)) s"
 # SHARDSCOPE_SANITIZER_LEG: the oversubscribed calibration, the two long numeric cases (a 7B sweep, 200 training
@@ -34,12 +36,13 @@ echo "sanitize: built in $(($(date +%s) - start)) s"
 # at a fraction of the time; the plain leg runs every row. Of the emulated
 # cuda suites the kernels' own (tst_cuda_ops_emu) runs here, index arithmetic
 # under ASan; the model, strategy and training passes over the same kernels
-# run in the plain leg, and so does their second pass a warp at a time
+# run in the plain leg, and so does the kernels' second pass a warp at a time
 # (tst_cuda_ops_emu_warps: the same indices, in another order). NCCL's
 # communicator (on the tests' stand-in) runs here in tst_train_nccl_emu's
-# gradients and tst_faults' peer hung or gone. The quantized all-reduce runs
-# here on 1, 2 and 3 ranks; on 4 (tst_quant_mpi_np4: the code of 2 ranks
-# over more chunks) in the plain leg.
+# gradients and tst_faults' peer hung or gone. The quantized all-reduce's
+# suite runs here on 1, 2 and 3 ranks, on 4 (tst_quant_mpi_np4: the code of
+# 2 ranks over more chunks) in the plain leg; tst_sweep still runs int8 and
+# int4 all-reduces on 4 ranks here.
 export QT_QPA_PLATFORM=offscreen SHARDSCOPE_FAULT_TRIALS=5 SHARDSCOPE_SANITIZER_LEG=asan
 # QtTest's per-function limit (300 s for all of a function's rows) is for
 # unsanitized speed; ctest's --timeout below bounds a hung suite.

@@ -25,7 +25,7 @@ export QTEST_FUNCTION_TIMEOUT=${QTEST_FUNCTION_TIMEOUT:-600000}
 # Two test processes at a time: several suites start MPI ranks of their own.
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 900
 
-# The sanitizer legs, each a build of its own: ASan + UBSan over every suite,
+# The sanitizer legs, each a build of its own: ASan + UBSan over the suites,
 # the libFuzzer targets for a bounded number of inputs each, and TSan over
 # the suites whose threads the project owns.
 if [[ $legs == 1 ]]; then
