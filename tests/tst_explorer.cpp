@@ -455,7 +455,7 @@ class TestExplorer : public QObject {
   void sweepStreamFillsTheQuantizationPage() {
     QTemporaryDir dir;
     const QString stream = dir.filePath("sweep.jsonl");
-    // Under a sanitizer one block size: 13 runs of the engine instead of 21
+    // Under a sanitizer one block size: 13 configurations instead of 21
     // (tst_sweep drives the sweep itself there); the page draws either alike.
     const QStringList blocks =
         qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG") ? QStringList{"128"} : QStringList{"32", "128"};
