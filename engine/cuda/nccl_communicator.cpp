@@ -150,8 +150,8 @@ struct NcclCommunicator::State {
     // Finalize, polled as any call, then destroy; a failed or timed-out one
     // is aborted by check(). A peer that never finishes its part must not
     // hang the exit: with no operation timeout, a minute.
-    if (failure.empty() && timeout_s <= 0) timeout_s = 60;
     if (failure.empty()) {
+      if (timeout_s <= 0) timeout_s = 60;
       try {
         call("ncclCommFinalize", [](ncclComm_t c) { return nccl().finalize(c); });
       } catch (const std::exception&) {
