@@ -9,13 +9,21 @@
 #   tst_sessions: the session store (connections per thread);
 #   tst_faults (stoppedRankEndsTheRunNamingIt, ncclFaultEndsTheRun): the
 #     ranks' heartbeat threads and the launcher that reads them; NCCL's
-#     communicator (emulated ranks, the stand-in library's worker threads)
-#     with its watchdog thread, a peer hung or gone. Its other function kills single-rank
+#     communicator (emulated ranks, the stand-in library's worker threads,
+#     the emulated streams' threads that run its queued transfers) with its
+#     watchdog thread, a peer hung, stalled or gone. Its other function kills single-rank
 #     saves to check the files left behind (no threads of ours in it); ten
 #     training runs under TSan took it past QtTest's 300 s, so the plain leg
 #     runs it;
 #   tst_scale (two functions): `scale`, several simulations at once on
-#     worker threads, each with its own rank threads.
+#     worker threads, each with its own rank threads;
+#   two whole runs of emulated ranks on NCCL's communicator (the stand-in):
+#     tsp inference on 2 (the ring's grouped sends and receives, decode) and
+#     a bf16 training step of tp_sp on 4 (the splits, every collective, the
+#     16-bit sums): the transfers on the emulated streams' threads, the
+#     stand-in's worker threads and the watchdog, to the end of a run that
+#     succeeds. (The emulator's fibers are TSan fibers: each emulated thread
+#     keeps its own shadow stack.)
 # Not here: the explorer's session recorder thread (tst_session_views). It
 # hands batches over through Qt's queued signals, and Debian's Qt is built
 # without TSan, so its futex-based QMutex is invisible and every handoff reads
@@ -33,7 +41,7 @@ flags="-fsanitize=thread -fno-omit-frame-pointer -O1 -g1 -Wno-maybe-uninitialize
 start=$(date +%s)
 configure_sanitized "$build" "$flags" "-fsanitize=thread"
 suites="tst_comm tst_sim tst_sessions tst_faults tst_scale"
-cmake --build "$build" -j "$jobs" --target shardscope-engine $suites
+cmake --build "$build" -j "$jobs" --target shardscope-engine shardscope_fake_nccl $suites
 echo "tsan: built in $(($(date +%s) - start)) s"
 t0=$(date +%s)
 export QT_QPA_PLATFORM=offscreen OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 SHARDSCOPE_FAULT_TRIALS=3
@@ -70,6 +78,24 @@ if ! (cd "$build/tests" && OMP_WAIT_POLICY=PASSIVE SHARDSCOPE_RESOURCES="$root/r
   wait $sim || true
   exit 1
 fi
+# A report ends its rank (halt_on_error) and so the run; the events must say
+# the ranks took NCCL's communicator, not the host-staged one.
+nccl_run() {
+  local name=$1
+  shift
+  local events="$build/nccl-$name-tsan.jsonl" log="$build/nccl-$name-tsan.log"
+  if ! (cd "$build/tests" && OMP_WAIT_POLICY=PASSIVE SHARDSCOPE_RESOURCES="$root/resources" \
+        SHARDSCOPE_NCCL_LIBRARY="$build/tests/libshardscope_fake_nccl.so" \
+        ../engine/shardscope-engine "$@" --backend cuda-emu --events "$events" > "$log" 2>&1) ||
+     ! grep -q '"collectives":"nccl' "$events"; then
+    echo "tsan: the emulated NCCL run '$name' failed (or did not take NCCL's communicator); its log:" >&2
+    tail -60 "$log" >&2
+    wait $sim || true
+    exit 1
+  fi
+}
+nccl_run tsp launch --model tiny-hybrid --strategy tsp --devices 2 --prompt-len 16 --decode 4 --timeout 600
+nccl_run tp_sp-train train --model tiny-hybrid --strategy tp_sp --devices 4 --mesh 2x2 --seq-len 16 --dtype bf16
 if ! wait $sim; then
   echo "tsan: tst_sim or tst_scale failed; their logs:" >&2
   grep -hv '^PASS' "$build/tst_sim-tsan.log" "$build/tst_scale-tsan.log" 2>/dev/null | tail -80 >&2

@@ -18,6 +18,9 @@
 // kernels round their outputs the same way, so the two backends differ by at
 // most twice that. fp32 is held to 1e-5. Quantized bytes must be equal.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "comm/quantize.h"
 #include "cuda_twins.h"
@@ -30,6 +33,36 @@ class TestCudaOps : public QObject {
  private slots:
   void initTestCase() {
     if (const QString why = no_device(); !why.isEmpty()) QSKIP(qPrintable(why));
+  }
+
+  // A host function queued on a stream (how the tests' NCCL stand-in queues
+  // its transfers under the emulator) holds back an event recorded behind
+  // it until it has run; sync_event returns only after it.
+  void hostFunctionHoldsTheStream() {
+    struct Gate {
+      std::atomic<bool> open{false}, ran{false};
+    } gate;
+    const dev::Stream s = dev::create_stream();
+    const dev::Event e = dev::create_event();
+    dev::launch_host_func(
+        s,
+        [](void* arg) {
+          auto* g = static_cast<Gate*>(arg);
+          while (!g->open) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          g->ran = true;
+        },
+        &gate);
+    dev::record_event(e, s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const bool done_before = dev::event_done(e);
+    gate.open = true;
+    dev::sync_event(e);
+    const bool ran = gate.ran, done_after = dev::event_done(e);
+    dev::destroy_event(e);
+    dev::destroy_stream(s);
+    QVERIFY2(!done_before, "an event recorded behind a host function that has not run is done");
+    QVERIFY2(ran, "sync_event returned before the host function ran");
+    QVERIFY(done_after);
   }
 
   void matmul_data() {

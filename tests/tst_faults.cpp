@@ -287,13 +287,18 @@ class TstFaults : public QObject {
     QTest::addColumn<QString>("fault");
     QTest::addColumn<double>("timeout");  // SHARDSCOPE_NCCL_TIMEOUT
     QTest::addColumn<QString>("says");
-    // The sixth operation of rank 1 (its world's init is the first), one of
-    // prefill's all-reduces. Hung, both ranks wait in it until the timeout
-    // (long enough that ranks starting apart under a sanitizer meet before
-    // it); gone, rank 0's NCCL finds its peer's process missing or the
-    // launcher its exit, whichever first, long before a timeout: either
-    // error names rank 1.
-    QTest::newRow("hung peer") << "hang:1:6" << 10.0 << "did not return in 10 s";
+    // Hung: rank 1 never returns from its first call, the world's init,
+    // and neither does rank 0's, which waits for it; both wait until the
+    // timeout (long enough that ranks starting apart under a sanitizer meet
+    // before it). The sixth operation of rank 1 is one of prefill's
+    // all-reduces. Stalled there, the call returns and its transfer, queued
+    // on the stream as NCCL's kernel would be, never ends (nor does rank
+    // 0's, which waits for it): the watchdog finds it outstanding. Gone,
+    // rank 0's NCCL finds its peer's process missing or the launcher its
+    // exit, whichever first, long before a timeout: either error names
+    // rank 1.
+    QTest::newRow("hung peer") << "hang:1:1" << 10.0 << "ncclCommInitRankConfig on world did not return in 10 s";
+    QTest::newRow("stalled peer") << "stall:1:6" << 10.0 << "did not complete in 10 s";
     QTest::newRow("lost peer") << "exit:1:6" << 120.0 << "rank 1";
   }
   void ncclFaultEndsTheRun() {

@@ -1,7 +1,7 @@
 // The device runtime the cuda backend stands on: devices, memory, streams,
 // events, copies and cuBLAS's GEMM. Two implementations: runtime_cuda.cpp
 // (the CUDA runtime, cuBLAS loaded at run time) and runtime_emu.cpp (host
-// memory, synchronous streams, a host GEMM with cuBLAS's column-major
+// memory, kernels run as queued, a host GEMM with cuBLAS's column-major
 // semantics), so the backend's own code is the same in both builds.
 // Every failure throws std::runtime_error naming the call and the reason.
 #pragma once
@@ -58,6 +58,9 @@ void memset_device(void* p, int value, int64_t bytes, Stream s);
 Stream create_stream();
 void destroy_stream(Stream s);
 void sync_stream(Stream s);
+// cudaLaunchHostFunc: fn(arg) on a host thread once the work queued on s
+// before it is done; the work queued after it waits for it.
+void launch_host_func(Stream s, void (*fn)(void*), void* arg);
 Event create_event();
 void destroy_event(Event e);
 void record_event(Event e, Stream s);

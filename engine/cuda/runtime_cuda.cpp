@@ -240,6 +240,9 @@ Stream create_stream() {
 }
 void destroy_stream(Stream s) { cudaStreamDestroy(st(s)); }
 void sync_stream(Stream s) { check(cudaStreamSynchronize(st(s)), "cudaStreamSynchronize"); }
+void launch_host_func(Stream s, void (*fn)(void*), void* arg) {
+  check(cudaLaunchHostFunc(st(s), fn, arg), "cudaLaunchHostFunc");
+}
 Event create_event() {
   cudaEvent_t e;
   check(cudaEventCreate(&e), "cudaEventCreate");

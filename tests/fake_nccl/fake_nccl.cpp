@@ -8,12 +8,20 @@
 //
 // What it keeps of NCCL (the user guide's rules, "Communicator Creation and
 // Management", "Group Calls", "Point-to-point"):
-// - a non-blocking communicator's calls return ncclInProgress; the work runs
+// - a non-blocking communicator's calls return ncclInProgress; the call runs
 //   on a thread of the communicator's own, and ncclCommGetAsyncError says
 //   ncclInProgress until it is done. Calling anything else on a communicator
 //   before that poll has said ncclSuccess is an error here (NCCL: "users must
 //   query the communicator state until it becomes ncclSuccess before calling
 //   another NCCL function");
+// - a collective or a send or receive, once called, is queued on its stream
+//   (where the engine hands this library the runtime's host functions,
+//   shardscopeFakeNcclHostQueue: the emulator's, whose later work on that
+//   stream, and whose events recorded behind it, wait for it), as NCCL
+//   queues its kernels: the call returns before the transfer, which runs
+//   once the stream reaches it. A transfer that fails there is the
+//   communicator's asynchronous error; ncclCommFinalize waits for those
+//   queued, and ncclCommDestroy refuses while any is;
 // - calls between ncclGroupStart and ncclGroupEnd are queued and run at the
 //   outermost ncclGroupEnd, sends before receives, so a ring's exchanges
 //   cannot deadlock;
@@ -30,9 +38,11 @@
 // /tmp)/shardscope-fake-nccl: a message per (communicator, sender,
 // receiver, sequence number), published by rename and removed by its reader.
 //
-// Faults, for the tests: SHARDSCOPE_FAKE_NCCL_FAULT=hang:R:N or exit:R:N
-// makes the process of MPI world rank R hang in (until aborted), or exit
-// at, its Nth operation; SHARDSCOPE_FAKE_NCCL_LOG collects the faults that
+// Faults, for the tests: SHARDSCOPE_FAKE_NCCL_FAULT=hang:R:N, stall:R:N or
+// exit:R:N makes the process of MPI world rank R hang in its Nth call
+// (until aborted), queue that operation's transfer but never finish it
+// (until aborted; as a kernel waiting on a peer that never comes), or exit
+// at it; SHARDSCOPE_FAKE_NCCL_LOG collects the faults that
 // fired and every broken rule, so a run that fails anyway still shows one.
 #include <nccl.h>
 #include <signal.h>
@@ -76,6 +86,7 @@ struct ncclComm {
   std::thread worker;
   bool busy = false, stop = false;
   bool must_poll = false;            // an ncclInProgress not yet polled to ncclSuccess
+  int on_stream = 0;                 // transfers queued on a stream, not yet run
   ncclResult_t error = ncclSuccess;  // sticky
   std::atomic<bool> aborted{false};
 };
@@ -97,6 +108,10 @@ Registry& reg() {
   return *r;
 }
 std::atomic<long> g_ops{0};  // this process's operations, for the fault
+
+// The engine's runtime's cudaLaunchHostFunc, where it gave one.
+using HostQueue = void (*)(void* stream, void (*fn)(void*), void* arg);
+std::atomic<HostQueue> g_host_queue{nullptr};
 
 // A line in $SHARDSCOPE_FAKE_NCCL_LOG, where it is set: "misuse: ..." where
 // the caller broke one of NCCL's rules (a run that fails anyway, as a fault
@@ -147,8 +162,13 @@ int world_rank() {
   return 0;
 }
 
-// The injected fault, at this process's Nth operation.
-void maybe_fault(ncclComm& c) {
+void wait_for_abort(const ncclComm& c) {
+  while (!c.aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+// The injected fault, at this process's Nth operation: true when it is a
+// stall (the caller makes the transfer wait for an abort).
+bool maybe_fault(ncclComm& c) {
   static const auto fault = []() -> std::tuple<std::string, int, long> {
     const char* v = std::getenv("SHARDSCOPE_FAKE_NCCL_FAULT");
     if (!v) return {"", -1, 0};
@@ -159,12 +179,14 @@ void maybe_fault(ncclComm& c) {
     return {kind, rank, n};
   }();
   const auto& [kind, rank, n] = fault;
-  if (kind.empty() || rank != world_rank() || ++g_ops != n) return;
+  if (kind.empty() || rank != world_rank() || ++g_ops != n) return false;
   log_line("fault: world rank " + std::to_string(rank) + " " + kind + " at operation " + std::to_string(n));
   std::fprintf(stderr, "fake nccl: SHARDSCOPE_FAKE_NCCL_FAULT: world rank %d %s at operation %ld\n", rank, kind.c_str(),
                n);
   if (kind == "exit") _exit(17);
-  while (!c.aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (kind == "stall") return true;
+  wait_for_abort(c);
+  return false;
 }
 
 size_t type_size(ncclDataType_t t) {
@@ -272,11 +294,19 @@ ncclResult_t take(ncclComm& c, int peer, const Header& want, void* data) {
 
 // ----------------------------------------------------------- operations
 
-// An operation as two halves: what it posts (never waits) and what it takes.
+// An operation as two halves: what it posts (never waits) and what it
+// takes; a transfer's (not a communicator's own exchange) names its stream.
 struct Op {
   std::shared_ptr<ncclComm> comm;
   std::function<ncclResult_t()> post, take;
+  bool transfer = false;
+  void* stream = nullptr;
 };
+Op on_stream(Op op, cudaStream_t stream) {
+  op.transfer = true;
+  op.stream = stream;
+  return op;
+}
 
 template <class T>
 void reduce_into(T* acc, const T* x, size_t n, ncclRedOp_t op) {
@@ -346,18 +376,55 @@ Op exchange(std::shared_ptr<ncclComm> c, Header h, const void* in, std::function
   return op;
 }
 
-// Runs operations of one communicator, posts first: on its thread when it is
-// non-blocking, here when not.
+// Operations of one communicator, posts first.
+ncclResult_t run_ops(const ncclComm& c, const std::vector<Op>& ops) {
+  if (c.aborted) return ncclSystemError;
+  for (const Op& o : ops)
+    if (o.post)
+      if (ncclResult_t rc = o.post(); rc != ncclSuccess) return rc;
+  for (const Op& o : ops)
+    if (o.take)
+      if (ncclResult_t rc = o.take(); rc != ncclSuccess) return rc;
+  return ncclSuccess;
+}
+
+// Transfers queued on a stream, run by the stream's host function.
+struct Queued {
+  std::shared_ptr<ncclComm> comm;
+  std::vector<Op> ops;
+  bool stalls = false;
+};
+void run_queued(void* arg) {
+  std::unique_ptr<Queued> q(static_cast<Queued*>(arg));
+  ncclComm& c = *q->comm;
+  if (q->stalls) wait_for_abort(c);
+  const ncclResult_t rc = run_ops(c, q->ops);
+  std::lock_guard lock(c.mutex);
+  if (rc != ncclSuccess && c.error == ncclSuccess) c.error = rc;
+  --c.on_stream;
+  c.cv.notify_all();
+}
+
+// Runs operations of one communicator: on its thread when it is
+// non-blocking, here when not. Transfers are queued on their stream there.
 ncclResult_t submit(const std::shared_ptr<ncclComm>& c, std::vector<Op> ops) {
-  auto unit = [c, ops = std::move(ops)]() -> ncclResult_t {
-    maybe_fault(*c);
+  auto unit = [c, ops = std::move(ops)]() mutable -> ncclResult_t {
+    const bool stalls = maybe_fault(*c);
+    const HostQueue queue = g_host_queue.load();
+    const bool queued = queue && !ops.empty() && std::all_of(ops.begin(), ops.end(), [](const Op& o) {
+      return o.transfer;
+    });
+    if (!queued) {
+      if (stalls) wait_for_abort(*c);
+      return run_ops(*c, ops);
+    }
     if (c->aborted) return ncclSystemError;
-    for (const Op& o : ops)
-      if (o.post)
-        if (ncclResult_t rc = o.post(); rc != ncclSuccess) return rc;
-    for (const Op& o : ops)
-      if (o.take)
-        if (ncclResult_t rc = o.take(); rc != ncclSuccess) return rc;
+    void* stream = ops.front().stream;  // a group's on several streams runs on its first
+    {
+      std::lock_guard lock(c->mutex);
+      ++c->on_stream;
+    }
+    queue(stream, run_queued, new Queued{c, std::move(ops), stalls});
     return ncclSuccess;
   };
   std::unique_lock lock(c->mutex);
@@ -434,6 +501,10 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 // ------------------------------------------------------------------ API
 
 extern "C" {
+
+// The engine's runtime's host functions (runtime.h launch_host_func), on
+// whose streams the transfers are then queued.
+void shardscopeFakeNcclHostQueue(HostQueue queue) { g_host_queue = queue; }
 
 const char* ncclGetErrorString(ncclResult_t rc) {
   switch (rc) {
@@ -568,25 +639,27 @@ ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* ou
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t redop,
-                           ncclComm_t handle, cudaStream_t) {
+                           ncclComm_t handle, cudaStream_t stream) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclAllReduce", c); rc != ncclSuccess) return rc;
   if (ncclResult_t rc = check_reduction("ncclAllReduce", type, redop); rc != ncclSuccess) return rc;
   const size_t es = type_size(type);
   Header h{.kind = kAllReduce, .count = count, .type = type, .extra = redop, .bytes = count * es};
   auto acc = std::make_shared<std::vector<char>>(h.bytes);
-  return issue(exchange(c, h, send, [=](int r, const void* d) {
-    if (r == 0)
-      std::memcpy(acc->data(), d, h.bytes);
-    else
-      reduce_bytes(acc->data(), d, count, type, redop);
-    if (r == c->nranks - 1 && h.bytes) std::memcpy(recv, acc->data(), h.bytes);
-    return ncclSuccess;
-  }));
+  return issue(on_stream(exchange(c, h, send,
+                                  [=](int r, const void* d) {
+                                    if (r == 0)
+                                      std::memcpy(acc->data(), d, h.bytes);
+                                    else
+                                      reduce_bytes(acc->data(), d, count, type, redop);
+                                    if (r == c->nranks - 1 && h.bytes) std::memcpy(recv, acc->data(), h.bytes);
+                                    return ncclSuccess;
+                                  }),
+                         stream));
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t handle,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclAllGather", c); rc != ncclSuccess) return rc;
   const size_t bytes = count * type_size(type);
@@ -594,15 +667,17 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
       send != static_cast<const char*>(recv) + bytes * size_t(c->rank))
     return fail(ncclInvalidUsage, "ncclAllGather in place needs sendbuff == recvbuff + rank * sendcount");
   Header h{.kind = kAllGather, .count = count, .type = type, .bytes = bytes};
-  return issue(exchange(c, h, send, [=](int r, const void* d) {
-    char* dst = static_cast<char*>(recv) + bytes * size_t(r);
-    if (dst != d && bytes) std::memmove(dst, d, bytes);
-    return ncclSuccess;
-  }));
+  return issue(on_stream(exchange(c, h, send,
+                                  [=](int r, const void* d) {
+                                    char* dst = static_cast<char*>(recv) + bytes * size_t(r);
+                                    if (dst != d && bytes) std::memmove(dst, d, bytes);
+                                    return ncclSuccess;
+                                  }),
+                         stream));
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t redop,
-                               ncclComm_t handle, cudaStream_t) {
+                               ncclComm_t handle, cudaStream_t stream) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclReduceScatter", c); rc != ncclSuccess) return rc;
   if (ncclResult_t rc = check_reduction("ncclReduceScatter", type, redop); rc != ncclSuccess) return rc;
@@ -612,19 +687,21 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
   // Every rank's whole input to every rank, each keeping its own block's sum.
   Header h{.kind = kReduceScatter, .count = count, .type = type, .extra = redop, .bytes = all};
   auto acc = std::make_shared<std::vector<char>>(bytes);
-  return issue(exchange(c, h, send, [=](int r, const void* d) {
-    const char* block = static_cast<const char*>(d) + bytes * size_t(c->rank);
-    if (r == 0)
-      std::memcpy(acc->data(), block, bytes);
-    else
-      reduce_bytes(acc->data(), block, count, type, redop);
-    if (r == c->nranks - 1 && bytes) std::memcpy(recv, acc->data(), bytes);
-    return ncclSuccess;
-  }));
+  return issue(on_stream(exchange(c, h, send,
+                                  [=](int r, const void* d) {
+                                    const char* block = static_cast<const char*>(d) + bytes * size_t(c->rank);
+                                    if (r == 0)
+                                      std::memcpy(acc->data(), block, bytes);
+                                    else
+                                      reduce_bytes(acc->data(), block, count, type, redop);
+                                    if (r == c->nranks - 1 && bytes) std::memcpy(recv, acc->data(), bytes);
+                                    return ncclSuccess;
+                                  }),
+                         stream));
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t handle,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclBroadcast", c); rc != ncclSuccess) return rc;
   if (root < 0 || root >= c->nranks) return fail(ncclInvalidArgument, "ncclBroadcast: root " + std::to_string(root));
@@ -642,24 +719,26 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   } else {
     op.take = [=] { return take(*c, root, h, recv); };
   }
-  return issue(std::move(op));
+  return issue(on_stream(std::move(op), stream));
 }
 
-ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t handle, cudaStream_t) {
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t handle,
+                      cudaStream_t stream) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclSend", c); rc != ncclSuccess) return rc;
   if (peer < 0 || peer >= c->nranks) return fail(ncclInvalidArgument, "ncclSend: peer " + std::to_string(peer));
   Header h{.kind = kSend, .count = count, .type = type, .bytes = count * type_size(type)};
   // To itself: the bytes now, as the matching receive (in the same group) will take them.
-  return issue(Op{c, [=] { return post(*c, peer, h, send); }, nullptr});
+  return issue(on_stream(Op{c, [=] { return post(*c, peer, h, send); }, nullptr}, stream));
 }
 
-ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t handle, cudaStream_t) {
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t handle,
+                      cudaStream_t stream) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclRecv", c); rc != ncclSuccess) return rc;
   if (peer < 0 || peer >= c->nranks) return fail(ncclInvalidArgument, "ncclRecv: peer " + std::to_string(peer));
   Header h{.kind = kSend, .count = count, .type = type, .bytes = count * type_size(type)};
-  return issue(Op{c, nullptr, [=] { return take(*c, peer, h, recv); }});
+  return issue(on_stream(Op{c, nullptr, [=] { return take(*c, peer, h, recv); }}, stream));
 }
 
 ncclResult_t ncclGroupStart() {
@@ -690,9 +769,17 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclCommFinalize(ncclComm_t handle) {
   std::shared_ptr<ncclComm> c;
   if (ncclResult_t rc = enter(handle, "ncclCommFinalize", c); rc != ncclSuccess) return rc;
-  // Every rank's last message taken before any goes: an exchange of nothing.
+  // Its transfers still queued run first; then every rank's last message is
+  // taken before any goes: an exchange of nothing.
   Header h{.kind = kFinalize};
-  return submit(c, {exchange(c, h, nullptr, [](int, const void*) { return ncclSuccess; })});
+  Op op = exchange(c, h, nullptr, [](int, const void*) { return ncclSuccess; });
+  op.post = [c, inner = op.post] {
+    std::unique_lock lock(c->mutex);
+    c->cv.wait(lock, [&] { return c->on_stream == 0 || c->aborted; });
+    lock.unlock();
+    return inner();
+  };
+  return submit(c, {std::move(op)});
 }
 
 namespace {
@@ -721,7 +808,7 @@ ncclResult_t end(ncclComm_t handle, const char* call, bool abort) {
     if (it != reg().live.end()) {
       c = it->second;
       std::lock_guard comm_lock(c->mutex);
-      if (abort || (!c->busy && c->queue.empty())) {
+      if (abort || (!c->busy && c->queue.empty() && c->on_stream == 0)) {
         reg().live.erase(it);
         reg().ended.push_back(c);
         ended = true;

@@ -17,6 +17,27 @@
 #define SS_EMU_ASAN 1
 #endif
 #endif
+#if defined(__SANITIZE_THREAD__)
+#define SS_EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SS_EMU_TSAN 1
+#endif
+#endif
+#ifdef SS_EMU_TSAN
+// ThreadSanitizer's fibers: each emulated thread keeps its own shadow call
+// stack (on the launching thread's, the frames a fiber left at its end
+// piled up over launches until TSan's stack overflowed). Every switch
+// orders memory, as the barriers the switches stand for do.
+extern "C" void* __tsan_get_current_fiber();
+extern "C" void* __tsan_create_fiber(unsigned flags);
+extern "C" void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+// A fiber's first and last frames (fiber_entry, and switch_to_main as it
+// ends) never return: uninstrumented, they leave nothing on its shadow stack.
+#define SS_EMU_NO_TSAN __attribute__((no_sanitize("thread")))
+#else
+#define SS_EMU_NO_TSAN
+#endif
 #ifdef SS_EMU_ASAN
 extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
 extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
@@ -72,6 +93,9 @@ enum class Order { Threads, Reverse, Warps };
 struct Fiber {
   void* sp = nullptr;  // saved stack pointer while switched out
   void* stack = nullptr;
+#ifdef SS_EMU_TSAN
+  void* tsan = nullptr;
+#endif
   dim3 tid;
   State state = State::Ready;
 };
@@ -98,13 +122,19 @@ struct Block {
   const void* main_bottom = nullptr;
   size_t main_size = 0;
 #endif
+#ifdef SS_EMU_TSAN
+  void* main_tsan = nullptr;
+#endif
 };
 
 thread_local Block* tl_block = nullptr;
 thread_local std::vector<Fiber> tl_fibers;  // stacks reused across launches
 
-void switch_to_main(Fiber& f, bool exiting) {
+SS_EMU_NO_TSAN void switch_to_main(Fiber& f, bool exiting) {
   Block& b = *tl_block;
+#ifdef SS_EMU_TSAN
+  __tsan_switch_to_fiber(b.main_tsan, 0);
+#endif
 #ifdef SS_EMU_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, b.main_bottom, b.main_size);
@@ -117,7 +147,7 @@ void switch_to_main(Fiber& f, bool exiting) {
 #endif
 }
 
-void fiber_entry() {
+SS_EMU_NO_TSAN void fiber_entry() {
   Block& b = *tl_block;
 #ifdef SS_EMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &b.main_bottom, &b.main_size);
@@ -132,6 +162,9 @@ void resume(Block& b, unsigned i) {
   Fiber& f = (*b.fibers)[i];
   b.current = i;
   threadIdx = f.tid;
+#ifdef SS_EMU_TSAN
+  __tsan_switch_to_fiber(f.tsan, 0);
+#endif
 #ifdef SS_EMU_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
@@ -266,6 +299,9 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
     Fiber f;
     f.stack = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (f.stack == MAP_FAILED) throw std::runtime_error("emulated launch: no memory for a fiber stack");
+#ifdef SS_EMU_TSAN
+    f.tsan = __tsan_create_fiber(0);
+#endif
     tl_fibers.push_back(f);
   }
   Block b;
@@ -281,6 +317,9 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
   b.smem = b.smem_bytes.data() + (128 - reinterpret_cast<uintptr_t>(b.smem_bytes.data()) % 128) % 128;
   gridDim = grid;
   blockDim = block;
+#ifdef SS_EMU_TSAN
+  b.main_tsan = __tsan_get_current_fiber();
+#endif
   tl_block = &b;
   struct Reset {
     ~Reset() { tl_block = nullptr; }

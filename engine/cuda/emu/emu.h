@@ -48,6 +48,8 @@ namespace ss::emu {
 // std::runtime_error for a barrier not every thread of a block (or warp)
 // reaches, and for a block of more than 1024 threads.
 void launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body);
+// Returns when the host functions queued on `stream` (a runtime.h Stream) have run.
+void drain_stream(void* stream);
 void* dynamic_smem();
 void sync_block();
 void sync_warp();
@@ -197,5 +199,6 @@ inline void __threadfence() {}
 
 // A kernel with template arguments is named through a pointer first (the
 // macro's arguments cannot hold their commas).
+// The launch waits for the host work queued on its stream (runtime_emu.cpp).
 #define SS_LAUNCH(kernel, grid, block, smem, stream) \
-  (static_cast<void>(stream), ::ss::emu::make_launcher(kernel, dim3(grid), dim3(block), size_t(smem)))
+  (::ss::emu::drain_stream(stream), ::ss::emu::make_launcher(kernel, dim3(grid), dim3(block), size_t(smem)))

@@ -1,15 +1,28 @@
 // The device runtime of the emulated build (runtime.h): "device" memory is
-// host memory, streams run their work as it is queued, events are host
+// host memory, kernels and copies run as they are queued, events are host
 // timestamps, and the GEMM is cuBLAS's column-major definition computed on
 // the host in fp32 -- so the backend's row-major to column-major mapping is
 // checked by the same tests that check the kernels.
+//
+// Host functions (launch_host_func; the tests' NCCL stand-in queues its
+// transfers so, as NCCL's kernels are queued) run later, on a thread of
+// their stream, in order. Until they have run, every other call on that
+// stream waits for them first, an event recorded behind them is not done,
+// and a stream made to wait for that event waits (here: the caller does).
+// So the engine's communicator finds its collectives' results late, as on
+// a GPU, wherever it reads them without waiting for their event.
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -18,12 +31,50 @@
 namespace ss::SS_CUDA_NS {
 namespace {
 
+// Every event's state, and every stream's queue, under one lock: the
+// engine's watchdog asks of events from its own thread. Never destroyed: a
+// stream's thread, or the NCCL stand-in's, may still use them as the
+// process exits.
+std::mutex& g_mutex = *new std::mutex;
+std::condition_variable& g_changed = *new std::condition_variable;
+
 struct EmuEvent {
   std::chrono::steady_clock::time_point t;
+  uint64_t recorded = 0, reached = 0;  // done when the last recording is reached
 };
 
-// A fresh address for each stream handle (never dereferenced).
-Stream new_handle() { return static_cast<Stream>(new char); }
+// A stream's queued host work and the thread that runs it (started by the
+// first host function queued).
+struct EmuStream {
+  std::deque<std::function<void()>> queued;
+  bool running = false, stop = false;
+  std::thread worker;
+  bool idle() const { return queued.empty() && !running; }
+};
+
+void run_queue(EmuStream* s) {
+  std::unique_lock lock(g_mutex);
+  while (true) {
+    g_changed.wait(lock, [&] { return s->stop || !s->queued.empty(); });
+    if (s->queued.empty()) return;  // stopped, and nothing left
+    std::function<void()> work = std::move(s->queued.front());
+    s->queued.pop_front();
+    s->running = true;
+    lock.unlock();
+    work();
+    lock.lock();
+    s->running = false;
+    g_changed.notify_all();
+  }
+}
+
+// Waits until `s` has run every host function queued on it.
+void drain(Stream s) {
+  if (!s) return;
+  auto* st = static_cast<EmuStream*>(s);
+  std::unique_lock lock(g_mutex);
+  g_changed.wait(lock, [&] { return st->idle(); });
+}
 
 // A column of a column-major operand as fp32.
 std::vector<float> widened(const void* p, DType dt, int64_t rows, int64_t cols, int64_t ld) {
@@ -59,31 +110,98 @@ DeviceProps device_props(int) {
 void set_device(int) {}
 std::string runtime_version() { return "emulated (no CUDA runtime)"; }
 
-void* malloc_device(int64_t bytes, Stream) {
+void* malloc_device(int64_t bytes, Stream s) {
+  drain(s);
   const size_t rounded = (size_t(bytes) + 255) & ~size_t(255);
   return std::aligned_alloc(256, rounded ? rounded : 256);
 }
-void free_device(void* p, Stream) { std::free(p); }
-void copy_to_device(void* dst, const void* src, int64_t bytes, Stream) { std::memcpy(dst, src, size_t(bytes)); }
-void copy_to_host(void* dst, const void* src, int64_t bytes, Stream) { std::memcpy(dst, src, size_t(bytes)); }
-void copy_on_device(void* dst, const void* src, int64_t bytes, Stream) { std::memmove(dst, src, size_t(bytes)); }
+void free_device(void* p, Stream s) {
+  drain(s);
+  std::free(p);
+}
+void copy_to_device(void* dst, const void* src, int64_t bytes, Stream s) {
+  drain(s);
+  std::memcpy(dst, src, size_t(bytes));
+}
+void copy_to_host(void* dst, const void* src, int64_t bytes, Stream s) {
+  drain(s);
+  std::memcpy(dst, src, size_t(bytes));
+}
+void copy_on_device(void* dst, const void* src, int64_t bytes, Stream s) {
+  drain(s);
+  std::memmove(dst, src, size_t(bytes));
+}
 void copy_2d_on_device(void* dst, int64_t dpitch, const void* src, int64_t spitch, int64_t width, int64_t rows,
-                       Stream) {
+                       Stream s) {
+  drain(s);
   for (int64_t r = 0; r < rows; ++r)
     std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, size_t(width));
 }
-void memset_device(void* p, int value, int64_t bytes, Stream) { std::memset(p, value, size_t(bytes)); }
+void memset_device(void* p, int value, int64_t bytes, Stream s) {
+  drain(s);
+  std::memset(p, value, size_t(bytes));
+}
 
-Stream create_stream() { return new_handle(); }
-void destroy_stream(Stream s) { delete static_cast<char*>(s); }
-void sync_stream(Stream) {}
+Stream create_stream() { return new EmuStream; }
+void destroy_stream(Stream s) {
+  if (!s) return;
+  auto* st = static_cast<EmuStream*>(s);
+  {
+    std::lock_guard lock(g_mutex);
+    st->stop = true;  // its worker runs what is queued, then ends
+  }
+  g_changed.notify_all();
+  if (st->worker.joinable()) st->worker.join();
+  delete st;
+}
+void sync_stream(Stream s) { drain(s); }
+void launch_host_func(Stream s, void (*fn)(void*), void* arg) {
+  if (!s) return fn(arg);  // the null stream: nothing is ever queued on it here
+  auto* st = static_cast<EmuStream*>(s);
+  std::lock_guard lock(g_mutex);
+  st->queued.push_back([fn, arg] { fn(arg); });
+  if (!st->worker.joinable()) st->worker = std::thread(run_queue, st);
+  g_changed.notify_all();
+}
+
 Event create_event() { return new EmuEvent; }
-void destroy_event(Event e) { delete static_cast<EmuEvent*>(e); }
-void record_event(Event e, Stream) { static_cast<EmuEvent*>(e)->t = std::chrono::steady_clock::now(); }
-void wait_event(Stream, Event) {}
-void sync_event(Event) {}
-bool event_done(Event) { return true; }
+void destroy_event(Event e) {
+  sync_event(e);  // a recording still queued would write into it
+  delete static_cast<EmuEvent*>(e);
+}
+void record_event(Event e, Stream s) {
+  auto* ev = static_cast<EmuEvent*>(e);
+  auto* st = static_cast<EmuStream*>(s);
+  std::lock_guard lock(g_mutex);
+  const uint64_t n = ++ev->recorded;
+  if (!st || st->idle()) {
+    ev->t = std::chrono::steady_clock::now();
+    ev->reached = n;
+    return;
+  }
+  // Reached once the host work before it has run; a later recording
+  // supersedes it.
+  st->queued.push_back([ev, n] {
+    std::lock_guard inner(g_mutex);
+    if (ev->recorded != n) return;
+    ev->t = std::chrono::steady_clock::now();
+    ev->reached = n;
+  });
+}
+// The stream's later work runs on the caller's thread, so the caller waits.
+void wait_event(Stream, Event e) { sync_event(e); }
+void sync_event(Event e) {
+  auto* ev = static_cast<EmuEvent*>(e);
+  std::unique_lock lock(g_mutex);
+  g_changed.wait(lock, [&] { return ev->reached == ev->recorded; });
+}
+bool event_done(Event e) {
+  auto* ev = static_cast<EmuEvent*>(e);
+  std::lock_guard lock(g_mutex);
+  return ev->reached == ev->recorded;
+}
 double event_elapsed_ms(Event from, Event to) {
+  std::lock_guard lock(g_mutex);
   return std::chrono::duration<double, std::milli>(static_cast<EmuEvent*>(to)->t - static_cast<EmuEvent*>(from)->t)
       .count();
 }
@@ -94,6 +212,7 @@ Blas::~Blas() = default;
 void Blas::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* A, DType at,
                 int64_t lda, const void* B, DType bt, int64_t ldb, float beta, void* C, DType ct, int64_t ldc,
                 bool) {
+  drain(m_stream);
   expect(at == bt && (at == DType::F32 || ct == at || ct == DType::F32), "gemm", "unsupported dtype combination");
   // Stored shapes: A is (trans_a ? k x m : m x k), B (trans_b ? n x k : k x n), column-major.
   const std::vector<float> a = widened(A, at, trans_a ? k : m, trans_a ? m : k, lda);
@@ -108,3 +227,6 @@ void Blas::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
 }
 
 }  // namespace ss::SS_CUDA_NS
+
+// A kernel launched on a stream starts after the stream's queued host work.
+void ss::emu::drain_stream(void* stream) { ss::SS_CUDA_NS::drain(stream); }
