@@ -206,7 +206,8 @@ int main(int argc, char** argv) {
          return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
        },
        [](std::unique_ptr<ss::Communicator> host) -> std::unique_ptr<ss::Communicator> {
-         // The emulator's streams are synchronous: the copies need none.
+         // The emulator runs kernels and copies as they are queued: the
+         // staged copies need no stream.
          return std::make_unique<ss::cuda_emu::StagedCommunicator>(std::move(host), nullptr, nullptr);
        },
 #ifdef SHARDSCOPE_EMU_NCCL

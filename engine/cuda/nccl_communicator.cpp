@@ -216,11 +216,25 @@ struct NcclCommunicator::State {
     if (comm && nccl().async_error(comm, &st) != ncclSuccess) st = ncclSystemError;
     return st;
   }
+  // Why the communicator failed after its calls returned (a transfer queued
+  // on the stream that failed there), or "" while it has not.
+  std::string async_failure() {
+    const ncclResult_t err = state();
+    if (err == ncclSuccess || err == ncclInProgress) return "";
+    const NcclApi& api = nccl();
+    const char* detail = api.last_error ? api.last_error(nullptr) : "";
+    return "nccl: " + name + " failed: " + api.error_string(err) +
+           (detail && *detail ? std::string(" (") + detail + ")" : "") + " (a peer is gone or failed)";
+  }
+  // After waiting for a transfer: throws if it, or anything before it, failed.
+  void check_async() {
+    if (std::string why = async_failure(); !why.empty()) fail(why);
+    throw_if_failed();
+  }
   // After an NCCL call on a non-blocking communicator: wait until it is
   // enqueued (or has failed), then throw its error. Yields for the first
   // millisecond, then sleeps between polls (ranks sharing cores wait on
-  // each other, and a stand-in NCCL may run the whole transfer before it
-  // answers ncclSuccess).
+  // each other).
   void check(ncclResult_t rc, const char* call) {
     const auto start = std::chrono::steady_clock::now();
     while (rc == ncclInProgress) {
@@ -263,7 +277,6 @@ struct NcclCommunicator::State {
   void start_watchdog() {
     watchdog = std::thread([this] {
       set_device(device);
-      const NcclApi& api = nccl();
       std::unique_lock lock(mutex);
       while (!stop) {
         cv.wait_for(lock, std::chrono::milliseconds(200));
@@ -272,15 +285,10 @@ struct NcclCommunicator::State {
           free_events.push_back(outstanding.front().done);
           outstanding.pop_front();
         }
-        std::string why;
-        const ncclResult_t err = state();
-        if (err != ncclSuccess && err != ncclInProgress) {
-          const char* detail = api.last_error ? api.last_error(nullptr) : "";
-          why = "nccl: " + name + " failed: " + api.error_string(err) +
-                (detail && *detail ? std::string(" (") + detail + ")" : "") + " (a peer is gone or failed)";
-        } else if (timeout_s > 0 && !outstanding.empty() &&
-                   std::chrono::steady_clock::now() - outstanding.front().issued >
-                       std::chrono::duration<double>(timeout_s)) {
+        std::string why = async_failure();
+        if (why.empty() && timeout_s > 0 && !outstanding.empty() &&
+            std::chrono::steady_clock::now() - outstanding.front().issued >
+                std::chrono::duration<double>(timeout_s)) {
           why = "nccl: " + std::string(outstanding.front().op) + " on " + name + " did not complete in " +
                 std::to_string(int(timeout_s)) + " s (a peer is gone or hung); the communicator was aborted";
         }
@@ -309,7 +317,7 @@ struct NcclRequest final : CommRequest {
       joined = true;
     }
     keep.clear();  // freed in the compute stream's order, after the transfer
-    state->throw_if_failed();
+    state->check_async();
   }
   bool done() override { return event_done(done_event); }
   ~NcclRequest() override {
@@ -429,7 +437,18 @@ Request NcclCommunicator::issue(const char* op, double payload_bytes, std::vecto
   const bool timed = m_rec.span_recording();
   SpanQueue::Pending p;
   if (timed) p.start = spans.mark(m_ctx->comm);
-  call();
+  try {
+    call();
+  } catch (...) {
+    // The failed call is aborted; what it queued on the stream may still
+    // hold `keep`'s buffers until the abort has ended it.
+    try {
+      sync_stream(m_ctx->comm);
+    } catch (...) {
+      // The stream is in error after the abort; its work is over.
+    }
+    throw;
+  }
   if (timed) {
     p.end = spans.mark(m_ctx->comm);
     p.tag = m_rec.tag();
@@ -619,7 +638,7 @@ void NcclCommunicator::barrier() {
   m_state->throw_if_failed();
   sync_stream(m_ctx->comm);
   sync_stream(m_ctx->compute);
-  m_state->throw_if_failed();
+  m_state->check_async();
   m_host->barrier();
 }
 

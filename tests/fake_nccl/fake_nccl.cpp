@@ -39,10 +39,11 @@
 // receiver, sequence number), published by rename and removed by its reader.
 //
 // Faults, for the tests: SHARDSCOPE_FAKE_NCCL_FAULT=hang:R:N, stall:R:N or
-// exit:R:N makes the process of MPI world rank R hang in its Nth call
-// (until aborted), queue that operation's transfer but never finish it
-// (until aborted; as a kernel waiting on a peer that never comes), or exit
-// at it; SHARDSCOPE_FAKE_NCCL_LOG collects the faults that
+// exit:R:N makes the process of MPI world rank R hang in its Nth operation
+// (a call, init, split and finalize included; a group once per
+// communicator) until aborted, queue that operation's transfer but never
+// finish it (until aborted; as a kernel waiting on a peer that never
+// comes), or exit at it; SHARDSCOPE_FAKE_NCCL_LOG collects the faults that
 // fired and every broken rule, so a run that fails anyway still shows one.
 #include <nccl.h>
 #include <signal.h>
@@ -405,6 +406,18 @@ void run_queued(void* arg) {
   c.cv.notify_all();
 }
 
+// A communicator's own exchange (a split, finalize) after its transfers
+// still queued on a stream: both count its messages.
+Op after_queued(Op op) {
+  op.post = [c = op.comm, inner = std::move(op.post)] {
+    std::unique_lock lock(c->mutex);
+    c->cv.wait(lock, [&] { return c->on_stream == 0 || c->aborted; });
+    lock.unlock();
+    return inner();
+  };
+  return op;
+}
+
 // Runs operations of one communicator: on its thread when it is
 // non-blocking, here when not. Transfers are queued on their stream there.
 ncclResult_t submit(const std::shared_ptr<ncclComm>& c, std::vector<Op> ops) {
@@ -635,7 +648,7 @@ ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* ou
     __atomic_store_n(out, child.get(), __ATOMIC_RELEASE);
     return rc;
   };
-  return submit(p, {op});
+  return submit(p, {after_queued(std::move(op))});
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t redop,
@@ -758,6 +771,12 @@ ncclResult_t ncclGroupEnd() {
     if (it == by_comm.end()) by_comm.push_back({o.comm, {}}), it = by_comm.end() - 1;
     it->second.push_back(std::move(o));
   }
+  // Each communicator's part would be queued on the stream on its own, run
+  // one after another where NCCL runs them together: not emulated.
+  if (by_comm.size() > 1 && g_host_queue.load())
+    return fail(ncclInternalError, "a group over " + std::to_string(by_comm.size()) +
+                                       " communicators is not emulated (their transfers would run one communicator "
+                                       "at a time)");
   ncclResult_t result = ncclSuccess;
   for (auto& [c, list] : by_comm) {
     const ncclResult_t rc = submit(c, std::move(list));
@@ -772,14 +791,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t handle) {
   // Its transfers still queued run first; then every rank's last message is
   // taken before any goes: an exchange of nothing.
   Header h{.kind = kFinalize};
-  Op op = exchange(c, h, nullptr, [](int, const void*) { return ncclSuccess; });
-  op.post = [c, inner = op.post] {
-    std::unique_lock lock(c->mutex);
-    c->cv.wait(lock, [&] { return c->on_stream == 0 || c->aborted; });
-    lock.unlock();
-    return inner();
-  };
-  return submit(c, {std::move(op)});
+  return submit(c, {after_queued(exchange(c, h, nullptr, [](int, const void*) { return ncclSuccess; }))});
 }
 
 namespace {

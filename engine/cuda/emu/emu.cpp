@@ -33,8 +33,14 @@ extern "C" void* __tsan_get_current_fiber();
 extern "C" void* __tsan_create_fiber(unsigned flags);
 extern "C" void __tsan_switch_to_fiber(void* fiber, unsigned flags);
 // A fiber's first and last frames (fiber_entry, and switch_to_main as it
-// ends) never return: uninstrumented, they leave nothing on its shadow stack.
+// ends) never return: uninstrumented, they leave nothing on its shadow stack
+// (GCC's no_sanitize leaves out the function's entry and exit hooks too,
+// clang's does not).
+#if defined(__clang__)
+#define SS_EMU_NO_TSAN __attribute__((disable_sanitizer_instrumentation))
+#else
 #define SS_EMU_NO_TSAN __attribute__((no_sanitize("thread")))
+#endif
 #else
 #define SS_EMU_NO_TSAN
 #endif

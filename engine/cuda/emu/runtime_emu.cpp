@@ -41,6 +41,7 @@ std::condition_variable& g_changed = *new std::condition_variable;
 struct EmuEvent {
   std::chrono::steady_clock::time_point t;
   uint64_t recorded = 0, reached = 0;  // done when the last recording is reached
+  int queued = 0;                      // recordings queued behind host work, not yet run
 };
 
 // A stream's queued host work and the thread that runs it (started by the
@@ -166,8 +167,12 @@ void launch_host_func(Stream s, void (*fn)(void*), void* arg) {
 
 Event create_event() { return new EmuEvent; }
 void destroy_event(Event e) {
-  sync_event(e);  // a recording still queued would write into it
-  delete static_cast<EmuEvent*>(e);
+  auto* ev = static_cast<EmuEvent*>(e);
+  {
+    std::unique_lock lock(g_mutex);  // a recording still queued would write into it
+    g_changed.wait(lock, [&] { return ev->queued == 0; });
+  }
+  delete ev;
 }
 void record_event(Event e, Stream s) {
   auto* ev = static_cast<EmuEvent*>(e);
@@ -177,15 +182,19 @@ void record_event(Event e, Stream s) {
   if (!st || st->idle()) {
     ev->t = std::chrono::steady_clock::now();
     ev->reached = n;
+    g_changed.notify_all();  // a wait for an earlier recording ends with this one
     return;
   }
   // Reached once the host work before it has run; a later recording
   // supersedes it.
+  ++ev->queued;
   st->queued.push_back([ev, n] {
     std::lock_guard inner(g_mutex);
-    if (ev->recorded != n) return;
-    ev->t = std::chrono::steady_clock::now();
-    ev->reached = n;
+    --ev->queued;
+    if (ev->recorded == n) {
+      ev->t = std::chrono::steady_clock::now();
+      ev->reached = n;
+    }
   });
 }
 // The stream's later work runs on the caller's thread, so the caller waits.
