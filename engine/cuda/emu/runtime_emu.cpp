@@ -42,6 +42,11 @@ struct EmuEvent {
   std::chrono::steady_clock::time_point t;
   uint64_t recorded = 0, reached = 0;  // done when the last recording is reached
   int queued = 0;                      // recordings queued behind host work, not yet run
+  void reach(uint64_t n) {             // under g_mutex
+    if (recorded != n) return;         // a later recording supersedes it
+    t = std::chrono::steady_clock::now();
+    reached = n;
+  }
 };
 
 // A stream's queued host work and the thread that runs it (started by the
@@ -180,21 +185,16 @@ void record_event(Event e, Stream s) {
   std::lock_guard lock(g_mutex);
   const uint64_t n = ++ev->recorded;
   if (!st || st->idle()) {
-    ev->t = std::chrono::steady_clock::now();
-    ev->reached = n;
+    ev->reach(n);
     g_changed.notify_all();  // a wait for an earlier recording ends with this one
     return;
   }
-  // Reached once the host work before it has run; a later recording
-  // supersedes it.
+  // Reached once the host work before it has run.
   ++ev->queued;
   st->queued.push_back([ev, n] {
     std::lock_guard inner(g_mutex);
     --ev->queued;
-    if (ev->recorded == n) {
-      ev->t = std::chrono::steady_clock::now();
-      ev->reached = n;
-    }
+    ev->reach(n);
   });
 }
 // The stream's later work runs on the caller's thread, so the caller waits.
