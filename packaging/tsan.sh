@@ -17,13 +17,17 @@
 #     runs it;
 #   tst_scale (two functions): `scale`, several simulations at once on
 #     worker threads, each with its own rank threads;
-#   two whole runs of emulated ranks on NCCL's communicator (the stand-in):
-#     tsp inference on 2 (the ring's grouped sends and receives, decode) and
-#     a bf16 training step of tp_sp on 4 (the splits, every collective, the
-#     16-bit sums): the transfers on the emulated streams' threads, the
-#     stand-in's worker threads and the watchdog, to the end of a run that
-#     succeeds. (The emulator's fibers are TSan fibers: each emulated thread
-#     keeps its own shadow stack.)
+#   three whole runs of emulated ranks: two on NCCL's communicator (the
+#     stand-in), tsp inference on 2 (the ring's grouped sends and receives,
+#     decode) and a bf16 training step of tp_sp on 4 (the splits, every
+#     collective, the 16-bit sums), and tsp inference on 2 through the
+#     host-staged communicator: the kernels on the compute stream's thread,
+#     the transfers on the communication stream's or copied through the
+#     host, the stand-in's worker threads and the watchdog, to the end of a
+#     run that succeeds (checked: with the staged communicator's copies on
+#     no stream, racing the kernels, TSan reports the race). (The emulator's
+#     fibers are TSan fibers: each emulated thread keeps its own shadow
+#     stack.)
 # Not here: the explorer's session recorder thread (tst_session_views). It
 # hands batches over through Qt's queued signals, and Debian's Qt is built
 # without TSan, so its futex-based QMutex is invisible and every handoff reads
@@ -78,24 +82,33 @@ if ! (cd "$build/tests" && OMP_WAIT_POLICY=PASSIVE SHARDSCOPE_RESOURCES="$root/r
   wait $sim || true
   exit 1
 fi
-# A report ends its rank (halt_on_error) and so the run; the events must say
-# the ranks took NCCL's communicator, not the host-staged one.
-nccl_run() {
-  local name=$1
-  shift
-  local events="$build/nccl-$name-tsan.jsonl" log="$build/nccl-$name-tsan.log"
+# Emulated ranks end to end: their kernels on the compute stream's thread,
+# their transfers on the communication stream's (NCCL's communicator) or
+# copied through the host on the compute stream (the staged one), so a
+# missing wait between a stream and the host or another stream is a race
+# here. A report ends its rank (halt_on_error) and so the run; the events
+# must say which communicator the ranks took.
+emu_run() {
+  local name=$1 collectives=$2 library=$3
+  shift 3
+  local events="$build/emu-$name-tsan.jsonl" log="$build/emu-$name-tsan.log"
   if ! (cd "$build/tests" && OMP_WAIT_POLICY=PASSIVE SHARDSCOPE_RESOURCES="$root/resources" \
-        SHARDSCOPE_NCCL_LIBRARY="$build/tests/libshardscope_fake_nccl.so" \
+        SHARDSCOPE_NCCL_LIBRARY="$library" \
         ../engine/shardscope-engine "$@" --backend cuda-emu --events "$events" > "$log" 2>&1) ||
-     ! grep -q '"collectives":"nccl' "$events"; then
-    echo "tsan: the emulated NCCL run '$name' failed (or did not take NCCL's communicator); its log:" >&2
+     ! grep -q "\"collectives\":\"$collectives" "$events"; then
+    echo "tsan: the emulated run '$name' failed (or its collectives were not '$collectives'); its log:" >&2
     tail -60 "$log" >&2
     wait $sim || true
     exit 1
   fi
 }
-nccl_run tsp launch --model tiny-hybrid --strategy tsp --devices 2 --prompt-len 16 --decode 4 --timeout 600
-nccl_run tp_sp-train train --model tiny-hybrid --strategy tp_sp --devices 4 --mesh 2x2 --seq-len 16 --dtype bf16
+fake_nccl="$build/tests/libshardscope_fake_nccl.so"
+emu_run nccl-tsp nccl "$fake_nccl" launch --model tiny-hybrid --strategy tsp --devices 2 --prompt-len 16 --decode 4 \
+  --timeout 600
+emu_run nccl-tp_sp-train nccl "$fake_nccl" train --model tiny-hybrid --strategy tp_sp --devices 4 --mesh 2x2 \
+  --seq-len 16 --dtype bf16
+emu_run staged-tsp "mpi through host" "" launch --model tiny-hybrid --strategy tsp --devices 2 --prompt-len 16 \
+  --decode 4 --timeout 600
 if ! wait $sim; then
   echo "tsan: tst_sim or tst_scale failed; their logs:" >&2
   grep -hv '^PASS' "$build/tst_sim-tsan.log" "$build/tst_scale-tsan.log" 2>/dev/null | tail -80 >&2

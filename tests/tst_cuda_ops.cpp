@@ -24,6 +24,9 @@
 
 #include "comm/quantize.h"
 #include "cuda_twins.h"
+#ifdef SHARDSCOPE_CUDA_EMULATED
+#include "cuda/emu/emu.h"
+#endif
 
 int run_cuda_train_ops(int argc, char** argv);  // cuda_train_ops.cpp
 
@@ -63,6 +66,78 @@ class TestCudaOps : public QObject {
     QVERIFY2(!done_before, "an event recorded behind a host function that has not run is done");
     QVERIFY2(ran, "sync_event returned before the host function ran");
     QVERIFY(done_after);
+  }
+
+  // Two streams run at once; only an event orders one after the other. A
+  // copy on the second stream, made to wait for an event recorded on the
+  // first behind a held host function and a memset, starts after both: it
+  // is not done while the host function holds the first stream, and it
+  // copies the memset's bytes, not the ones before.
+  void waitEventOrdersStreams() {
+    struct Gate {
+      std::atomic<bool> open{false};
+    } gate;
+    constexpr int64_t kBytes = 4096;
+    const dev::Stream first = dev::create_stream(), second = dev::create_stream();
+    const dev::Event written = dev::create_event(), copied = dev::create_event();
+    void* src = dev::malloc_device(kBytes, first);
+    void* dst = dev::malloc_device(kBytes, second);
+    dev::memset_device(src, 0, kBytes, first);
+    dev::memset_device(dst, 0, kBytes, second);
+    dev::sync_stream(second);
+    dev::launch_host_func(
+        first,
+        [](void* arg) {
+          auto* g = static_cast<Gate*>(arg);
+          while (!g->open) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        },
+        &gate);
+    dev::memset_device(src, 0x5a, kBytes, first);
+    dev::record_event(written, first);
+    dev::wait_event(second, written);
+    dev::copy_on_device(dst, src, kBytes, second);
+    dev::record_event(copied, second);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const bool done_early = dev::event_done(copied);
+    gate.open = true;
+    std::vector<unsigned char> back(kBytes);
+    dev::copy_to_host(back.data(), dst, kBytes, second);
+    dev::free_device(src, first);
+    dev::free_device(dst, second);
+    dev::sync_stream(first);
+    dev::sync_stream(second);
+    dev::destroy_event(written);
+    dev::destroy_event(copied);
+    dev::destroy_stream(first);
+    dev::destroy_stream(second);
+    QVERIFY2(!done_early, "a copy made to wait for an event on a held stream finished first");
+    QVERIFY2(std::all_of(back.begin(), back.end(), [](unsigned char b) { return b == 0x5a; }),
+             "the copy ran before the memset it waited for");
+  }
+
+  // The emulator runs a stream's work on the stream's thread: a launch that
+  // fails there is reported, with its reason, by the stream's next
+  // synchronising call (as a GPU reports a failed kernel), once; the stream
+  // goes on. (moc sees no build's macros: the slot is in both builds.)
+  void emulatedFailureReachesTheNextSync() {
+#ifndef SHARDSCOPE_CUDA_EMULATED
+    QSKIP("the emulator's own check (on a GPU the launch itself fails)");
+#else
+    const dev::Stream s = dev::create_stream();
+    const auto too_big = [] { ss::emu::launch(dim3(1), dim3(2048), 0, [] {}); };  // what SS_LAUNCH queues
+    ss::emu::enqueue(s, too_big);
+    QVERIFY_THROWS_EXCEPTION(std::runtime_error, dev::sync_stream(s));
+    bool named = false;
+    ss::emu::enqueue(s, too_big);
+    try {
+      dev::sync_stream(s);
+    } catch (const std::runtime_error& e) {
+      named = std::string(e.what()).find("a block of 2048 threads") != std::string::npos;
+    }
+    dev::sync_stream(s);  // reported once
+    dev::destroy_stream(s);
+    QVERIFY2(named, "the failure's reason is not in what the sync threw");
+#endif
   }
 
   void matmul_data() {

@@ -205,10 +205,10 @@ int main(int argc, char** argv) {
            return std::make_unique<ss::cuda_emu::CudaBackend>(a, r, std::move(ctx));
          return std::make_unique<ss::cuda_emu::CudaBackend>(a, r);
        },
-       [](std::unique_ptr<ss::Communicator> host) -> std::unique_ptr<ss::Communicator> {
-         // The emulator runs kernels and copies as they are queued: the
-         // staged copies need no stream.
-         return std::make_unique<ss::cuda_emu::StagedCommunicator>(std::move(host), nullptr, nullptr);
+       [](std::unique_ptr<ss::Communicator> host, ss::Recorder& rec) -> std::unique_ptr<ss::Communicator> {
+         emulated_device = std::make_shared<ss::cuda_emu::DeviceContext>(0, rec);
+         return std::make_unique<ss::cuda_emu::StagedCommunicator>(std::move(host), emulated_device->compute,
+                                                                   emulated_device);
        },
 #ifdef SHARDSCOPE_EMU_NCCL
        [](std::unique_ptr<ss::MpiCommunicator> host, ss::Recorder& rec,

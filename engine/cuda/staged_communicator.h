@@ -10,9 +10,11 @@
 // communicator's (fp32 sums of bf16/fp16, rounded once), and the comm spans
 // are the host communicator's.
 //
-// `--backend cuda-emu` runs its ranks through this class too (the emulator's
-// device memory is host memory, its streams synchronous), so every CI run
-// checks the staging against the single-device reference.
+// `--backend cuda-emu` runs its ranks through this class too, on the
+// compute stream of the device their backend takes (the emulator's streams
+// run on threads of their own, so a copy on another stream would race the
+// kernels), and every CI run checks the staging against the single-device
+// reference.
 #pragma once
 
 #include <memory>

@@ -48,7 +48,8 @@ RankSetup emulated_cuda_rank_setup(int devices) {
       g.config = {{"gpu", {{"collectives", std::string("nccl (") + nccl + ")"}}}};
       g.device_world = emulated().nccl(std::move(host), rec, nccl_timeout_s());
     } else {
-      g.device_world = emulated().stage(std::move(host));
+      g.config = {{"gpu", {{"collectives", "mpi through host memory (emulated devices)"}}}};
+      g.device_world = emulated().stage(std::move(host), rec);
     }
     g.world = g.device_world.get();
   };

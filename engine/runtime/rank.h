@@ -78,8 +78,9 @@ void check_gpu_count(int devices);
 struct EmulatedCuda {
   std::function<std::unique_ptr<Backend>(Allocator&, Recorder&)> make_backend;
   // The world the ranks' collectives use: the host communicator staged
-  // through the emulated device memory (cuda/staged_communicator.h).
-  std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator> host)> stage;
+  // through the emulated device memory (cuda/staged_communicator.h), its
+  // copies on the compute stream of the device the run's backend then takes.
+  std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator> host, Recorder& rec)> stage;
   // The world over NCCL's communicator instead, where SHARDSCOPE_NCCL_LIBRARY
   // names a library for it (the tests' stand-in, tests/fake_nccl) and the
   // emulator was built with it (null otherwise): `timeout_s` as --backend cuda's.

@@ -1,5 +1,5 @@
 // The emulator's scheduler: a block's threads as fibers on the launching
-// thread, switched only at barriers (emu.h says why).
+// thread (its stream's), switched only at barriers (emu.h says why).
 #include "cuda/emu/emu.h"
 
 #include <sys/mman.h>
@@ -32,6 +32,7 @@
 extern "C" void* __tsan_get_current_fiber();
 extern "C" void* __tsan_create_fiber(unsigned flags);
 extern "C" void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+extern "C" void __tsan_destroy_fiber(void* fiber);
 // A fiber's first and last frames (fiber_entry, and switch_to_main as it
 // ends) never return: uninstrumented, they leave nothing on its shadow stack
 // (GCC's no_sanitize leaves out the function's entry and exit hooks too,
@@ -134,7 +135,20 @@ struct Block {
 };
 
 thread_local Block* tl_block = nullptr;
-thread_local std::vector<Fiber> tl_fibers;  // stacks reused across launches
+
+// A host thread's fibers, reused across its launches; their stacks go with
+// the thread (a stream's thread ends with its stream).
+struct Fibers : std::vector<Fiber> {
+  ~Fibers() {
+    for (Fiber& f : *this) {
+#ifdef SS_EMU_TSAN
+      __tsan_destroy_fiber(f.tsan);
+#endif
+      munmap(f.stack, kStackBytes);
+    }
+  }
+};
+thread_local Fibers tl_fibers;
 
 SS_EMU_NO_TSAN void switch_to_main(Fiber& f, bool exiting) {
   Block& b = *tl_block;

@@ -2,8 +2,9 @@
 // source nvcc compiles -- also build with a C++ compiler and run on a CPU
 // (the cuda_emu library, which every CI run tests against the cpu backend).
 //
-// A launch runs the grid's blocks one after another. The threads of a block
-// are fibers on the calling thread: each runs until it reaches a
+// A launch is queued on its stream and runs later on that stream's thread
+// (runtime_emu.cpp), the grid's blocks one after another. The threads of a
+// block are fibers on that thread: each runs until it reaches a
 // barrier (__syncthreads, __syncwarp, a shuffle), then the next one runs, and
 // a barrier opens when every thread it waits for has arrived. So a missing
 // __syncthreads shows as a wrong result (thread 0 runs a whole phase before
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <tuple>
 #include <type_traits>
 
 #define __global__
@@ -48,8 +50,10 @@ namespace ss::emu {
 // std::runtime_error for a barrier not every thread of a block (or warp)
 // reaches, and for a block of more than 1024 threads.
 void launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body);
-// Returns when the host functions queued on `stream` (a runtime.h Stream) have run.
-void drain_stream(void* stream);
+// Queues `work` on `stream` (a runtime.h Stream): it runs on the stream's
+// thread after everything queued there before it, as a GPU runs a stream's
+// kernels after the host has moved on. The null stream runs it at once.
+void enqueue(void* stream, std::function<void()> work);
 void* dynamic_smem();
 void sync_block();
 void sync_warp();
@@ -82,20 +86,25 @@ T exchange_as(T v, int src) {
 }
 
 // `kernel<<<grid, block, smem, stream>>>(args...)` for the emulator:
-// SS_LAUNCH(kernel, grid, block, smem, stream)(args...).
+// SS_LAUNCH(kernel, grid, block, smem, stream)(args...). The arguments are
+// copied as the launch is queued (a kernel's parameters are values), and the
+// kernel runs later on the stream's thread.
 template <class F>
 struct Launcher {
   F kernel;
   dim3 grid, block;
   size_t smem;
+  void* stream;
   template <class... A>
   void operator()(A&&... args) const {
-    launch(grid, block, smem, [&] { kernel(args...); });
+    enqueue(stream, [k = kernel, g = grid, b = block, m = smem, params = std::make_tuple(std::decay_t<A>(args)...)] {
+      launch(g, b, m, [&] { std::apply(k, params); });
+    });
   }
 };
 template <class F>
-Launcher<F> make_launcher(F kernel, dim3 grid, dim3 block, size_t smem) {
-  return {kernel, grid, block, smem};
+Launcher<F> make_launcher(F kernel, dim3 grid, dim3 block, size_t smem, void* stream) {
+  return {kernel, grid, block, smem, stream};
 }
 
 }  // namespace ss::emu
@@ -199,6 +208,6 @@ inline void __threadfence() {}
 
 // A kernel with template arguments is named through a pointer first (the
 // macro's arguments cannot hold their commas).
-// The launch waits for the host work queued on its stream (runtime_emu.cpp).
+// The launch is queued on its stream (runtime_emu.cpp).
 #define SS_LAUNCH(kernel, grid, block, smem, stream) \
-  (::ss::emu::drain_stream(stream), ::ss::emu::make_launcher(kernel, dim3(grid), dim3(block), size_t(smem)))
+  ::ss::emu::make_launcher(kernel, dim3(grid), dim3(block), size_t(smem), static_cast<void*>(stream))
