@@ -25,7 +25,10 @@
 #include "comm/quantize.h"
 #include "cuda_twins.h"
 #ifdef SHARDSCOPE_CUDA_EMULATED
-#include "cuda/emu/emu.h"
+#include "cuda/common.cuh"
+namespace {
+__global__ void emu_nothing() {}
+}  // namespace
 #endif
 
 int run_cuda_train_ops(int argc, char** argv);  // cuda_train_ops.cpp
@@ -68,22 +71,26 @@ class TestCudaOps : public QObject {
     QVERIFY(done_after);
   }
 
-  // Two streams run at once; only an event orders one after the other. A
-  // copy on the second stream, made to wait for an event recorded on the
-  // first behind a held host function and a memset, starts after both: it
-  // is not done while the host function holds the first stream, and it
-  // copies the memset's bytes, not the ones before.
+  // Two streams run at once; only an event orders one after the other. The
+  // second stream's own work runs while a host function holds the first. A
+  // copy on the second, made to wait for an event recorded on the first
+  // behind that host function and a memset, starts after both, even once the
+  // event is recorded again elsewhere (a wait takes the recording made before
+  // it): it is not done while the first stream is held, and it copies the
+  // memset's bytes, not the ones before.
   void waitEventOrdersStreams() {
     struct Gate {
       std::atomic<bool> open{false};
     } gate;
     constexpr int64_t kBytes = 4096;
-    const dev::Stream first = dev::create_stream(), second = dev::create_stream();
-    const dev::Event written = dev::create_event(), copied = dev::create_event();
+    const dev::Stream first = dev::create_stream(), second = dev::create_stream(), third = dev::create_stream();
+    const dev::Event written = dev::create_event(), early = dev::create_event(), copied = dev::create_event();
     void* src = dev::malloc_device(kBytes, first);
     void* dst = dev::malloc_device(kBytes, second);
+    void* scratch = dev::malloc_device(kBytes, second);
     dev::memset_device(src, 0, kBytes, first);
     dev::memset_device(dst, 0, kBytes, second);
+    dev::sync_stream(first);
     dev::sync_stream(second);
     dev::launch_host_func(
         first,
@@ -94,49 +101,71 @@ class TestCudaOps : public QObject {
         &gate);
     dev::memset_device(src, 0x5a, kBytes, first);
     dev::record_event(written, first);
+    dev::memset_device(scratch, 1, kBytes, second);  // the second stream's own work, before its wait
+    dev::record_event(early, second);
     dev::wait_event(second, written);
+    dev::record_event(written, third);  // done at once: the wait above is for the first recording
     dev::copy_on_device(dst, src, kBytes, second);
     dev::record_event(copied, second);
+    bool ran_alongside = false;
+    for (int i = 0; i < 2000 && !ran_alongside; ++i) {
+      ran_alongside = dev::event_done(early);
+      if (!ran_alongside) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const bool done_early = dev::event_done(copied);
     gate.open = true;
     std::vector<unsigned char> back(kBytes);
     dev::copy_to_host(back.data(), dst, kBytes, second);
     dev::free_device(src, first);
-    dev::free_device(dst, second);
-    dev::sync_stream(first);
-    dev::sync_stream(second);
-    dev::destroy_event(written);
-    dev::destroy_event(copied);
-    dev::destroy_stream(first);
-    dev::destroy_stream(second);
+    for (void* p : {dst, scratch}) dev::free_device(p, second);
+    for (dev::Stream st : {first, second, third}) dev::sync_stream(st);
+    for (dev::Event e : {written, early, copied}) dev::destroy_event(e);
+    for (dev::Stream st : {first, second, third}) dev::destroy_stream(st);
+    QVERIFY2(ran_alongside, "the second stream's work did not run while a host function held the first");
     QVERIFY2(!done_early, "a copy made to wait for an event on a held stream finished first");
     QVERIFY2(std::all_of(back.begin(), back.end(), [](unsigned char b) { return b == 0x5a; }),
              "the copy ran before the memset it waited for");
   }
 
   // The emulator runs a stream's work on the stream's thread: a launch that
-  // fails there is reported, with its reason, by the stream's next
-  // synchronising call (as a GPU reports a failed kernel), once; the stream
-  // goes on. (moc sees no build's macros: the slot is in both builds.)
-  void emulatedFailureReachesTheNextSync() {
+  // fails there (a block of 2048 threads) returns, and fails its stream, as
+  // a failed kernel fails a GPU's context: every later copy to the host and
+  // sync on that stream throws the reason; the work queued after it still
+  // runs; other streams go on. (moc sees no build's macros: the slot is in
+  // both builds.)
+  void emulatedFailureFailsTheStream() {
 #ifndef SHARDSCOPE_CUDA_EMULATED
     QSKIP("the emulator's own check (on a GPU the launch itself fails)");
 #else
-    const dev::Stream s = dev::create_stream();
-    const auto too_big = [] { ss::emu::launch(dim3(1), dim3(2048), 0, [] {}); };  // what SS_LAUNCH queues
-    ss::emu::enqueue(s, too_big);
-    QVERIFY_THROWS_EXCEPTION(std::runtime_error, dev::sync_stream(s));
-    bool named = false;
-    ss::emu::enqueue(s, too_big);
+    const dev::Stream s = dev::create_stream(), other = dev::create_stream();
+    std::atomic<bool> after{false};
+    bool launch_threw = false;
     try {
-      dev::sync_stream(s);
-    } catch (const std::runtime_error& e) {
-      named = std::string(e.what()).find("a block of 2048 threads") != std::string::npos;
+      SS_LAUNCH(emu_nothing, 1, 2048, 0, s)();
+    } catch (const std::exception&) {
+      launch_threw = true;
     }
-    dev::sync_stream(s);  // reported once
+    dev::launch_host_func(s, [](void* flag) { *static_cast<std::atomic<bool>*>(flag) = true; }, &after);
+    auto reason = [](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const std::runtime_error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    int32_t word = 0;
+    const std::string by_copy = reason([&] { dev::copy_to_host(&word, &word, sizeof word, s); });
+    const std::string by_sync = reason([&] { dev::sync_stream(s); });
+    const std::string by_other = reason([&] { dev::sync_stream(other); });
     dev::destroy_stream(s);
-    QVERIFY2(named, "the failure's reason is not in what the sync threw");
+    dev::destroy_stream(other);
+    QVERIFY2(!launch_threw, "the failing launch threw where it was queued");
+    QVERIFY2(by_copy.find("a block of 2048 threads") != std::string::npos, by_copy.c_str());
+    QVERIFY2(by_sync == by_copy, "a later sync of the failed stream did not throw the failure again");
+    QVERIFY2(after, "the work queued after the failure did not run");
+    QVERIFY2(by_other.empty(), "another stream failed with it");
 #endif
   }
 

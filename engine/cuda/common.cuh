@@ -38,7 +38,8 @@
 namespace ss::SS_CUDA_NS {
 
 // After a launch: on a GPU, throws with the launch's error (bad configuration,
-// too much shared memory); the emulator throws from the launch itself.
+// too much shared memory); under the emulator a launch that fails fails its
+// stream, whose next copy to the host or sync_stream throws.
 void check_launch(const char* kernel);
 
 // Programmatic dependent launch (compute capability 9.0): a kernel started

@@ -23,9 +23,21 @@ Mat mat(const Tensor& t) {
 
 namespace {
 
-// The stream device memory is freed on (Buffer's free function takes no context).
+// The stream device memory is freed on (Buffer's free function takes no
+// context): the last backend's compute stream while its device lives (the
+// communicators' requests may outlive the backend), then the default one.
 Stream g_free_stream = nullptr;
 void free_on_stream(void* p) { free_device(p, g_free_stream); }
+
+// A destructor's wait for a stream: a failure left on it is the run's to
+// report (where it was waited for), not the teardown's.
+void settle(Stream s) noexcept {
+  try {
+    sync_stream(s);
+  } catch (...) {
+    // Reported, or to be, by the call that waited for the work that failed.
+  }
+}
 
 QuantArgs quant_args(const QuantSpec& s) {
   QuantArgs q;
@@ -200,8 +212,9 @@ DeviceContext::DeviceContext(int dev, Recorder& rec) : device(dev) {
 }
 
 DeviceContext::~DeviceContext() {
-  sync_stream(comm);
-  sync_stream(compute);
+  settle(comm);
+  settle(compute);
+  if (g_free_stream == compute) g_free_stream = nullptr;
   spans.reset();
   destroy_stream(comm);
   destroy_stream(compute);
@@ -222,15 +235,14 @@ CudaBackend::CudaBackend(Allocator& alloc, Recorder& rec, int device)
 
 CudaBackend::~CudaBackend() {
   recorder().set_flush(nullptr);
-  sync_stream(m_ctx->comm);
-  sync_stream(m_compute);
+  settle(m_ctx->comm);
+  settle(m_compute);
   for (auto& a : m_arrays) free_device(a.device, m_compute);
   free_device(m_argmax, m_compute);
   m_scratch.reset();
   m_blas.reset();
-  sync_stream(m_compute);
+  settle(m_compute);
   m_ctx->spans->resolve(true);
-  g_free_stream = nullptr;  // tensors that outlive the backend are freed on the default stream
 }
 
 std::string CudaBackend::device_name() const { return device_props(m_ctx->device).name; }

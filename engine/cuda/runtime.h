@@ -1,8 +1,9 @@
 // The device runtime the cuda backend stands on: devices, memory, streams,
 // events, copies and cuBLAS's GEMM. Two implementations: runtime_cuda.cpp
 // (the CUDA runtime, cuBLAS loaded at run time) and runtime_emu.cpp (host
-// memory, kernels run as queued, a host GEMM with cuBLAS's column-major
-// semantics), so the backend's own code is the same in both builds.
+// memory, each stream's work run in order on a thread of its own, a host
+// GEMM with cuBLAS's column-major semantics), so the backend's own code is
+// the same in both builds.
 // Every failure throws std::runtime_error naming the call and the reason.
 #pragma once
 

@@ -13,9 +13,11 @@
 // wait for the kernel that writes its input, or a kernel that reads a
 // collective's result without waiting for it, reads stale bytes here too.
 // The host sees a stream's work only through what waits for it: a copy to
-// the host, sync_stream, sync_event. Queued work that throws (a barrier the
-// threads of a block do not all reach) is reported by the stream's next
-// copy to the host or sync_stream, as a GPU reports a failed kernel.
+// the host, sync_stream, sync_event. Queued work that throws (a launch of a
+// block too large, a barrier the threads of a block do not all reach) leaves
+// its stream failed, as a failed kernel leaves a GPU's context: every later
+// copy to the host and sync_stream on that stream throws it (the work queued
+// after it still runs, so that nothing waiting on the stream hangs).
 #include <cblas.h>
 
 #include <algorithm>
@@ -63,8 +65,9 @@ struct EmuEvent {
 // work queued).
 struct EmuStream {
   std::deque<std::function<void()>> queued;
+  uint64_t posted = 0, finished = 0;  // work queued so far, and run so far
   bool running = false, stop = false;
-  std::exception_ptr error;  // the first queued work to throw, until reported
+  std::exception_ptr error;  // the first queued work to throw
   std::thread worker;
   bool idle() const { return queued.empty() && !running; }
 };
@@ -90,6 +93,7 @@ void run_queue(EmuStream* s) {
     work = nullptr;  // what it held goes before the stream counts as idle
     lock.lock();
     if (failed && !s->error) s->error = failed;
+    ++s->finished;
     s->running = false;
     g_changed.notify_all();
   }
@@ -97,6 +101,7 @@ void run_queue(EmuStream* s) {
 
 void post_locked(EmuStream* st, std::function<void()> work) {
   st->queued.push_back(std::move(work));
+  ++st->posted;
   if (!st->worker.joinable()) st->worker = std::thread(run_queue, st);
   g_changed.notify_all();
 }
@@ -109,14 +114,16 @@ void post(Stream s, std::function<void()> work) {
   post_locked(static_cast<EmuStream*>(s), std::move(work));
 }
 
-// Waits until `s` has run everything queued on it; throws what its work threw.
+// Waits until `s` has run everything queued on it before this call (work
+// other threads queue meanwhile is not waited for); throws the stream's failure.
 void drain(Stream s) {
   if (!s) return;
   auto* st = static_cast<EmuStream*>(s);
   if (tl_running == st) throw std::logic_error("emulated stream: work queued on a stream waits for that stream");
   std::unique_lock lock(g_mutex);
-  g_changed.wait(lock, [&] { return st->idle(); });
-  if (std::exception_ptr failed = std::exchange(st->error, nullptr)) {
+  const uint64_t before = st->posted;
+  g_changed.wait(lock, [&] { return st->finished >= before; });
+  if (std::exception_ptr failed = st->error) {
     lock.unlock();
     std::rethrow_exception(failed);
   }
@@ -165,28 +172,33 @@ void* malloc_device(int64_t bytes, Stream) {
 void free_device(void* p, Stream s) {
   post(s, [p] { std::free(p); });
 }
+// Copies and memsets of nothing queue nothing, as on a GPU.
 // The source is taken as the call returns (as CUDA stages pageable memory);
 // the bytes land in stream order.
 void copy_to_device(void* dst, const void* src, int64_t bytes, Stream s) {
+  if (bytes <= 0) return;
   auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                     static_cast<const char*>(src) + bytes);
   post(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
 }
 void copy_to_host(void* dst, const void* src, int64_t bytes, Stream s) {
   drain(s);
-  std::memcpy(dst, src, size_t(bytes));
+  if (bytes > 0) std::memcpy(dst, src, size_t(bytes));
 }
 void copy_on_device(void* dst, const void* src, int64_t bytes, Stream s) {
+  if (bytes <= 0) return;
   post(s, [=] { std::memmove(dst, src, size_t(bytes)); });
 }
 void copy_2d_on_device(void* dst, int64_t dpitch, const void* src, int64_t spitch, int64_t width, int64_t rows,
                        Stream s) {
+  if (width <= 0 || rows <= 0) return;
   post(s, [=] {
     for (int64_t r = 0; r < rows; ++r)
       std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, size_t(width));
   });
 }
 void memset_device(void* p, int value, int64_t bytes, Stream s) {
+  if (bytes <= 0) return;
   post(s, [=] { std::memset(p, value, size_t(bytes)); });
 }
 
@@ -252,10 +264,12 @@ void wait_event(Stream s, Event e) {
     --ev->waiters;
   });
 }
+// Waits for the recording made last before the call (not a later one).
 void sync_event(Event e) {
   auto* ev = static_cast<EmuEvent*>(e);
   std::unique_lock lock(g_mutex);
-  g_changed.wait(lock, [&] { return ev->done(); });
+  const uint64_t n = ev->recorded;
+  g_changed.wait(lock, [&] { return ev->reached(n); });
 }
 bool event_done(Event e) {
   auto* ev = static_cast<EmuEvent*>(e);
