@@ -29,16 +29,6 @@ namespace {
 Stream g_free_stream = nullptr;
 void free_on_stream(void* p) { free_device(p, g_free_stream); }
 
-// A destructor's wait for a stream: a failure left on it is the run's to
-// report (where it was waited for), not the teardown's.
-void settle(Stream s) noexcept {
-  try {
-    sync_stream(s);
-  } catch (...) {
-    // Reported, or to be, by the call that waited for the work that failed.
-  }
-}
-
 QuantArgs quant_args(const QuantSpec& s) {
   QuantArgs q;
   q.precision = s.precision;
@@ -155,6 +145,14 @@ void SpanQueue::resolve(bool wait) {
 }
 
 // ---------------------------------------------------------------- backend
+
+void settle(Stream s) noexcept {
+  try {
+    sync_stream(s);
+  } catch (...) {
+    // Reported, or to be, by the call that waits for the work that failed.
+  }
+}
 
 // Grows per slot; the old buffer is freed in stream order (kernels queued
 // before still read it).

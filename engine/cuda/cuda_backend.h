@@ -53,6 +53,11 @@ class SpanQueue {
   std::vector<Event> m_free;
 };
 
+// Waits for `s` where nothing can report (destructors, a failure unwinding):
+// a failure left on the stream is the run's to report where the work that
+// failed is waited for, not the teardown's.
+void settle(Stream s) noexcept;
+
 // A GPU as this process uses it: the device (made current), a compute and a
 // communication stream, and the span queue both record into. Shared by the
 // backend and the NCCL communicators, which a rank makes before its backend.

@@ -397,11 +397,7 @@ NcclCommunicator::NcclCommunicator(Adopt, std::unique_ptr<MpiCommunicator> host,
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  try {
-    sync_stream(m_ctx->comm);  // nothing of this communicator is still queued when it goes
-  } catch (...) {
-    // A destructor cannot report; an aborted communicator left the stream in error.
-  }
+  settle(m_ctx->comm);  // nothing of this communicator is still queued when it goes
 }
 
 std::vector<int> NcclCommunicator::others() const {
@@ -442,11 +438,7 @@ Request NcclCommunicator::issue(const char* op, double payload_bytes, std::vecto
   } catch (...) {
     // The failed call is aborted; what it queued on the stream may still
     // hold `keep`'s buffers until the abort has ended it.
-    try {
-      sync_stream(m_ctx->comm);
-    } catch (...) {
-      // The stream is in error after the abort; its work is over.
-    }
+    settle(m_ctx->comm);
     throw;
   }
   if (timed) {

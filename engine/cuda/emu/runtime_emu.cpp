@@ -66,10 +66,10 @@ struct EmuEvent {
 struct EmuStream {
   std::deque<std::function<void()>> queued;
   uint64_t posted = 0, finished = 0;  // work queued so far, and run so far
-  bool running = false, stop = false;
+  bool stop = false;
   std::exception_ptr error;  // the first queued work to throw
   std::thread worker;
-  bool idle() const { return queued.empty() && !running; }
+  bool idle() const { return finished == posted; }
 };
 
 thread_local const EmuStream* tl_running = nullptr;  // the stream whose thread this is
@@ -82,7 +82,6 @@ void run_queue(EmuStream* s) {
     if (s->queued.empty()) return;  // stopped, and nothing left
     std::function<void()> work = std::move(s->queued.front());
     s->queued.pop_front();
-    s->running = true;
     lock.unlock();
     std::exception_ptr failed;
     try {
@@ -94,7 +93,6 @@ void run_queue(EmuStream* s) {
     lock.lock();
     if (failed && !s->error) s->error = failed;
     ++s->finished;
-    s->running = false;
     g_changed.notify_all();
   }
 }
