@@ -28,6 +28,10 @@
 #include "cuda/common.cuh"
 namespace {
 __global__ void emu_nothing() {}
+__global__ void emu_smem() {  // writes the first byte of its dynamic shared memory
+  SS_DYNAMIC_SMEM(unsigned char, smem);
+  if (threadIdx.x == 0) smem[0] = 1;
+}
 }  // namespace
 #endif
 
@@ -166,6 +170,44 @@ class TestCudaOps : public QObject {
     QVERIFY2(by_sync == by_copy, "a later sync of the failed stream did not throw the failure again");
     QVERIFY2(after, "the work queued after the failure did not run");
     QVERIFY2(by_other.empty(), "another stream failed with it");
+#endif
+  }
+
+  // Dynamic shared memory past 48 KiB needs the kernel's opt-in, up to the
+  // least of the GPUs the build runs on: without it the launch is refused
+  // where it is made (a GPU refuses it too), with it the launch runs, and an
+  // opt-in past the limit is refused naming the launcher.
+  void sharedMemoryPastTheDefaultNeedsOptIn() {
+#ifndef SHARDSCOPE_CUDA_EMULATED
+    QSKIP("the emulator's own check (on a GPU, allow_smem and the launch are the driver's)");
+#else
+    using ss::emu::kSmemDefault;
+    using ss::emu::kSmemOptIn;
+    const dev::Stream s = dev::create_stream();
+    auto refusal = [](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const std::runtime_error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    const size_t past = kSmemDefault + 16;
+    dev::allow_smem("test", emu_smem, 0);  // as a process starts (the suite runs once a dtype)
+    const std::string fits = refusal([&] { SS_LAUNCH(emu_smem, 1, 32, kSmemDefault, s)(); });
+    const std::string unasked = refusal([&] { SS_LAUNCH(emu_smem, 1, 32, past, s)(); });
+    dev::allow_smem("test", emu_smem, past);
+    const std::string asked = refusal([&] { SS_LAUNCH(emu_smem, 1, 32, past, s)(); });
+    const std::string beyond_ask = refusal([&] { SS_LAUNCH(emu_smem, 1, 32, past + 16, s)(); });
+    const std::string too_much = refusal([&] { dev::allow_smem("test", emu_smem, kSmemOptIn + 1); });
+    const std::string ran = refusal([&] { dev::sync_stream(s); });
+    dev::destroy_stream(s);
+    QVERIFY2(fits.empty(), fits.c_str());
+    QVERIFY2(unasked.find("past the 48 KiB a block has, with an opt-in of 0") != std::string::npos, unasked.c_str());
+    QVERIFY2(asked.empty(), asked.c_str());
+    QVERIFY2(beyond_ask.find("an opt-in of") != std::string::npos, beyond_ask.c_str());
+    QVERIFY2(too_much.find("test: a block needs 100 KiB") != std::string::npos, too_much.c_str());
+    QVERIFY2(ran.empty(), ran.c_str());
 #endif
   }
 

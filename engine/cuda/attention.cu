@@ -633,7 +633,7 @@ void launch_tiled(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const 
                   const int32_t* kpos, float* lse, float* part, int splits, Stream s) {
   using Tl = Tiled<HDMAX>;
   auto* kernel = &attn_tiled_kernel<HDMAX>;
-  SS_SMEM_LIMIT(kernel, Tl::smem_bytes());
+  allow_smem("attention", kernel, Tl::smem_bytes());
   const dim3 grid(unsigned((a.Tq + Tl::BQ - 1) / Tl::BQ), unsigned(a.n_heads), unsigned(splits));
   SS_LAUNCH(kernel, grid, kThreads, Tl::smem_bytes(), s)(o, q, k, v, a, qpos, kpos, lse, part);
   check_launch("attention");
@@ -644,7 +644,7 @@ void launch_mma(const Mat& o, const Mat& q, const Mat& k, const Mat& v, const At
                 const int32_t* kpos, float* lse, Stream s) {
   using M = Mma<HD>;
   auto* kernel = &attn_mma_kernel<T, HD>;
-  SS_SMEM_LIMIT(kernel, M::smem_bytes());
+  allow_smem("attention (tensor cores)", kernel, M::smem_bytes());
   const dim3 grid(unsigned((a.Tq + M::BQ - 1) / M::BQ), unsigned(a.n_heads));
   SS_LAUNCH(kernel, grid, kThreads, M::smem_bytes(), s)(o, q, k, v, a, qpos, kpos, lse);
   check_launch("attention (tensor cores)");

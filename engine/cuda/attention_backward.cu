@@ -191,8 +191,8 @@ void launch_backward(const Mat& dq, const Mat& dk, const Mat& dv, const Mat& dou
   using W = Bwd<HDMAX>;
   auto* dq_kernel = &attn_bwd_dq_kernel<HDMAX>;
   auto* dkv_kernel = &attn_bwd_dkv_kernel<HDMAX>;
-  SS_SMEM_LIMIT(dq_kernel, W::smem_bytes());
-  SS_SMEM_LIMIT(dkv_kernel, W::smem_bytes());
+  allow_smem("attention_backward (dq)", dq_kernel, W::smem_bytes());
+  allow_smem("attention_backward (dk, dv)", dkv_kernel, W::smem_bytes());
   SS_LAUNCH(dq_kernel, dim3(unsigned((a.Tq + W::B - 1) / W::B), unsigned(a.n_heads)), kThreads, W::smem_bytes(), s)(
       dq, dout, q, k, v, a, lse, D, qpos, kpos);
   check_launch("attention_backward (dq)");

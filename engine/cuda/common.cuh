@@ -23,13 +23,9 @@
 #define SS_DYNAMIC_SMEM(T, name)                          \
   extern __shared__ __align__(128) unsigned char ss_smem_[]; \
   T* name = reinterpret_cast<T*>(ss_smem_)
-// Dynamic shared memory past the default 48 KiB needs the kernel's opt-in.
-#define SS_SMEM_LIMIT(kernel, bytes) \
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes))
 #else
 #include "cuda/emu/emu.h"
 #define SS_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::ss::emu::dynamic_smem())
-#define SS_SMEM_LIMIT(kernel, bytes) (static_cast<void>(kernel), static_cast<void>(bytes))
 #endif
 
 #define SS_HD __host__ __device__ __forceinline__
@@ -41,6 +37,29 @@ namespace ss::SS_CUDA_NS {
 // too much shared memory); under the emulator a launch that fails fails its
 // stream, whose next copy to the host or sync_stream throws.
 void check_launch(const char* kernel);
+
+// Before a launch of `kernel` with `bytes` of dynamic shared memory a block:
+// past the 48 KiB every GPU gives, the kernel opts in to them. Throws, naming
+// `name` and the GPU's limit, where the GPU has fewer (a launch would fail
+// with "invalid argument"). The emulator keeps the opt-in, refuses a launch
+// past it, and allows at most the least of the build's GPUs (emu.h).
+template <class Kernel>
+void allow_smem(const char* name, Kernel kernel, size_t bytes) {
+#ifdef __CUDACC__
+  if (bytes <= (size_t(48) << 10) ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) == cudaSuccess)
+    return;
+  static_cast<void>(cudaGetLastError());  // the refusal is reported here, not by the next launch
+  int device = 0, most = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    most = 0;
+  throw std::runtime_error(std::string(name) + ": a block needs " + std::to_string((bytes + 1023) >> 10) +
+                           " KiB of shared memory; this GPU allows " + std::to_string(most >> 10) + " KiB");
+#else
+  ::ss::emu::allow_smem(name, reinterpret_cast<const void*>(kernel), bytes);
+#endif
+}
 
 // Programmatic dependent launch (compute capability 9.0): a kernel started
 // by launch_dependent may run while the kernel before it in the stream

@@ -331,8 +331,8 @@ void ssd_scan(const SsdDev& a, Scratch& scratch, Stream s) {
   const size_t out_smem = sizeof(float) * (2 * size_t(L) * kStride4 + size_t(L) * kStride1);
   auto* state_kernel = &ssd_chunk_state_kernel;
   auto* output_kernel = &ssd_output_kernel;
-  SS_SMEM_LIMIT(state_kernel, state_smem);
-  SS_SMEM_LIMIT(output_kernel, out_smem);
+  allow_smem("ssd_scan (chunk states)", state_kernel, state_smem);
+  allow_smem("ssd_scan (outputs)", output_kernel, out_smem);
   for (int64_t c0 = 0; c0 < chunks; c0 += window) {
     const int64_t wc = std::min(window, chunks - c0);
     SS_LAUNCH(state_kernel, dim3(unsigned(wc), unsigned(H)), kThreads, state_smem, s)(a, T, c0, pr.dtv, pr.cum,

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -356,6 +358,34 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
 }
 
 void* dynamic_smem() { return tl_block ? tl_block->smem : nullptr; }
+
+namespace {
+// What each kernel opted in to, as cudaFuncSetAttribute keeps it (a process's
+// launchers share it, as they share a GPU's kernels).
+std::mutex& g_smem_mutex = *new std::mutex;
+std::unordered_map<const void*, size_t>& g_smem_allowed = *new std::unordered_map<const void*, size_t>;
+}  // namespace
+
+void allow_smem(const char* name, const void* kernel, size_t bytes) {
+  if (bytes > kSmemOptIn)
+    throw std::runtime_error(std::string(name) + ": a block needs " + std::to_string((bytes + 1023) >> 10) +
+                             " KiB of shared memory; the emulated GPU allows " + std::to_string(kSmemOptIn >> 10) +
+                             " KiB (the least of the GPUs this build runs on)");
+  std::lock_guard lock(g_smem_mutex);
+  g_smem_allowed[kernel] = bytes;
+}
+
+void check_smem(const void* kernel, size_t bytes) {
+  if (bytes <= kSmemDefault) return;
+  std::lock_guard lock(g_smem_mutex);
+  const auto it = g_smem_allowed.find(kernel);
+  if (it == g_smem_allowed.end() || it->second < bytes)
+    throw std::runtime_error("emulated launch: " + std::to_string(bytes) +
+                             " bytes of dynamic shared memory, past the 48 KiB a block has, with " +
+                             (it == g_smem_allowed.end() ? std::string("no opt-in")
+                                                         : "an opt-in of " + std::to_string(it->second)) +
+                             " (allow_smem)");
+}
 
 void sync_block() {
   Block& b = *tl_block;

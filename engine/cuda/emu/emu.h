@@ -50,6 +50,18 @@ namespace ss::emu {
 // std::runtime_error for a barrier not every thread of a block (or warp)
 // reaches, and for a block of more than 1024 threads.
 void launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body);
+// Dynamic shared memory as a GPU gives it: 48 KiB a block unless the kernel
+// opted in to more (allow_smem in common.cuh, cudaFuncSetAttribute on a GPU),
+// and never past kSmemOptIn. A launch past what its kernel may have throws
+// where it is made, as check_launch does on a GPU.
+inline constexpr size_t kSmemDefault = size_t(48) << 10;
+// 99 KiB: the least opt-in of the GPUs this build runs on (compute
+// capability 8.6 and 8.9, which run its sm_80 code; 8.0 allows 163 KiB and
+// 9.0 227 KiB: CUDA C++ Programming Guide, "Technical Specifications per
+// Compute Capability"). A kernel that fits here fits each of them.
+inline constexpr size_t kSmemOptIn = size_t(99) << 10;
+void allow_smem(const char* name, const void* kernel, size_t bytes);
+void check_smem(const void* kernel, size_t bytes);
 // Queues `work` on `stream` (a runtime.h Stream): it runs on the stream's
 // thread after everything queued there before it, as a GPU runs a stream's
 // kernels after the host has moved on. The null stream runs it at once.
@@ -97,6 +109,7 @@ struct Launcher {
   void* stream;
   template <class... A>
   void operator()(A&&... args) const {
+    if constexpr (std::is_pointer_v<F>) check_smem(reinterpret_cast<const void*>(kernel), smem);
     enqueue(stream, [k = kernel, g = grid, b = block, m = smem, params = std::make_tuple(std::decay_t<A>(args)...)] {
       launch(g, b, m, [&] { std::apply(k, params); });
     });
