@@ -286,6 +286,7 @@ class TstFaults : public QObject {
   void ncclFaultEndsTheRun_data() {
     QTest::addColumn<QString>("fault");
     QTest::addColumn<double>("timeout");  // SHARDSCOPE_NCCL_TIMEOUT
+    QTest::addColumn<int>("decode");      // steps after the prompt
     QTest::addColumn<QString>("says");
     // Hung: rank 1 never returns from its first call, the world's init,
     // and neither does rank 0's, which waits for it; both wait until the
@@ -296,10 +297,13 @@ class TstFaults : public QObject {
     // 0's, which waits for it): the watchdog finds it outstanding. Gone,
     // rank 0's NCCL finds its peer's process missing or the launcher its
     // exit, whichever first, long before a timeout: either error names
-    // rank 1.
-    QTest::newRow("hung peer") << "hang:1:1" << 10.0 << "ncclCommInitRankConfig on world did not return in 10 s";
-    QTest::newRow("stalled peer") << "stall:1:6" << 10.0 << "did not complete in 10 s";
-    QTest::newRow("lost peer") << "exit:1:6" << 120.0 << "rank 1";
+    // rank 1. Stalled with no decode after the prompt, no NCCL call follows
+    // the abort: the stalled transfer ends unwritten, the logits are read
+    // after it, and the read must fail the run (DeviceFailure), not return them.
+    QTest::newRow("hung peer") << "hang:1:1" << 10.0 << 8 << "ncclCommInitRankConfig on world did not return in 10 s";
+    QTest::newRow("stalled peer") << "stall:1:6" << 10.0 << 8 << "did not complete in 10 s";
+    QTest::newRow("stalled peer, prompt only") << "stall:1:6" << 10.0 << 0 << "did not complete in 10 s";
+    QTest::newRow("lost peer") << "exit:1:6" << 120.0 << 8 << "rank 1";
   }
   void ncclFaultEndsTheRun() {
 #ifndef SHARDSCOPE_FAKE_NCCL
@@ -307,19 +311,22 @@ class TstFaults : public QObject {
 #else
     QFETCH(QString, fault);
     QFETCH(double, timeout);
+    QFETCH(int, decode);
     QFETCH(QString, says);
-    const QString events = QString::fromStdString((tmp() / ("nccl-" + fault.toStdString() + ".jsonl")).string());
+    const std::string name = "nccl-" + fault.toStdString() + "-" + std::to_string(decode);
+    const QString events = QString::fromStdString((tmp() / (name + ".jsonl")).string());
     QProcess p;
     QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
     env.insert("SHARDSCOPE_NCCL_LIBRARY", SHARDSCOPE_FAKE_NCCL);
     env.insert("SHARDSCOPE_FAKE_NCCL_FAULT", fault);
     env.insert("SHARDSCOPE_NCCL_TIMEOUT", QString::number(timeout));
-    const std::string log = (tmp() / ("nccl-" + fault.toStdString() + ".log")).string();
+    const std::string log = (tmp() / (name + ".log")).string();
     env.insert("SHARDSCOPE_FAKE_NCCL_LOG", QString::fromStdString(log));
     p.setProcessEnvironment(env);
     const auto t0 = Clock::now();
     p.start(SHARDSCOPE_ENGINE_BIN, {"launch", "--backend", "cuda-emu", "--model", "tiny-llama", "--strategy", "tp",
-                                    "--devices", "2", "--prompt-len", "16", "--decode", "8", "--timeout", "120",
+                                    "--devices", "2", "--prompt-len", "16", "--decode", QString::number(decode),
+                                    "--timeout", "120",
                                     "--events", events});
     QVERIFY(p.waitForStarted());
     ReapBelow reap{pid_t(p.processId())};
@@ -346,6 +353,42 @@ class TstFaults : public QObject {
     qInfo("%s: ended %.1f s after the launch (SHARDSCOPE_NCCL_TIMEOUT %.0f s): %s", qPrintable(fault), took, timeout,
           qPrintable(messages.trimmed()));
     QVERIFY2(took < std::min(timeout, 30.0) + 30, qPrintable(QString("the run took %1 s to end").arg(took)));
+#endif
+  }
+
+  // An NCCL operation's time counts from when its stream reaches it, not
+  // from when it was queued: prefill queues its all-reduces (two a layer)
+  // seconds ahead of the emulated kernels they follow, and none of them is
+  // late for that. Counted from the queueing, a 2 s timeout aborted this run.
+  void ncclTimeoutCountsFromTheStream() {
+#ifndef SHARDSCOPE_FAKE_NCCL
+    QSKIP("the emulator was built without NCCL's header: there is no NCCL communicator to time");
+#else
+    constexpr double kTimeout = 2;
+    const QString events = QString::fromStdString((tmp() / "nccl-queued.jsonl").string());
+    QProcess p;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("SHARDSCOPE_NCCL_LIBRARY", SHARDSCOPE_FAKE_NCCL);
+    env.insert("SHARDSCOPE_NCCL_TIMEOUT", QString::number(kTimeout));
+    p.setProcessEnvironment(env);
+    p.start(SHARDSCOPE_ENGINE_BIN, {"launch", "--backend", "cuda-emu", "--model", "small-llama", "--strategy", "tp",
+                                    "--devices", "2", "--prompt-len", "512", "--timeout", "600", "--events", events});
+    QVERIFY(p.waitForStarted());
+    ReapBelow reap{pid_t(p.processId())};
+    QVERIFY2(p.waitForFinished(600000), "the launcher did not end the run");
+    const Stream s = read_stream(QByteArray::fromStdString(read_all(events.toStdString())));
+    QString messages;
+    for (const auto* e : s.all<ss::proto::Error>()) messages += QString::fromStdString(e->message) + "\n";
+    QVERIFY2(messages.isEmpty(), qPrintable(messages));
+    QVERIFY2(s.done() && s.done()->status == "ok", qPrintable(QString::fromUtf8(p.readAllStandardError())));
+    // The check shows something only where the prefill's kernels outlast the timeout.
+    int64_t prefill = -1;
+    for (const auto* ph : s.all<ss::proto::Phase>())
+      if (ph->name == "prefill") prefill = ph->t;
+    QVERIFY(prefill >= 0);
+    const double seconds = double(s.done()->t - prefill) * 1e-9;
+    qInfo("the prefill took %.1f s against SHARDSCOPE_NCCL_TIMEOUT %.0f s", seconds, kTimeout);
+    QVERIFY2(seconds > 2 * kTimeout, "the prefill was too quick to show the timeout's start: raise --prompt-len");
 #endif
   }
 };

@@ -202,6 +202,15 @@ struct CudaBackend::CachedArray {
   uint64_t last_use = 0;
 };
 
+void DeviceFailure::set(const std::string& why) {
+  std::lock_guard lock(m_mutex);
+  if (m_why.empty()) m_why = why;
+}
+void DeviceFailure::throw_if_set() const {
+  std::lock_guard lock(m_mutex);
+  if (!m_why.empty()) throw std::runtime_error(m_why);
+}
+
 DeviceContext::DeviceContext(int dev, Recorder& rec) : device(dev) {
   set_device(dev);
   compute = create_stream();
@@ -249,6 +258,12 @@ void CudaBackend::synchronize() {
   sync_stream(m_ctx->comm);
   sync_stream(m_compute);
   m_ctx->spans->resolve(true);
+  m_ctx->failure->throw_if_set();
+}
+
+void CudaBackend::read(void* dst, const void* src, int64_t bytes) {
+  copy_to_host(dst, src, bytes, m_compute);
+  m_ctx->failure->throw_if_set();  // after the copy: what it read came after any abort
 }
 
 void CudaBackend::execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,
@@ -322,11 +337,11 @@ void CudaBackend::k_upload(const Tensor& dst, const void* src, DType src_dtype) 
 
 void CudaBackend::k_download(const Tensor& src, float* dst) {
   if (src.dtype() == DType::F32) {
-    copy_to_host(dst, src.raw(), src.nbytes(), m_compute);
+    read(dst, src.raw(), src.nbytes());
     return;
   }
   std::vector<char> raw(size_t(src.nbytes()));
-  copy_to_host(raw.data(), src.raw(), src.nbytes(), m_compute);
+  read(raw.data(), src.raw(), src.nbytes());
   widen(raw.data(), src.dtype(), src.numel(), dst);
 }
 
@@ -439,7 +454,7 @@ void CudaBackend::k_selective_state_correction(const SelectiveScanArgs& a) {
 int32_t CudaBackend::k_argmax_row(const Tensor& x, int64_t row) {
   kern::argmax_row(mat(x), row, m_argmax, m_compute);
   int32_t out = 0;
-  copy_to_host(&out, m_argmax, sizeof out, m_compute);
+  read(&out, m_argmax, sizeof out);
   return out;
 }
 

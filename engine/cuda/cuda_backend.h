@@ -9,6 +9,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -58,6 +59,22 @@ class SpanQueue {
 // failed is waited for, not the teardown's.
 void settle(Stream s) noexcept;
 
+// The first failure of a communicator on a device that came after its calls
+// had returned (its watchdog aborted it, or it reported a failed transfer).
+// An aborted transfer ends without writing its output, and the kernels
+// queued after it go on with what is there: so, as a sticky CUDA error fails
+// every later call of its context, every read of results from the device
+// throws it.
+class DeviceFailure {
+ public:
+  void set(const std::string& why);  // the first reason stays
+  void throw_if_set() const;
+
+ private:
+  mutable std::mutex m_mutex;
+  std::string m_why;
+};
+
 // A GPU as this process uses it: the device (made current), a compute and a
 // communication stream, and the span queue both record into. Shared by the
 // backend and the NCCL communicators, which a rank makes before its backend.
@@ -69,6 +86,7 @@ struct DeviceContext {
   int device = 0;
   Stream compute = nullptr, comm = nullptr;
   std::unique_ptr<SpanQueue> spans;
+  std::shared_ptr<DeviceFailure> failure = std::make_shared<DeviceFailure>();  // its communicators hold it too
 };
 
 class CudaBackend final : public Backend {
@@ -155,6 +173,9 @@ class CudaBackend final : public Backend {
                const AdamWArgs& a) override;
 
  private:
+  // A copy of results to the host, after the compute stream's work; throws
+  // a communicator's failure on this device (DeviceFailure).
+  void read(void* dst, const void* src, int64_t bytes);
   // Row-major y[M,N] = alpha op(A) op(B) (+ beta y) on cuBLAS (column-major).
   void gemm(int64_t M, int64_t N, int64_t K, const Tensor& A, bool a_trans, const Tensor& B, bool b_trans,
             const Tensor& C, float alpha, float beta);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -121,7 +122,10 @@ std::string nccl_version() {
 
 // One NCCL communicator and what watches it. The watchdog polls NCCL's
 // asynchronous error and the oldest outstanding operation; either failing
-// aborts the communicator, and every later call throws the reason. Every NCCL
+// aborts the communicator, and every later call throws the reason. An
+// operation's time counts from when its stream reached it: one queued behind
+// a long backlog of the compute stream (a long prefill queued ahead of it),
+// or behind the operations before it, is not late. Every NCCL
 // call on `comm` (a group's calls together) holds `nccl_mutex`, and the abort
 // takes it too and leaves `comm` null: an abort from the watchdog never meets
 // a call of the compute thread, and the handle is never used after it.
@@ -135,13 +139,14 @@ struct NcclCommunicator::State {
   std::mutex mutex;  // what follows; taken before nccl_mutex where both are held
   std::condition_variable cv;
   struct Outstanding {
-    Event done;
-    std::chrono::steady_clock::time_point issued;
+    Event started, done;  // recorded on the stream before and after the operation
+    std::optional<std::chrono::steady_clock::time_point> reached;  // when the watchdog first saw it started
     const char* op;
   };
   std::deque<Outstanding> outstanding;
   std::vector<Event> free_events;
   std::string failure;  // set once, by the watchdog or a failed call
+  std::shared_ptr<DeviceFailure> device_failure;  // the device's: told the failure before the abort
   bool stop = false;
   std::thread watchdog;
 
@@ -170,7 +175,10 @@ struct NcclCommunicator::State {
       comm = nullptr;
     }
     for (Event e : free_events) destroy_event(e);
-    for (auto& o : outstanding) destroy_event(o.done);
+    for (auto& o : outstanding) {
+      destroy_event(o.started);
+      destroy_event(o.done);
+    }
   }
 
   bool past(std::chrono::steady_clock::time_point start) const {
@@ -185,11 +193,18 @@ struct NcclCommunicator::State {
     if (comm) nccl().abort(comm);
     comm = nullptr;
   }
+  // Under `mutex`: the first failure, the device told before the abort ends
+  // what was queued (DeviceFailure).
+  bool record_failure(const std::string& why) {
+    if (!failure.empty()) return false;
+    failure = why;
+    if (device_failure) device_failure->set(why);
+    return true;
+  }
   void fail(const std::string& why) {
     {
       std::lock_guard lock(mutex);
-      if (!failure.empty()) return;
-      failure = why;
+      if (!record_failure(why)) return;
     }
     abort_comm();
   }
@@ -269,35 +284,50 @@ struct NcclCommunicator::State {
     std::lock_guard lock(mutex);
     free_events.push_back(e);
   }
-  void track(Event done, const char* op) {
+  void track(Event started, Event done, const char* op) {
     std::lock_guard lock(mutex);
-    outstanding.push_back({done, std::chrono::steady_clock::now(), op});
+    outstanding.push_back({started, done, std::nullopt, op});
+  }
+
+  // Under `mutex`: drops the finished operations, and says why the
+  // communicator failed or the oldest one is late ("" while neither). The
+  // operations of one stream run in order, so only the oldest can be late.
+  std::string overdue() {
+    while (!outstanding.empty() && event_done(outstanding.front().done)) {
+      free_events.push_back(outstanding.front().started);
+      free_events.push_back(outstanding.front().done);
+      outstanding.pop_front();
+    }
+    if (std::string why = async_failure(); !why.empty()) return why;
+    if (timeout_s <= 0 || outstanding.empty()) return "";
+    Outstanding& o = outstanding.front();
+    if (!o.reached && event_done(o.started)) o.reached = std::chrono::steady_clock::now();
+    if (!o.reached || !past(*o.reached)) return "";
+    return "nccl: " + std::string(o.op) + " on " + name + " did not complete in " + std::to_string(int(timeout_s)) +
+           " s (a peer is gone or hung); the communicator was aborted";
   }
 
   void start_watchdog() {
     watchdog = std::thread([this] {
-      set_device(device);
       std::unique_lock lock(mutex);
-      while (!stop) {
+      std::string why;
+      try {
+        set_device(device);
+      } catch (const std::exception& e) {
+        why = "nccl: the watchdog of " + name + " failed: " + e.what();
+      }
+      while (!stop && why.empty()) {
         cv.wait_for(lock, std::chrono::milliseconds(200));
         if (stop || !failure.empty()) continue;
-        while (!outstanding.empty() && event_done(outstanding.front().done)) {
-          free_events.push_back(outstanding.front().done);
-          outstanding.pop_front();
+        try {
+          why = overdue();
+        } catch (const std::exception& e) {  // the device failed (a CUDA error asking for an event)
+          why = "nccl: the watchdog of " + name + " failed: " + e.what();
         }
-        std::string why = async_failure();
-        if (why.empty() && timeout_s > 0 && !outstanding.empty() &&
-            std::chrono::steady_clock::now() - outstanding.front().issued >
-                std::chrono::duration<double>(timeout_s)) {
-          why = "nccl: " + std::string(outstanding.front().op) + " on " + name + " did not complete in " +
-                std::to_string(int(timeout_s)) + " s (a peer is gone or hung); the communicator was aborted";
-        }
-        if (why.empty()) continue;
-        failure = why;
-        lock.unlock();
-        abort_comm();
-        lock.lock();
       }
+      if (why.empty() || !record_failure(why)) return;
+      lock.unlock();
+      abort_comm();
     });
   }
 };
@@ -378,6 +408,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> host, std::s
   State& s = *m_state;
   s.name = m_host->name();
   s.device = m_ctx->device;
+  s.device_failure = m_ctx->failure;
   s.timeout_s = timeout_s;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // calls return at once; the watchdog can abort a hung one
@@ -433,12 +464,16 @@ Request NcclCommunicator::issue(const char* op, double payload_bytes, std::vecto
   const bool timed = m_rec.span_recording();
   SpanQueue::Pending p;
   if (timed) p.start = spans.mark(m_ctx->comm);
+  // The watchdog times the operation from here (the stream has reached it).
+  const Event started = s.take_event();
+  record_event(started, m_ctx->comm);
   try {
     call();
   } catch (...) {
     // The failed call is aborted; what it queued on the stream may still
     // hold `keep`'s buffers until the abort has ended it.
     settle(m_ctx->comm);
+    s.give_event(started);
     throw;
   }
   if (timed) {
@@ -460,7 +495,7 @@ Request NcclCommunicator::issue(const char* op, double payload_bytes, std::vecto
   // The watchdog times the operation; the request keeps its own event.
   const Event watched = s.take_event();
   record_event(watched, m_ctx->comm);
-  s.track(watched, op);
+  s.track(started, watched, op);
   return req;
 }
 
@@ -649,6 +684,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   auto state = std::make_shared<State>();
   state->name = child;
   state->device = m_ctx->device;
+  state->device_failure = m_ctx->failure;
   state->timeout_s = m_state->timeout_s;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
