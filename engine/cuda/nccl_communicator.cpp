@@ -396,15 +396,20 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> host, std::s
     : m_host(std::move(host)), m_ctx(std::move(ctx)), m_rec(rec), m_state(std::make_shared<State>()) {
   const NcclApi& api = require_nccl();
   set_device(m_ctx->device);
-  // Rank 0's unique id reaches every rank over MPI.
-  ncclUniqueId id{};
-  if (m_host->rank() == 0 && api.get_unique_id(&id) != ncclSuccess)
-    throw std::runtime_error("nccl: ncclGetUniqueId failed on " + m_host->name());
+  // Rank 0's unique id reaches every rank over MPI, or, where rank 0 could
+  // not make one, the news: every rank then fails alike, none waits.
+  struct {
+    ncclUniqueId id;
+    int made;
+  } boot{};
+  if (m_host->rank() == 0) boot.made = api.get_unique_id(&boot.id) == ncclSuccess;
   m_host->stream()
       .enqueue([&] {
-        check_mpi(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, m_host->handle()), "MPI_Bcast", m_host->name());
+        check_mpi(MPI_Bcast(&boot, int(sizeof boot), MPI_BYTE, 0, m_host->handle()), "MPI_Bcast", m_host->name());
       })
       ->wait();
+  if (!boot.made) throw std::runtime_error("nccl: ncclGetUniqueId failed on rank 0 of " + m_host->name());
+  const ncclUniqueId& id = boot.id;
   State& s = *m_state;
   s.name = m_host->name();
   s.device = m_ctx->device;

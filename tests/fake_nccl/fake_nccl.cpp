@@ -45,6 +45,7 @@
 // finish it (until aborted; as a kernel waiting on a peer that never
 // comes), or exit at it; SHARDSCOPE_FAKE_NCCL_LOG collects the faults that
 // fired and every broken rule, so a run that fails anyway still shows one.
+// SHARDSCOPE_FAKE_NCCL_FAULT=noid:0:0 makes ncclGetUniqueId fail on world rank 0.
 #include <nccl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -548,6 +549,10 @@ ncclResult_t ncclGetVersion(int* version) {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   if (!id) return ncclInvalidArgument;
+  if (const char* v = std::getenv("SHARDSCOPE_FAKE_NCCL_FAULT"); v && std::string(v) == "noid:0:0" && world_rank() == 0) {
+    log_line("fault: world rank 0 noid at operation 0");
+    return ncclSystemError;
+  }
   std::memset(id, 0, sizeof *id);
   std::random_device rd;
   std::snprintf(id->internal, sizeof id->internal, "ssfake-%ld-%08x%08x", long(getpid()), rd(), rd());
