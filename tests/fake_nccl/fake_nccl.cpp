@@ -23,8 +23,11 @@
 //   communicator's asynchronous error; ncclCommFinalize waits for those
 //   queued, and ncclCommDestroy refuses while any is;
 // - calls between ncclGroupStart and ncclGroupEnd are queued and run at the
-//   outermost ncclGroupEnd, sends before receives, so a ring's exchanges
-//   cannot deadlock;
+//   outermost ncclGroupEnd, what each sends (a send's bytes, a receive's
+//   readiness) before what any waits for, so a ring's exchanges cannot
+//   deadlock; outside a group a send ends only once its receive has begun
+//   (NCCL's may wait so: its buffers are the receiver's), so ranks that each
+//   send before they receive hang here too;
 // - in-place all-gather and reduce-scatter only with NCCL's offsets; ranks
 //   of a collective must agree on what it is, its count, type, operation and
 //   root, and a send on the receive's count and type: a mismatch, which NCCL
@@ -80,6 +83,7 @@ struct ncclComm {
   bool blocking = true;
   std::vector<long> pids;                // each rank's process, to tell a lost peer
   std::vector<uint64_t> sent, received;  // messages to and from each rank so far
+  std::vector<uint64_t> readied, awaited;  // receives' readiness to and from each rank so far
   int splits = 0;
 
   std::mutex mutex;
@@ -242,12 +246,19 @@ std::string describe(const Header& h) {
                                                            : "");
 }
 
-fs::path message_path(const ncclComm& c, int src, int dst, uint64_t seq) {
-  return root_dir() / (c.key + "." + std::to_string(src) + "-" + std::to_string(dst) + "." + std::to_string(seq));
+// Two channels between a pair of ranks: the operations' messages, and the
+// readiness of receives. A send's transfer ends only once its receive's has
+// begun, as NCCL's may (its buffers are the receiver's): so ranks that each
+// send before they receive, outside a group, hang here as they would there.
+enum Channel { kData, kReady };
+
+fs::path message_path(const ncclComm& c, Channel ch, int src, int dst, uint64_t seq) {
+  return root_dir() / (c.key + (ch == kReady ? ".ready." : ".") + std::to_string(src) + "-" + std::to_string(dst) +
+                       "." + std::to_string(seq));
 }
 
-ncclResult_t post(ncclComm& c, int peer, const Header& h, const void* data) {
-  const fs::path to = message_path(c, c.rank, peer, c.sent[size_t(peer)]++);
+ncclResult_t post(ncclComm& c, int peer, const Header& h, const void* data, Channel ch = kData) {
+  const fs::path to = message_path(c, ch, c.rank, peer, (ch == kReady ? c.readied : c.sent)[size_t(peer)]++);
   const fs::path tmp = to.string() + ".part";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return fail(ncclSystemError, "cannot write " + tmp.string());
@@ -265,8 +276,8 @@ bool peer_gone(const ncclComm& c, int peer) {
 
 // Waits for the next message from `peer` (until it comes, the peer is gone,
 // or the communicator is aborted) and checks it is the call this rank made.
-ncclResult_t take(ncclComm& c, int peer, const Header& want, void* data) {
-  const fs::path from = message_path(c, peer, c.rank, c.received[size_t(peer)]++);
+ncclResult_t take(ncclComm& c, int peer, const Header& want, void* data, Channel ch = kData) {
+  const fs::path from = message_path(c, ch, peer, c.rank, (ch == kReady ? c.awaited : c.received)[size_t(peer)]++);
   auto last_look = Clock::now();
   for (int spins = 0;; ++spins) {
     if (std::FILE* f = std::fopen(from.c_str(), "rb")) {
@@ -574,6 +585,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   c->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
   c->sent.assign(size_t(nranks), 0);
   c->received.assign(size_t(nranks), 0);
+  c->readied.assign(size_t(nranks), 0);
+  c->awaited.assign(size_t(nranks), 0);
   c->pids.assign(size_t(nranks), 0);
   {
     std::lock_guard lock(reg().mutex);
@@ -645,6 +658,8 @@ ncclResult_t ncclCommSplit(ncclComm_t handle, int color, int key, ncclComm_t* ou
     }
     child->sent.assign(members.size(), 0);
     child->received.assign(members.size(), 0);
+    child->readied.assign(members.size(), 0);
+    child->awaited.assign(members.size(), 0);
     {
       std::lock_guard lock(reg().mutex);
       reg().live[child.get()] = child;
@@ -746,8 +761,13 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int p
   if (ncclResult_t rc = enter(handle, "ncclSend", c); rc != ncclSuccess) return rc;
   if (peer < 0 || peer >= c->nranks) return fail(ncclInvalidArgument, "ncclSend: peer " + std::to_string(peer));
   Header h{.kind = kSend, .count = count, .type = type, .bytes = count * type_size(type)};
-  // To itself: the bytes now, as the matching receive (in the same group) will take them.
-  return issue(on_stream(Op{c, [=] { return post(*c, peer, h, send); }, nullptr}, stream));
+  Header ready = h;
+  ready.bytes = 0;
+  // The bytes, then the receive's readiness (kReady). To itself: the matching
+  // receive is in the same group, whose posts all come before its takes.
+  return issue(on_stream(Op{c, [=] { return post(*c, peer, h, send); },
+                            [=] { return take(*c, peer, ready, nullptr, kReady); }},
+                         stream));
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t handle,
@@ -756,7 +776,11 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, n
   if (ncclResult_t rc = enter(handle, "ncclRecv", c); rc != ncclSuccess) return rc;
   if (peer < 0 || peer >= c->nranks) return fail(ncclInvalidArgument, "ncclRecv: peer " + std::to_string(peer));
   Header h{.kind = kSend, .count = count, .type = type, .bytes = count * type_size(type)};
-  return issue(on_stream(Op{c, nullptr, [=] { return take(*c, peer, h, recv); }}, stream));
+  Header ready = h;
+  ready.bytes = 0;
+  return issue(on_stream(Op{c, [=] { return post(*c, peer, ready, nullptr, kReady); },
+                            [=] { return take(*c, peer, h, recv); }},
+                         stream));
 }
 
 ncclResult_t ncclGroupStart() {
