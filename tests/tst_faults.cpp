@@ -304,6 +304,9 @@ class TstFaults : public QObject {
     QTest::newRow("stalled peer") << "stall:1:6" << 10.0 << 8 << "did not complete in 10 s";
     QTest::newRow("stalled peer, prompt only") << "stall:1:6" << 10.0 << 0 << "did not complete in 10 s";
     QTest::newRow("lost peer") << "exit:1:6" << 120.0 << 8 << "rank 1";
+    // Gone where NCCL cannot see it (one host: shared memory, NVLink), the
+    // launcher's notice of its exit alone ends the run.
+    QTest::newRow("lost peer, unseen by NCCL") << "vanish:1:6" << 120.0 << 8 << "rank 1";
     // No unique id on rank 0: every rank hears it and fails alike.
     QTest::newRow("no unique id") << "noid:0:0" << 120.0 << 8 << "ncclGetUniqueId failed on rank 0 of world";
   }

@@ -48,7 +48,8 @@
 // finish it (until aborted; as a kernel waiting on a peer that never
 // comes), or exit at it; SHARDSCOPE_FAKE_NCCL_LOG collects the faults that
 // fired and every broken rule, so a run that fails anyway still shows one.
-// SHARDSCOPE_FAKE_NCCL_FAULT=noid:0:0 makes ncclGetUniqueId fail on world rank 0.
+// SHARDSCOPE_FAKE_NCCL_FAULT=noid:0:0 makes ncclGetUniqueId fail on world rank 0;
+// vanish:R:N exits as exit:R:N does, with no rank noticing (peer_gone).
 #include <nccl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -172,9 +173,8 @@ void wait_for_abort(const ncclComm& c) {
   while (!c.aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
-// The injected fault, at this process's Nth operation: true when it is a
-// stall (the caller makes the transfer wait for an abort).
-bool maybe_fault(ncclComm& c) {
+// SHARDSCOPE_FAKE_NCCL_FAULT as (kind, world rank, operation); kind "" for none.
+const std::tuple<std::string, int, long>& injected_fault() {
   static const auto fault = []() -> std::tuple<std::string, int, long> {
     const char* v = std::getenv("SHARDSCOPE_FAKE_NCCL_FAULT");
     if (!v) return {"", -1, 0};
@@ -184,12 +184,18 @@ bool maybe_fault(ncclComm& c) {
     if (std::sscanf(v, "%15[a-z]:%d:%ld", kind, &rank, &n) != 3) return {"", -1, 0};
     return {kind, rank, n};
   }();
-  const auto& [kind, rank, n] = fault;
+  return fault;
+}
+
+// The injected fault, at this process's Nth operation: true when it is a
+// stall (the caller makes the transfer wait for an abort).
+bool maybe_fault(ncclComm& c) {
+  const auto& [kind, rank, n] = injected_fault();
   if (kind.empty() || rank != world_rank() || ++g_ops != n) return false;
   log_line("fault: world rank " + std::to_string(rank) + " " + kind + " at operation " + std::to_string(n));
   std::fprintf(stderr, "fake nccl: SHARDSCOPE_FAKE_NCCL_FAULT: world rank %d %s at operation %ld\n", rank, kind.c_str(),
                n);
-  if (kind == "exit") _exit(17);
+  if (kind == "exit" || kind == "vanish") _exit(17);
   if (kind == "stall") return true;
   wait_for_abort(c);
   return false;
@@ -269,7 +275,11 @@ ncclResult_t post(ncclComm& c, int peer, const Header& h, const void* data, Chan
   return ec ? fail(ncclSystemError, "cannot publish " + to.string()) : ncclSuccess;
 }
 
+// A peer whose process is gone, as NCCL's network transports see a closed
+// connection. Over shared memory and NVLink NCCL sees nothing (its kernels
+// wait on): so where the injected fault is a "vanish", neither does this.
 bool peer_gone(const ncclComm& c, int peer) {
+  if (std::get<0>(injected_fault()) == "vanish") return false;
   const long pid = c.pids.empty() ? 0 : c.pids[size_t(peer)];
   return pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH;
 }
