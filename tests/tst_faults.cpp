@@ -297,9 +297,10 @@ class TstFaults : public QObject {
     // 0's, which waits for it): the watchdog finds it outstanding. Gone,
     // rank 0's NCCL finds its peer's process missing or the launcher its
     // exit, whichever first, long before a timeout: either error names
-    // rank 1. Stalled with no decode after the prompt, no NCCL call follows
+    // rank 1. Stalled with no decode after the prompt, no call on tp follows
     // the abort: the stalled transfer ends unwritten, the logits are read
-    // after it, and the read must fail the run (DeviceFailure), not return them.
+    // after it, and the read must fail the run (DeviceFailure), not return
+    // them (the world's broadcast of the token after it succeeds).
     QTest::newRow("hung peer") << "hang:1:1" << 10.0 << 8 << "ncclCommInitRankConfig on world did not return in 10 s";
     QTest::newRow("stalled peer") << "stall:1:6" << 10.0 << 8 << "did not complete in 10 s";
     QTest::newRow("stalled peer, prompt only") << "stall:1:6" << 10.0 << 0 << "did not complete in 10 s";
@@ -364,12 +365,14 @@ class TstFaults : public QObject {
   // An NCCL operation's time counts from when its stream reaches it, not
   // from when it was queued: prefill queues its all-reduces (two a layer)
   // seconds ahead of the emulated kernels they follow, and none of them is
-  // late for that. Counted from the queueing, a 2 s timeout aborted this run.
+  // late for that. Counted from the queueing, a 2 or 3 s timeout aborted
+  // this run; from the stream, each waits only for the other rank's kernels
+  // since the one before (half a layer, about 0.5 s here).
   void ncclTimeoutCountsFromTheStream() {
 #ifndef SHARDSCOPE_FAKE_NCCL
     QSKIP("the emulator was built without NCCL's header: there is no NCCL communicator to time");
 #else
-    constexpr double kTimeout = 2;
+    constexpr double kTimeout = 3;
     const QString events = QString::fromStdString((tmp() / "nccl-queued.jsonl").string());
     QProcess p;
     QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
@@ -393,7 +396,7 @@ class TstFaults : public QObject {
     QVERIFY(prefill >= 0);
     const double seconds = double(s.done()->t - prefill) * 1e-9;
     qInfo("the prefill took %.1f s against SHARDSCOPE_NCCL_TIMEOUT %.0f s", seconds, kTimeout);
-    QVERIFY2(seconds > 2 * kTimeout, "the prefill was too quick to show the timeout's start: raise --prompt-len");
+    QVERIFY2(seconds > 1.5 * kTimeout, "the prefill was too quick to show the timeout's start: raise --prompt-len");
 #endif
   }
 };

@@ -206,7 +206,18 @@ void DeviceFailure::set(const std::string& why) {
   std::lock_guard lock(m_mutex);
   if (m_why.empty()) m_why = why;
 }
-void DeviceFailure::throw_if_set() const {
+void DeviceFailure::watch(std::weak_ptr<const void> owner, std::function<void()> ask) {
+  std::lock_guard lock(m_mutex);
+  m_probes.push_back({std::move(owner), std::move(ask)});
+}
+void DeviceFailure::check() {
+  std::vector<Probe> probes;
+  {
+    std::lock_guard lock(m_mutex);
+    std::erase_if(m_probes, [](const Probe& p) { return p.owner.expired(); });
+    probes = m_probes;
+  }
+  for (const Probe& p : probes) p.ask();  // takes its communicator's locks, and set() this one's
   std::lock_guard lock(m_mutex);
   if (!m_why.empty()) throw std::runtime_error(m_why);
 }
@@ -258,12 +269,12 @@ void CudaBackend::synchronize() {
   sync_stream(m_ctx->comm);
   sync_stream(m_compute);
   m_ctx->spans->resolve(true);
-  m_ctx->failure->throw_if_set();
+  m_ctx->failure->check();
 }
 
 void CudaBackend::read(void* dst, const void* src, int64_t bytes) {
   copy_to_host(dst, src, bytes, m_compute);
-  m_ctx->failure->throw_if_set();  // after the copy: what it read came after any abort
+  m_ctx->failure->check();  // after the copy: what it read came after any abort or failed transfer
 }
 
 void CudaBackend::execute(const char* op, double flops, double bytes, std::vector<int64_t> dims,

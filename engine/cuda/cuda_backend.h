@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -59,20 +60,33 @@ class SpanQueue {
 // failed is waited for, not the teardown's.
 void settle(Stream s) noexcept;
 
-// The first failure of a communicator on a device that came after its calls
-// had returned (its watchdog aborted it, or it reported a failed transfer).
-// An aborted transfer ends without writing its output, and the kernels
-// queued after it go on with what is there: so, as a sticky CUDA error fails
-// every later call of its context, every read of results from the device
-// throws it.
+// The first failure of a communicator on a device: a call that failed, an
+// operation its watchdog found late (it is set before the abort), or a
+// transfer that failed on the stream after its call returned. A failed or
+// aborted transfer ends without writing its output, and the kernels queued
+// after it go on with what is there: so, as a sticky CUDA error fails every
+// later call of its context, every read of results from the device throws
+// it. A transfer's own failure reaches the communicator only when asked
+// (NCCL's asynchronous error), so a read first asks every communicator of
+// the device (`check`: each registers a probe).
 class DeviceFailure {
  public:
   void set(const std::string& why);  // the first reason stays
-  void throw_if_set() const;
+  // `ask` asks a communicator for an asynchronous failure (and set()s it),
+  // for as long as `owner` (the communicator's state) lives.
+  void watch(std::weak_ptr<const void> owner, std::function<void()> ask);
+  // The live communicators asked (with no lock of this held), then the
+  // failure thrown.
+  void check();
 
  private:
-  mutable std::mutex m_mutex;
+  struct Probe {
+    std::weak_ptr<const void> owner;
+    std::function<void()> ask;
+  };
+  std::mutex m_mutex;
   std::string m_why;
+  std::vector<Probe> m_probes;
 };
 
 // A GPU as this process uses it: the device (made current), a compute and a

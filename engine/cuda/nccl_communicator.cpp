@@ -241,9 +241,21 @@ struct NcclCommunicator::State {
     return "nccl: " + name + " failed: " + api.error_string(err) +
            (detail && *detail ? std::string(" (") + detail + ")" : "") + " (a peer is gone or failed)";
   }
+  // A transfer that failed on the stream becomes the communicator's (and the
+  // device's) failure. The device asks before it hands out results
+  // (DeviceFailure::check): a failed transfer's output is unwritten.
+  void probe() {
+    if (std::string why = async_failure(); !why.empty()) fail(why);
+  }
+  static void watch_device(const std::shared_ptr<State>& self) {
+    const std::weak_ptr<State> weak = self;
+    self->device_failure->watch(weak, [weak] {
+      if (const std::shared_ptr<State> st = weak.lock()) st->probe();
+    });
+  }
   // After waiting for a transfer: throws if it, or anything before it, failed.
   void check_async() {
-    if (std::string why = async_failure(); !why.empty()) fail(why);
+    probe();
     throw_if_failed();
   }
   // After an NCCL call on a non-blocking communicator: wait until it is
@@ -424,12 +436,14 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> host, std::s
   }
   s.check(rc, "ncclCommInitRankConfig");
   s.start_watchdog();
+  State::watch_device(m_state);
 }
 
 NcclCommunicator::NcclCommunicator(Adopt, std::unique_ptr<MpiCommunicator> host, std::shared_ptr<DeviceContext> ctx,
                                    Recorder& rec, std::shared_ptr<State> state)
     : m_host(std::move(host)), m_ctx(std::move(ctx)), m_rec(rec), m_state(std::move(state)) {
   m_state->start_watchdog();
+  State::watch_device(m_state);
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -470,15 +484,22 @@ Request NcclCommunicator::issue(const char* op, double payload_bytes, std::vecto
   SpanQueue::Pending p;
   if (timed) p.start = spans.mark(m_ctx->comm);
   // The watchdog times the operation from here (the stream has reached it).
-  const Event started = s.take_event();
-  record_event(started, m_ctx->comm);
+  // Until it is tracked, the event goes back to the pool if anything throws.
+  struct Started {
+    State& s;
+    Event e;
+    bool tracked = false;
+    ~Started() {
+      if (!tracked) s.give_event(e);
+    }
+  } started{s, s.take_event()};
+  record_event(started.e, m_ctx->comm);
   try {
     call();
   } catch (...) {
     // The failed call is aborted; what it queued on the stream may still
     // hold `keep`'s buffers until the abort has ended it.
     settle(m_ctx->comm);
-    s.give_event(started);
     throw;
   }
   if (timed) {
@@ -500,7 +521,8 @@ Request NcclCommunicator::issue(const char* op, double payload_bytes, std::vecto
   // The watchdog times the operation; the request keeps its own event.
   const Event watched = s.take_event();
   record_event(watched, m_ctx->comm);
-  s.track(started, watched, op);
+  s.track(started.e, watched, op);
+  started.tracked = true;
   return req;
 }
 

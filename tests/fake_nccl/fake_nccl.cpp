@@ -39,7 +39,9 @@
 //
 // Bytes travel as files in $SHARDSCOPE_FAKE_NCCL_DIR (else /dev/shm or
 // /tmp)/shardscope-fake-nccl: a message per (communicator, sender,
-// receiver, sequence number), published by rename and removed by its reader.
+// receiver, sequence number), and a receive's readiness likewise in a
+// channel of its own ("<key>.ready.<src>-<dst>.<seq>"), each published by
+// rename and removed by its reader (an aborted communicator's, by the abort).
 //
 // Faults, for the tests: SHARDSCOPE_FAKE_NCCL_FAULT=hang:R:N, stall:R:N or
 // exit:R:N makes the process of MPI world rank R hang in its Nth operation
@@ -842,7 +844,8 @@ void remove_messages(const ncclComm& c) {
     if (name.size() <= c.key.size() + 1 || name.compare(0, c.key.size() + 1, c.key + ".") != 0) continue;
     int src = -1, dst = -1, used = 0;
     unsigned long long seq = 0;
-    const std::string rest = name.substr(c.key.size() + 1);  // "src-dst.seq", not a child's "NcM..."
+    std::string rest = name.substr(c.key.size() + 1);  // "src-dst.seq", not a child's "NcM..."
+    if (rest.rfind("ready.", 0) == 0) rest.erase(0, 6);  // a receive's readiness
     if (std::sscanf(rest.c_str(), "%d-%d.%llu%n", &src, &dst, &seq, &used) == 3 &&
         (size_t(used) == rest.size() || rest.compare(size_t(used), std::string::npos, ".part") == 0) &&
         (src == c.rank || dst == c.rank))
