@@ -28,6 +28,15 @@
 #include "cuda/common.cuh"
 namespace {
 __global__ void emu_nothing() {}
+// What `call` throws as a runtime_error ("" when it returns).
+std::string thrown(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
 __global__ void emu_smem() {  // writes the first byte of its dynamic shared memory
   SS_DYNAMIC_SMEM(unsigned char, smem);
   if (threadIdx.x == 0) smem[0] = 1;
@@ -151,18 +160,10 @@ class TestCudaOps : public QObject {
       launch_threw = true;
     }
     dev::launch_host_func(s, [](void* flag) { *static_cast<std::atomic<bool>*>(flag) = true; }, &after);
-    auto reason = [](const std::function<void()>& call) {
-      try {
-        call();
-      } catch (const std::runtime_error& e) {
-        return std::string(e.what());
-      }
-      return std::string();
-    };
     int32_t word = 0;
-    const std::string by_copy = reason([&] { dev::copy_to_host(&word, &word, sizeof word, s); });
-    const std::string by_sync = reason([&] { dev::sync_stream(s); });
-    const std::string by_other = reason([&] { dev::sync_stream(other); });
+    const std::string by_copy = thrown([&] { dev::copy_to_host(&word, &word, sizeof word, s); });
+    const std::string by_sync = thrown([&] { dev::sync_stream(s); });
+    const std::string by_other = thrown([&] { dev::sync_stream(other); });
     dev::destroy_stream(s);
     dev::destroy_stream(other);
     QVERIFY2(!launch_threw, "the failing launch threw where it was queued");
@@ -184,23 +185,15 @@ class TestCudaOps : public QObject {
     using ss::emu::kSmemDefault;
     using ss::emu::kSmemOptIn;
     const dev::Stream s = dev::create_stream();
-    auto refusal = [](const std::function<void()>& call) {
-      try {
-        call();
-      } catch (const std::runtime_error& e) {
-        return std::string(e.what());
-      }
-      return std::string();
-    };
     const size_t past = kSmemDefault + 16;
     dev::allow_smem("test", emu_smem, 0);  // as a process starts (the suite runs once a dtype)
-    const std::string fits = refusal([&] { SS_LAUNCH(emu_smem, 1, 32, kSmemDefault, s)(); });
-    const std::string unasked = refusal([&] { SS_LAUNCH(emu_smem, 1, 32, past, s)(); });
+    const std::string fits = thrown([&] { SS_LAUNCH(emu_smem, 1, 32, kSmemDefault, s)(); });
+    const std::string unasked = thrown([&] { SS_LAUNCH(emu_smem, 1, 32, past, s)(); });
     dev::allow_smem("test", emu_smem, past);
-    const std::string asked = refusal([&] { SS_LAUNCH(emu_smem, 1, 32, past, s)(); });
-    const std::string beyond_ask = refusal([&] { SS_LAUNCH(emu_smem, 1, 32, past + 16, s)(); });
-    const std::string too_much = refusal([&] { dev::allow_smem("test", emu_smem, kSmemOptIn + 1); });
-    const std::string ran = refusal([&] { dev::sync_stream(s); });
+    const std::string asked = thrown([&] { SS_LAUNCH(emu_smem, 1, 32, past, s)(); });
+    const std::string beyond_ask = thrown([&] { SS_LAUNCH(emu_smem, 1, 32, past + 16, s)(); });
+    const std::string too_much = thrown([&] { dev::allow_smem("test", emu_smem, kSmemOptIn + 1); });
+    const std::string ran = thrown([&] { dev::sync_stream(s); });
     dev::destroy_stream(s);
     QVERIFY2(fits.empty(), fits.c_str());
     QVERIFY2(unasked.find("past the 48 KiB a block has, with an opt-in of 0") != std::string::npos, unasked.c_str());
