@@ -308,6 +308,13 @@ class TstFaults : public QObject {
     // Gone where NCCL cannot see it (one host: shared memory, NVLink), the
     // launcher's notice of its exit alone ends the run.
     QTest::newRow("lost peer, unseen by NCCL") << "vanish:1:6" << 120.0 << 8 << "rank 1";
+    // A transfer of rank 1 breaks on its stream (NCCL's asynchronous error),
+    // with no decode after the prompt: no later call on tp asks, and the
+    // watchdog asks only every 200 ms. The logits' read must ask first
+    // (DeviceFailure's probes), and so end the run at once, rather than
+    // return what the broken transfer left and leave rank 0 waiting for it
+    // until the timeout.
+    QTest::newRow("broken transfer, prompt only") << "break:1:6" << 120.0 << 0 << "a transfer broke";
     // No unique id on rank 0: every rank hears it and fails alike.
     QTest::newRow("no unique id") << "noid:0:0" << 120.0 << 8 << "ncclGetUniqueId failed on rank 0 of world";
   }

@@ -51,7 +51,9 @@
 // comes), or exit at it; SHARDSCOPE_FAKE_NCCL_LOG collects the faults that
 // fired and every broken rule, so a run that fails anyway still shows one.
 // SHARDSCOPE_FAKE_NCCL_FAULT=noid:0:0 makes ncclGetUniqueId fail on world rank 0;
-// vanish:R:N exits as exit:R:N does, with no rank noticing (peer_gone).
+// vanish:R:N exits as exit:R:N does, with no rank noticing (peer_gone);
+// break:R:N fails that operation's transfer on its stream at once, as a
+// transfer NCCL finds broken: nothing is sent, the output is not written.
 #include <nccl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -189,18 +191,27 @@ const std::tuple<std::string, int, long>& injected_fault() {
   return fault;
 }
 
-// The injected fault, at this process's Nth operation: true when it is a
-// stall (the caller makes the transfer wait for an abort).
-bool maybe_fault(ncclComm& c) {
+// What the injected fault leaves the operation's transfer to do.
+enum class Transfer { Run, Stall, Break };
+
+// The injected fault, at this process's Nth operation: a stall (the caller
+// makes the transfer wait for an abort) or a break (it fails at once).
+Transfer maybe_fault(ncclComm& c) {
   const auto& [kind, rank, n] = injected_fault();
-  if (kind.empty() || rank != world_rank() || ++g_ops != n) return false;
+  if (kind.empty() || rank != world_rank() || ++g_ops != n) return Transfer::Run;
   log_line("fault: world rank " + std::to_string(rank) + " " + kind + " at operation " + std::to_string(n));
   std::fprintf(stderr, "fake nccl: SHARDSCOPE_FAKE_NCCL_FAULT: world rank %d %s at operation %ld\n", rank, kind.c_str(),
                n);
   if (kind == "exit" || kind == "vanish") _exit(17);
-  if (kind == "stall") return true;
+  if (kind == "stall") return Transfer::Stall;
+  if (kind == "break") return Transfer::Break;
   wait_for_abort(c);
-  return false;
+  return Transfer::Run;
+}
+
+// A broken transfer: nothing sent or received, the communicator's error.
+ncclResult_t broken(const ncclComm& c) {
+  return fail(ncclSystemError, c.key + " rank " + std::to_string(c.rank) + ": a transfer broke (injected fault)");
 }
 
 size_t type_size(ncclDataType_t t) {
@@ -417,13 +428,13 @@ ncclResult_t run_ops(const ncclComm& c, const std::vector<Op>& ops) {
 struct Queued {
   std::shared_ptr<ncclComm> comm;
   std::vector<Op> ops;
-  bool stalls = false;
+  Transfer fault = Transfer::Run;
 };
 void run_queued(void* arg) {
   std::unique_ptr<Queued> q(static_cast<Queued*>(arg));
   ncclComm& c = *q->comm;
-  if (q->stalls) wait_for_abort(c);
-  const ncclResult_t rc = run_ops(c, q->ops);
+  if (q->fault == Transfer::Stall) wait_for_abort(c);
+  const ncclResult_t rc = q->fault == Transfer::Break ? broken(c) : run_ops(c, q->ops);
   std::lock_guard lock(c.mutex);
   if (rc != ncclSuccess && c.error == ncclSuccess) c.error = rc;
   --c.on_stream;
@@ -446,14 +457,14 @@ Op after_queued(Op op) {
 // non-blocking, here when not. Transfers are queued on their stream there.
 ncclResult_t submit(const std::shared_ptr<ncclComm>& c, std::vector<Op> ops) {
   auto unit = [c, ops = std::move(ops)]() mutable -> ncclResult_t {
-    const bool stalls = maybe_fault(*c);
+    const Transfer fault = maybe_fault(*c);
     const HostQueue queue = g_host_queue.load();
     const bool queued = queue && !ops.empty() && std::all_of(ops.begin(), ops.end(), [](const Op& o) {
       return o.transfer;
     });
     if (!queued) {
-      if (stalls) wait_for_abort(*c);
-      return run_ops(*c, ops);
+      if (fault == Transfer::Stall) wait_for_abort(*c);
+      return fault == Transfer::Break ? broken(*c) : run_ops(*c, ops);
     }
     if (c->aborted) return ncclSystemError;
     void* stream = ops.front().stream;  // a group's on several streams runs on its first
@@ -461,7 +472,7 @@ ncclResult_t submit(const std::shared_ptr<ncclComm>& c, std::vector<Op> ops) {
       std::lock_guard lock(c->mutex);
       ++c->on_stream;
     }
-    queue(stream, run_queued, new Queued{c, std::move(ops), stalls});
+    queue(stream, run_queued, new Queued{c, std::move(ops), fault});
     return ncclSuccess;
   };
   std::unique_lock lock(c->mutex);
