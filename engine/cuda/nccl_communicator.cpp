@@ -146,7 +146,7 @@ struct NcclCommunicator::State {
   std::deque<Outstanding> outstanding;
   std::vector<Event> free_events;
   std::string failure;  // set once, by the watchdog or a failed call
-  std::shared_ptr<DeviceFailure> device_failure;  // the device's: told the failure before the abort
+  std::shared_ptr<DeviceFailure> device_failure;  // the device's (watch_device): told the failure before the abort
   bool stop = false;
   std::thread watchdog;
 
@@ -247,7 +247,13 @@ struct NcclCommunicator::State {
   void probe() {
     if (std::string why = async_failure(); !why.empty()) fail(why);
   }
-  static void watch_device(const std::shared_ptr<State>& self) {
+  // Joins the device: its failures become the device's, and the device's
+  // reads ask it first.
+  static void watch_device(const std::shared_ptr<State>& self, std::shared_ptr<DeviceFailure> device) {
+    {
+      std::lock_guard lock(self->mutex);
+      self->device_failure = std::move(device);
+    }
     const std::weak_ptr<State> weak = self;
     self->device_failure->watch(weak, [weak] {
       if (const std::shared_ptr<State> st = weak.lock()) st->probe();
@@ -425,7 +431,6 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> host, std::s
   State& s = *m_state;
   s.name = m_host->name();
   s.device = m_ctx->device;
-  s.device_failure = m_ctx->failure;
   s.timeout_s = timeout_s;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // calls return at once; the watchdog can abort a hung one
@@ -435,15 +440,15 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> host, std::s
     rc = api.init_rank_config(&s.comm, m_host->size(), id, m_host->rank(), &config);
   }
   s.check(rc, "ncclCommInitRankConfig");
+  State::watch_device(m_state, m_ctx->failure);
   s.start_watchdog();
-  State::watch_device(m_state);
 }
 
 NcclCommunicator::NcclCommunicator(Adopt, std::unique_ptr<MpiCommunicator> host, std::shared_ptr<DeviceContext> ctx,
                                    Recorder& rec, std::shared_ptr<State> state)
     : m_host(std::move(host)), m_ctx(std::move(ctx)), m_rec(rec), m_state(std::move(state)) {
+  State::watch_device(m_state, m_ctx->failure);
   m_state->start_watchdog();
-  State::watch_device(m_state);
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -711,7 +716,6 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   auto state = std::make_shared<State>();
   state->name = child;
   state->device = m_ctx->device;
-  state->device_failure = m_ctx->failure;
   state->timeout_s = m_state->timeout_s;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
