@@ -319,6 +319,16 @@ class TestEngineCli : public QObject {
     QTest::newRow("logits folder missing")
         << QStringList{"--prompt-len", "4", "--logits-out", "/nonexistent-dir/l.npy"}
         << "nonexistent-dir";
+    // An override the model's parser never reads would change nothing.
+    QTest::newRow("set: a mistyped field")
+        << QStringList{"--model", "tiny-mamba2", "--prompt-len", "4", "--set", "headdim=32"} << "did you mean 'head_dim'?";
+    QTest::newRow("set: another family's field")
+        << QStringList{"--model", "tiny-llama", "--prompt-len", "4", "--set", "n_groups=2"} << "does not read 'n_groups'";
+    QTest::newRow("set: the checkpoint's dtype")
+        << QStringList{"--model", "tiny-llama", "--prompt-len", "4", "--set", "torch_dtype=float16"} << "--dtype";
+    QTest::newRow("set: attention_every under a layer_pattern")
+        << QStringList{"--model", "tiny-hybrid", "--prompt-len", "4", "--set", "attention_every=2"} << "layer_pattern";
+    QTest::newRow("set: no value") << QStringList{"--prompt-len", "4", "--set", "=2"} << "key=value";
   }
   void badInput() {
     QFETCH(QStringList, args);

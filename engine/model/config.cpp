@@ -8,6 +8,7 @@
 #include <limits>
 #include <numbers>
 #include <optional>
+#include <set>
 
 #include "core/error.h"
 
@@ -16,15 +17,25 @@ namespace {
 
 using json = nlohmann::json;
 
+// The parser reads a config through Fields, which notes every key it looks
+// at (present or not), so that an override of a key it never reads is
+// refused rather than silently ignored.
 struct Fields {
   const json& j;
   const std::string& origin;
+  std::set<std::string>* read = nullptr;
 
+  // Finds `key`, noting it as read.
+  json::const_iterator find(const std::string& key) const {
+    if (read) read->insert(key);
+    return j.find(key);
+  }
+  bool has(const std::string& key) const { return find(key) != j.end(); }
   [[noreturn]] void fail(const std::string& key, const std::string& why) const {
     throw FormatError(origin + ": field '" + key + "' " + why);
   }
   int64_t i(const char* key, std::optional<int64_t> def = std::nullopt) const {
-    auto it = j.find(key);
+    auto it = find(key);
     if (it == j.end() || it->is_null()) {
       if (def) return *def;
       fail(key, "is missing");
@@ -35,7 +46,7 @@ struct Fields {
     return v;
   }
   double f(const char* key, double def) const {
-    auto it = j.find(key);
+    auto it = find(key);
     if (it == j.end() || it->is_null()) return def;
     if (!it->is_number()) fail(key, "must be a number");
     return it->get<double>();
@@ -54,13 +65,13 @@ struct Fields {
     return float(v);
   }
   bool b(const char* key, bool def) const {
-    auto it = j.find(key);
+    auto it = find(key);
     if (it == j.end() || it->is_null()) return def;
     if (!it->is_boolean()) fail(key, "must be true or false");
     return it->get<bool>();
   }
   std::string s(const char* key, const std::string& def) const {
-    auto it = j.find(key);
+    auto it = find(key);
     if (it == j.end() || it->is_null()) return def;
     if (!it->is_string()) fail(key, "must be a string");
     return it->get<std::string>();
@@ -74,7 +85,7 @@ struct Fields {
 // 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
 // "original_max_position_embeddings": 8192} (older folders say "type").
 void parse_rope_scaling(const Fields& F, ModelConfig& c) {
-  auto it = F.j.find("rope_scaling");
+  auto it = F.find("rope_scaling");
   if (it == F.j.end() || it->is_null()) return;
   if (!it->is_object()) F.fail("rope_scaling", "must be an object or null");
   const json& r = *it;
@@ -126,7 +137,7 @@ void parse_attention(const Fields& F, ModelConfig& c) {
   if (c.n_heads % c.n_kv_heads)
     F.fail("num_key_value_heads", "(" + std::to_string(c.n_kv_heads) + ") must divide num_attention_heads (" +
                                       std::to_string(c.n_heads) + ")");
-  if (c.d_model % c.n_heads && !F.j.contains("head_dim"))
+  if (c.d_model % c.n_heads && !F.has("head_dim"))
     F.fail("num_attention_heads", "must divide hidden_size, or head_dim must be given");
   c.head_dim = F.i32("head_dim", c.d_model / c.n_heads);
   if (c.head_dim % 2) F.fail("head_dim", "must be even for rotary embeddings");
@@ -169,7 +180,7 @@ void parse_mamba2(const Fields& F, ModelConfig& c) {
   c.conv_bias = F.b("use_conv_bias", true);
   if (F.b("use_bias", false)) F.fail("use_bias", "is true; projection biases are not supported");
   if (!F.b("rms_norm", true)) F.fail("rms_norm", "is false; only the gated RMSNorm variant is supported");
-  if (auto it = F.j.find("time_step_limit"); it != F.j.end() && it->is_array() && it->size() == 2) {
+  if (auto it = F.find("time_step_limit"); it != F.j.end() && it->is_array() && it->size() == 2) {
     auto lim = [](const json& v, float def) {
       if (!v.is_number()) return def;
       const double d = v.get<double>();  // past float's range: the infinity of its sign
@@ -275,9 +286,9 @@ json ModelConfig::to_json() const {
   return j;
 }
 
-ModelConfig parse_model_config(const json& j, const std::string& origin) {
+ModelConfig parse_model_config(const json& j, const std::string& origin, std::set<std::string>* read) {
   if (!j.is_object()) throw FormatError(origin + ": not a JSON object");
-  Fields F{j, origin};
+  Fields F{j, origin, read};
   ModelConfig c;
   c.source = j;
   c.model_type = F.s("model_type", "");
@@ -308,7 +319,7 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
     c.d_conv = F.i32("conv_kernel", 4);
     if (c.d_conv < 2 || c.d_conv > 7) F.fail("conv_kernel", "must be between 2 and 7");
     c.d_inner = F.i("intermediate_size", F.i("expand", 2) * c.d_model);
-    auto r = j.find("time_step_rank");
+    auto r = F.find("time_step_rank");
     if (r == j.end() || r->is_null() || (r->is_string() && r->get<std::string>() == "auto"))
       c.dt_rank = int((c.d_model + 15) / 16);
     else
@@ -330,7 +341,7 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
     c.norm_eps = F.f32("rms_norm_eps", 1e-5);
     c.tie_embeddings = F.b("tie_word_embeddings", false);
     for (const char* part : {"attention", "mamba2"})
-      if (j.contains(part) && !j[part].is_object())
+      if (F.has(part) && !j[part].is_object())
         throw FormatError(origin + ": '" + part + "' must be an object of that part's config.json fields");
     json attn = j.value("attention", json::object());
     json ssm = j.value("mamba2", json::object());
@@ -339,14 +350,18 @@ ModelConfig parse_model_config(const json& j, const std::string& origin) {
         if (!attn.contains(k)) attn[k] = v;
         if (!ssm.contains(k)) ssm[k] = v;
       }
-    parse_attention(Fields{attn, origin}, c);
-    parse_mamba2(Fields{ssm, origin}, c);
+    parse_attention(Fields{attn, origin, read}, c);
+    parse_mamba2(Fields{ssm, origin, read}, c);
     c.residual_in_fp32 = F.b("residual_in_fp32", false);
     c.layer_pattern = F.s("layer_pattern", "");
     if (c.layer_pattern.empty()) {
       const int64_t every = F.i("attention_every", 6);
       F.positive("attention_every", every);
       for (int i = 0; i < c.n_layers; ++i) c.layer_pattern += ((i + 1) % every == 0) ? 'A' : 'M';
+    } else if (auto it = F.find("attention_every"); it != j.end() && !it->is_null()) {
+      F.fail("attention_every",
+             "is given with layer_pattern, which would overrule it; give one of them "
+             "(with --set: attention_every=null or layer_pattern=)");
     }
     if (int(c.layer_pattern.size()) != c.n_layers ||
         c.layer_pattern.find_first_not_of("AM") != std::string::npos)
@@ -403,6 +418,53 @@ void apply_overrides(json& j, const std::vector<std::string>& overrides) {
   }
 }
 
+namespace {
+
+// Levenshtein distance, for suggesting the field a mistyped key meant.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Parses the overridden config and refuses an override of a key the parser
+// never reads (a typo, or another family's field): it would change nothing.
+ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrides, const std::string& origin,
+                                 const std::string& spec) {
+  apply_overrides(j, overrides);
+  std::set<std::string> read;
+  ModelConfig c = parse_model_config(j, origin, &read);
+  for (const auto& o : overrides) {
+    const std::string key = o.substr(0, o.find('='));
+    if (read.count(key)) continue;
+    std::string msg = "--set '" + o + "': model '" + spec + "' (" + c.model_type + ") does not read '" + key + "'";
+    std::string best;
+    size_t best_d = SIZE_MAX;
+    for (const auto& k : read)
+      if (const size_t d = edit_distance(key, k); d < best_d) best_d = d, best = k;
+    if (key == "torch_dtype") msg += "; the run's number format is --dtype's";
+    else if (best_d <= std::max<size_t>(2, key.size() / 4)) msg += "; did you mean '" + best + "'?";
+    else {
+      std::string fields;
+      for (const auto& k : read) fields += (fields.empty() ? "" : ", ") + k;
+      msg += "; its fields: " + fields;
+    }
+    throw UsageError(msg);
+  }
+  return c;
+}
+
+}  // namespace
+
 static json read_json_file(const std::filesystem::path& p) {
   std::ifstream in(p);
   if (!in) throw FormatError(p.string() + ": cannot open");
@@ -423,9 +485,7 @@ ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
   if (fs::is_directory(spec, ec)) {
     fs::path cfg = fs::path(spec) / "config.json";
     if (!fs::exists(cfg, ec)) throw FormatError(cfg.string() + ": missing (a model folder needs config.json)");
-    json j = read_json_file(cfg);
-    apply_overrides(j, overrides);
-    ModelConfig c = parse_model_config(j, cfg.string());
+    ModelConfig c = parse_with_overrides(read_json_file(cfg), overrides, cfg.string(), spec);
     if (c.name.empty()) c.name = fs::path(spec).filename().string();
     if (dir) *dir = spec;
     return c;
@@ -436,9 +496,7 @@ ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
     for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
     throw UsageError("--model '" + spec + "' is neither a preset nor a folder with config.json; presets: " + names);
   }
-  json j = read_json_file(preset);
-  apply_overrides(j, overrides);
-  ModelConfig c = parse_model_config(j, preset.string());
+  ModelConfig c = parse_with_overrides(read_json_file(preset), overrides, preset.string(), spec);
   if (c.name.empty()) c.name = spec;
   if (dir) dir->clear();
   return c;

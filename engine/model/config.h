@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,10 @@ struct ModelConfig {
 
 // Parses a config.json object; `origin` names the file in error messages.
 // Throws FormatError/UsageError with one line naming the file and the field.
-ModelConfig parse_model_config(const nlohmann::json& j, const std::string& origin);
+// `read`, when given, receives every key the parser looked up (whether the
+// config had it or not).
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& origin,
+                               std::set<std::string>* read = nullptr);
 
 // Where resources live: $SHARDSCOPE_RESOURCES, next to the executable
 // (../share/shardscope when installed), or the source tree.
@@ -85,7 +89,9 @@ std::filesystem::path resources_dir();
 std::vector<std::string> preset_names();
 
 // Resolves --model: a preset name, a shipped model folder's name, or a
-// folder with config.json. Sets `dir` to the checkpoint folder (empty for
+// folder with config.json, with `overrides` applied; an override of a key
+// the model's parser never reads is refused (UsageError, with the nearest
+// field it does read). Sets `dir` to the checkpoint folder (empty for
 // presets, which use synthetic weights).
 ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
                           const std::vector<std::string>& overrides = {});
