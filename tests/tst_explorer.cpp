@@ -161,6 +161,17 @@ class TestExplorer : public QObject {
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY(!w.setupValid());
     QVERIFY2(w.verdictText().contains(QStringLiteral("--prompt-len 20")), qPrintable(w.verdictText()));
+    // A mistyped dimension is named with the field it most likely meant.
+    w.setSetup("tiny-mamba2", "cpu", "sp", 2, 32, 4);
+    w.setOptions(1, "hidden_size=128, headdim=32", "fp32", "");
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY(!w.setupValid());
+    QVERIFY2(w.verdictText().contains(QStringLiteral("did you mean 'head_dim'")), qPrintable(w.verdictText()));
+    w.resize(1400, 820);
+    w.grab().save(QDir::temp().filePath("shardscope-setup-mistyped.png"));
+    w.setOptions(1, "hidden_size=128, head_dim=32", "fp32", "");
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
   }
 
   // Regression: a window closed while its setup check ran left the check's
