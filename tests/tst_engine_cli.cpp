@@ -329,6 +329,10 @@ class TestEngineCli : public QObject {
     QTest::newRow("set: attention_every under a layer_pattern")
         << QStringList{"--model", "tiny-hybrid", "--prompt-len", "4", "--set", "attention_every=2"} << "layer_pattern";
     QTest::newRow("set: no value") << QStringList{"--prompt-len", "4", "--set", "=2"} << "key=value";
+    // Each option's refusal names the option once.
+    QTest::newRow("dtype unknown") << QStringList{"--prompt-len", "4", "--dtype", "bf17"} << "--dtype: 'bf17'";
+    QTest::newRow("comm precision unknown")
+        << QStringList{"--prompt-len", "4", "--comm-precision", "int3"} << "--comm-precision: unknown precision 'int3'";
   }
   void badInput() {
     QFETCH(QStringList, args);

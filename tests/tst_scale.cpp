@@ -416,6 +416,7 @@ class TestScale : public QObject {
     QTest::newRow("mode") << tiny + QStringList{"--mode", "serve"} << "--mode";
     QTest::newRow("length") << QStringList{"--model", "tiny-llama", "--seq-lens", "64,0"} << "--seq-lens";
     QTest::newRow("nodes") << tiny + QStringList{"--devices", "8", "--nodes", "3"} << "--nodes";
+    QTest::newRow("no nodes") << tiny + QStringList{"--devices", "8", "--nodes", "0"} << "--nodes must be at least 1";
     QTest::newRow("strategy") << tiny + QStringList{"--strategies", "pipeline"} << "pipeline";
     QTest::newRow("model") << QStringList{"--model", "no-such-model", "--seq-lens", "64"} << "no-such-model";
     QTest::newRow("fp16 training") << tiny + QStringList{"--dtype", "fp16"} << "fp16";

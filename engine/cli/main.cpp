@@ -47,7 +47,7 @@ const CLI::Validator& dtype_check() {
   static const CLI::Validator v(
       [](std::string& s) {
         try {
-          ss::parse_compute_dtype(s);
+          ss::parse_compute_dtype(s, "");  // CLI11 names the option
           return std::string();
         } catch (const std::exception& e) {
           return std::string(e.what());

@@ -26,7 +26,7 @@ DType parse_compute_dtype(const std::string& text, const std::string& option) {
   if (text == "fp32" || text == "f32" || text == "float32") return DType::F32;
   if (text == "bf16" || text == "bfloat16") return DType::BF16;
   if (text == "fp16" || text == "f16" || text == "float16" || text == "half") return DType::F16;
-  throw UsageError(option + " '" + text + "' is not a compute dtype; use fp32, bf16 or fp16");
+  throw UsageError((option.empty() ? "" : option + " ") + "'" + text + "' is not a compute dtype; use fp32, bf16 or fp16");
 }
 
 Precision precision_of(DType t) {

@@ -145,7 +145,12 @@ void validate(const RunOptions& o, const std::string& backend) {
       throw UsageError("--window sets the batch to the number of windows; leave --batch out");
   }
   if (o.prompt_len > 100'000'000) throw UsageError("--prompt-len is over 100M tokens");
-  const CommPrecision cp = parse_comm_precision(o.comm_precision);
+  CommPrecision cp;
+  try {
+    cp = parse_comm_precision(o.comm_precision);
+  } catch (const UsageError& e) {
+    throw UsageError(std::string("--comm-precision: ") + e.what());
+  }
   if (cp.quantizes()) {
     const bool has_all_reduce = s == Strategy::TP || (s == Strategy::TPSP && mesh_of(o).first > 1);
     if (!has_all_reduce)
@@ -511,11 +516,16 @@ RunResult run_inference(const RunOptions& o, proto::Writer& out) {
   return run_rank(o, &out, g, rec, rank_setup_for(o.backend, o.devices));
 }
 
+void check_nodes(int nodes, int devices) {
+  if (nodes < 1) throw UsageError("--nodes must be at least 1");
+  if (devices % nodes)
+    throw UsageError("--nodes " + std::to_string(nodes) + " must divide --devices " + std::to_string(devices));
+}
+
 RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, int replicas, proto::Writer& out) {
   if (replicas < 1 || replicas > 1000000) throw UsageError("--replicas must be between 1 and 1000000");
   if (!o.logits_out.empty()) throw UsageError("--logits-out needs real data; the simulator has none (use run or launch)");
-  if (nodes < 1 || o.devices % nodes)
-    throw UsageError("--nodes " + std::to_string(nodes) + " must divide --devices " + std::to_string(o.devices));
+  check_nodes(nodes, o.devices);
   const int per_node = o.devices / nodes;
   if (per_node > hw.max_devices_per_node)
     throw UsageError(std::to_string(per_node) + " devices per node exceed the profile's " +

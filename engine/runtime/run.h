@@ -95,6 +95,8 @@ struct HardwareProfile;
 // `replicas` data-parallel copies of the group are reported (throughput, the
 // traffic they add) without being simulated one by one.
 RunResult simulate(const RunOptions& o, const HardwareProfile& hw, int nodes, int replicas, proto::Writer& out);
+// Refuses a --nodes that is not a positive divisor of --devices.
+void check_nodes(int nodes, int devices);
 
 // Peak and current resident set of this process, in bytes (from /proc/self/status).
 int64_t peak_rss_bytes();

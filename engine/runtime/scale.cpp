@@ -378,8 +378,7 @@ void print_scale_table(const std::vector<proto::ScalePoint>& pts, std::ostream& 
 int run_scale(const ScaleOptions& o, proto::Writer& out, std::ostream& progress, std::ostream* table) {
   if (o.mode != "train" && o.mode != "infer") throw UsageError("--mode must be train or infer");
   if (o.devices < 1 || o.devices > 1024) throw UsageError("--devices must be between 1 and 1024");
-  if (o.nodes < 1 || o.devices % o.nodes)
-    throw UsageError("--nodes " + std::to_string(o.nodes) + " must divide --devices " + std::to_string(o.devices));
+  check_nodes(o.nodes, o.devices);
   if (o.mode == "train") parse_recompute(o.recompute);
   if (o.mode == "train" && o.dtype == DType::F16)
     throw UsageError("--dtype fp16 training needs loss scaling, which is not built; use --dtype bf16 or fp32");

@@ -483,8 +483,7 @@ RunResult run_training(const TrainOptions& o, proto::Writer& out) {
 RunResult simulate_training(const TrainOptions& o, proto::Writer& out) {
   const TrainPlan plan = plan_training(o);
   const HardwareProfile hw = load_hardware(o.hardware);
-  if (o.nodes < 1 || o.run.devices % o.nodes)
-    throw UsageError("--nodes " + std::to_string(o.nodes) + " must divide --devices " + std::to_string(o.run.devices));
+  check_nodes(o.nodes, o.run.devices);
   if (o.run.devices / o.nodes > hw.max_devices_per_node)
     throw UsageError(std::to_string(o.run.devices / o.nodes) + " devices per node exceed the profile's " +
                      std::to_string(hw.max_devices_per_node) + "; raise --nodes");
