@@ -326,8 +326,12 @@ class TestEngineCli : public QObject {
         << QStringList{"--model", "tiny-llama", "--prompt-len", "4", "--set", "n_groups=2"} << "does not read 'n_groups'";
     QTest::newRow("set: the checkpoint's dtype")
         << QStringList{"--model", "tiny-llama", "--prompt-len", "4", "--set", "torch_dtype=float16"} << "--dtype";
+    QTest::newRow("set: a field another overrules")
+        << QStringList{"--model", "tiny-llama", "--prompt-len", "4", "--set", "n_layer=1"}
+        << "takes num_hidden_layers over n_layer";
     QTest::newRow("set: attention_every under a layer_pattern")
-        << QStringList{"--model", "tiny-hybrid", "--prompt-len", "4", "--set", "attention_every=2"} << "layer_pattern";
+        << QStringList{"--model", "tiny-hybrid", "--prompt-len", "4", "--set", "attention_every=2"}
+        << "takes layer_pattern over attention_every";
     QTest::newRow("set: no value") << QStringList{"--prompt-len", "4", "--set", "=2"} << "key=value";
     // Each option's refusal names the option once.
     QTest::newRow("dtype unknown") << QStringList{"--prompt-len", "4", "--dtype", "bf17"} << "--dtype: 'bf17'";

@@ -132,7 +132,7 @@ std::vector<std::string> rank_arguments(int argc, char** argv, const std::string
 void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, std::string& capacity) {
   ss::RunOptions& r = o.run;
   cmd->add_option("--model", r.model, "preset name (see `presets`) or a Hugging Face model folder")->capture_default_str();
-  cmd->add_option("--set", r.overrides, "override a config.json field, e.g. --set n_layer=4 (repeatable)");
+  cmd->add_option("--set", r.overrides, "override a config.json field, e.g. --set num_hidden_layers=4 (repeatable)");
   cmd->add_option("--backend", r.backend, "cpu, cuda, or sim (with --hardware)")->capture_default_str();
   cmd->add_option("--hardware", o.hardware, "sim backend: profile name in resources/hardware, or a JSON file");
   cmd->add_option("--nodes", o.nodes, "sim backend: nodes the devices are spread over")->capture_default_str();

@@ -8,7 +8,6 @@
 #include <limits>
 #include <numbers>
 #include <optional>
-#include <set>
 
 #include "core/error.h"
 
@@ -23,14 +22,22 @@ using json = nlohmann::json;
 struct Fields {
   const json& j;
   const std::string& origin;
-  std::set<std::string>* read = nullptr;
+  ConfigReads* reads = nullptr;
 
   // Finds `key`, noting it as read.
   json::const_iterator find(const std::string& key) const {
-    if (read) read->insert(key);
+    if (reads) reads->keys.insert(key);
     return j.find(key);
   }
   bool has(const std::string& key) const { return find(key) != j.end(); }
+  bool given(const std::string& key) const {
+    auto it = find(key);
+    return it != j.end() && !it->is_null();
+  }
+  // `loser` is passed over for `winner`, which the config gives.
+  void overrule(const std::string& loser, const std::string& winner) const {
+    if (reads) reads->overruled[loser] = winner;
+  }
   [[noreturn]] void fail(const std::string& key, const std::string& why) const {
     throw FormatError(origin + ": field '" + key + "' " + why);
   }
@@ -286,9 +293,9 @@ json ModelConfig::to_json() const {
   return j;
 }
 
-ModelConfig parse_model_config(const json& j, const std::string& origin, std::set<std::string>* read) {
+ModelConfig parse_model_config(const json& j, const std::string& origin, ConfigReads* reads) {
   if (!j.is_object()) throw FormatError(origin + ": not a JSON object");
-  Fields F{j, origin, read};
+  Fields F{j, origin, reads};
   ModelConfig c;
   c.source = j;
   c.model_type = F.s("model_type", "");
@@ -297,7 +304,9 @@ ModelConfig parse_model_config(const json& j, const std::string& origin, std::se
   F.positive("vocab_size", c.vocab);
   c.d_model = F.i("hidden_size");
   F.positive("hidden_size", c.d_model);
-  c.n_layers = F.i32("num_hidden_layers", F.i("n_layer", 0));
+  // num_hidden_layers, else mamba_ssm's n_layer.
+  if (F.given("num_hidden_layers")) F.overrule("n_layer", "num_hidden_layers");
+  c.n_layers = F.given("num_hidden_layers") ? F.i32("num_hidden_layers") : F.i32("n_layer", 0);
   F.positive("num_hidden_layers", c.n_layers);
   // (Deeper than any model built: a bigger number is a typo, not a model to allocate for.)
   if (c.n_layers > 100000) F.fail("num_hidden_layers", "is over 100000 layers");
@@ -318,7 +327,8 @@ ModelConfig parse_model_config(const json& j, const std::string& origin, std::se
     c.d_state = F.i32("state_size", 16);
     c.d_conv = F.i32("conv_kernel", 4);
     if (c.d_conv < 2 || c.d_conv > 7) F.fail("conv_kernel", "must be between 2 and 7");
-    c.d_inner = F.i("intermediate_size", F.i("expand", 2) * c.d_model);
+    if (F.given("intermediate_size")) F.overrule("expand", "intermediate_size");
+    c.d_inner = F.given("intermediate_size") ? F.i("intermediate_size") : F.i("expand", 2) * c.d_model;
     auto r = F.find("time_step_rank");
     if (r == j.end() || r->is_null() || (r->is_string() && r->get<std::string>() == "auto"))
       c.dt_rank = int((c.d_model + 15) / 16);
@@ -350,18 +360,16 @@ ModelConfig parse_model_config(const json& j, const std::string& origin, std::se
         if (!attn.contains(k)) attn[k] = v;
         if (!ssm.contains(k)) ssm[k] = v;
       }
-    parse_attention(Fields{attn, origin, read}, c);
-    parse_mamba2(Fields{ssm, origin, read}, c);
+    parse_attention(Fields{attn, origin, reads}, c);
+    parse_mamba2(Fields{ssm, origin, reads}, c);
     c.residual_in_fp32 = F.b("residual_in_fp32", false);
     c.layer_pattern = F.s("layer_pattern", "");
     if (c.layer_pattern.empty()) {
       const int64_t every = F.i("attention_every", 6);
       F.positive("attention_every", every);
       for (int i = 0; i < c.n_layers; ++i) c.layer_pattern += ((i + 1) % every == 0) ? 'A' : 'M';
-    } else if (auto it = F.find("attention_every"); it != j.end() && !it->is_null()) {
-      F.fail("attention_every",
-             "is given with layer_pattern, which would overrule it; give one of them "
-             "(with --set: attention_every=null or layer_pattern=)");
+    } else {
+      F.overrule("attention_every", "layer_pattern");
     }
     if (int(c.layer_pattern.size()) != c.n_layers ||
         c.layer_pattern.find_first_not_of("AM") != std::string::npos)
@@ -441,21 +449,25 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrides, const std::string& origin,
                                  const std::string& spec) {
   apply_overrides(j, overrides);
-  std::set<std::string> read;
-  ModelConfig c = parse_model_config(j, origin, &read);
+  ConfigReads reads;
+  ModelConfig c = parse_model_config(j, origin, &reads);
   for (const auto& o : overrides) {
     const std::string key = o.substr(0, o.find('='));
-    if (read.count(key)) continue;
-    std::string msg = "--set '" + o + "': model '" + spec + "' (" + c.model_type + ") does not read '" + key + "'";
+    const std::string model = "model '" + spec + "' (" + c.model_type + ")";
+    if (auto it = reads.overruled.find(key); it != reads.overruled.end())
+      throw UsageError("--set '" + o + "': " + model + " takes " + it->second + " over " + key + "; set " + it->second +
+                       " instead (or " + it->second + "=null to use " + key + ")");
+    if (reads.keys.count(key)) continue;
+    std::string msg = "--set '" + o + "': " + model + " does not read '" + key + "'";
     std::string best;
     size_t best_d = SIZE_MAX;
-    for (const auto& k : read)
+    for (const auto& k : reads.keys)
       if (const size_t d = edit_distance(key, k); d < best_d) best_d = d, best = k;
     if (key == "torch_dtype") msg += "; the run's number format is --dtype's";
     else if (best_d <= std::max<size_t>(2, key.size() / 4)) msg += "; did you mean '" + best + "'?";
     else {
       std::string fields;
-      for (const auto& k : read) fields += (fields.empty() ? "" : ", ") + k;
+      for (const auto& k : reads.keys) fields += (fields.empty() ? "" : ", ") + k;
       msg += "; its fields: " + fields;
     }
     throw UsageError(msg);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -74,12 +75,17 @@ struct ModelConfig {
   nlohmann::json to_json() const;  // the effective configuration, for the config event
 };
 
+// What parsing a config looked at: every key it looked up (whether the
+// config had it or not), and the keys it passed over for another (n_layer
+// where num_hidden_layers is given: overruled[loser] = winner).
+struct ConfigReads {
+  std::set<std::string> keys;
+  std::map<std::string, std::string> overruled;
+};
+
 // Parses a config.json object; `origin` names the file in error messages.
 // Throws FormatError/UsageError with one line naming the file and the field.
-// `read`, when given, receives every key the parser looked up (whether the
-// config had it or not).
-ModelConfig parse_model_config(const nlohmann::json& j, const std::string& origin,
-                               std::set<std::string>* read = nullptr);
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& origin, ConfigReads* reads = nullptr);
 
 // Where resources live: $SHARDSCOPE_RESOURCES, next to the executable
 // (../share/shardscope when installed), or the source tree.
