@@ -333,6 +333,9 @@ class TestEngineCli : public QObject {
         << QStringList{"--model", "tiny-hybrid", "--prompt-len", "4", "--set", "attention_every=2"}
         << "takes layer_pattern over attention_every";
     QTest::newRow("set: no value") << QStringList{"--prompt-len", "4", "--set", "=2"} << "key=value";
+    QTest::newRow("set: a value of the wrong kind")
+        << QStringList{"--prompt-len", "4", "--set", "hidden_size=abc"}
+        << "--set 'hidden_size=abc': field 'hidden_size' must be an integer";
     // Each option's refusal names the option once.
     QTest::newRow("dtype unknown") << QStringList{"--prompt-len", "4", "--dtype", "bf17"} << "--dtype: 'bf17'";
     QTest::newRow("comm precision unknown")
@@ -354,6 +357,27 @@ class TestEngineCli : public QObject {
       QCOMPARE(std::get<Done>(s.events.back()).exit_code, int(ss::kExitUsage));
       QCOMPARE(int(s.all<Error>().size()), 1);
     }
+  }
+
+  // Mistakes outside `run`'s options: one line, exit 2, naming the fix.
+  void otherCommandsRefuseInOneLine_data() {
+    QTest::addColumn<QStringList>("args");
+    QTest::addColumn<QString>("says");
+    QTest::newRow("mistyped command") << QStringList{"rn", "--model", "tiny-llama"} << "unknown command 'rn'; did you mean 'run'?";
+    QTest::newRow("unknown command") << QStringList{"frobnicate"} << "commands: run, launch";
+    QTest::newRow("simulate on a backend")
+        << QStringList{"simulate", "--model", "tiny-llama", "--prompt-len", "4", "--backend", "cuda"} << "--backend cuda";
+    QTest::newRow("export dtype") << QStringList{"export", "--model", "tiny-llama", "--dtype", "bf17", "--out", "/tmp/x"}
+                                  << "'bf17' is not a compute dtype";
+  }
+  void otherCommandsRefuseInOneLine() {
+    QFETCH(QStringList, args);
+    QFETCH(QString, says);
+    const Ran r = engine(args);
+    QVERIFY2(!r.crashed, "the engine crashed");
+    QCOMPARE(r.exit_code, int(ss::kExitUsage));
+    QVERIFY2(count_lines(r.err) == 1, r.err.constData());
+    QVERIFY2(one_line(r.err).contains(says), r.err.constData());
   }
 
   // bench --sim's per-op run is STRATEGY:D[:MESH]; anything else is refused

@@ -349,7 +349,8 @@ int main(int argc, char** argv) {
 
   ss::RunOptions check_opts;
   std::string check_tokens, check_capacity, check_hardware;
-  auto* check = app.add_subcommand("check", "validate a setup without running it: prints ok, or the one reason it cannot run");
+  auto* check = app.add_subcommand("check", "validate a setup's options and shapes without running it: prints ok, or the one reason it "
+                                      "cannot run (whether it fits in memory shows only when it runs)");
   add_model_options(check, check_opts, check_tokens, check_capacity);
   check->add_option("--hardware", check_hardware, "also check a simulated hardware profile");
 
@@ -357,7 +358,7 @@ int main(int argc, char** argv) {
 
   auto* presets = app.add_subcommand("presets", "list the model presets");
 
-  std::string export_dir, export_dtype = "f32";
+  std::string export_dir, export_dtype = "fp32";
   int export_shards = 1;
   ss::RunOptions ex_opts;
   auto* exp = app.add_subcommand(
@@ -367,7 +368,7 @@ int main(int argc, char** argv) {
   exp->add_option("--set", ex_opts.overrides, "override a config.json field (repeatable)");
   exp->add_option("--seed", ex_opts.seed, "seed of the synthetic weights")->capture_default_str();
   exp->add_option("--out", export_dir, "folder to write")->required();
-  exp->add_option("--dtype", export_dtype, "f32, bf16 or f16")->capture_default_str();
+  exp->add_option("--dtype", export_dtype, "fp32, bf16 or fp16")->capture_default_str();
   exp->add_option("--shards", export_shards, "number of safetensors files (> 1 writes an index)")->capture_default_str();
 
   std::string summary_file;
@@ -460,6 +461,23 @@ int main(int argc, char** argv) {
   calib_rank->add_option("--shapes", calib_rank_shapes, "GEMM shapes M:N:K")->delimiter(',');
   calib_rank->add_flag("--quick", calib_quick);
 
+  // A mistyped command: CLI11 would only say that one is required.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names, listed;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      names.push_back(sub->get_name());
+      if (sub->get_name().find("-rank") == std::string::npos) listed.push_back(sub->get_name());
+    }
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      const std::string near = ss::nearest_name(argv[1], listed);
+      std::string all;
+      for (const auto& n : listed) all += (all.empty() ? "" : ", ") + n;
+      std::fprintf(stderr, "shardscope-engine: error: unknown command '%s'; %s\n", argv[1],
+                   (near.empty() ? "commands: " + all : "did you mean '" + near + "'?").c_str());
+      return ss::kExitUsage;
+    }
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -528,6 +546,9 @@ int main(int argc, char** argv) {
       if (!sim_tokens.empty()) sim_opts.tokens = parse_tokens(sim_tokens);
       ss::encode_prompt(sim_opts);
       if (!sim_capacity.empty()) sim_opts.capacity = ss::parse_bytes(sim_capacity);
+      if (simulate->count("--backend") && sim_opts.backend != "sim")
+        throw ss::UsageError("simulate runs on simulated devices (--hardware); --backend " + sim_opts.backend +
+                             " is for run and launch");
       sim_opts.backend = "sim";
       const ss::HardwareProfile hw = ss::load_hardware(sim_hardware);
       std::FILE* f = stdout;
@@ -560,10 +581,7 @@ int main(int argc, char** argv) {
     if (*exp) {
       std::filesystem::path dir;
       ss::ModelConfig cfg = ss::resolve_model(ex_opts.model, &dir, ex_opts.overrides);
-      ss::DType dt = export_dtype == "f32"    ? ss::DType::F32
-                     : export_dtype == "bf16" ? ss::DType::BF16
-                     : export_dtype == "f16"  ? ss::DType::F16
-                                              : throw ss::UsageError("--dtype must be f32, bf16 or f16");
+      const ss::DType dt = ss::parse_compute_dtype(export_dtype);
       if (export_shards < 1) throw ss::UsageError("--shards must be >= 1");
       if (!dir.empty() && std::filesystem::exists(export_dir) && std::filesystem::equivalent(dir, export_dir))
         throw ss::UsageError("--out is the model's own folder; give export another folder to write");

@@ -428,29 +428,26 @@ void apply_overrides(json& j, const std::vector<std::string>& overrides) {
 
 namespace {
 
-// Levenshtein distance, for suggesting the field a mistyped key meant.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // Parses the overridden config and refuses an override of a key the parser
 // never reads (a typo, or another family's field): it would change nothing.
 ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrides, const std::string& origin,
                                  const std::string& spec) {
   apply_overrides(j, overrides);
   ConfigReads reads;
-  ModelConfig c = parse_model_config(j, origin, &reads);
+  ModelConfig c;
+  try {
+    c = parse_model_config(j, origin, &reads);
+  } catch (const FormatError& e) {
+    // A field an override set is the override's fault, not the file's.
+    const std::string what = e.what(), prefix = origin + ": field '";
+    if (what.rfind(prefix, 0) == 0) {
+      const std::string rest = what.substr(origin.size() + 2);
+      const std::string field = rest.substr(7, rest.find_first_of(".'", 7) - 7);
+      for (const auto& o : overrides)
+        if (o.substr(0, o.find('=')) == field) throw UsageError("--set '" + o + "': " + rest);
+    }
+    throw;
+  }
   for (const auto& o : overrides) {
     const std::string key = o.substr(0, o.find('='));
     const std::string model = "model '" + spec + "' (" + c.model_type + ")";
@@ -459,12 +456,9 @@ ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrid
                        " instead (or " + it->second + "=null to use " + key + ")");
     if (reads.keys.count(key)) continue;
     std::string msg = "--set '" + o + "': " + model + " does not read '" + key + "'";
-    std::string best;
-    size_t best_d = SIZE_MAX;
-    for (const auto& k : reads.keys)
-      if (const size_t d = edit_distance(key, k); d < best_d) best_d = d, best = k;
+    const std::string best = nearest_name(key, reads.keys);
     if (key == "torch_dtype") msg += "; the run's number format is --dtype's";
-    else if (best_d <= std::max<size_t>(2, key.size() / 4)) msg += "; did you mean '" + best + "'?";
+    else if (!best.empty()) msg += "; did you mean '" + best + "'?";
     else {
       std::string fields;
       for (const auto& k : reads.keys) fields += (fields.empty() ? "" : ", ") + k;
