@@ -12,6 +12,7 @@
 // trained LM has ~2-3 nats), so a few percent of positions are such ties; the
 // test bounds that share, so the exclusion cannot carry the result.
 #include <QProcess>
+#include <QStandardPaths>
 #include <QTemporaryDir>
 #include <QtTest>
 
@@ -24,7 +25,7 @@ namespace {
 
 struct SweepRun {
   int exit_code = -1;
-  QByteArray stderr_text;
+  QByteArray stderr_text, table;  // table: stdout, where the stream goes to a file
   // config label -> metric -> value (site-level rel_l2 under "rel_l2:<site>")
   std::map<std::string, std::map<std::string, double>> points;
   int64_t rejected = 0;
@@ -33,10 +34,11 @@ struct SweepRun {
   QString summary;  // what `summarize` prints of the stream
 };
 
-SweepRun sweep(const QStringList& args) {
+SweepRun sweep(const QStringList& args, const QProcessEnvironment& env = QProcessEnvironment::systemEnvironment()) {
   QTemporaryDir dir;
   const QString events = dir.filePath("sweep.jsonl");
   QProcess p;
+  p.setProcessEnvironment(env);
   p.start(SHARDSCOPE_ENGINE_BIN, QStringList{"sweep"} + args + QStringList{"--events", events});
   SweepRun r;
   if (!p.waitForFinished(240000)) {
@@ -45,6 +47,7 @@ SweepRun sweep(const QStringList& args) {
   }
   r.exit_code = p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
   r.stderr_text = p.readAllStandardError();
+  r.table = p.readAllStandardOutput();
   QFile f(events);
   if (!f.open(QIODevice::ReadOnly)) return r;
   ss::proto::Reader reader;
@@ -260,7 +263,8 @@ class TestSweep : public QObject {
     QTest::newRow("block over 1M") << base + QStringList{"--strategy", "tp", "--precisions", "int8", "--blocks",
                                                          "1048577"}
                                    << "block size";
-    QTest::newRow("no all-reduce") << base + QStringList{"--strategy", "sp"} << "has none";
+    QTest::newRow("no all-reduce") << base + QStringList{"--strategy", "sp"}
+                                   << "sweep quantizes tensor-parallel all-reduces, and --strategy sp has none";
     QTest::newRow("unknown site") << base + QStringList{"--strategy", "tp", "--sites", "ffn"} << "ffn";
     QTest::newRow("sampling") << base + QStringList{"--strategy", "tp", "--temperature", "0.8"} << "--temperature";
   }
@@ -275,6 +279,40 @@ class TestSweep : public QObject {
     QCOMPARE(lines.size(), 1);
     QVERIFY2(lines.front().contains(says.toUtf8()), lines.front().constData());
     QVERIFY(r.points.empty());  // refused before any run
+  }
+
+  // A configuration whose run fails leaves a hole in the grid: the sweep
+  // reports it (the protocol's code, the run's last line), shows the rest,
+  // and fails. Here every launch after the reference's is refused by a
+  // stand-in for mpirun.
+  void aFailedConfigurationFailsTheSweep() {
+    const QString mpirun = QStandardPaths::findExecutable("mpirun");
+    QVERIFY2(!mpirun.isEmpty(), "mpirun not found");
+    QTemporaryDir dir;
+    const QString script = dir.filePath("mpirun");
+    QFile f(script);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(QString("#!/bin/sh\n"
+                    "n=$(cat '%1/count' 2>/dev/null || echo 0); n=$((n + 1)); echo $n > '%1/count'\n"
+                    "if [ $n -gt 1 ]; then echo \"stand-in mpirun: launch $n refused\" >&2; exit 1; fi\n"
+                    "exec '%2' \"$@\"\n")
+                .arg(dir.path(), mpirun)
+                .toUtf8());
+    f.close();
+    QVERIFY(f.setPermissions(f.permissions() | QFileDevice::ExeOwner));
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("SHARDSCOPE_MPIRUN", script);
+    const SweepRun r = sweep({"--model", "tiny-mamba2", "--strategy", "tp", "--devices", "2", "--prompt-len", "16",
+                              "--decode", "2", "--precisions", "int8", "--blocks", "32"},
+                             env);
+    QCOMPARE(r.exit_code, 1);
+    QCOMPARE(r.status, std::string("failed"));
+    QVERIFY2(r.errors.contains("int8") && r.errors.contains("launch 2 refused"), qPrintable(r.errors));
+    // Both configurations (every all-reduce, and the mixer's alone) failed; the reference's row stands.
+    QVERIFY2(r.table.contains("2 of 2 configurations failed") && r.table.contains("\nint8:32: failed: ") &&
+                 r.table.contains("launch 2 refused") && r.table.contains("\nfp32 "),
+             r.table.constData());
+    QCOMPARE(r.rejected, int64_t(0));  // the error records are the protocol's (a code it knows)
   }
 };
 

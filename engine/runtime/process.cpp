@@ -20,7 +20,14 @@ namespace ss {
 std::string self_exe() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "shardscope-engine" : p.string();
+  if (ec) return "shardscope-engine";
+  // Rebuilt while this one runs: the kernel names the old file "PATH (deleted)";
+  // the engine now at PATH is the one to start.
+  std::string path = p.string();
+  const std::string gone = " (deleted)";
+  if (path.size() > gone.size() && path.compare(path.size() - gone.size(), gone.size(), gone) == 0)
+    path.resize(path.size() - gone.size());
+  return path;
 }
 
 // SHARDSCOPE_MPIRUN: another mpirun (an OpenMPI carried to a machine with none, tests/gpu/bundle.sh).

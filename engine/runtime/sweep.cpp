@@ -1,5 +1,6 @@
 #include "runtime/sweep.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,6 +56,7 @@ struct SweepPoint {
   int block = 0;
   bool ok = false;
   std::string error;
+  int exit_code = 0;  // of its run
   double wire = 0, wire_fp32 = 0, wire_native = 0, kl = 0, top1 = 0, top1_decided = 0, ppl = NAN;
   int first_divergence = -1;  // decode step, -1: none
   std::map<std::string, double> site_rel_l2;
@@ -73,7 +75,9 @@ NpyArray run_point(const RunOptions& o, const std::string& precision, const std:
     for (auto v : forced) t += (t.empty() ? "" : ",") + std::to_string(v);
     cmd += " --force-decode " + t;
   }
-  const int rc = std::system(cmd.c_str());
+  const int status = std::system(cmd.c_str());
+  const int rc = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  pt.exit_code = rc;
   NpyArray logits;
   proto::Reader reader;
   std::ifstream in(events);
@@ -187,7 +191,12 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   // Refuse before any run: the strategy must all-reduce, the grid must parse.
   RunOptions probe = o;
   probe.comm_precision = "int8";
-  validate(probe);
+  try {
+    validate(probe);
+  } catch (const UsageError& e) {  // the probe's --comm-precision is the sweep's own
+    const std::string m = e.what(), flag = "--comm-precision quantizes";
+    throw UsageError(m.rfind(flag, 0) == 0 ? "sweep quantizes" + m.substr(flag.size()) : m);
+  }
   bool has_attn = false, has_mixer = false;
   for (int i = 0; i < cfg.n_layers; ++i) (cfg.layer_kind(i) == LayerKind::Attention ? has_attn : has_mixer) = true;
   std::vector<std::string> sites;
@@ -372,12 +381,17 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
         emit(p);
         greedy(Q, p.label);
       } else {
-        out.write(proto::Error{"failed", -1, p.label + ": " + p.error, {}});
+        // The configuration's own failure, in the protocol's codes.
+        const char* code = p.exit_code == kExitOom ? "oom" : p.exit_code == kExitUsage ? "usage" : "internal";
+        out.write(proto::Error{code, -1, p.label + ": " + p.error, {}});
       }
       points.push_back(p);
     }
   }
-  out.write(proto::Done{"ok", 0, kExitOk});
+  // A grid with holes is not a finished sweep: the table below shows what
+  // ran, and the run fails.
+  const bool all_ran = std::all_of(points.begin(), points.end(), [](const SweepPoint& p) { return p.ok; });
+  out.write(all_ran ? proto::Done{"ok", 0, kExitOk} : proto::Done{"failed", 0, kExitFailure});
   out.flush();
   if (f != stdout) std::fclose(f);
 
@@ -406,7 +420,8 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
       sites_err += b;
     }
     char div[16], ppl[24];
-    if (p.first_divergence < 0) std::snprintf(div, sizeof div, "never");
+    if (W) std::snprintf(div, sizeof div, "-");  // teacher-forced windows: nothing is decoded
+    else if (p.first_divergence < 0) std::snprintf(div, sizeof div, "never");
     else std::snprintf(div, sizeof div, "step %d", p.first_divergence);
     if (std::isnan(p.ppl)) std::snprintf(ppl, sizeof ppl, "-");
     else std::snprintf(ppl, sizeof ppl, "%.4f", p.ppl);
@@ -452,7 +467,10 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   if (so.per_layer)
     sensitivity("\nper-layer sensitivity (only that layer's all-reduces quantized; highest KL first)\n",
                 [](const std::string& s) { return s.rfind("layer ", 0) == 0; });
-  return 0;
+  if (!all_ran)
+    table << "\nsweep: " << std::count_if(points.begin(), points.end(), [](const SweepPoint& p) { return !p.ok; })
+          << " of " << points.size() << " configurations failed (above)\n";
+  return all_ran ? kExitOk : kExitFailure;
 }
 
 }  // namespace ss
