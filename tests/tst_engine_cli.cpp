@@ -552,7 +552,8 @@ class TestEngineCli : public QObject {
 
   // train --tokenizer: --data is text the tokenizer encodes, a BOS before each
   // blank-line-separated document; the saved folder carries the tokenizer, so
-  // it takes --prompt. Without a text file it is refused.
+  // it takes --prompt, and trains on text through it by default. Without a
+  // text file --tokenizer is refused.
   void trainOnText() {
     QTemporaryDir dir;
     const QString corpus = dir.filePath("corpus.txt"), tokfile = dir.filePath("tokenizer.json"),
@@ -568,16 +569,23 @@ class TestEngineCli : public QObject {
     const Ran r = engine({"train", "--model", "tiny-llama", "--set", "vocab_size=300", "--data", corpus, "--tokenizer",
                           tokfile, "--seq-len", "16", "--steps", "2", "--save", out});
     QVERIFY2(r.exit_code == 0, r.err.constData());
-    const Stream s = read_stream(r.out);
-    const std::string data = std::get<Config>(*std::find_if(s.events.begin(), s.events.end(), [](auto& e) {
-                               return std::holds_alternative<Config>(e);
-                             })).config["training"]["data"].get<std::string>();
-    QVERIFY2(QString::fromStdString(data).contains("60 documents"), data.c_str());
+    const auto data_of = [](const Ran& ran) {
+      const Stream s = read_stream(ran.out);
+      return QString::fromStdString(std::get<Config>(*std::find_if(s.events.begin(), s.events.end(), [](auto& e) {
+                                      return std::holds_alternative<Config>(e);
+                                    })).config["training"]["data"].get<std::string>());
+    };
+    QVERIFY2(data_of(r).contains("60 documents"), qPrintable(data_of(r)));
     QFile a(tokfile), b(out + "/tokenizer.json");
     QVERIFY(a.open(QIODevice::ReadOnly) && b.open(QIODevice::ReadOnly));
     QCOMPARE(b.readAll(), a.readAll());
     const Ran run = engine({"run", "--model", out, "--prompt", "the jury", "--decode", "2"});
     QVERIFY2(run.exit_code == 0, run.err.constData());
+    // A model folder with a tokenizer trains on text through it unless told otherwise.
+    const Ran again = engine({"train", "--model", out, "--data", corpus, "--seq-len", "16", "--steps", "1"});
+    QVERIFY2(again.exit_code == 0, again.err.constData());
+    QVERIFY2(data_of(again).contains("60 documents") && data_of(again).contains(out + "/tokenizer.json"),
+             qPrintable(data_of(again)));
     const Ran refused = engine({"train", "--model", "tiny-llama", "--tokenizer", tokfile, "--seq-len", "16"});
     QCOMPARE(refused.exit_code, int(ss::kExitUsage));
     QVERIFY2(one_line(refused.err).contains("--tokenizer encodes the text of --data FILE"), refused.err.constData());

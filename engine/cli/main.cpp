@@ -168,7 +168,8 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
       ->capture_default_str();
   cmd->add_option("--data", o.data, "synthetic, or a FILE: its bytes are the tokens, or its text with --tokenizer")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", o.tokenizer, "tokenizer.json that encodes the text of --data (copied into --save)");
+  cmd->add_option("--tokenizer", o.tokenizer, "tokenizer.json (or a folder with one) that encodes the text of --data (copied into --save); "
+                  "default: the model folder's own, where it has one");
   cmd->add_option("--tokens", tokens, "one explicit sequence, comma separated: inputs all but the last id, targets "
                                       "all but the first");
   cmd->add_option("--save", o.save, "write a checkpoint folder (HF layout + optimizer state) after the last step");

@@ -113,8 +113,10 @@ TrainPlan plan_training(const TrainOptions& o) {
     throw UsageError("--data " + o.data + " does not exist (give a file, or --data synthetic)");
   if (!o.tokenizer.empty() && (o.data == "synthetic" || !o.tokens.empty()))
     throw UsageError("--tokenizer encodes the text of --data FILE; give the file");
-  if (!o.tokenizer.empty() && !fs::is_regular_file(o.tokenizer))
-    throw UsageError("--tokenizer " + o.tokenizer + " is not a file (give a tokenizer.json)");
+  const fs::path given_tokenizer =
+      fs::is_directory(o.tokenizer) ? fs::path(o.tokenizer) / "tokenizer.json" : fs::path(o.tokenizer);
+  if (!o.tokenizer.empty() && !fs::is_regular_file(given_tokenizer))
+    throw UsageError("--tokenizer " + o.tokenizer + " is neither a tokenizer.json nor a folder with one");
   if (!o.save.empty() && fs::exists(o.save) && !fs::is_directory(o.save))
     throw UsageError("--save " + o.save + " is a file, not a folder; give a folder to write");
   if (o.schedule_steps < 0) throw UsageError("--schedule-steps must be >= 0");
@@ -128,6 +130,9 @@ TrainPlan plan_training(const TrainOptions& o) {
   plan.sp = S;
   plan.zigzag = r.split == "zigzag";
   plan.cfg = train_config(o, &plan.dir);
+  if (!o.tokenizer.empty()) plan.tokenizer = given_tokenizer;
+  else if (o.tokens.empty() && o.data != "synthetic" && !plan.dir.empty() && fs::exists(plan.dir / "tokenizer.json"))
+    plan.tokenizer = plan.dir / "tokenizer.json";  // a text model trains on text through its own tokenizer
   plan.tokens = seq_len_of(o);
   plan.recompute = parse_recompute(o.recompute);
   plan.replicas = replicas_of(o);
@@ -185,7 +190,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
     else src = std::make_unique<CheckpointSource>(dir, model.weights());
     std::unique_ptr<Corpus> corpus = !o.tokens.empty()         ? fixed_corpus(o.tokens)
                                      : o.data == "synthetic"   ? synthetic_corpus(r.seed, cfg.vocab)
-                                     : !o.tokenizer.empty()    ? text_corpus(o.data, o.tokenizer, cfg.vocab)
+                                     : !plan.tokenizer.empty() ? text_corpus(o.data, plan.tokenizer.string(), cfg.vocab)
                                                                : file_corpus(o.data, cfg.vocab);
 
     // This rank's rows of every sequence, and the groups its gradients and loss are summed over.
@@ -432,8 +437,12 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
         nlohmann::json c = cfg.source;
         c["torch_dtype"] = cfg.dtype == DType::F32 ? "float32" : "bfloat16";
         std::vector<std::pair<std::string, std::string>> files;
-        if (!o.tokenizer.empty()) {  // the folder is a model people can prompt
-          std::ifstream tin(o.tokenizer, std::ios::binary);
+        // The folder is a model people can prompt: the tokenizer that encoded
+        // its text, or the one its model folder came with.
+        fs::path tokenizer = plan.tokenizer;
+        if (tokenizer.empty() && !dir.empty() && fs::exists(dir / "tokenizer.json")) tokenizer = dir / "tokenizer.json";
+        if (!tokenizer.empty()) {
+          std::ifstream tin(tokenizer, std::ios::binary);
           files.emplace_back("tokenizer.json", std::string((std::istreambuf_iterator<char>(tin)), {}));
         }
         write_checkpoint_dir(o.save, c, weights, opt,

@@ -40,6 +40,9 @@ enum class Recompute;
 struct TrainPlan : RunPlan {
   Recompute recompute{};
   int replicas = 1, grad_accum = 1;  // data-parallel replicas; micro-batches per step
+  // What encodes --data's text: --tokenizer (a tokenizer.json, or a folder
+  // with one), else the model folder's own; empty: the file's bytes are the ids.
+  std::filesystem::path tokenizer;
 };
 TrainPlan plan_training(const TrainOptions& o);
 
