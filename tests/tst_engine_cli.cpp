@@ -576,6 +576,23 @@ class TestEngineCli : public QObject {
                                     })).config["training"]["data"].get<std::string>());
     };
     QVERIFY2(data_of(r).contains("60 documents"), qPrintable(data_of(r)));
+    // summarize reads it as training: the steps' losses, not a prompt and decode.
+    {
+      QFile f(dir.filePath("train.jsonl"));
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write(r.out);
+    }
+    const Ran sum = engine({"summarize", dir.filePath("train.jsonl")});
+    QCOMPARE(sum.exit_code, 0);
+    const Stream trained = read_stream(r.out);
+    const auto steps = trained.all<TrainStep>();
+    QCOMPARE(int(steps.size()), 2);
+    const QString losses = QString("loss: %1 at step 1, %2 at step 2")
+                               .arg(steps[0]->loss, 0, 'f', 4)
+                               .arg(steps[1]->loss, 0, 'f', 4);
+    QVERIFY2(sum.out.contains("train: tiny-llama") && sum.out.contains("training, 2 steps") &&
+                 sum.out.contains(losses.toUtf8()) && !sum.out.contains("decode 0 tokens"),
+             sum.out.constData());
     QFile a(tokfile), b(out + "/tokenizer.json");
     QVERIFY(a.open(QIODevice::ReadOnly) && b.open(QIODevice::ReadOnly));
     QCOMPARE(b.readAll(), a.readAll());

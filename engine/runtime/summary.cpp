@@ -24,6 +24,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   // A sweep's accuracy records: config -> metric -> value, configs in order.
   std::vector<std::string> sweep_order;
   std::vector<proto::ScalePoint> scale_points;  // a scaling sweep's
+  std::vector<proto::TrainStep> train_steps;    // a training run's
   std::optional<std::string> prompt_text, answer_text;  // a run whose model reads text
   std::map<std::string, std::map<std::string, double>> sweep;
   std::string status = "(no done record: the run did not finish)";
@@ -65,6 +66,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
               sweep[e.config][e.metric] = e.value;
             }
           } else if constexpr (std::is_same_v<T, proto::ScalePoint>) scale_points.push_back(e);
+          else if constexpr (std::is_same_v<T, proto::TrainStep>) train_steps.push_back(e);
           else if constexpr (std::is_same_v<T, proto::Prompt>) prompt_text = e.text;
           else if constexpr (std::is_same_v<T, proto::Generation>) {
             if (e.config.empty() && e.text) answer_text = *e.text;
@@ -123,7 +125,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
     if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";
     return 0;
   }
-  out << "run: " << model.value("name", "?") << " (" << model.value("family", "?") << ", "
+  out << (config.value("mode", std::string()) == "train" ? "train: " : "run: ") << model.value("name", "?") << " (" << model.value("family", "?") << ", "
       << config.value("parameters", 0LL) / 1e6 << " M parameters), backend " << config.value("backend", "?")
       << ", strategy " << config.value("strategy", "?") << ", " << config.value("devices", 1) << " device(s), "
       << config.value("dtype", std::string("fp32"))
@@ -131,8 +133,16 @@ int summarize_stream(std::istream& in, std::ostream& out) {
               ? " (KV cache " + config.value("kv_dtype", std::string()) + ")"
               : std::string())
       << "\n";
-  out << "workload: prompt " << work.value("prompt_len", 0) << " tokens, decode " << work.value("decode", 0)
-      << " tokens; weights " << config.value("weights", "?") << "\n";
+  const bool training = config.value("mode", std::string()) == "train";
+  if (training) {
+    const auto& t = config.value("training", nlohmann::json::object());
+    out << "workload: training, " << t.value("steps", 0) << " steps of " << t.value("micro_batch", 1) << " x "
+        << t.value("grad_accum", 1) << " x " << t.value("replicas", 1) << " sequences of " << t.value("seq_len", 0)
+        << " tokens; data " << t.value("data", std::string("?")) << "; weights " << config.value("weights", "?") << "\n";
+  } else {
+    out << "workload: prompt " << work.value("prompt_len", 0) << " tokens, decode " << work.value("decode", 0)
+        << " tokens; weights " << config.value("weights", "?") << "\n";
+  }
   out << "status: " << status << "\n";
   if (prompt_text) out << "prompt: " << *prompt_text << "\n";
   if (answer_text) out << "answer: " << *answer_text << "\n";
@@ -143,7 +153,29 @@ int summarize_stream(std::istream& in, std::ostream& out) {
       out << "  " << label << ": " << buf << "\n";
     }
   };
-  out << "throughput and latency:\n";
+  if (!train_steps.empty()) {
+    const proto::TrainStep &first = train_steps.front(), &last = train_steps.back();
+    out << "training: " << train_steps.size() << " step(s) recorded\n";
+    if (config.value("backend", std::string()) == "sim") {
+      out << "  loss: not computed (simulated devices hold no values)\n";
+    } else {
+      double lowest = first.loss;
+      for (auto& t : train_steps) lowest = std::min(lowest, t.loss);
+      std::snprintf(buf, sizeof buf, "  loss: %.4f at step %d, %.4f at step %d (lowest %.4f); grad norm %.3g at the last\n",
+                    first.loss, first.step, last.loss, last.step, lowest, last.grad_norm);
+      out << buf;
+    }
+    // The first step pays for warming up; the rest are the steady rate.
+    double rate = 0;
+    for (size_t i = train_steps.size() > 1 ? 1 : 0; i < train_steps.size(); ++i) rate += train_steps[i].tokens_per_s;
+    rate /= double(train_steps.size() > 1 ? train_steps.size() - 1 : 1);
+    std::snprintf(buf, sizeof buf, "  %.1f tokens/s (mean over step%s), lr %.3g at the last\n", rate,
+                  train_steps.size() > 1 ? "s after the first" : " 1", last.lr);
+    out << buf;
+  }
+  static const char* const kLatency[] = {"ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "replicas"};
+  if (std::any_of(std::begin(kLatency), std::end(kLatency), [&](const char* m) { return metrics.count(m) > 0; }))
+    out << "throughput and latency:\n";
   metric("ttft_ms", "time to first token", "%.2f ms");
   metric("prefill_tokens_per_s", "prefill", "%.1f tokens/s");
   metric("decode_tokens_per_s", "decode", "%.1f tokens/s");
@@ -167,7 +199,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   for (auto& o : ops) total_ns += o.second.first;
   out << "time by op (all ranks, all phases):\n";
   for (size_t i = 0; i < std::min<size_t>(ops.size(), 8); ++i) {
-    std::snprintf(buf, sizeof buf, "  %-24s %10.2f ms %6.1f%%  (%d calls)\n", ops[i].first.c_str(),
+    std::snprintf(buf, sizeof buf, "  %-30s %10.2f ms %6.1f%%  (%d calls)\n", ops[i].first.c_str(),
                   ops[i].second.first * 1e-6, 100.0 * ops[i].second.first / std::max(total_ns, 1.0),
                   ops[i].second.second);
     out << buf;
