@@ -346,7 +346,8 @@ int main(int argc, char** argv) {
   scale->add_flag("--no-batch-search", scale_no_search, "training: skip the search for the largest micro-batch");
   scale->add_option("--jobs", scale_opts.jobs, "points simulated at once (0 = the cores)")->capture_default_str();
   scale->add_option("--seed", scale_opts.seed, "seed of the synthetic data")->capture_default_str();
-  scale->add_option("--events", scale_events, "write the stream to FILE (a table of peaks goes to stdout)");
+  scale->add_option("--events", scale_events, "write the stream to FILE (a table of peaks goes to stdout; without --events, the stream takes "
+                  "stdout and the table stderr; - the stream alone)");
 
   ss::RunOptions check_opts;
   std::string check_tokens, check_capacity, check_hardware;
@@ -539,7 +540,11 @@ int main(int argc, char** argv) {
         if (!f) throw ss::UsageError("--events " + scale_events + ": cannot create the file");
       }
       ss::proto::Writer w(f);
-      const int code = ss::run_scale(scale_opts, w, std::cerr, f == stdout ? nullptr : &std::cout);
+      // The table of peaks: on stdout beside a stream written to a file; on
+      // stderr where the stream takes stdout by default; none with --events -
+      // (a reader of the stream, as the explorer).
+      std::ostream* table = f != stdout ? &std::cout : scale_events.empty() ? &std::cerr : nullptr;
+      const int code = ss::run_scale(scale_opts, w, std::cerr, table);
       if (f != stdout) std::fclose(f);
       return code;
     }

@@ -140,8 +140,8 @@ int summarize_stream(std::istream& in, std::ostream& out) {
         << t.value("grad_accum", 1) << " x " << t.value("replicas", 1) << " sequences of " << t.value("seq_len", 0)
         << " tokens; data " << t.value("data", std::string("?")) << "; weights " << config.value("weights", "?") << "\n";
   } else {
-    out << "workload: prompt " << work.value("prompt_len", 0) << " tokens, decode " << work.value("decode", 0)
-        << " tokens; weights " << config.value("weights", "?") << "\n";
+    out << "workload: prompt " << work.value("prompt_len", 0) << " tokens, " << work.value("decode", 0)
+        << " decode steps; weights " << config.value("weights", "?") << "\n";
   }
   out << "status: " << status << "\n";
   if (prompt_text) out << "prompt: " << *prompt_text << "\n";
