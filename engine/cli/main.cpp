@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
 
   ss::RunOptions run_opts;
   std::string tokens, capacity, events;
-  auto* run = app.add_subcommand("run", "run a model on one device: prefill, then greedy decode");
+  auto* run = app.add_subcommand("run", "run a model on one device: prefill, then decode (greedy, or sampled with --temperature)");
   add_model_options(run, run_opts, tokens, capacity);
   run->add_option("--events", events, "write the event stream to FILE instead of stdout");
   std::string heartbeat;  // a rank of launch or train: where its liveness goes (runtime/heartbeat.h)

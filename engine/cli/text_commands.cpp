@@ -1,5 +1,7 @@
 #include "cli/text_commands.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -76,12 +78,19 @@ std::optional<int> run_text_command(const TextCommands& t, std::ostream& out, st
     std::ifstream in(t.corpus_file, std::ios::binary);
     if (!in) throw UsageError("--corpus " + t.corpus_file + ": cannot be read");
     const auto t0 = std::chrono::steady_clock::now();
+    // Progress: one line redrawn on a terminal; a line each tenth into a log.
+    const bool terminal = isatty(STDERR_FILENO);
+    int32_t tenths = 0;
     const text::Tokenizer tok = text::train_bpe(in, t.options, [&](int32_t done, int32_t wanted) {
-      log << "\rtokenizer: " << done << " / " << wanted << " merges" << std::flush;
+      if (terminal) log << "\rtokenizer: " << done << " / " << wanted << " merges" << std::flush;
+      else if (wanted > 0 && int64_t(done) * 10 >= int64_t(tenths + 1) * wanted) {
+        tenths = int32_t(int64_t(done) * 10 / wanted);
+        log << "tokenizer: " << done << " / " << wanted << " merges\n" << std::flush;
+      }
     });
     tok.save(t.out);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    log << "\n";
+    if (terminal) log << "\n";
     out << "wrote " << t.out << ": " << tok.vocab_size() << " tokens, " << tok.merge_count() << " merges, in "
         << int(s + 0.5) << " s\n";
     return 0;

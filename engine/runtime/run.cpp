@@ -124,7 +124,7 @@ void validate(const RunOptions& o, const std::string& backend) {
   }
   if (o.split != "zigzag" && o.split != "contiguous") throw UsageError("--split must be zigzag or contiguous");
   if (o.attention != "gather" && o.attention != "ring") throw UsageError("--attention must be gather or ring");
-  if (o.tokens.empty() && o.prompt_len <= 0) throw UsageError("give a prompt: --prompt-len N (N >= 1) or --tokens 1,2,3");
+  if (o.tokens.empty() && o.prompt_len <= 0) throw UsageError("give a prompt: --prompt-len N (N >= 1), --tokens 1,2,3, or --prompt \"text\" (a model with a tokenizer)");
   if (!o.tokens.empty() && o.prompt_len > 0) throw UsageError("give either --prompt-len or --tokens, not both");
   if (o.decode < 0) throw UsageError("--decode must be >= 0");
   validate_sampling(o.sampling);
