@@ -308,7 +308,12 @@ class TestEngineCli : public QObject {
         << QStringList{"--prompt-len", "4", "--decode", "-1"} << "--decode";
     QTest::newRow("decode not a number")
         << QStringList{"--prompt-len", "4", "--decode", "abc"} << "--decode";
-    QTest::newRow("unknown flag") << QStringList{"--prompt-len", "4", "--bogus"} << "--bogus";
+    QTest::newRow("unknown flag") << QStringList{"--prompt-len", "4", "--bogus"} << "unknown option --bogus for run";
+    QTest::newRow("mistyped flag") << QStringList{"--prompt-len", "4", "--modle", "tiny-llama"} << "did you mean --model?";
+    QTest::newRow("mistyped model") << QStringList{"--model", "tiny-lama", "--prompt-len", "4"}
+                                    << "did you mean 'tiny-llama'?";
+    QTest::newRow("model folder missing") << QStringList{"--model", "/nonexistent/folder", "--prompt-len", "4"}
+                                          << "/nonexistent/folder: no such folder";
     QTest::newRow("temperature negative")
         << QStringList{"--prompt-len", "4", "--temperature", "-1"} << "--temperature";
     QTest::newRow("top-k without temperature")

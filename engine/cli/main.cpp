@@ -487,6 +487,23 @@ int main(int argc, char** argv) {
     // input like any other: exit 2 (not CLI11's own codes), one stderr line.
     if (e.get_exit_code() == 0) return app.exit(e);
     std::string msg = e.what();
+    // A mistyped flag: the nearest one its command has.
+    const CLI::App* sub = nullptr;
+    for (const CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
+      if (argc > 1 && s->get_name() == argv[1]) sub = s;
+    if (sub && dynamic_cast<const CLI::ExtrasError*>(&e)) {
+      std::vector<std::string> flags;
+      for (const CLI::Option* opt : sub->get_options())
+        for (const std::string& n : opt->get_lnames()) flags.push_back("--" + n);
+      for (int i = 2; i < argc; ++i) {
+        const std::string arg = std::string(argv[i]).substr(0, std::string(argv[i]).find('='));
+        if (arg.rfind("--", 0) != 0 || std::find(flags.begin(), flags.end(), arg) != flags.end()) continue;
+        const std::string near = ss::nearest_name(arg, flags);
+        msg = "unknown option " + arg + " for " + sub->get_name() +
+              (near.empty() ? std::string() : "; did you mean " + near + "?");
+        break;
+      }
+    }
     std::replace(msg.begin(), msg.end(), '\n', ' ');
     std::fprintf(stderr, "shardscope-engine: error: %s (see --help)\n", msg.c_str());
     return ss::kExitUsage;

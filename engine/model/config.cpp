@@ -498,8 +498,13 @@ ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
   }
   fs::path preset = resources_dir() / "models" / (spec + ".json");
   if (!fs::exists(preset, ec)) {
+    if (spec.find('/') != std::string::npos)
+      throw UsageError("--model " + spec + ": no such folder (a model folder holds config.json)");
+    const std::vector<std::string> presets = preset_names();
+    if (const std::string near = nearest_name(spec, presets); !near.empty())
+      throw UsageError("--model '" + spec + "' is not a preset; did you mean '" + near + "'?");
     std::string names;
-    for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+    for (auto& n : presets) names += (names.empty() ? "" : ", ") + n;
     throw UsageError("--model '" + spec + "' is neither a preset nor a folder with config.json; presets: " + names);
   }
   ModelConfig c = parse_with_overrides(read_json_file(preset), overrides, preset.string(), spec);
