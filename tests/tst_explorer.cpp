@@ -145,6 +145,32 @@ class TestExplorer : public QObject {
     QCOMPARE(c.data.metrics().at("ttft_ms"), 1.5);
   }
 
+  // A training run on simulated devices carries no loss (its devices hold
+  // shapes, not values): the Training page and the Summary say so rather
+  // than draw its zeros as a loss curve.
+  void simulatedTrainingClaimsNoLoss() {
+    for (const char* backend : {"sim", "cpu"}) {
+      RunData data;
+      std::vector<ss::proto::Event> events;
+      events.push_back(ss::proto::Config{{{"mode", "train"}, {"backend", backend}, {"training", {{"steps", 2}}}}});
+      for (int step : {1, 2}) {
+        ss::proto::TrainStep t;
+        t.step = step;
+        t.loss = std::string(backend) == "sim" ? 0.0 : 5.5 - step;
+        t.lr = 1e-3;
+        t.tokens_per_s = 1000;
+        events.push_back(t);
+      }
+      data.add(events);
+      TrainingPage page(data);
+      page.refresh();
+      const bool sim = std::string(backend) == "sim";
+      QVERIFY2(page.caption().contains("simulated devices: no loss") == sim, qPrintable(page.caption()));
+      QVERIFY2(page.caption().contains("loss 3.5000 (from 4.5000)") == !sim, qPrintable(page.caption()));
+      QVERIFY2(trainingSummaryHtml(data).contains("not computed") == sim, qPrintable(trainingSummaryHtml(data)));
+    }
+  }
+
   void setupIsCheckedAsTyped() {
     MainWindow w;
     w.setSetup("tiny-llama", "cpu", "tp", 4, 24, 4);  // 2 kv heads do not split over 4 devices

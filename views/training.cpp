@@ -1,5 +1,7 @@
 #include "training.h"
 
+#include <algorithm>
+
 #include <QLabel>
 #include <QVBoxLayout>
 #include <qcustomplot.h>
@@ -42,21 +44,26 @@ TrainingPage::TrainingPage(const RunData& data, QWidget* parent) : QWidget(paren
   layout->addWidget(m_lr, 1);
 }
 
+QString TrainingPage::caption() const { return m_caption->text(); }
+
 void TrainingPage::refresh() {
   if (m_seen == m_data.revision()) return;
   m_seen = m_data.revision();
   const auto& steps = m_data.trainSteps();
+  // Simulated devices hold shapes, not values: no loss or gradient to plot.
+  const bool simulated = m_data.config().value("backend", std::string()) == "sim";
   QVector<double> x, loss, norm, lr, tps;
   for (const auto& s : steps) {
     x << s.step;
-    loss << s.loss;
-    norm << s.grad_norm;
     lr << s.lr;
     tps << s.tokens_per_s;
+    if (simulated) continue;
+    loss << s.loss;
+    norm << s.grad_norm;
   }
   m_points = int(steps.size());
-  m_loss->graph(0)->setData(x, loss, true);
-  m_loss->graph(1)->setData(x, norm, true);
+  m_loss->graph(0)->setData(simulated ? QVector<double>() : x, loss, true);
+  m_loss->graph(1)->setData(simulated ? QVector<double>() : x, norm, true);
   m_lr->graph(0)->setData(x, lr, true);
   m_lr->graph(1)->setData(x, tps, true);
   for (QCustomPlot* p : {m_loss, m_lr}) {
@@ -65,15 +72,23 @@ void TrainingPage::refresh() {
     if (!x.isEmpty()) p->xAxis->setRange(x.front() - 0.5, x.back() + 0.5);
     p->replot();
   }
+  // Throughput from zero: a steady rate is a flat line, not noise blown up to the axis.
+  const double top = tps.isEmpty() ? 1.0 : *std::max_element(tps.begin(), tps.end());
+  m_lr->yAxis2->setRange(0, 1.1 * std::max(top, 1.0));
+  m_lr->replot();
+  m_loss->setVisible(!simulated);
   if (!steps.empty()) {
     const auto& last = steps.back();
     const auto t = m_data.config().value("training", nlohmann::json::object());
-    m_caption->setText(tr("step %1 of %2: loss %3 (from %4), gradient norm %5, learning rate %6, %7 tokens/s · %8")
+    const QString values = simulated ? tr("simulated devices: no loss or gradient (they hold shapes, not values)")
+                                     : tr("loss %1 (from %2), gradient norm %3")
+                                           .arg(last.loss, 0, 'f', 4)
+                                           .arg(steps.front().loss, 0, 'f', 4)
+                                           .arg(last.grad_norm, 0, 'g', 3);
+    m_caption->setText(tr("step %1 of %2: %3, learning rate %4, %5 tokens/s · %6")
                            .arg(last.step)
                            .arg(t.value("steps", 0) + (steps.front().step - 1))
-                           .arg(last.loss, 0, 'f', 4)
-                           .arg(steps.front().loss, 0, 'f', 4)
-                           .arg(last.grad_norm, 0, 'g', 3)
+                           .arg(values)
                            .arg(last.lr, 0, 'g', 3)
                            .arg(last.tokens_per_s, 0, 'f', 0)
                            .arg(QString::fromStdString(t.value("data", std::string()))));
@@ -107,11 +122,13 @@ QString trainingSummaryHtml(const RunData& data) {
   if (!steps.empty()) {
     double tps = 0;
     for (auto& s : steps) tps += s.tokens_per_s;
-    row(QObject::tr("loss"), QObject::tr("%1 at step %2 → %3 at step %4")
-                                 .arg(steps.front().loss, 0, 'f', 4)
-                                 .arg(steps.front().step)
-                                 .arg(steps.back().loss, 0, 'f', 4)
-                                 .arg(steps.back().step));
+    row(QObject::tr("loss"), c.value("backend", std::string()) == "sim"
+                                 ? QObject::tr("not computed (simulated devices hold shapes, not values)")
+                                 : QObject::tr("%1 at step %2 → %3 at step %4")
+                                       .arg(steps.front().loss, 0, 'f', 4)
+                                       .arg(steps.front().step)
+                                       .arg(steps.back().loss, 0, 'f', 4)
+                                       .arg(steps.back().step));
     row(QObject::tr("throughput"), QObject::tr("%1 tokens/s (mean over steps)").arg(tps / double(steps.size()), 0, 'f', 0));
   }
   h += QStringLiteral("</table>");

@@ -16,6 +16,7 @@ class TrainingPage : public QWidget {
   explicit TrainingPage(const RunData& data, QWidget* parent = nullptr);
   void refresh();
   int points() const { return m_points; }
+  QString caption() const;
 
  private:
   const RunData& m_data;
