@@ -235,7 +235,8 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   form->addRow(tr("Mesh (tp_sp)"), m_mesh);
   form->addRow(tr("Prompt"), m_promptText);
   form->addRow(tr("Prompt tokens"), m_prompt);
-  form->addRow(tr("Decode tokens"), m_decode);
+  form->addRow(tr("Decode steps"), m_decode);
+  m_decode->setToolTip(tr("Steps after the prefill, one token each: the answer is the prefill's token and these"));
   form->addRow(tr("Batch"), m_batch);
   form->addRow(tr("Sequence length"), m_seqLen);
   form->addRow(tr("Micro-batch"), m_microBatch);
