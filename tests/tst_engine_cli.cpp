@@ -338,6 +338,13 @@ class TestEngineCli : public QObject {
         << QStringList{"--model", "tiny-hybrid", "--prompt-len", "4", "--set", "attention_every=2"}
         << "takes layer_pattern over attention_every";
     QTest::newRow("set: no value") << QStringList{"--prompt-len", "4", "--set", "=2"} << "key=value";
+    QTest::newRow("set: the last of a key is the one blamed")
+        << QStringList{"--prompt-len", "4", "--set", "hidden_size=64", "--set", "hidden_size=abc"}
+        << "--set 'hidden_size=abc'";
+    QTest::newRow("set: another field's check")
+        << QStringList{"--prompt-len", "4", "--set", "num_attention_heads=5"} << "(with --set num_attention_heads=5)";
+    QTest::newRow("set: a key inside a field")
+        << QStringList{"--prompt-len", "4", "--set", "rope_scaling.factor=4"} << "rope_scaling={...}";
     QTest::newRow("set: a value of the wrong kind")
         << QStringList{"--prompt-len", "4", "--set", "hidden_size=abc"}
         << "--set 'hidden_size=abc': field 'hidden_size' must be an integer";
@@ -370,6 +377,9 @@ class TestEngineCli : public QObject {
     QTest::addColumn<QString>("says");
     QTest::newRow("mistyped command") << QStringList{"rn", "--model", "tiny-llama"} << "unknown command 'rn'; did you mean 'run'?";
     QTest::newRow("unknown command") << QStringList{"frobnicate"} << "commands: run, launch";
+    QTest::newRow("mistyped flag of a nested command")
+        << QStringList{"tokenizer", "train", "--corpus", "/nonexistent", "--vocab-sise", "9", "--out", "/tmp/x"}
+        << "unknown option --vocab-sise for tokenizer train; did you mean --vocab-size?";
     QTest::newRow("simulate on a backend")
         << QStringList{"simulate", "--model", "tiny-llama", "--prompt-len", "4", "--backend", "cuda"} << "--backend cuda";
     QTest::newRow("export dtype") << QStringList{"export", "--model", "tiny-llama", "--dtype", "bf17", "--out", "/tmp/x"}
@@ -608,6 +618,10 @@ class TestEngineCli : public QObject {
     QVERIFY2(again.exit_code == 0, again.err.constData());
     QVERIFY2(data_of(again).contains("60 documents") && data_of(again).contains(out + "/tokenizer.json"),
              qPrintable(data_of(again)));
+    const Ran bytes =
+        engine({"train", "--model", out, "--data", corpus, "--tokenizer", "none", "--seq-len", "16", "--steps", "1"});
+    QVERIFY2(bytes.exit_code == 0, bytes.err.constData());
+    QVERIFY2(data_of(bytes).endsWith(QString("(%1 bytes)").arg(text.size())), qPrintable(data_of(bytes)));
     const Ran refused = engine({"train", "--model", "tiny-llama", "--tokenizer", tokfile, "--seq-len", "16"});
     QCOMPARE(refused.exit_code, int(ss::kExitUsage));
     QVERIFY2(one_line(refused.err).contains("--tokenizer encodes the text of --data FILE"), refused.err.constData());

@@ -168,6 +168,10 @@ class TestExplorer : public QObject {
       QVERIFY2(page.caption().contains("simulated devices: no loss") == sim, qPrintable(page.caption()));
       QVERIFY2(page.caption().contains("loss 3.5000 (from 4.5000)") == !sim, qPrintable(page.caption()));
       QVERIFY2(trainingSummaryHtml(data).contains("not computed") == sim, qPrintable(trainingSummaryHtml(data)));
+      const auto plots = page.findChildren<QCustomPlot*>();
+      QCOMPARE(plots.size(), 2);
+      QCOMPARE(plots[0]->isHidden(), sim);  // the loss curve
+      QCOMPARE(plots[0]->graph(0)->dataCount(), sim ? 0 : 2);
     }
   }
 

@@ -120,8 +120,10 @@ QString trainingSummaryHtml(const RunData& data) {
   row(QObject::tr("data"), QString::fromStdString(t.value("data", std::string())).toHtmlEscaped());
   const auto& steps = data.trainSteps();
   if (!steps.empty()) {
+    // The steady rate: the first step, which warms up, left out where there are more.
+    const size_t from = steps.size() > 1 ? 1 : 0;
     double tps = 0;
-    for (auto& s : steps) tps += s.tokens_per_s;
+    for (size_t i = from; i < steps.size(); ++i) tps += steps[i].tokens_per_s;
     row(QObject::tr("loss"), c.value("backend", std::string()) == "sim"
                                  ? QObject::tr("not computed (simulated devices hold shapes, not values)")
                                  : QObject::tr("%1 at step %2 → %3 at step %4")
@@ -129,7 +131,9 @@ QString trainingSummaryHtml(const RunData& data) {
                                        .arg(steps.front().step)
                                        .arg(steps.back().loss, 0, 'f', 4)
                                        .arg(steps.back().step));
-    row(QObject::tr("throughput"), QObject::tr("%1 tokens/s (mean over steps)").arg(tps / double(steps.size()), 0, 'f', 0));
+    row(QObject::tr("throughput"), QObject::tr("%1 tokens/s (mean over steps%2)")
+                                       .arg(tps / double(steps.size() - from), 0, 'f', 0)
+                                       .arg(from ? QObject::tr(" after the first") : QString()));
   }
   h += QStringLiteral("</table>");
   // Measured peaks per category beside the closed forms the engine computed

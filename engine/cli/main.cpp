@@ -166,10 +166,11 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
   cmd->add_option("--adam-eps", o.adam_eps, "AdamW epsilon")->capture_default_str();
   cmd->add_option("--recompute", o.recompute, "activation recomputation: none, selective or full")
       ->capture_default_str();
-  cmd->add_option("--data", o.data, "synthetic, or a FILE: its bytes are the tokens, or its text with --tokenizer")
+  cmd->add_option("--data", o.data, "synthetic, or a FILE of text, encoded by --tokenizer or else the model folder's tokenizer.json; "
+                  "without either (or with --tokenizer none) its bytes are the tokens")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", o.tokenizer, "tokenizer.json (or a folder with one) that encodes the text of --data (copied into --save); "
-                  "default: the model folder's own, where it has one");
+  cmd->add_option("--tokenizer", o.tokenizer, "tokenizer.json (a folder with one, or a shipped model) that encodes the text of --data (copied into "
+                  "--save); default: the model folder's own, where it has one; none: the file's bytes");
   cmd->add_option("--tokens", tokens, "one explicit sequence, comma separated: inputs all but the last id, targets "
                                       "all but the first");
   cmd->add_option("--save", o.save, "write a checkpoint folder (HF layout + optimizer state) after the last step");
@@ -370,7 +371,7 @@ int main(int argc, char** argv) {
   exp->add_option("--set", ex_opts.overrides, "override a config.json field (repeatable)");
   exp->add_option("--seed", ex_opts.seed, "seed of the synthetic weights")->capture_default_str();
   exp->add_option("--out", export_dir, "folder to write")->required();
-  exp->add_option("--dtype", export_dtype, "fp32, bf16 or fp16")->capture_default_str();
+  exp->add_option("--dtype", export_dtype, "fp32, bf16 or fp16")->capture_default_str()->check(dtype_check());
   exp->add_option("--shards", export_shards, "number of safetensors files (> 1 writes an index)")->capture_default_str();
 
   std::string summary_file;
@@ -488,18 +489,26 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::string msg = e.what();
     // A mistyped flag: the nearest one its command has.
-    const CLI::App* sub = nullptr;
-    for (const CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
-      if (argc > 1 && s->get_name() == argv[1]) sub = s;
+    // (The command is the deepest one named: `tokenizer train` is train's.)
+    auto child = [](CLI::App* parent, const char* name) -> CLI::App* {
+      for (CLI::App* s : parent->get_subcommands([](CLI::App*) { return true; }))
+        if (s->get_name() == name) return s;
+      return nullptr;
+    };
+    CLI::App* sub = argc > 1 ? child(&app, argv[1]) : nullptr;
+    int first = 2;
+    for (CLI::App* c; sub && first < argc && (c = child(sub, argv[first])); ++first) sub = c;
     if (sub && dynamic_cast<const CLI::ExtrasError*>(&e)) {
       std::vector<std::string> flags;
       for (const CLI::Option* opt : sub->get_options())
         for (const std::string& n : opt->get_lnames()) flags.push_back("--" + n);
-      for (int i = 2; i < argc; ++i) {
+      for (int i = first; i < argc; ++i) {
         const std::string arg = std::string(argv[i]).substr(0, std::string(argv[i]).find('='));
         if (arg.rfind("--", 0) != 0 || std::find(flags.begin(), flags.end(), arg) != flags.end()) continue;
         const std::string near = ss::nearest_name(arg, flags);
-        msg = "unknown option " + arg + " for " + sub->get_name() +
+        std::string command;
+        for (int k = 1; k < first; ++k) command += (k > 1 ? " " : "") + std::string(argv[k]);
+        msg = "unknown option " + arg + " for " + command +
               (near.empty() ? std::string() : "; did you mean " + near + "?");
         break;
       }

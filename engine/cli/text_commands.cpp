@@ -21,16 +21,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // A tokenizer.json, or a model folder holding one (a shipped model by name too).
-text::Tokenizer load_tokenizer(const std::string& path) {
-  fs::path dir = path;
-  if (!fs::exists(path) && fs::path(path).filename() == path) {
-    std::error_code ec;
-    if (fs::exists(resources_dir() / "models" / path / "config.json", ec)) dir = resources_dir() / "models" / path;
-  }
-  const fs::path p = fs::is_directory(dir) ? dir / "tokenizer.json" : dir;
-  if (!fs::exists(p)) throw UsageError(p.string() + ": no such file (--tokenizer takes a tokenizer.json or its folder)");
-  return text::Tokenizer::load(p.string());
-}
+text::Tokenizer load_tokenizer(const std::string& path) { return text::Tokenizer::load(resolve_tokenizer(path).string()); }
 
 }  // namespace
 

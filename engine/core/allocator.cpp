@@ -14,9 +14,9 @@ void Allocator::charge(Category cat, int64_t bytes, std::string_view label) {
     std::string msg = "out of memory: " + std::string(label) + " needs " + format_bytes(bytes) +
                       " of " + std::string(category_name(cat)) + " with " +
                       format_bytes(m_state.total) + " of " + format_bytes(m_capacity) +
-                      " in use; past this point alone a device needs more than " +
+                      " in use; this allocation alone needs a device of more than " +
                       format_bytes(m_state.total + bytes) +
-                      " (--capacity; the whole run's peak shows without it, or in `scale`), or shard over more devices";
+                      " (--capacity; `scale` shows what the whole run needs), or shard over more devices";
     throw OomError(msg, std::string(category_name(cat)), bytes, m_state.total, m_capacity);
   }
   auto& b = m_state.bytes[int(cat)];

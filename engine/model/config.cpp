@@ -144,7 +144,7 @@ void parse_attention(const Fields& F, ModelConfig& c) {
   if (c.n_heads % c.n_kv_heads)
     F.fail("num_key_value_heads", "(" + std::to_string(c.n_kv_heads) + ") must divide num_attention_heads (" +
                                       std::to_string(c.n_heads) + ")");
-  if (c.d_model % c.n_heads && !F.has("head_dim"))
+  if (c.d_model % c.n_heads && !F.given("head_dim"))
     F.fail("num_attention_heads", "must divide hidden_size, or head_dim must be given");
   c.head_dim = F.i32("head_dim", c.d_model / c.n_heads);
   if (c.head_dim % 2) F.fail("head_dim", "must be even for rotary embeddings");
@@ -429,7 +429,8 @@ void apply_overrides(json& j, const std::vector<std::string>& overrides) {
 namespace {
 
 // Parses the overridden config and refuses an override of a key the parser
-// never reads (a typo, or another family's field): it would change nothing.
+// never reads (a typo, or another family's field): nothing the engine
+// computes would change.
 ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrides, const std::string& origin,
                                  const std::string& spec) {
   apply_overrides(j, overrides);
@@ -443,10 +444,15 @@ ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrid
     if (what.rfind(prefix, 0) == 0) {
       const std::string rest = what.substr(origin.size() + 2);
       const std::string field = rest.substr(7, rest.find_first_of(".'", 7) - 7);
-      for (const auto& o : overrides)
-        if (o.substr(0, o.find('=')) == field) throw UsageError("--set '" + o + "': " + rest);
+      for (auto o = overrides.rbegin(); o != overrides.rend(); ++o)  // the last of a key is the one applied
+        if (o->substr(0, o->find('=')) == field) throw UsageError("--set '" + *o + "': " + rest);
     }
-    throw;
+    if (overrides.empty()) throw;
+    // Another field's check, which an override may have tripped (heads that
+    // no longer divide, a pattern no longer as long as the layers).
+    std::string given;
+    for (const auto& o : overrides) given += (given.empty() ? "" : " ") + o;
+    throw FormatError(what + " (with --set " + given + ")");
   }
   for (const auto& o : overrides) {
     const std::string key = o.substr(0, o.find('='));
@@ -457,7 +463,10 @@ ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrid
     if (reads.keys.count(key)) continue;
     std::string msg = "--set '" + o + "': " + model + " does not read '" + key + "'";
     const std::string best = nearest_name(key, reads.keys);
+    const std::string whole = key.substr(0, key.find('.'));
     if (key == "torch_dtype") msg += "; the run's number format is --dtype's";
+    else if (whole != key && reads.keys.count(whole))
+      msg += "; --set replaces a whole top-level field: " + whole + "={...} with every key it needs";
     else if (!best.empty()) msg += "; did you mean '" + best + "'?";
     else {
       std::string fields;
@@ -470,6 +479,19 @@ ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrid
 }
 
 }  // namespace
+
+std::filesystem::path resolve_tokenizer(const std::string& spec) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path dir = spec;
+  if (!fs::exists(spec, ec) && fs::path(spec).filename() == spec &&
+      fs::exists(resources_dir() / "models" / spec / "config.json", ec))
+    dir = resources_dir() / "models" / spec;
+  const fs::path p = fs::is_directory(dir, ec) ? dir / "tokenizer.json" : dir;
+  if (!fs::is_regular_file(p, ec))
+    throw UsageError(p.string() + ": no such file (--tokenizer takes a tokenizer.json, its folder or a shipped model)");
+  return p;
+}
 
 static json read_json_file(const std::filesystem::path& p) {
   std::ifstream in(p);

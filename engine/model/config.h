@@ -102,6 +102,10 @@ std::vector<std::string> preset_names();
 ModelConfig resolve_model(const std::string& spec, std::filesystem::path* dir,
                           const std::vector<std::string>& overrides = {});
 
+// --tokenizer's file: a tokenizer.json, a folder holding one, or a shipped
+// model's by name. Throws UsageError naming what is missing.
+std::filesystem::path resolve_tokenizer(const std::string& spec);
+
 // Applies "key=value" overrides (e.g. from --set hidden_size=512) before parsing.
 void apply_overrides(nlohmann::json& j, const std::vector<std::string>& overrides);
 

@@ -119,7 +119,9 @@ int summarize_stream(std::istream& in, std::ostream& out) {
       const double native = v("wire_bytes_native");
       std::snprintf(buf, sizeof buf, "%-22s %12.0f %8.3fx %12.3e %7.2f%% %7.2f%%  %s\n", c.c_str(), v("wire_bytes"),
                     native > 0 ? v("wire_bytes") / native : 1.0, v("kl"), 100 * v("top1"), 100 * v("top1_decided"),
-                    div < 0 ? "never" : ("step " + std::to_string(int(div))).c_str());
+                    !m.count("first_divergence") ? "-"  // teacher-forced windows: nothing decoded
+                    : div < 0                      ? "never"
+                                                   : ("step " + std::to_string(int(div))).c_str());
       out << buf;
     }
     if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";

@@ -309,7 +309,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
     acc("kl", p.kl);
     acc("top1", p.top1);
     acc("top1_decided", p.top1_decided);
-    acc("first_divergence", p.first_divergence);
+    if (!W) acc("first_divergence", p.first_divergence);  // teacher-forced windows decode nothing
     if (!std::isnan(p.ppl)) acc("perplexity", p.ppl);
     for (auto& [site, v] : p.site_rel_l2) acc("rel_l2", v, site);
     out.flush();
@@ -359,7 +359,12 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
       p.label = c.label;
       std::fprintf(stderr, "sweep: %d/%d %s\n", ++index, total, p.label.c_str());
       const NpyArray Q = run_point(o, p.label, base, p, forced);
-      if (p.ok && Q.data.size() == R.data.size()) {
+      if (p.ok && Q.data.size() != R.data.size()) {
+        p.ok = false;
+        p.error = "its logits hold " + std::to_string(Q.data.size()) + " values where the reference's hold " +
+                  std::to_string(R.data.size());
+      }
+      if (p.ok) {
         double kl = 0;
         int64_t agree = 0, agree_decided = 0;
         for (int64_t r = 0; r < rows; ++r) {

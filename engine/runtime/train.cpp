@@ -111,12 +111,11 @@ TrainPlan plan_training(const TrainOptions& o) {
   }
   if (o.tokens.empty() && o.data != "synthetic" && !fs::exists(o.data))
     throw UsageError("--data " + o.data + " does not exist (give a file, or --data synthetic)");
-  if (!o.tokenizer.empty() && (o.data == "synthetic" || !o.tokens.empty()))
+  // --tokenizer none: the file's bytes are the ids, whatever the model folder holds.
+  const bool bytes = o.tokenizer == "none";
+  if (!o.tokenizer.empty() && !bytes && (o.data == "synthetic" || !o.tokens.empty()))
     throw UsageError("--tokenizer encodes the text of --data FILE; give the file");
-  const fs::path given_tokenizer =
-      fs::is_directory(o.tokenizer) ? fs::path(o.tokenizer) / "tokenizer.json" : fs::path(o.tokenizer);
-  if (!o.tokenizer.empty() && !fs::is_regular_file(given_tokenizer))
-    throw UsageError("--tokenizer " + o.tokenizer + " is neither a tokenizer.json nor a folder with one");
+  const fs::path given_tokenizer = o.tokenizer.empty() || bytes ? fs::path() : resolve_tokenizer(o.tokenizer);
   if (!o.save.empty() && fs::exists(o.save) && !fs::is_directory(o.save))
     throw UsageError("--save " + o.save + " is a file, not a folder; give a folder to write");
   if (o.schedule_steps < 0) throw UsageError("--schedule-steps must be >= 0");
@@ -130,7 +129,7 @@ TrainPlan plan_training(const TrainOptions& o) {
   plan.sp = S;
   plan.zigzag = r.split == "zigzag";
   plan.cfg = train_config(o, &plan.dir);
-  if (!o.tokenizer.empty()) plan.tokenizer = given_tokenizer;
+  if (!o.tokenizer.empty()) plan.tokenizer = given_tokenizer;  // (empty for none)
   else if (o.tokens.empty() && o.data != "synthetic" && !plan.dir.empty() && fs::exists(plan.dir / "tokenizer.json"))
     plan.tokenizer = plan.dir / "tokenizer.json";  // a text model trains on text through its own tokenizer
   plan.tokens = seq_len_of(o);
