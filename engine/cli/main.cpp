@@ -464,21 +464,23 @@ int main(int argc, char** argv) {
   calib_rank->add_option("--shapes", calib_rank_shapes, "GEMM shapes M:N:K")->delimiter(',');
   calib_rank->add_flag("--quick", calib_quick);
 
+  // A command's subcommand by name (nullptr: none).
+  auto child = [](CLI::App* parent, const char* name) -> CLI::App* {
+    for (CLI::App* s : parent->get_subcommands([](CLI::App*) { return true; }))
+      if (s->get_name() == name) return s;
+    return nullptr;
+  };
   // A mistyped command: CLI11 would only say that one is required.
-  if (argc > 1 && argv[1][0] != '-') {
-    std::vector<std::string> names, listed;
-    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-      names.push_back(sub->get_name());
+  if (argc > 1 && argv[1][0] != '-' && !child(&app, argv[1])) {
+    std::vector<std::string> listed;  // the commands people type (not the ranks' own)
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
       if (sub->get_name().find("-rank") == std::string::npos) listed.push_back(sub->get_name());
-    }
-    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
-      const std::string near = ss::nearest_name(argv[1], listed);
-      std::string all;
-      for (const auto& n : listed) all += (all.empty() ? "" : ", ") + n;
-      std::fprintf(stderr, "shardscope-engine: error: unknown command '%s'; %s\n", argv[1],
-                   (near.empty() ? "commands: " + all : "did you mean '" + near + "'?").c_str());
-      return ss::kExitUsage;
-    }
+    const std::string near = ss::nearest_name(argv[1], listed);
+    std::string all;
+    for (const auto& n : listed) all += (all.empty() ? "" : ", ") + n;
+    std::fprintf(stderr, "shardscope-engine: error: unknown command '%s'; %s\n", argv[1],
+                 (near.empty() ? "commands: " + all : "did you mean '" + near + "'?").c_str());
+    return ss::kExitUsage;
   }
 
   try {
@@ -490,11 +492,6 @@ int main(int argc, char** argv) {
     std::string msg = e.what();
     // A mistyped flag: the nearest one its command has.
     // (The command is the deepest one named: `tokenizer train` is train's.)
-    auto child = [](CLI::App* parent, const char* name) -> CLI::App* {
-      for (CLI::App* s : parent->get_subcommands([](CLI::App*) { return true; }))
-        if (s->get_name() == name) return s;
-      return nullptr;
-    };
     CLI::App* sub = argc > 1 ? child(&app, argv[1]) : nullptr;
     int first = 2;
     for (CLI::App* c; sub && first < argc && (c = child(sub, argv[first])); ++first) sub = c;

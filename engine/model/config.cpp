@@ -16,6 +16,16 @@ namespace {
 
 using json = nlohmann::json;
 
+// A field the config gets wrong: the message names the file and the field;
+// `top` is its top-level key (rope_scaling for rope_scaling.factor), so that
+// an override that set it can take the blame.
+struct FieldError : FormatError {
+  FieldError(const std::string& origin, const std::string& key, const std::string& why)
+      : FormatError(origin + ": field '" + key + "' " + why), top(key.substr(0, key.find('.'))),
+        what_of_field("field '" + key + "' " + why) {}
+  std::string top, what_of_field;
+};
+
 // The parser reads a config through Fields, which notes every key it looks
 // at (present or not), so that an override of a key it never reads is
 // refused rather than silently ignored.
@@ -39,7 +49,7 @@ struct Fields {
     if (reads) reads->overruled[loser] = winner;
   }
   [[noreturn]] void fail(const std::string& key, const std::string& why) const {
-    throw FormatError(origin + ": field '" + key + "' " + why);
+    throw FieldError(origin, key, why);
   }
   int64_t i(const char* key, std::optional<int64_t> def = std::nullopt) const {
     auto it = find(key);
@@ -440,14 +450,11 @@ ModelConfig parse_with_overrides(json j, const std::vector<std::string>& overrid
     c = parse_model_config(j, origin, &reads);
   } catch (const FormatError& e) {
     // A field an override set is the override's fault, not the file's.
-    const std::string what = e.what(), prefix = origin + ": field '";
-    if (what.rfind(prefix, 0) == 0) {
-      const std::string rest = what.substr(origin.size() + 2);
-      const std::string field = rest.substr(7, rest.find_first_of(".'", 7) - 7);
+    if (const auto* f = dynamic_cast<const FieldError*>(&e))
       for (auto o = overrides.rbegin(); o != overrides.rend(); ++o)  // the last of a key is the one applied
-        if (o->substr(0, o->find('=')) == field) throw UsageError("--set '" + *o + "': " + rest);
-    }
+        if (o->substr(0, o->find('=')) == f->top) throw UsageError("--set '" + *o + "': " + f->what_of_field);
     if (overrides.empty()) throw;
+    const std::string what = e.what();
     // Another field's check, which an override may have tripped (heads that
     // no longer divide, a pattern no longer as long as the layers).
     std::string given;

@@ -105,6 +105,11 @@ std::pair<int, int> mesh_of(const RunOptions& o) {
   }
 }
 
+bool has_tp_all_reduces(const RunOptions& o) {
+  const Strategy s = parse_strategy(o.strategy);
+  return s == Strategy::TP || (s == Strategy::TPSP && mesh_of(o).first > 1);
+}
+
 void validate(const RunOptions& o, const std::string& backend) {
   if (o.backend != backend)
     throw UsageError("--backend " + o.backend + " is not available in this command; use --backend " +
@@ -152,8 +157,7 @@ void validate(const RunOptions& o, const std::string& backend) {
     throw UsageError(std::string("--comm-precision: ") + e.what());
   }
   if (cp.quantizes()) {
-    const bool has_all_reduce = s == Strategy::TP || (s == Strategy::TPSP && mesh_of(o).first > 1);
-    if (!has_all_reduce)
+    if (!has_tp_all_reduces(o))
       throw UsageError("--comm-precision quantizes tensor-parallel all-reduces, and --strategy " + o.strategy +
                        " has none; use --strategy tp or tp_sp with T > 1");
   }

@@ -72,6 +72,9 @@ std::vector<int32_t> make_prompt(const RunOptions& o, int64_t vocab);
 void validate(const RunOptions& o, const std::string& backend = "cpu");
 // Parses --mesh for the strategy: (T, S) with T*S = devices.
 std::pair<int, int> mesh_of(const RunOptions& o);
+// Whether the strategy all-reduces over a tensor-parallel group (what
+// --comm-precision quantizes): tp, or tp_sp with T > 1.
+bool has_tp_all_reduces(const RunOptions& o);
 
 // A run's options resolved and checked once, before anything starts: what
 // check, launch, simulate and every rank work from (training's TrainPlan

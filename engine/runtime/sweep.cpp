@@ -188,15 +188,11 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   if (!o.sampling.greedy())
     throw UsageError("sweep compares each configuration's decode with the reference's greedy tokens; --temperature and "
                      "--top-k are for run and launch");
-  // Refuse before any run: the strategy must all-reduce, the grid must parse.
-  RunOptions probe = o;
-  probe.comm_precision = "int8";
-  try {
-    validate(probe);
-  } catch (const UsageError& e) {  // the probe's --comm-precision is the sweep's own
-    const std::string m = e.what(), flag = "--comm-precision quantizes";
-    throw UsageError(m.rfind(flag, 0) == 0 ? "sweep quantizes" + m.substr(flag.size()) : m);
-  }
+  // Refuse before any run: the setup must run, its strategy all-reduce, the grid parse.
+  validate(o);
+  if (!has_tp_all_reduces(o))
+    throw UsageError("sweep quantizes tensor-parallel all-reduces, and --strategy " + o.strategy +
+                     " has none; use --strategy tp or tp_sp with T > 1");
   bool has_attn = false, has_mixer = false;
   for (int i = 0; i < cfg.n_layers; ++i) (cfg.layer_kind(i) == LayerKind::Attention ? has_attn : has_mixer) = true;
   std::vector<std::string> sites;
