@@ -400,13 +400,23 @@ void MainWindow::checkSetup() {
   m_check = new QProcess(this);
   connect(m_check, &QProcess::finished, this, [this, p = m_check](int code, QProcess::ExitStatus status) {
     if (p != m_check) return;
-    m_valid = status == QProcess::NormalExit && code == 0;
+    // The check simulates the run's memory: ok with the fullest device's
+    // peak, or exit 3 when it would run out. That run may still be started,
+    // to watch where it runs out.
+    const bool fits = status == QProcess::NormalExit && code == 0;
+    const bool oom = status == QProcess::NormalExit && code == 3;
+    m_valid = fits || oom;
     QString reason = QString::fromUtf8(p->readAllStandardError()).trimmed();
     reason.remove(QStringLiteral("shardscope-engine: error: "));
-    m_verdict->setText(m_valid ? tr("<span style='color:#1a7f37'>ready to run</span>")
-                               : QStringLiteral("<span style='color:#b00'>%1</span>")
-                                     .arg((reason.isEmpty() ? tr("the engine could not check this setup") : reason)
-                                              .toHtmlEscaped()));
+    const QString said = QString::fromUtf8(p->readAllStandardOutput()).trimmed();
+    const QString peak = said.startsWith(QLatin1String("ok: ")) ? said.mid(4) : QString();
+    if (fits)
+      m_verdict->setText(tr("<span style='color:#1a7f37'>ready to run</span>") +
+                         (peak.isEmpty() ? QString() : QStringLiteral(": ") + peak.toHtmlEscaped()));
+    else
+      m_verdict->setText(QStringLiteral("<span style='color:%1'>%2</span>")
+                             .arg(oom ? QStringLiteral("#9a6700") : QStringLiteral("#b00"),
+                                  (reason.isEmpty() ? tr("the engine could not check this setup") : reason).toHtmlEscaped()));
     m_run->setEnabled(m_valid && !m_client->isRunning());
   });
   m_check->start(EngineClient::enginePath(), args);

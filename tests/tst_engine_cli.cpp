@@ -817,6 +817,15 @@ class TestEngineCli : public QObject {
     const Ran dash = engine(args + QStringList{"--events", "-"});
     QCOMPARE(dash.exit_code, 0);
     QCOMPARE(without_times(read_stream(dash.out)), without_times(from_stdout));
+
+    // The stream of a run refused before its setup was recorded (hello, error,
+    // done) summarizes as that error.
+    const Ran refused = engine({"run", "--model", "tiny-llama", "--devices", "2", "--prompt-len", "4", "--events", file});
+    QCOMPARE(refused.exit_code, int(ss::kExitUsage));
+    const Ran sum = engine({"summarize", file});
+    QVERIFY2(!sum.crashed && sum.exit_code == 0 && sum.err.isEmpty(), sum.err.constData());
+    QVERIFY2(sum.out.contains("status: failed") && sum.out.contains("error (usage, rank 0): --strategy single runs on one device"),
+             sum.out.constData());
   }
 };
 

@@ -187,6 +187,9 @@ class TestExplorer : public QObject {
     w.setSetup("llama2-7b", "sim:mi300x", "tsp", 8, 131072, 4);
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
+    QVERIFY2(w.verdictText().contains(QStringLiteral("of its 192.00 GiB (profile mi300x)")), qPrintable(w.verdictText()));
+    w.resize(1400, 820);
+    w.grab().save(QDir::temp().filePath("shardscope-setup-ready.png"));
     w.setSetup("tiny-mamba2", "cpu", "sp", 4, 20, 4);  // 20 tokens do not split into 8 zigzag chunks
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY(!w.setupValid());
@@ -202,6 +205,17 @@ class TestExplorer : public QObject {
     w.setOptions(1, "hidden_size=128, head_dim=32", "fp32", "");
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
+    // The check simulates the run's memory: the fullest device's peak against
+    // its capacity. A run that would run out is said to, and may still be
+    // started, to watch where.
+    QVERIFY2(w.verdictText().contains(QStringLiteral("ready to run</span>: rank 0 peaks at")), qPrintable(w.verdictText()));
+    w.setOptions(1, "hidden_size=128, head_dim=32", "fp32", "100KiB");
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
+    QVERIFY2(w.verdictText().contains(QStringLiteral("would run out of memory")) &&
+                 w.verdictText().contains(QStringLiteral("more than its 100.00 KiB (--capacity)")),
+             qPrintable(w.verdictText()));
+    w.grab().save(QDir::temp().filePath("shardscope-setup-oom.png"));
   }
 
   // Regression: a window closed while its setup check ran left the check's

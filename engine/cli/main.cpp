@@ -24,6 +24,7 @@
 #include "runtime/bench_train.h"
 #include "runtime/calibrate.h"
 #include "runtime/heartbeat.h"
+#include "runtime/forecast.h"
 #include "runtime/host_memory.h"
 #include "runtime/launch.h"
 #include "runtime/prompt.h"
@@ -268,7 +269,8 @@ int main(int argc, char** argv) {
   train->add_option("--rank-timeout", train_cfg.rank_timeout_s,
                     "end the run when a rank has not answered for this many seconds (stopped, frozen; 0 = never)")
       ->capture_default_str();
-  train->add_flag("--check-only", train_opts.check_only, "validate the setup, print ok and start nothing");
+  train->add_flag("--check-only", train_opts.check_only, "validate the setup and simulate its memory (as `check` does for inference): "
+                  "print ok and the fullest device's peak, and start nothing");
   // Not listed: the runs of scale's micro-batch search (peaks only, ranks not
   // meeting at collectives), for tst_scale to set against timed runs.
   train->add_flag_callback("--untimed", [&] { train_opts.run.timeline = false; })->group("");
@@ -352,10 +354,12 @@ int main(int argc, char** argv) {
 
   ss::RunOptions check_opts;
   std::string check_tokens, check_capacity, check_hardware;
-  auto* check = app.add_subcommand("check", "validate a setup's options and shapes without running it: prints ok, or the one reason it "
-                                      "cannot run (whether it fits in memory shows only when it runs)");
+  int check_nodes = 1;
+  auto* check = app.add_subcommand("check", "validate a setup's options and shapes, and simulate its memory, without running "
+                                      "it: prints ok and the fullest device's peak, or the one reason it cannot run");
   add_model_options(check, check_opts, check_tokens, check_capacity);
-  check->add_option("--hardware", check_hardware, "also check a simulated hardware profile");
+  check->add_option("--hardware", check_hardware, "check it as a simulated run on this hardware profile");
+  check->add_option("--nodes", check_nodes, "nodes the simulated devices are spread over")->capture_default_str();
 
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
@@ -538,15 +542,16 @@ int main(int argc, char** argv) {
       if (!check_tokens.empty()) check_opts.tokens = parse_tokens(check_tokens);
       ss::encode_prompt(check_opts);
       if (!check_capacity.empty()) check_opts.capacity = ss::parse_bytes(check_capacity);
+      std::optional<ss::HardwareProfile> hw;
       if (!check_hardware.empty()) {
-        ss::load_hardware(check_hardware);
+        hw = ss::load_hardware(check_hardware);
         check_opts.backend = "sim";
       }
       const ss::RunPlan plan = ss::plan_inference(check_opts, check_opts.backend);
       if (check_opts.backend == "cpu")
         ss::check_host_memory(plan.cfg, check_opts, check_opts.devices, ss::host_available_bytes());
-      std::printf("ok\n");
-      return 0;
+      // Then the run itself, simulated for its memory only.
+      return ss::report_forecast(ss::forecast_inference(check_opts, hw ? &*hw : nullptr, check_nodes), check_opts);
     }
     if (*sweep) {
       if (!sweep_tokens.empty()) sweep_opts.run.tokens = parse_tokens(sweep_tokens);

@@ -108,6 +108,11 @@ int run_nccl_bench_rank() {
 
 void check_gpu_count(int) {}
 
+int64_t cuda_default_capacity(int, std::string* why) {
+  *why = "this engine was built without CUDA";
+  return 0;
+}
+
 RankSetup cuda_rank_setup(int) {
   throw UsageError("--backend cuda: this engine was built without CUDA (nvcc and the NCCL header were not found when "
                    "it was configured); use --backend cpu, or simulate the GPU with `shardscope-engine simulate`");
@@ -133,7 +138,29 @@ int local_size() {
   return 1;
 }
 
+// A rank's share of its GPU: the free memory, less room for what the
+// allocator does not see (the CUDA context, cuBLAS's workspace, NCCL's
+// buffers and the kernels' scratch), each sharing rank's own; the rest
+// shared evenly.
+int64_t share_of(const cuda::DeviceProps& props, int sharing) {
+  const int64_t reserve = std::max<int64_t>(int64_t(768) << 20, props.total_bytes / 20);
+  return std::max<int64_t>(0, (props.free_bytes - sharing * reserve) / sharing);
+}
+
 }  // namespace
+
+int64_t cuda_default_capacity(int devices, std::string* why) {
+  *why = cuda::unavailable_reason();
+  if (!why->empty()) return 0;
+  const int gpus = cuda::device_count();
+  const int sharing = (devices + gpus - 1) / gpus;  // launch's ranks on this host, on the busiest GPU
+  int64_t least = -1;
+  for (int d = 0; d < std::min(devices, gpus); ++d) {
+    const int64_t share = share_of(cuda::device_props(d), sharing);
+    least = least < 0 ? share : std::min(least, share);
+  }
+  return std::max<int64_t>(least, 0);
+}
 
 void check_gpu_count(int devices) {
   const std::string why = cuda::unavailable_reason();
@@ -163,12 +190,8 @@ RankSetup cuda_rank_setup(int devices) {
   auto ctx = std::make_shared<std::shared_ptr<cuda::DeviceContext>>();
   RankSetup setup;
   setup.backend = "cuda";
-  // The device's free memory, less room for what the allocator does not
-  // see: the CUDA context, cuBLAS's workspace, NCCL's buffers and the
-  // kernels' scratch, each sharing rank's own; the rest shared evenly.
   const cuda::DeviceProps props = cuda::device_props(device);
-  const int64_t reserve = std::max<int64_t>(int64_t(768) << 20, props.total_bytes / 20);
-  setup.default_capacity = std::max<int64_t>(0, (props.free_bytes - sharing * reserve) / sharing);
+  setup.default_capacity = share_of(props, sharing);
   setup.config = {{"gpu", {{"name", props.name},
                            {"device", device},
                            {"memory_bytes", props.total_bytes},

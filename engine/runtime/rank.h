@@ -71,6 +71,10 @@ void connect_mpi(Group& g, Recorder& rec, int devices);
 RankSetup cuda_rank_setup(int devices);
 // Refuses --backend cuda before launch where this host has no usable GPU.
 void check_gpu_count(int devices);
+// The memory each rank of a `devices`-rank cuda run started here would have
+// by default (cuda_rank_setup's share, on the GPU that gives least), or 0
+// with `why` where this host has no usable GPU.
+int64_t cuda_default_capacity(int devices, std::string* why);
 // The same kernels under the host emulator of engine/cuda/emu (`--backend
 // cuda-emu`, for the tests: slow, no GPU involved), their collectives staged
 // over MPI as ranks sharing a GPU have them. The executable that links the

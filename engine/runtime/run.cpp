@@ -303,14 +303,15 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
     step_boundary(g, rec, extra, out);
 
     std::vector<float> logits_rows;  // root: [batch, total, vocab] in position order
-    const bool keep_logits = !o.logits_out.empty();
-    if (g.root() && keep_logits) logits_rows.assign(size_t(o.batch * total * cfg.vocab), 0.0f);
+    const bool write_logits = !o.logits_out.empty();
+    const bool keep_logits = write_logits || o.keep_all_logits;  // every row's, not the last one's
+    if (g.root() && write_logits) logits_rows.assign(size_t(o.batch * total * cfg.vocab), 0.0f);
     double prefill_s = 0, decode_s = 0;
     int64_t prefill_tokens = 0, decode_tokens = 0;
 
     // Gathers this step's logits rows (given positions) to the root.
     auto collect = [&](int seq, const Tensor& logits, const std::vector<int32_t>& pos) {
-      if (!keep_logits) return;
+      if (!write_logits) return;
       std::vector<float> host(size_t(logits.numel()));
       be.download(logits, host.data());
       std::string blob(reinterpret_cast<const char*>(host.data()), host.size() * 4);
@@ -499,7 +500,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
           metric("aggregate_decode_tokens_per_s", r * decode_tokens / std::max(decode_s, 1e-12), "tokens/s");
         metric("inter_replica_bytes", 0.0, "bytes");
       }
-      if (keep_logits) {
+      if (write_logits) {
         std::vector<int64_t> shape = {total, cfg.vocab};
         if (o.batch > 1) shape.insert(shape.begin(), o.batch);
         write_npy(o.logits_out, shape, logits_rows.data());

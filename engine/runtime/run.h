@@ -42,6 +42,7 @@ struct RunOptions {
   uint64_t seed = 0;                     // synthetic weights and prompt, and the sampler's draws
   int64_t capacity = 0;                  // bytes per device; 0 = unlimited
   std::string logits_out;                // .npy of [prompt + decoded, vocab]
+  bool keep_all_logits = false;          // every row's logits, as --logits-out keeps them, unwritten (a forecast)
   int threads = 0;                       // 0 = all cores
   // Spans and memory samples. Off: summary records only (peaks), and on the
   // sim backend untimed: the ranks' collectives do not wait for each other,

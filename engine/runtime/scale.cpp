@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <ostream>
@@ -21,6 +20,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "protocol/analysis.h"
+#include "runtime/forecast.h"
 #include "runtime/run.h"
 #include "runtime/train.h"
 #include "sim/hardware.h"
@@ -30,42 +30,10 @@
 namespace ss {
 namespace {
 
-// A point is simulated without a capacity limit: meta tensors cost nothing,
-// so the peak it needs is known even where it does not fit.
-constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max() / 4;
-
 std::vector<int64_t> default_lengths() {
   std::vector<int64_t> v;
   for (int64_t L = 4096; L <= (int64_t(1) << 20); L *= 2) v.push_back(L);
   return v;
-}
-
-// The stream a body writes, captured in memory and read back as events.
-std::vector<proto::Event> capture(const std::function<RunResult(proto::Writer&)>& body) {
-  char* buf = nullptr;
-  size_t len = 0;
-  std::FILE* f = open_memstream(&buf, &len);
-  if (!f) throw std::runtime_error("scale: cannot open a memory stream");
-  try {
-    proto::Writer w(f);
-    body(w);
-  } catch (...) {
-    std::fclose(f);
-    std::free(buf);
-    throw;
-  }
-  std::fclose(f);
-  std::vector<proto::Event> events;
-  proto::Reader reader;
-  auto keep = [&](proto::Event&& e) { events.push_back(std::move(e)); };
-  auto drop = [](const std::string&) {};  // counted by the reader
-  reader.feed(std::string_view(buf, len), keep, drop);
-  reader.finish(keep, drop);
-  std::free(buf);
-  // The engine's own stream: a line its reader refuses is a bug, not data to skip.
-  if (reader.rejected() > 0)
-    throw std::runtime_error("scale: " + std::to_string(reader.rejected()) + " line(s) of a simulated run were unreadable");
-  return events;
 }
 
 struct ScaleCase {
@@ -259,11 +227,11 @@ class Sweep {
     if (m_o.mode == "train") {
       TrainOptions t = train_options(p);
       t.run.timeline = timeline;
-      return capture([&](proto::Writer& w) { return simulate_training(t, w); });
+      return capture_stream([&](proto::Writer& w) { return simulate_training(t, w); });
     }
     RunOptions r = infer_options(p);
     r.timeline = timeline;
-    return capture([&](proto::Writer& w) { return ss::simulate(r, m_hw, p.v.nodes, 1, w); });
+    return capture_stream([&](proto::Writer& w) { return ss::simulate(r, m_hw, p.v.nodes, 1, w); });
   }
 
   void fill_run(RunOptions& r, const ScaleCase& p) const {
@@ -275,7 +243,7 @@ class Sweep {
     r.dtype = m_o.dtype;
     r.seed = m_o.seed;
     r.backend = "sim";
-    r.capacity = kUnlimited;
+    r.capacity = kUnlimitedCapacity;
     r.threads = 1;
   }
 

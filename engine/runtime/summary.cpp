@@ -80,6 +80,13 @@ int summarize_stream(std::istream& in, std::ostream& out) {
     out << "cannot read this stream: no hello line" << (first_error.empty() ? "" : " (" + first_error + ")") << "\n";
     return 2;
   }
+  if (!config.is_object()) {
+    // A run refused before its setup was recorded: its errors are all there is.
+    out << "run: ended before its setup was recorded\nstatus: " << status << "\n";
+    for (auto& e : errors) out << "error (" << e.code << ", rank " << e.rank << "): " << e.message << "\n";
+    if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";
+    return 0;
+  }
   char buf[256];
   const auto& model = config.value("model", nlohmann::json::object());
   const auto& work = config.value("workload", nlohmann::json::object());

@@ -31,7 +31,7 @@ struct TrainOptions {
   std::string save, resume, dump_grads;
   std::string hardware;             // sim backend: the profile
   int nodes = 1;
-  bool check_only = false;          // validate, print ok, start nothing (the explorer's check)
+  bool check_only = false;          // validate and forecast the memory, start nothing (the explorer's check)
 };
 
 // The options resolved and checked once (one line naming the number to

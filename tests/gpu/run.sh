@@ -104,6 +104,11 @@ show() {  # show NAME: its output into the log, once it has ended
 nvidia-smi -L || echo "run: nvidia-smi found no GPU"
 check info 60 "$bin/shardscope-engine" info
 show info
+# `check` sets a run's simulated peak against what each rank's GPU has free (cuda_default_capacity).
+check forecast 60 bash -c '"$0" check --backend cuda --model small-llama --strategy tp --devices 2 --dtype bf16 \
+  --prompt-len 4096 | tee /dev/stderr | grep -q "less the CUDA context" && "$0" check --backend cuda \
+  --model llama2-7b --prompt-len 16 --capacity 1GiB; test $? -eq 3' "$bin/shardscope-engine"
+show forecast
 limit=${SHARDSCOPE_GPU_CHECK_LIMIT:-300}
 # The multi-rank suites launch their rows one after another (processes
 # sharing the GPU where there are fewer GPUs than ranks), so each is split

@@ -1,0 +1,142 @@
+// `check` and `train --check-only` forecast a run's memory by simulating it
+// (runtime/forecast.h). Each row runs the setup for real on cpu ranks, takes
+// the fullest rank's measured peak P, and asks the check again with
+// --capacity P (must pass, naming P and that rank) and P - 1 (must refuse in
+// one line, exit 3): so the forecast is P to the byte. Rows cover each
+// family and strategy, and the options that change what a run holds
+// (--logits-out keeps every row's logits, --no-cache, --warm-start's second
+// cache, a bf16 KV cache, dp's batch, training's recompute and accumulation).
+#include <QtTest>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "engine_process.h"
+
+namespace {
+
+// The fullest rank's measured peak, from a finished run's stream.
+std::pair<int, int64_t> fullest(const Stream& s) {
+  std::pair<int, int64_t> best{-1, -1};
+  for (auto& [rank, m] : s.rank_metrics())
+    if (auto it = m.find("peak_bytes"); it != m.end() && int64_t(it->second) > best.second) best = {rank, int64_t(it->second)};
+  return best;
+}
+
+}  // namespace
+
+class TestForecast : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void initTestCase() { QVERIFY2(QFileInfo::exists(SHARDSCOPE_ENGINE_BIN), SHARDSCOPE_ENGINE_BIN); }
+
+  // Each row: the mode (infer or train), the devices, and the options the run and its check share.
+  void peakToTheByte_data() {
+    QTest::addColumn<QString>("mode");
+    QTest::addColumn<int>("devices");
+    QTest::addColumn<QStringList>("args");
+    QTest::newRow("llama tp") << "infer" << 2
+                              << QStringList{"--model", "tiny-llama", "--strategy", "tp", "--prompt-len", "24", "--decode", "4"};
+    QTest::newRow("mamba2 sp bf16") << "infer" << 2
+                                    << QStringList{"--model", "tiny-mamba2", "--strategy", "sp", "--dtype", "bf16",
+                                                   "--prompt-len", "32", "--decode", "3"};
+    QTest::newRow("hybrid tsp") << "infer" << 2
+                                << QStringList{"--model", "tiny-hybrid", "--strategy", "tsp", "--prompt-len", "32", "--decode", "2"};
+    QTest::newRow("mamba tp_sp 2x2") << "infer" << 4
+                                     << QStringList{"--model", "tiny-mamba", "--strategy", "tp_sp", "--mesh", "2x2",
+                                                    "--prompt-len", "32", "--decode", "2"};
+    QTest::newRow("llama dp, every row's logits") << "infer" << 2
+                                                  << QStringList{"--model", "tiny-llama", "--set", "vocab_size=8192", "--strategy",
+                                                                 "dp", "--batch", "2", "--prompt-len", "32", "--decode", "2",
+                                                                 "--logits-out", "@logits"};
+    QTest::newRow("llama single, no cache") << "infer" << 1
+                                            << QStringList{"--model", "tiny-llama", "--prompt-len", "12", "--decode", "4", "--no-cache"};
+    QTest::newRow("llama sp ring, warm start, bf16 cache")
+        << "infer" << 2
+        << QStringList{"--model", "tiny-llama", "--strategy", "sp", "--attention", "ring", "--warm-start",
+                       "--kv-dtype", "bf16", "--prompt-len", "32", "--decode", "2"};
+    QTest::newRow("train llama tp") << "train" << 2
+                                    << QStringList{"--model", "tiny-llama", "--strategy", "tp", "--seq-len", "32", "--steps", "2"};
+    QTest::newRow("train mamba2 tsp, selective") << "train" << 2
+                                                 << QStringList{"--model", "tiny-mamba2", "--strategy", "tsp", "--seq-len", "32",
+                                                                "--recompute", "selective", "--steps", "2"};
+    QTest::newRow("train hybrid dp, accumulation") << "train" << 2
+                                                   << QStringList{"--model", "tiny-hybrid", "--strategy", "dp", "--seq-len", "16",
+                                                                  "--micro-batch", "2", "--grad-accum", "2", "--steps", "2"};
+  }
+  void peakToTheByte() {
+    QFETCH(QString, mode);
+    QFETCH(int, devices);
+    QFETCH(QStringList, args);
+    QTemporaryDir dir;
+    args.replaceInStrings("@logits", dir.filePath("logits.npy"));
+    args << "--devices" << QString::number(devices);
+    const bool train = mode == "train";
+
+    const Ran real = engine(QStringList{train ? "train" : "launch"} + args, 240000);
+    QVERIFY2(!real.crashed && real.exit_code == 0, real.err.constData());
+    const auto [rank, peak] = fullest(read_stream(real.out));
+    QVERIFY2(peak > 0, "the run streamed no peak_bytes");
+
+    const QStringList check = train ? QStringList{"train", "--check-only"} + args : QStringList{"check"} + args;
+    const Ran fits = engine(check + QStringList{"--capacity", QString::number(peak)});
+    QVERIFY2(!fits.crashed && fits.exit_code == 0, fits.err.constData());
+    const QString ok = one_line(fits.out);
+    QVERIFY2(ok.startsWith(QString("ok: rank %1 peaks at %2").arg(rank).arg(QString::fromStdString(ss::format_bytes(peak)))),
+             qPrintable(ok));
+
+    const Ran over = engine(check + QStringList{"--capacity", QString::number(peak - 1)});
+    QVERIFY(!over.crashed);
+    QCOMPARE(over.exit_code, int(ss::kExitOom));
+    QVERIFY2(over.err.count('\n') == 1 && one_line(over.err).contains("would run out of memory"), over.err.constData());
+    QVERIFY2(over.out.isEmpty(), over.out.constData());
+  }
+
+  // Without --capacity: a simulated run's device has its profile's memory,
+  // a cpu rank its share of this host's, a cuda rank its share of its GPU's free memory.
+  void capacityWithoutTheOption() {
+    const Ran sim = engine({"check", "--model", "llama2-7b", "--hardware", "mi300x", "--strategy", "tp", "--devices", "8",
+                            "--dtype", "bf16", "--prompt-len", "4096"});
+    QVERIFY2(sim.exit_code == 0, sim.err.constData());
+    QVERIFY2(one_line(sim.out).endsWith("of its 192.00 GiB (profile mi300x)"), sim.out.constData());
+    const Ran cpu = engine({"check", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "8"});
+    QVERIFY2(cpu.exit_code == 0, cpu.err.constData());
+    QVERIFY2(one_line(cpu.out).contains("(this host's available") && one_line(cpu.out).endsWith("shared by 2 ranks)"),
+             cpu.out.constData());
+    const Ran gpu = engine({"check", "--model", "tiny-llama", "--backend", "cuda", "--prompt-len", "8"});
+    QVERIFY2(gpu.exit_code == 0, gpu.err.constData());
+    // With no GPU here the peak stands alone; with one, against its free memory (cuda_rank_setup's share).
+    const QString line = one_line(gpu.out);
+    QVERIFY2(line.contains(QRegularExpression("; no GPU here to set it against \\(.+\\)$")) ||
+                 line.endsWith("(its GPU's free memory, less the CUDA context's reserve)"),
+             gpu.out.constData());
+  }
+
+  // What does not fit says which part is largest and what shrinks it.
+  void adviceFollowsTheLargestPart_data() {
+    QTest::addColumn<QStringList>("args");
+    QTest::addColumn<QString>("says");
+    QTest::newRow("activations, training")
+        << QStringList{"train", "--check-only", "--model", "llama2-7b", "--backend", "sim", "--hardware", "mi300x", "--devices",
+                       "8", "--strategy", "tp", "--dtype", "bf16", "--seq-len", "131072"}
+        << "its largest part is activations: try --recompute full";
+    QTest::newRow("kv cache") << QStringList{"check", "--model", "llama2-7b", "--hardware", "h100-sxm", "--devices", "8",
+                                             "--strategy", "tp", "--prompt-len", "1000000"}
+                              << "its largest part is kv_cache: try a shorter prompt or fewer --decode steps, --kv-dtype bf16";
+    QTest::newRow("weights") << QStringList{"check", "--model", "llama2-7b", "--hardware", "h100-sxm", "--capacity", "20GiB",
+                                            "--prompt-len", "16"}
+                             << "its largest part is weights: try a strategy that shards the weights over more devices "
+                                "(tp, tsp) or --dtype bf16";
+  }
+  void adviceFollowsTheLargestPart() {
+    QFETCH(QStringList, args);
+    QFETCH(QString, says);
+    const Ran r = engine(args);
+    QVERIFY(!r.crashed);
+    QCOMPARE(r.exit_code, int(ss::kExitOom));
+    QVERIFY2(r.err.count('\n') == 1 && one_line(r.err).contains(says), r.err.constData());
+  }
+};
+
+QTEST_GUILESS_MAIN(TestForecast)
+#include "tst_forecast.moc"
