@@ -391,6 +391,9 @@ void MainWindow::checkSetup() {
     m_check->deleteLater();
   }
   QStringList args = engineArguments();
+  // The check simulates the run's memory; past a few seconds (thousands of
+  // decode steps on many devices) it says so rather than keep Run waiting.
+  args << QStringLiteral("--forecast-seconds") << QStringLiteral("5");
   if (training()) {
     args << QStringLiteral("--check-only");  // train checks its own options
   } else {

@@ -360,6 +360,8 @@ class TestEngineCli : public QObject {
     QTest::newRow("dtype unknown") << QStringList{"--prompt-len", "4", "--dtype", "bf17"} << "--dtype: 'bf17'";
     QTest::newRow("comm precision unknown")
         << QStringList{"--prompt-len", "4", "--comm-precision", "int3"} << "--comm-precision: unknown precision 'int3'";
+    QTest::newRow("comm precision site")
+        << QStringList{"--prompt-len", "4", "--comm-precision", "ffn=int8"} << "--comm-precision: unknown all-reduce site 'ffn'";
   }
   void badInput() {
     QFETCH(QStringList, args);

@@ -5,7 +5,8 @@
 // one line, exit 3): so the forecast is P to the byte. Rows cover each
 // family and strategy, and the options that change what a run holds
 // (--logits-out keeps every row's logits, --no-cache, --warm-start's second
-// cache, a bf16 KV cache, dp's batch, training's recompute and accumulation).
+// cache, a bf16 KV cache, dp's batch, a measured quantized all-reduce,
+// sampling, training's recompute, accumulation and --resume).
 #include <QtTest>
 
 #include "core/allocator.h"
@@ -49,6 +50,15 @@ class TestForecast : public QObject {
                                                   << QStringList{"--model", "tiny-llama", "--set", "vocab_size=8192", "--strategy",
                                                                  "dp", "--batch", "2", "--prompt-len", "32", "--decode", "2",
                                                                  "--logits-out", "@logits"};
+    QTest::newRow("falcon-mamba tp") << "infer" << 2
+                                     << QStringList{"--model", "tiny-falcon-mamba", "--strategy", "tp", "--prompt-len", "16",
+                                                    "--decode", "3"};
+    QTest::newRow("llama tp, int8 measured") << "infer" << 2
+                                             << QStringList{"--model", "tiny-llama", "--strategy", "tp", "--prompt-len", "24",
+                                                            "--decode", "4", "--comm-precision", "int8", "--measure-sites"};
+    QTest::newRow("llama single, sampled") << "infer" << 1
+                                           << QStringList{"--model", "tiny-llama", "--prompt-len", "8", "--decode", "4",
+                                                          "--temperature", "0.8", "--top-k", "5"};
     QTest::newRow("llama single, no cache") << "infer" << 1
                                             << QStringList{"--model", "tiny-llama", "--prompt-len", "12", "--decode", "4", "--no-cache"};
     QTest::newRow("llama sp ring, warm start, bf16 cache")
@@ -92,6 +102,36 @@ class TestForecast : public QObject {
     QVERIFY2(over.out.isEmpty(), over.out.constData());
   }
 
+  // --resume: the model, weights and optimizer state of the folder, whatever --model says.
+  void resumedTraining() {
+    QTemporaryDir dir;
+    const QString saved = dir.filePath("ck");
+    const Ran save = engine({"train", "--model", "tiny-mamba2", "--seq-len", "16", "--steps", "1", "--save", saved});
+    QVERIFY2(save.exit_code == 0, save.err.constData());
+    const QStringList args = {"--resume", saved, "--seq-len", "16", "--steps", "2"};
+    const Ran real = engine(QStringList{"train"} + args);
+    QVERIFY2(real.exit_code == 0, real.err.constData());
+    const int64_t peak = fullest(read_stream(real.out)).second;
+    QVERIFY(peak > 0);
+    QCOMPARE(engine(QStringList{"train", "--check-only", "--capacity", QString::number(peak)} + args).exit_code, 0);
+    QCOMPARE(engine(QStringList{"train", "--check-only", "--capacity", QString::number(peak - 1)} + args).exit_code,
+             int(ss::kExitOom));
+  }
+
+  // A simulation that outlasts --forecast-seconds (the explorer's 5) ends the
+  // check with ok and says the memory was not forecast.
+  void aBudgetEndsTheForecast() {
+    QElapsedTimer t;
+    t.start();
+    const Ran r = engine({"check", "--model", "llama2-7b", "--hardware", "mi300x", "--strategy", "dp", "--devices", "8",
+                          "--batch", "512", "--prompt-len", "512", "--decode", "64", "--dtype", "bf16",
+                          "--forecast-seconds", "0.2"});
+    QVERIFY2(!r.crashed && r.exit_code == 0, r.err.constData());
+    QVERIFY2(one_line(r.out).startsWith("ok: its memory was not forecast: simulating this run takes over 0.2 s"),
+             r.out.constData());
+    QVERIFY2(t.elapsed() < 60000, "the budget did not end the check");
+  }
+
   // Without --capacity: a simulated run's device has its profile's memory,
   // a cpu rank its share of this host's, a cuda rank its share of its GPU's free memory.
   void capacityWithoutTheOption() {
@@ -99,10 +139,15 @@ class TestForecast : public QObject {
                             "--dtype", "bf16", "--prompt-len", "4096"});
     QVERIFY2(sim.exit_code == 0, sim.err.constData());
     QVERIFY2(one_line(sim.out).endsWith("of its 192.00 GiB (profile mi300x)"), sim.out.constData());
-    const Ran cpu = engine({"check", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "8"});
-    QVERIFY2(cpu.exit_code == 0, cpu.err.constData());
-    QVERIFY2(one_line(cpu.out).contains("(this host's available") && one_line(cpu.out).endsWith("shared by 2 ranks)"),
-             cpu.out.constData());
+    QProcess p;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("SHARDSCOPE_HOST_MEMORY", "8GiB");
+    p.setProcessEnvironment(env);
+    p.start(SHARDSCOPE_ENGINE_BIN, {"check", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "8"});
+    QVERIFY(p.waitForFinished(60000));
+    QCOMPARE(p.exitCode(), 0);
+    const QString cpu = one_line(p.readAllStandardOutput());
+    QVERIFY2(cpu.endsWith("of its 4.00 GiB (this host's available 8.00 GiB shared by 2 ranks)"), qPrintable(cpu));
     const Ran gpu = engine({"check", "--model", "tiny-llama", "--backend", "cuda", "--prompt-len", "8"});
     QVERIFY2(gpu.exit_code == 0, gpu.err.constData());
     // With no GPU here the peak stands alone; with one, against its free memory (cuda_rank_setup's share).
@@ -119,10 +164,17 @@ class TestForecast : public QObject {
     QTest::newRow("activations, training")
         << QStringList{"train", "--check-only", "--model", "llama2-7b", "--backend", "sim", "--hardware", "mi300x", "--devices",
                        "8", "--strategy", "tp", "--dtype", "bf16", "--seq-len", "131072"}
-        << "its largest part is activations: try --recompute full";
+        << "its largest part is activations: try --recompute selective or full, a shorter --seq-len or more devices "
+           "under sp or tsp;";
+    QTest::newRow("activations, training, selective, 2 a micro-batch")
+        << QStringList{"train", "--check-only", "--model", "llama2-7b", "--backend", "sim", "--hardware", "mi300x", "--devices",
+                       "8", "--strategy", "tp", "--dtype", "bf16", "--seq-len", "131072", "--recompute", "selective",
+                       "--micro-batch", "2"}
+        << "try --recompute full, a smaller --micro-batch, a shorter --seq-len or more devices under sp or tsp;";
     QTest::newRow("kv cache") << QStringList{"check", "--model", "llama2-7b", "--hardware", "h100-sxm", "--devices", "8",
                                              "--strategy", "tp", "--prompt-len", "1000000"}
-                              << "its largest part is kv_cache: try a shorter prompt or fewer --decode steps, --kv-dtype bf16";
+                              << "its largest part is kv_cache: try a shorter prompt or fewer --decode steps, --kv-dtype bf16 "
+                                 "or more devices under sp or tsp;";
     QTest::newRow("weights") << QStringList{"check", "--model", "llama2-7b", "--hardware", "h100-sxm", "--capacity", "20GiB",
                                             "--prompt-len", "16"}
                              << "its largest part is weights: try a strategy that shards the weights over more devices "

@@ -257,12 +257,13 @@ class TestSweep : public QObject {
     QTest::addColumn<QStringList>("args");
     QTest::addColumn<QString>("says");
     const QStringList base = {"--model", "tiny-mamba2", "--devices", "2", "--prompt-len", "16"};
-    QTest::newRow("unknown precision") << base + QStringList{"--strategy", "tp", "--precisions", "int3"} << "int3";
+    QTest::newRow("unknown precision") << base + QStringList{"--strategy", "tp", "--precisions", "int3"}
+                                       << "--precisions: unknown precision 'int3'";
     QTest::newRow("block 0") << base + QStringList{"--strategy", "tp", "--precisions", "int8", "--blocks", "0"}
-                             << "block size";
+                             << "--blocks: block size 0";
     QTest::newRow("block over 1M") << base + QStringList{"--strategy", "tp", "--precisions", "int8", "--blocks",
                                                          "1048577"}
-                                   << "block size";
+                                   << "--blocks: block size 1048577";
     QTest::newRow("no all-reduce") << base + QStringList{"--strategy", "sp"}
                                    << "sweep quantizes tensor-parallel all-reduces, and --strategy sp has none";
     QTest::newRow("unknown site") << base + QStringList{"--strategy", "tp", "--sites", "ffn"} << "ffn";

@@ -271,6 +271,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   train->add_flag("--check-only", train_opts.check_only, "validate the setup and simulate its memory (as `check` does for inference): "
                   "print ok and the fullest device's peak, and start nothing");
+  train->add_option("--forecast-seconds", train_opts.forecast_seconds,
+                    "with --check-only: give up simulating the memory after this many seconds (0: never)");
   // Not listed: the runs of scale's micro-batch search (peaks only, ranks not
   // meeting at collectives), for tst_scale to set against timed runs.
   train->add_flag_callback("--untimed", [&] { train_opts.run.timeline = false; })->group("");
@@ -355,11 +357,16 @@ int main(int argc, char** argv) {
   ss::RunOptions check_opts;
   std::string check_tokens, check_capacity, check_hardware;
   int check_nodes = 1;
+  double check_seconds = 0;
   auto* check = app.add_subcommand("check", "validate a setup's options and shapes, and simulate its memory, without running "
                                       "it: prints ok and the fullest device's peak, or the one reason it cannot run");
   add_model_options(check, check_opts, check_tokens, check_capacity);
   check->add_option("--hardware", check_hardware, "check it as a simulated run on this hardware profile");
-  check->add_option("--nodes", check_nodes, "nodes the simulated devices are spread over")->capture_default_str();
+  check->add_option("--nodes", check_nodes, "with --hardware: nodes the simulated devices are spread over")
+      ->capture_default_str();
+  check->add_option("--forecast-seconds", check_seconds,
+                    "give up simulating the memory after this many seconds, saying so (0: never)")
+      ->capture_default_str();
 
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
@@ -550,8 +557,11 @@ int main(int argc, char** argv) {
       const ss::RunPlan plan = ss::plan_inference(check_opts, check_opts.backend);
       if (check_opts.backend == "cpu")
         ss::check_host_memory(plan.cfg, check_opts, check_opts.devices, ss::host_available_bytes());
+      if (check->count("--nodes") && !hw)
+        throw ss::UsageError("--nodes spreads simulated devices over nodes; give --hardware too");
       // Then the run itself, simulated for its memory only.
-      return ss::report_forecast(ss::forecast_inference(check_opts, hw ? &*hw : nullptr, check_nodes), check_opts);
+      return ss::forecast_and_report([&] { return ss::forecast_inference(check_opts, hw ? &*hw : nullptr, check_nodes); },
+                                     check_opts, nullptr, check_seconds);
     }
     if (*sweep) {
       if (!sweep_tokens.empty()) sweep_opts.run.tokens = parse_tokens(sweep_tokens);

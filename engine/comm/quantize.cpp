@@ -42,9 +42,14 @@ float round_int(float v, float u, Rounding r) {
   return (v - f) > u ? f + 1.0f : f;
 }
 
+// Bad input's one line, named for the option that gave it where there is one.
+UsageError refusal(std::string_view option, const std::string& why) {
+  return UsageError(option.empty() ? why : std::string(option) + ": " + why);
+}
+
 }  // namespace
 
-QuantSpec parse_quant_spec(const std::string& text) {
+QuantSpec parse_quant_spec(const std::string& text, std::string_view option) {
   QuantSpec s;
   std::string name = text, rest;
   if (auto c = text.find(':'); c != std::string::npos) {
@@ -58,15 +63,15 @@ QuantSpec parse_quant_spec(const std::string& text) {
   else if (name == "int4") s.precision = Precision::INT4;
   else if (name == "fp8" || name == "fp8e4m3" || name == "e4m3") s.precision = Precision::FP8;
   else
-    throw UsageError("unknown precision '" + name + "'" + (text == name ? "" : " in '" + text + "'") +
-                     "; use fp32, bf16, fp16, int8, int4 or fp8");
+    throw refusal(option, "unknown precision '" + name + "'" + (text == name ? "" : " in '" + text + "'") +
+                              "; use fp32, bf16, fp16, int8, int4 or fp8");
   while (!rest.empty()) {
     std::string part = rest.substr(0, rest.find(':'));
     rest = rest.find(':') == std::string::npos ? "" : rest.substr(rest.find(':') + 1);
     if (part == "sr") s.rounding = Rounding::Stochastic;
     else if (part == "rn") s.rounding = Rounding::Nearest;
     else if (part == "tensor") {
-      if (!s.is_block()) throw UsageError("'" + text + "': " + name + " is a plain cast and takes no block size");
+      if (!s.is_block()) throw refusal(option, "'" + text + "': " + name + " is a plain cast and takes no block size");
       s.block = QuantSpec::kPerTensor;
     } else {
       long long b = 0;
@@ -75,11 +80,11 @@ QuantSpec parse_quant_spec(const std::string& text) {
         b = std::stoll(part, &used);
         if (used != part.size()) throw std::invalid_argument(part);
       } catch (...) {
-        throw UsageError("'" + part + "' in '" + text + "' is neither a block size, tensor, nor sr/rn");
+        throw refusal(option, "'" + part + "' in '" + text + "' is neither a block size, tensor, nor sr/rn");
       }
       if (b < 1 || b > (1 << 20))
-        throw UsageError("block size " + part + " in '" + text + "' must be between 1 and 1048576 (e.g. 128)");
-      if (!s.is_block()) throw UsageError("'" + text + "': " + name + " is a plain cast and takes no block size");
+        throw refusal(option, "block size " + part + " in '" + text + "' must be between 1 and 1048576 (e.g. 128)");
+      if (!s.is_block()) throw refusal(option, "'" + text + "': " + name + " is a plain cast and takes no block size");
       s.block = int(b);
     }
   }
@@ -111,7 +116,7 @@ std::string CommPrecision::str() const {
   return out.empty() ? "fp32" : out;
 }
 
-CommPrecision parse_comm_precision(const std::string& text) {
+CommPrecision parse_comm_precision(const std::string& text, std::string_view option) {
   CommPrecision p;
   size_t at = 0;
   while (at <= text.size() && !text.empty()) {
@@ -129,13 +134,14 @@ CommPrecision parse_comm_precision(const std::string& text) {
         const std::string range = where.substr(a + 1);
         where = where.substr(0, a);
         if (std::sscanf(range.c_str(), "%d-%d", &r.first, &r.last) != 2 || r.first < 0 || r.last < r.first)
-          throw UsageError("layer range '" + range + "' in '" + item + "' must look like 0-11");
+          throw refusal(option, "layer range '" + range + "' in '" + item + "' must look like 0-11");
       }
       if (where != "all" && where != "attn" && where != "mlp" && where != "mixer")
-        throw UsageError("unknown all-reduce site '" + where + "' in '" + item + "'; sites are attn, mlp, mixer, all");
+        throw refusal(option,
+                      "unknown all-reduce site '" + where + "' in '" + item + "'; sites are attn, mlp, mixer, all");
       r.site = where;
     }
-    r.spec = parse_quant_spec(spec);
+    r.spec = parse_quant_spec(spec, option);
     p.rules.push_back(r);
     if (comma == text.size()) break;
   }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"  // Precision, Rounding, QuantSpec, quantized_bytes
@@ -29,11 +30,14 @@ struct CommPrecision {
   bool quantizes() const;  // any rule other than fp32
   std::string str() const;
 };
-CommPrecision parse_comm_precision(const std::string& text);
+// Throws UsageError naming what to change, prefixed with `option` (the
+// command-line option the text came from) where given.
+CommPrecision parse_comm_precision(const std::string& text, std::string_view option = {});
 
 // Parses "int8", "int8:128", "int4:64:sr", "fp8", "bf16", "fp16", "fp32";
-// throws UsageError naming what to change (unknown precision, block 0 or > 1M).
-QuantSpec parse_quant_spec(const std::string& text);
+// throws UsageError naming what to change (unknown precision, block 0 or > 1M),
+// prefixed with `option` where given.
+QuantSpec parse_quant_spec(const std::string& text, std::string_view option = {});
 
 // Quantizes n values into out (quantized_bytes(n, s) bytes). `counter0` is
 // the stochastic-rounding counter of x[0] (unique per element and call).

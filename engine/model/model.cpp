@@ -246,8 +246,11 @@ void Model::project_out(int layer, const Tensor& x, const Tensor& in, const Tens
 void Model::reduce_into(const Tensor& x, const Tensor& partial, const char* site, int layer) {
   if (tp_active()) {
     const QuantSpec spec = m_par.comm_precision.at(site, layer, precision_of(m_cfg.dtype));
+    // The exact reduction beside the quantized one: allocated and reduced on
+    // every backend (a simulated run holds and sends what a real one does),
+    // compared where there are values.
     Tensor exact;
-    if (m_par.measure_sites && spec.precision != precision_of(m_cfg.dtype) && m_be.has_data()) {
+    if (m_par.measure_sites && spec.precision != precision_of(m_cfg.dtype)) {
       exact = m_be.alloc(partial.shape(), Category::CommBuffers, "measure.exact", m_cfg.dtype);
       m_be.copy(exact, partial);
       SiteScope s(m_be.recorder(), layer, std::string(site) + ".exact_reference");
@@ -255,7 +258,7 @@ void Model::reduce_into(const Tensor& x, const Tensor& partial, const char* site
     }
     // A distinct stochastic-rounding counter range per call.
     const WireBytes w = quantized_all_reduce(*m_par.tp, m_be, partial, spec, (m_reduce_calls++) << 32);
-    if (exact.defined()) {
+    if (exact.defined() && m_be.has_data()) {
       std::vector<float> a(static_cast<size_t>(exact.numel())), b(a.size());
       m_be.download(exact, a.data());
       m_be.download(partial.is_contiguous() ? partial : exact, b.data());

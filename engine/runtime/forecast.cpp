@@ -1,10 +1,14 @@
 #include "runtime/forecast.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -19,7 +23,7 @@ namespace ss {
 namespace {
 
 // The run's options for its untimed simulation: the same model, shapes and
-// strategy; no limit, no files written, one thread per rank.
+// strategy; no limit, no files written, no draws, one thread per rank.
 void for_simulation(RunOptions& r) {
   r.backend = "sim";
   r.capacity = kUnlimitedCapacity;
@@ -27,6 +31,7 @@ void for_simulation(RunOptions& r) {
   r.threads = 1;
   r.keep_all_logits = !r.logits_out.empty();  // what --logits-out keeps, with no file
   r.logits_out.clear();
+  r.sampling = Sampling{};  // a draw reads a row on the host: no device memory (and a simulation has no values)
 }
 
 MemoryForecast fullest(const std::vector<proto::Event>& events) {
@@ -70,29 +75,38 @@ std::string profile_label(const HardwareProfile& hw) {
   return "profile " + (hw.file.empty() ? hw.name : std::filesystem::path(hw.file).stem().string());
 }
 
-// What to change, for the part that peaked largest.
+// What to change, for the part that peaked largest: the options that shrink it.
 std::string advice(const MemoryForecast& f, const RunOptions& o, const TrainOptions* training) {
   int largest = 0;
   for (int c = 1; c < proto::kCategoryCount; ++c)
     if (f.at_peak[size_t(c)] > f.at_peak[size_t(largest)]) largest = c;
   const std::string part = proto::kCategoryNames[largest];
-  std::string s;
+  std::vector<std::string> ways;
+  const bool sequence_split = o.strategy == "sp" || o.strategy == "tp_sp" || o.strategy == "tsp";
   if (part == "weights" || part == "grads" || part == "optimizer_state") {
-    s = "a strategy that shards the weights over more devices (tp, tsp)";
+    ways.push_back("a strategy that shards the weights over more devices (tp, tsp)");
     // Training in bf16 keeps an fp32 master copy: 16 bytes a parameter either way.
-    if (o.dtype == DType::F32 && !training) s += " or --dtype bf16";
-  } else if (part == "activations" && training) {
-    s = training->recompute != "full" ? "--recompute full (or selective), " : "";
-    s += "a shorter --seq-len, or more devices under sp or tsp";
-  } else if (part == "activations") {
-    s = "a shorter prompt, or more devices under sp or tsp";
-  } else if (part == "kv_cache") {
-    s = "a shorter prompt or fewer --decode steps";
-    if (cache_dtype(o) == DType::F32) s += ", --kv-dtype bf16";
-    s += ", or more devices under sp or tsp";
+    if (o.dtype == DType::F32 && !training) ways.push_back("--dtype bf16");
+  } else if (part == "activations" || part == "kv_cache") {
+    if (training) {
+      if (training->recompute == "none") ways.push_back("--recompute selective or full");
+      else if (training->recompute == "selective") ways.push_back("--recompute full");
+      if (training->micro_batch > 1) ways.push_back("a smaller --micro-batch");
+      ways.push_back("a shorter --seq-len");
+    } else {
+      ways.push_back(part == "kv_cache" ? "a shorter prompt or fewer --decode steps" : "a shorter prompt");
+      if (part == "kv_cache" && cache_dtype(o) == DType::F32) ways.push_back("--kv-dtype bf16");
+      if (o.batch > 1) ways.push_back("a smaller --batch");
+    }
+    ways.push_back("more devices under sp or tsp");
+  } else if (part == "comm_buffers" && sequence_split && o.attention == "gather" && !training) {
+    ways.push_back("--attention ring (K/V pass around the ring instead of being gathered whole)");
+    ways.push_back("more devices");
   } else {
-    s = "more devices";
+    ways.push_back("more devices");
   }
+  std::string s;
+  for (size_t i = 0; i < ways.size(); ++i) s += (i == 0 ? "" : i + 1 == ways.size() ? " or " : ", ") + ways[i];
   return "its largest part is " + part + ": try " + s + "; `scale` shows which strategies fit";
 }
 
@@ -162,8 +176,7 @@ MemoryForecast forecast_training(const TrainOptions& o) {
   t.steps = 1;
   t.data = "synthetic";
   t.tokenizer.clear();
-  t.save.clear();
-  t.resume.clear();
+  t.save.clear();  // --save and --dump-grads write from the host; --resume's model and state stay
   t.dump_grads.clear();
   t.check_only = false;
   if (o.run.backend != "sim") {
@@ -183,6 +196,42 @@ MemoryForecast forecast_training(const TrainOptions& o) {
     set_capacity(f, o.run);
   }
   return f;
+}
+
+int forecast_and_report(const std::function<MemoryForecast()>& forecast, const RunOptions& o,
+                        const TrainOptions* training, double seconds) {
+  if (seconds <= 0) return report_forecast(forecast(), o, training);
+  // A watchdog ends the process with the options' verdict where the
+  // simulation outlasts the budget: nothing is written, and the rank threads
+  // need no way to be stopped.
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread dog([&] {
+    std::unique_lock lock(m);
+    if (cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; })) return;
+    std::printf("ok: its memory was not forecast: simulating this run takes over %g s (without --forecast-seconds "
+                "the check waits for it)\n", seconds);
+    std::fflush(stdout);
+    std::_Exit(kExitOk);
+  });
+  auto finish = [&] {
+    {
+      std::lock_guard lock(m);
+      done = true;
+    }
+    cv.notify_all();
+    dog.join();
+  };
+  MemoryForecast f;
+  try {
+    f = forecast();
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+  return report_forecast(f, o, training);
 }
 
 int report_forecast(const MemoryForecast& f, const RunOptions& o, const TrainOptions* training) {

@@ -49,6 +49,12 @@ MemoryForecast forecast_training(const TrainOptions& o);
 // (`training` names training's options in it), and kExitOom.
 int report_forecast(const MemoryForecast& f, const RunOptions& o, const TrainOptions* training = nullptr);
 
+// `forecast` then report_forecast, within `seconds` (0: no limit): a
+// simulation that outlasts them ends the process with "ok" and a line saying
+// the memory was not forecast (the explorer checks as the setup is typed).
+int forecast_and_report(const std::function<MemoryForecast()>& forecast, const RunOptions& o,
+                        const TrainOptions* training, double seconds);
+
 // The stream a body writes, captured in memory and read back as events (a
 // line its reader refuses is a bug of the engine's, thrown).
 std::vector<proto::Event> capture_stream(const std::function<RunResult(proto::Writer&)>& body);

@@ -150,12 +150,7 @@ void validate(const RunOptions& o, const std::string& backend) {
       throw UsageError("--window sets the batch to the number of windows; leave --batch out");
   }
   if (o.prompt_len > 100'000'000) throw UsageError("--prompt-len is over 100M tokens");
-  CommPrecision cp;
-  try {
-    cp = parse_comm_precision(o.comm_precision);
-  } catch (const UsageError& e) {
-    throw UsageError(std::string("--comm-precision: ") + e.what());
-  }
+  const CommPrecision cp = parse_comm_precision(o.comm_precision, "--comm-precision");
   if (cp.quantizes()) {
     if (!has_tp_all_reduces(o))
       throw UsageError("--comm-precision quantizes tensor-parallel all-reduces, and --strategy " + o.strategy +

@@ -206,17 +206,12 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   if (so.rounding != "rn" && so.rounding != "sr") throw UsageError("--rounding must be rn or sr");
   std::vector<std::pair<std::string, std::string>> specs;  // (spec, precision name)
   for (auto& p : so.precisions) {
-    QuantSpec probe_spec;
-    try {
-      probe_spec = parse_quant_spec(p);  // refuses unknown precisions
-    } catch (const UsageError& e) {
-      throw UsageError(std::string("--precisions: ") + e.what());
-    }
+    const QuantSpec probe_spec = parse_quant_spec(p, "--precisions");  // refuses unknown precisions
     if (!probe_spec.is_block()) specs.emplace_back(p, p);
     else
       for (const std::string& b : so.blocks) specs.emplace_back(p + ":" + b + (so.rounding == "sr" ? ":sr" : ""), p);
   }
-  for (auto& [spec, name] : specs) parse_quant_spec(spec);  // block sizes
+  for (auto& [spec, name] : specs) parse_quant_spec(spec, "--blocks");  // block sizes
 
   std::FILE* f = stdout;
   if (!so.events.empty() && so.events != "-") {

@@ -10,8 +10,6 @@
 // (fp32 master weights and moments; a bf16 parameter receives the rounding).
 #include "runtime/train.h"
 
-#include "runtime/forecast.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -507,7 +505,8 @@ RunResult simulate_training(const TrainOptions& o, proto::Writer& out) {
 
 int train_command(const TrainOptions& o, const LaunchOptions& l) {
   plan_training(o);  // refuses what cannot run before anything starts
-  if (o.check_only) return report_forecast(forecast_training(o), o.run, &o);  // its memory, simulated
+  if (o.check_only)  // its memory, simulated
+    return forecast_and_report([&] { return forecast_training(o); }, o.run, &o, o.forecast_seconds);
   if (o.run.backend != "sim") rank_setup_for(o.run.backend, o.run.devices);  // refuses a backend this machine lacks
   if (o.run.backend != "sim" && o.run.devices > 1) return start_ranks(o.run.devices, l, "train-rank");
   std::FILE* f = stdout;

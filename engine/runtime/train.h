@@ -32,6 +32,7 @@ struct TrainOptions {
   std::string hardware;             // sim backend: the profile
   int nodes = 1;
   bool check_only = false;          // validate and forecast the memory, start nothing (the explorer's check)
+  double forecast_seconds = 0;      // with check_only: give up forecasting after this long (0: never)
 };
 
 // The options resolved and checked once (one line naming the number to
