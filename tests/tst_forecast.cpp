@@ -121,15 +121,29 @@ class TestForecast : public QObject {
   // A simulation that outlasts --forecast-seconds (the explorer's 5) ends the
   // check with ok and says the memory was not forecast.
   void aBudgetEndsTheForecast() {
+    // A budget the simulation keeps to changes nothing.
+    const Ran kept = engine({"check", "--model", "tiny-llama", "--prompt-len", "8", "--forecast-seconds", "60"});
+    QVERIFY2(kept.exit_code == 0 && one_line(kept.out).startsWith("ok: rank 0 peaks at "), kept.out.constData());
+    // One it outlasts ends it.
     QElapsedTimer t;
     t.start();
     const Ran r = engine({"check", "--model", "llama2-7b", "--hardware", "mi300x", "--strategy", "dp", "--devices", "8",
                           "--batch", "512", "--prompt-len", "512", "--decode", "64", "--dtype", "bf16",
                           "--forecast-seconds", "0.2"});
     QVERIFY2(!r.crashed && r.exit_code == 0, r.err.constData());
-    QVERIFY2(one_line(r.out).startsWith("ok: its memory was not forecast: simulating this run takes over 0.2 s"),
+    QVERIFY2(one_line(r.out) == "ok: options and shapes; its memory was not forecast, simulating this run takes over 0.2 s",
              r.out.constData());
     QVERIFY2(t.elapsed() < 60000, "the budget did not end the check");
+    // Budgets past a day (where a wait would overflow), negative ones, and one without --check-only are refused.
+    for (const QStringList& args :
+         {QStringList{"check", "--model", "tiny-llama", "--prompt-len", "8", "--forecast-seconds", "1e12"},
+          QStringList{"check", "--model", "tiny-llama", "--prompt-len", "8", "--forecast-seconds", "-1"},
+          QStringList{"train", "--check-only", "--model", "tiny-llama", "--seq-len", "8", "--forecast-seconds", "inf"},
+          QStringList{"train", "--model", "tiny-llama", "--seq-len", "8", "--forecast-seconds", "5"}}) {
+      const Ran bad = engine(args);
+      QVERIFY2(bad.exit_code == int(ss::kExitUsage) && bad.err.count('\n') == 1 && bad.err.contains("--forecast-seconds"),
+               qPrintable(args.join(' ') + ": " + bad.err));
+    }
   }
 
   // Without --capacity: a simulated run's device has its profile's memory,
@@ -164,17 +178,17 @@ class TestForecast : public QObject {
     QTest::newRow("activations, training")
         << QStringList{"train", "--check-only", "--model", "llama2-7b", "--backend", "sim", "--hardware", "mi300x", "--devices",
                        "8", "--strategy", "tp", "--dtype", "bf16", "--seq-len", "131072"}
-        << "its largest part is activations: try --recompute selective or full, a shorter --seq-len or more devices "
-           "under sp or tsp;";
+        << "its largest part is activations: try --recompute selective or full, a shorter --seq-len, or more devices "
+           "under sp, tp_sp or tsp;";
     QTest::newRow("activations, training, selective, 2 a micro-batch")
         << QStringList{"train", "--check-only", "--model", "llama2-7b", "--backend", "sim", "--hardware", "mi300x", "--devices",
                        "8", "--strategy", "tp", "--dtype", "bf16", "--seq-len", "131072", "--recompute", "selective",
                        "--micro-batch", "2"}
-        << "try --recompute full, a smaller --micro-batch, a shorter --seq-len or more devices under sp or tsp;";
+        << "try --recompute full, a smaller --micro-batch, a shorter --seq-len, or more devices under sp, tp_sp or tsp;";
     QTest::newRow("kv cache") << QStringList{"check", "--model", "llama2-7b", "--hardware", "h100-sxm", "--devices", "8",
-                                             "--strategy", "tp", "--prompt-len", "1000000"}
-                              << "its largest part is kv_cache: try a shorter prompt or fewer --decode steps, --kv-dtype bf16 "
-                                 "or more devices under sp or tsp;";
+                                             "--strategy", "tp", "--prompt-len", "1000000", "--decode", "8"}
+                              << "its largest part is kv_cache: try a shorter prompt, fewer --decode steps, --kv-dtype bf16, "
+                                 "or more devices (tp splits the cache by head; sp, tp_sp and tsp by token);";
     QTest::newRow("weights") << QStringList{"check", "--model", "llama2-7b", "--hardware", "h100-sxm", "--capacity", "20GiB",
                                             "--prompt-len", "16"}
                              << "its largest part is weights: try a strategy that shards the weights over more devices "

@@ -259,6 +259,8 @@ class TestSweep : public QObject {
     const QStringList base = {"--model", "tiny-mamba2", "--devices", "2", "--prompt-len", "16"};
     QTest::newRow("unknown precision") << base + QStringList{"--strategy", "tp", "--precisions", "int3"}
                                        << "--precisions: unknown precision 'int3'";
+    QTest::newRow("block in a precision") << base + QStringList{"--strategy", "tp", "--precisions", "int8:64", "--blocks", "128"}
+                                          << "--precisions int8:64: name formats only";
     QTest::newRow("block 0") << base + QStringList{"--strategy", "tp", "--precisions", "int8", "--blocks", "0"}
                              << "--blocks: block size 0";
     QTest::newRow("block over 1M") << base + QStringList{"--strategy", "tp", "--precisions", "int8", "--blocks",

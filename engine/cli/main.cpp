@@ -272,7 +272,8 @@ int main(int argc, char** argv) {
   train->add_flag("--check-only", train_opts.check_only, "validate the setup and simulate its memory (as `check` does for inference): "
                   "print ok and the fullest device's peak, and start nothing");
   train->add_option("--forecast-seconds", train_opts.forecast_seconds,
-                    "with --check-only: give up simulating the memory after this many seconds (0: never)");
+                    "with --check-only: give up simulating the memory after this many seconds, saying so (0: never)")
+      ->check(CLI::Range(0.0, 86400.0));
   // Not listed: the runs of scale's micro-batch search (peaks only, ranks not
   // meeting at collectives), for tst_scale to set against timed runs.
   train->add_flag_callback("--untimed", [&] { train_opts.run.timeline = false; })->group("");
@@ -304,7 +305,7 @@ int main(int argc, char** argv) {
   std::string sweep_tokens, sweep_capacity;
   auto* sweep = app.add_subcommand("sweep", "quantized all-reduce trade-off: wire bytes against accuracy over a grid");
   add_model_options(sweep, sweep_opts.run, sweep_tokens, sweep_capacity);
-  sweep->add_option("--precisions", sweep_opts.precisions, "precisions to try")->delimiter(',')->capture_default_str();
+  sweep->add_option("--precisions", sweep_opts.precisions, "formats to try (block sizes: --blocks)")->delimiter(',')->capture_default_str();
   sweep->add_option("--blocks", sweep_opts.blocks, "block sizes for int8/int4/fp8 ('tensor': one scale a buffer)")
       ->delimiter(',')
       ->capture_default_str();
@@ -366,7 +367,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   check->add_option("--forecast-seconds", check_seconds,
                     "give up simulating the memory after this many seconds, saying so (0: never)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
 
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
@@ -541,6 +543,8 @@ int main(int argc, char** argv) {
         if (f != stdout) std::fclose(f);
         return code;
       }
+      if (train_opts.forecast_seconds > 0 && !train_opts.check_only)
+        throw ss::UsageError("--forecast-seconds bounds --check-only's memory forecast; give --check-only too");
       train_cfg.run_args = rank_arguments(argc, argv, "train");
       return ss::train_command(train_opts, train_cfg);
     }
@@ -557,7 +561,7 @@ int main(int argc, char** argv) {
       const ss::RunPlan plan = ss::plan_inference(check_opts, check_opts.backend);
       if (check_opts.backend == "cpu")
         ss::check_host_memory(plan.cfg, check_opts, check_opts.devices, ss::host_available_bytes());
-      if (check->count("--nodes") && !hw)
+      if (check_nodes != 1 && !hw)
         throw ss::UsageError("--nodes spreads simulated devices over nodes; give --hardware too");
       // Then the run itself, simulated for its memory only.
       return ss::forecast_and_report([&] { return ss::forecast_inference(check_opts, hw ? &*hw : nullptr, check_nodes); },

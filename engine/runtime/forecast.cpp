@@ -83,30 +83,37 @@ std::string advice(const MemoryForecast& f, const RunOptions& o, const TrainOpti
   const std::string part = proto::kCategoryNames[largest];
   std::vector<std::string> ways;
   const bool sequence_split = o.strategy == "sp" || o.strategy == "tp_sp" || o.strategy == "tsp";
+  const char* shorter = training ? "a shorter --seq-len" : "a shorter prompt";
   if (part == "weights" || part == "grads" || part == "optimizer_state") {
     ways.push_back("a strategy that shards the weights over more devices (tp, tsp)");
     // Training in bf16 keeps an fp32 master copy: 16 bytes a parameter either way.
     if (o.dtype == DType::F32 && !training) ways.push_back("--dtype bf16");
   } else if (part == "activations" || part == "kv_cache") {
-    if (training) {
-      if (training->recompute == "none") ways.push_back("--recompute selective or full");
-      else if (training->recompute == "selective") ways.push_back("--recompute full");
-      if (training->micro_batch > 1) ways.push_back("a smaller --micro-batch");
-      ways.push_back("a shorter --seq-len");
+    // (A --batch's sequences run one after another: it does not move the peak.)
+    if (training && training->recompute == "none") ways.push_back("--recompute selective or full");
+    if (training && training->recompute == "selective") ways.push_back("--recompute full");
+    if (training && training->micro_batch > 1) ways.push_back("a smaller --micro-batch");
+    ways.push_back(shorter);
+    if (part == "kv_cache") {
+      if (o.decode > 0) ways.push_back("fewer --decode steps");
+      if (cache_dtype(o) == DType::F32) ways.push_back("--kv-dtype bf16");
+      ways.push_back("more devices (tp splits the cache by head; sp, tp_sp and tsp by token)");
     } else {
-      ways.push_back(part == "kv_cache" ? "a shorter prompt or fewer --decode steps" : "a shorter prompt");
-      if (part == "kv_cache" && cache_dtype(o) == DType::F32) ways.push_back("--kv-dtype bf16");
-      if (o.batch > 1) ways.push_back("a smaller --batch");
+      ways.push_back("more devices under sp, tp_sp or tsp");
     }
-    ways.push_back("more devices under sp or tsp");
-  } else if (part == "comm_buffers" && sequence_split && o.attention == "gather" && !training) {
-    ways.push_back("--attention ring (K/V pass around the ring instead of being gathered whole)");
-    ways.push_back("more devices");
+  } else if (part == "comm_buffers") {
+    if (o.measure_sites) ways.push_back("leaving out --measure-sites (it holds an exact copy of each partial sum)");
+    if (!training && sequence_split && o.attention == "gather")
+      ways.push_back("--attention ring (K/V pass around the ring instead of being gathered whole)");
+    ways.push_back(shorter);
+  } else if (part == "ssm_state") {
+    ways.push_back("more devices under tp (the states split by head)");
   } else {
-    ways.push_back("more devices");
+    ways.push_back(shorter);
   }
   std::string s;
-  for (size_t i = 0; i < ways.size(); ++i) s += (i == 0 ? "" : i + 1 == ways.size() ? " or " : ", ") + ways[i];
+  for (size_t i = 0; i < ways.size(); ++i)  // a, b, or c
+    s += (i == 0 ? "" : i + 1 < ways.size() ? ", " : ways.size() > 2 ? ", or " : " or ") + ways[i];
   return "its largest part is " + part + ": try " + s + "; `scale` shows which strategies fit";
 }
 
@@ -209,9 +216,9 @@ int forecast_and_report(const std::function<MemoryForecast()>& forecast, const R
   bool done = false;
   std::thread dog([&] {
     std::unique_lock lock(m);
-    if (cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; })) return;
-    std::printf("ok: its memory was not forecast: simulating this run takes over %g s (without --forecast-seconds "
-                "the check waits for it)\n", seconds);
+    const auto budget = std::chrono::milliseconds(int64_t(seconds * 1000));  // (a double duration overflows)
+    if (cv.wait_for(lock, budget, [&] { return done; })) return;
+    std::printf("ok: options and shapes; its memory was not forecast, simulating this run takes over %g s\n", seconds);
     std::fflush(stdout);
     std::_Exit(kExitOk);
   });

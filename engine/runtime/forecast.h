@@ -49,9 +49,10 @@ MemoryForecast forecast_training(const TrainOptions& o);
 // (`training` names training's options in it), and kExitOom.
 int report_forecast(const MemoryForecast& f, const RunOptions& o, const TrainOptions* training = nullptr);
 
-// `forecast` then report_forecast, within `seconds` (0: no limit): a
-// simulation that outlasts them ends the process with "ok" and a line saying
-// the memory was not forecast (the explorer checks as the setup is typed).
+// `forecast` then report_forecast, within `seconds` (0: no limit; at most a
+// day): a simulation that outlasts them ends the process with "ok" (the
+// options and shapes were checked before) and a line saying the memory was
+// not forecast. The explorer checks as the setup is typed.
 int forecast_and_report(const std::function<MemoryForecast()>& forecast, const RunOptions& o,
                         const TrainOptions* training, double seconds);
 

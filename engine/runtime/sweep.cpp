@@ -206,6 +206,9 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   if (so.rounding != "rn" && so.rounding != "sr") throw UsageError("--rounding must be rn or sr");
   std::vector<std::pair<std::string, std::string>> specs;  // (spec, precision name)
   for (auto& p : so.precisions) {
+    if (p.find(':') != std::string::npos)  // "int8:64" would become "int8:64:128", the last block silently winning
+      throw UsageError("--precisions " + p + ": name formats only (fp32, bf16, fp16, int8, int4, fp8); block sizes go in "
+                       "--blocks, rounding in --rounding");
     const QuantSpec probe_spec = parse_quant_spec(p, "--precisions");  // refuses unknown precisions
     if (!probe_spec.is_block()) specs.emplace_back(p, p);
     else
