@@ -29,9 +29,16 @@ struct Ran {
   QByteArray out, err;
 };
 
-// Runs the engine binary with `args`; a run past `timeout_ms` is killed.
-inline Ran engine(const QStringList& args, int timeout_ms = 120000) {
+// Runs the engine binary with `args` (and `env` added to this process's
+// environment); a run past `timeout_ms` is killed.
+inline Ran engine(const QStringList& args, int timeout_ms = 120000,
+                  const QList<std::pair<QString, QString>>& env = {}) {
   QProcess p;
+  if (!env.isEmpty()) {
+    QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
+    for (auto& [name, value] : env) e.insert(name, value);
+    p.setProcessEnvironment(e);
+  }
   p.start(SHARDSCOPE_ENGINE_BIN, args);
   Ran r;
   if (!p.waitForFinished(timeout_ms)) {

@@ -650,17 +650,7 @@ class TestEngineCli : public QObject {
   // the bytes and what to change, and an allocation past the share is an oom.
   void hostMemoryIsACapacity() {
     auto with_host_memory = [](const QString& bytes, const QStringList& args) {
-      QProcess p;
-      QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
-      env.insert("SHARDSCOPE_HOST_MEMORY", bytes);
-      p.setProcessEnvironment(env);
-      p.start(SHARDSCOPE_ENGINE_BIN, args);
-      Ran r;
-      r.crashed = !p.waitForFinished(120000) || p.exitStatus() != QProcess::NormalExit;
-      r.exit_code = p.exitCode();
-      r.out = p.readAllStandardOutput();
-      r.err = p.readAllStandardError();
-      return r;
+      return engine(args, 120000, {{"SHARDSCOPE_HOST_MEMORY", bytes}});
     };
     const QStringList big = {"--model", "small-llama", "--prompt-len", "16"};
     for (const QStringList& args :

@@ -153,14 +153,10 @@ class TestForecast : public QObject {
                             "--dtype", "bf16", "--prompt-len", "4096"});
     QVERIFY2(sim.exit_code == 0, sim.err.constData());
     QVERIFY2(one_line(sim.out).endsWith("of its 192.00 GiB (profile mi300x)"), sim.out.constData());
-    QProcess p;
-    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
-    env.insert("SHARDSCOPE_HOST_MEMORY", "8GiB");
-    p.setProcessEnvironment(env);
-    p.start(SHARDSCOPE_ENGINE_BIN, {"check", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "8"});
-    QVERIFY(p.waitForFinished(60000));
-    QCOMPARE(p.exitCode(), 0);
-    const QString cpu = one_line(p.readAllStandardOutput());
+    const Ran shared = engine({"check", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "8"},
+                              60000, {{"SHARDSCOPE_HOST_MEMORY", "8GiB"}});
+    QCOMPARE(shared.exit_code, 0);
+    const QString cpu = one_line(shared.out);
     QVERIFY2(cpu.endsWith("of its 4.00 GiB (this host's available 8.00 GiB shared by 2 ranks)"), qPrintable(cpu));
     const Ran gpu = engine({"check", "--model", "tiny-llama", "--backend", "cuda", "--prompt-len", "8"});
     QVERIFY2(gpu.exit_code == 0, gpu.err.constData());

@@ -22,18 +22,6 @@
 namespace ss {
 namespace {
 
-// The run's options for its untimed simulation: the same model, shapes and
-// strategy; no limit, no files written, no draws, one thread per rank.
-void for_simulation(RunOptions& r) {
-  r.backend = "sim";
-  r.capacity = kUnlimitedCapacity;
-  r.timeline = false;
-  r.threads = 1;
-  r.keep_all_logits = !r.logits_out.empty();  // what --logits-out keeps, with no file
-  r.logits_out.clear();
-  r.sampling = Sampling{};  // a draw reads a row on the host: no device memory (and a simulation has no values)
-}
-
 MemoryForecast fullest(const std::vector<proto::Event>& events) {
   const proto::RunStats st = proto::analyze(events);
   if (st.status != "ok") {
@@ -118,6 +106,16 @@ std::string advice(const MemoryForecast& f, const RunOptions& o, const TrainOpti
 }
 
 }  // namespace
+
+void for_simulation(RunOptions& r) {
+  r.backend = "sim";
+  r.capacity = kUnlimitedCapacity;
+  r.timeline = false;
+  r.threads = 1;
+  r.keep_all_logits = !r.logits_out.empty();  // what --logits-out keeps, with no file
+  r.logits_out.clear();
+  r.sampling = Sampling{};  // a draw reads a row on the host: no device memory (and a simulation has no values)
+}
 
 std::vector<proto::Event> capture_stream(const std::function<RunResult(proto::Writer&)>& body) {
   char* buf = nullptr;

@@ -26,6 +26,11 @@ struct RunResult;
 // nothing, so the peak is known even where it would not fit.
 inline constexpr int64_t kUnlimitedCapacity = int64_t(1) << 61;
 
+// A run's options for an untimed simulation of its memory (the forecast's,
+// scale's points): the same model, shapes and strategy on the sim backend; no
+// capacity limit, no spans, no files written, no draws, one thread per rank.
+void for_simulation(RunOptions& r);
+
 struct MemoryForecast {
   int rank = 0;                                   // the fullest device
   int64_t peak = 0;                               // its peak, bytes

@@ -242,9 +242,7 @@ class Sweep {
     r.mesh = p.v.mesh;
     r.dtype = m_o.dtype;
     r.seed = m_o.seed;
-    r.backend = "sim";
-    r.capacity = kUnlimitedCapacity;
-    r.threads = 1;
+    for_simulation(r);  // untimed unless run_point asks for its timeline
   }
 
  public:
