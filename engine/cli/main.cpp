@@ -33,6 +33,7 @@
 #include "runtime/scale.h"
 #include "runtime/summary.h"
 #include "runtime/sweep.h"
+#include "runtime/verify.h"
 #include "runtime/train.h"
 #include "model/parallel.h"
 #include "sim/hardware.h"
@@ -370,6 +371,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
 
+  ss::RunOptions verify_opts;
+  std::string verify_tokens, verify_capacity;
+  auto* verify = app.add_subcommand(
+      "verify", "run a setup under its strategy and on one cpu device, on the same weights and tokens, and compare "
+                "their logits row by row: ok within the dtype's bound (exit 0), or where they differ (exit 1)");
+  add_model_options(verify, verify_opts, verify_tokens, verify_capacity);
+
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
   auto* presets = app.add_subcommand("presets", "list the model presets");
@@ -566,6 +574,12 @@ int main(int argc, char** argv) {
       // Then the run itself, simulated for its memory only.
       return ss::forecast_and_report([&] { return ss::forecast_inference(check_opts, hw ? &*hw : nullptr, check_nodes); },
                                      check_opts, nullptr, check_seconds);
+    }
+    if (*verify) {
+      if (!verify_tokens.empty()) verify_opts.tokens = parse_tokens(verify_tokens);
+      ss::encode_prompt(verify_opts);
+      if (!verify_capacity.empty()) verify_opts.capacity = ss::parse_bytes(verify_capacity);
+      return ss::run_verify(verify_opts, std::cout);
     }
     if (*sweep) {
       if (!sweep_tokens.empty()) sweep_opts.run.tokens = parse_tokens(sweep_tokens);

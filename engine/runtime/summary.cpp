@@ -80,11 +80,21 @@ int summarize_stream(std::istream& in, std::ostream& out) {
     out << "cannot read this stream: no hello line" << (first_error.empty() ? "" : " (" + first_error + ")") << "\n";
     return 2;
   }
+  // The run's errors (with their code and rank where there are devices), and
+  // what could not be read.
+  auto print_errors = [&](bool detailed) {
+    for (auto& e : errors)
+      out << (detailed ? "error (" + e.code + ", rank " + std::to_string(e.rank) + "): " : std::string("error: "))
+          << e.message << "\n";
+  };
+  auto note_unread = [&] {
+    if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";
+  };
   if (!config.is_object()) {
     // A run refused before its setup was recorded: its errors are all there is.
     out << "run: ended before its setup was recorded\nstatus: " << status << "\n";
-    for (auto& e : errors) out << "error (" << e.code << ", rank " << e.rank << "): " << e.message << "\n";
-    if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";
+    print_errors(true);
+    note_unread();
     return 0;
   }
   char buf[256];
@@ -102,7 +112,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
     out << "scaling sweep: " << text(config.contains("model") ? config["model"] : nlohmann::json(), "name") << ", "
         << count(config, "devices") << " devices on " << count(config, "nodes") << " node(s), " << text(config, "dtype")
         << ", " << scale_points.size() << " points\nstatus: " << status << "\n";
-    for (auto& e : errors) out << "error: " << e.message << "\n";
+    print_errors(false);
     print_scale_table(scale_points, out);
     for (auto& p : scale_points)
       if (!p.applicable()) out << (p.mesh.empty() ? p.strategy : p.strategy + " " + p.mesh) << " at " << p.seq_len
@@ -115,7 +125,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
     out << "sweep: " << model.value("name", "?") << ", " << config.value("strategy", "?") << " on "
         << config.value("devices", 1) << " ranks, " << dtype << ", prompt " << work.value("prompt_len", 0)
         << " + decode " << work.value("decode", 0) << " tokens\nstatus: " << status << "\n";
-    for (auto& e : errors) out << "error: " << e.message << "\n";
+    print_errors(false);
     std::snprintf(buf, sizeof buf, "%-22s %12s %9s %12s %8s %8s  %s\n", "config", "wire B/rank", ("vs " + dtype).c_str(),
                   "logits KL", "top-1", "decided", "first divergence");
     out << buf;
@@ -131,7 +141,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
                                                    : ("step " + std::to_string(int(div))).c_str());
       out << buf;
     }
-    if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";
+    note_unread();
     return 0;
   }
   out << (config.value("mode", std::string()) == "train" ? "train: " : "run: ") << model.value("name", "?") << " (" << model.value("family", "?") << ", "
@@ -155,7 +165,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   out << "status: " << status << "\n";
   if (prompt_text) out << "prompt: " << *prompt_text << "\n";
   if (answer_text) out << "answer: " << *answer_text << "\n";
-  for (auto& e : errors) out << "error (" << e.code << ", rank " << e.rank << "): " << e.message << "\n";
+  print_errors(true);
   auto metric = [&](const char* name, const char* label, const char* fmt) {
     if (auto it = metrics.find(name); it != metrics.end()) {
       std::snprintf(buf, sizeof buf, fmt, it->second);
@@ -213,7 +223,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
                   ops[i].second.second);
     out << buf;
   }
-  if (bad) out << "note: " << bad << " line(s) could not be read; first: " << first_error << "\n";
+  note_unread();
   return 0;
 }
 

@@ -1,6 +1,5 @@
 #include "runtime/sweep.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,39 +16,12 @@
 #include "io/npy.h"
 #include "model/config.h"
 #include "protocol/events.h"
-#include "runtime/process.h"
+#include "runtime/child_run.h"
 #include "runtime/prompt.h"
 #include "text/corpus.h"
 
 namespace ss {
 namespace {
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// The run's options as arguments for each rank run.
-std::vector<std::string> run_args(const RunOptions& o) {
-  std::vector<std::string> a = {"--model", o.model, "--strategy", o.strategy, "--devices", std::to_string(o.devices),
-                                "--split", o.split, "--attention", o.attention, "--decode", std::to_string(o.decode),
-                                "--seed", std::to_string(o.seed)};
-  for (auto& s : o.overrides) a.insert(a.end(), {"--set", s});
-  a.insert(a.end(), {"--dtype", std::string(compute_dtype_name(o.dtype)), "--kv-dtype",
-                     std::string(compute_dtype_name(cache_dtype(o)))});
-  if (!o.mesh.empty()) a.insert(a.end(), {"--mesh", o.mesh});
-  if (o.capacity > 0) a.insert(a.end(), {"--capacity", std::to_string(o.capacity)});
-  if (!o.tokens.empty()) {
-    std::string t;
-    for (auto v : o.tokens) t += (t.empty() ? "" : ",") + std::to_string(v);
-    a.insert(a.end(), {"--tokens", t});
-  } else {
-    a.insert(a.end(), {"--prompt-len", std::to_string(o.prompt_len)});
-  }
-  if (o.window > 0) a.insert(a.end(), {"--window", std::to_string(o.window)});
-  return a;
-}
 
 struct SweepPoint {
   std::string label, precision, site;
@@ -63,52 +35,28 @@ struct SweepPoint {
 };
 
 // Runs one configuration; returns its logits and fills wire and site errors.
-NpyArray run_point(const RunOptions& o, const std::string& precision, const std::string& base, SweepPoint& pt,
+NpyArray run_point(RunOptions o, const std::string& precision, const std::string& base, SweepPoint& pt,
                    const std::vector<int32_t>& forced = {}) {
-  const std::string npy = base + ".npy", events = base + ".jsonl", err = base + ".err";
-  std::string cmd = quote(self_exe()) + " launch";
-  for (auto& a : run_args(o)) cmd += " " + quote(a);
-  cmd += " --comm-precision " + quote(precision) + " --measure-sites --logits-out " + quote(npy) + " --events " +
-         quote(events) + " 2>" + quote(err);
-  if (!forced.empty()) {
-    std::string t;
-    for (auto v : forced) t += (t.empty() ? "" : ",") + std::to_string(v);
-    cmd += " --force-decode " + t;
-  }
-  const int status = std::system(cmd.c_str());
-  const int rc = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  pt.exit_code = rc;
-  NpyArray logits;
-  proto::Reader reader;
-  std::ifstream in(events);
-  std::string line;
+  o.comm_precision = precision;
+  o.measure_sites = true;
+  o.force_decode = forced;
   std::map<std::string, std::pair<double, int>> site_sum;
-  while (std::getline(in, line)) {
-    auto r = reader.parse_line(line);
-    if (!r.event) continue;
-    if (auto* m = std::get_if<proto::Metric>(&*r.event); m && m->rank == 0) {
+  ChildRun r = run_child(o, base, [&](const proto::Event& ev) {
+    if (auto* m = std::get_if<proto::Metric>(&ev); m && m->rank == 0) {
       if (m->name.rfind("wire_bytes_fp32.", 0) == 0) pt.wire_fp32 += m->value;
       else if (m->name.rfind("wire_bytes_native.", 0) == 0) pt.wire_native += m->value;
       else if (m->name.rfind("wire_bytes.", 0) == 0) pt.wire += m->value;
-    } else if (auto* a = std::get_if<proto::Accuracy>(&*r.event); a && a->metric == "rel_l2") {
+    } else if (auto* a = std::get_if<proto::Accuracy>(&ev); a && a->metric == "rel_l2") {
       auto& [sum, n] = site_sum[a->site];
       sum += a->value;
       ++n;
-    } else if (auto* e = std::get_if<proto::Error>(&*r.event)) {
-      pt.error = e->message;
     }
-  }
+  });
   for (auto& [site, sn] : site_sum) pt.site_rel_l2[site] = sn.first / sn.second;
-  if (rc == 0 && std::filesystem::exists(npy)) {
-    logits = read_npy(npy);
-    pt.ok = true;
-  } else if (pt.error.empty()) {
-    std::ifstream e(err);
-    std::getline(e, pt.error);
-    if (pt.error.empty()) pt.error = "exit status " + std::to_string(rc);
-  }
-  for (auto& f : {npy, events, err}) std::filesystem::remove(f);
-  return logits;
+  pt.exit_code = r.exit_code;
+  pt.ok = r.ok;
+  pt.error = r.error;
+  return std::move(r.logits);
 }
 
 // Log-softmax of one row, in double.

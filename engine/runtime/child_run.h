@@ -1,0 +1,37 @@
+// A run of this engine started as a child: `launch` with the given options,
+// its logits written to a file and read back, its stream read for what went
+// wrong. What sweep and verify compare runs with.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/npy.h"
+#include "protocol/events.h"
+#include "runtime/run.h"
+
+namespace ss {
+
+// `s` quoted for a POSIX shell.
+std::string shell_quote(const std::string& s);
+
+// The options as the command line that gives them: the inverse of the engine's
+// run options parser (cli/main.cpp's add_model_options), for a run started by
+// another. --prompt's text goes as the --tokens it was encoded to.
+std::vector<std::string> to_arguments(const RunOptions& o);
+
+struct ChildRun {
+  int exit_code = 0;
+  bool ok = false;     // it exited 0 and wrote its logits
+  std::string error;   // its error event's message, or else its first stderr line
+  double seconds = 0;  // wall time, start-up included
+  NpyArray logits;     // [prompt + decoded, vocab], or [batch, ..., vocab]
+};
+
+// Runs `launch` with `o` and every row's logits (files under `base`, removed
+// after). `each` sees every event of its stream.
+ChildRun run_child(RunOptions o, const std::string& base,
+                   const std::function<void(const proto::Event&)>& each = {});
+
+}  // namespace ss
