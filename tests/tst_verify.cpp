@@ -78,6 +78,27 @@ class TestVerify : public QObject {
     if (args.contains("--batch")) QVERIFY2(out.contains("prefill, 16 rows") && out.contains("decode, 6 rows"), qPrintable(out));
   }
 
+  // A GPU against the cpu: the emulated device (the cuda kernels on the
+  // host) with NCCL's communicator of one rank and the tp_sp mesh's two split
+  // from it, on the stand-in library, as tests/gpu/run.sh runs it on a GPU.
+  void emulatedGpuAgainstCpu() {
+    if (qEnvironmentVariable("SHARDSCOPE_NCCL_LIBRARY").isEmpty())
+      QSKIP("this build has no cuda emulator and NCCL stand-in (no nvcc or NCCL header when it was configured)");
+    const Ran r = engine({"verify", "--backend", "cuda-emu", "--model", "tiny-hybrid", "--strategy", "tp_sp", "--mesh",
+                          "1x1", "--devices", "1", "--dtype", "bf16", "--prompt-len", "16", "--decode", "2"},
+                         300000);
+    const QString out = QString::fromUtf8(r.out);
+    QVERIFY2(r.exit_code == 0, qPrintable(out + r.err));
+    QVERIFY2(out.trimmed().split('\n').last().startsWith("ok: tp_sp 1x1 on one cuda-emu device computes what one device "
+                                                         "computes"),
+             qPrintable(out));
+    // The same run's own stream says whose collectives those were.
+    const Ran run = engine({"launch", "--backend", "cuda-emu", "--model", "tiny-hybrid", "--strategy", "tp_sp", "--mesh",
+                            "1x1", "--devices", "1", "--prompt-len", "16", "--events", "-"});
+    QCOMPARE(run.exit_code, 0);
+    QVERIFY2(run.out.contains("\"collectives\":\"nccl ("), run.out.left(2000).constData());
+  }
+
   // verify's figure is the worst row of the two runs' logits as this test
   // compares them itself: the same two runs launched here (one thread each,
   // so both times the sums run in one order), decode fed one device's greedy

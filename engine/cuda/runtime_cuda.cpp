@@ -271,6 +271,11 @@ Blas::Blas(Stream s) : m_stream(s) {
   check_blas(api.create(&h), "cublasCreate");
   m_handle = h;
   check_blas(api.set_stream(h, st(s)), "cublasSetStream");
+  // bf16/fp16 outputs: a split-K GEMM adds its partial sums in fp32, the
+  // compute type, and rounds once (cuBLAS may otherwise add them in the
+  // output's type, rounding each).
+  check_blas(api.set_math_mode(h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+             "cublasSetMathMode");
   // A workspace of its own, so cuBLAS never allocates during a captured or timed region.
   constexpr size_t kWorkspace = size_t(32) << 20;
   check(cudaMalloc(&m_workspace, kWorkspace), "cudaMalloc (cuBLAS workspace)");

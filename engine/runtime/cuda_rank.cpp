@@ -182,14 +182,16 @@ RankSetup cuda_rank_setup(int devices) {
   // it as they join (another host may be the one whose ranks share).
   const int sharing = (local_size() + gpus - 1) / gpus;  // ranks on the busiest GPU
   const std::string no_nccl = cuda::nccl_unavailable_reason();
-  const std::string stage_here = devices < 2           ? ""
-                                 : sharing > 1         ? "ranks share a GPU"
-                                 : !no_nccl.empty()    ? no_nccl
-                                                       : "";
+  const std::string stage_here = sharing > 1 && devices > 1 ? "ranks share a GPU"
+                                 : !no_nccl.empty()          ? no_nccl
+                                                             : "";
   const int device = local_rank() % gpus;
   auto ctx = std::make_shared<std::shared_ptr<cuda::DeviceContext>>();
   RankSetup setup;
   setup.backend = "cuda";
+  // This rank's device first: device_props returns to the device that was
+  // current, and returning to device 0 would give every rank a context there.
+  cuda::set_device(device);
   const cuda::DeviceProps props = cuda::device_props(device);
   setup.default_capacity = share_of(props, sharing);
   setup.config = {{"gpu", {{"name", props.name},

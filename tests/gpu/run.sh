@@ -93,7 +93,29 @@ check() {  # check NAME TIMEOUT_S COMMAND...  (writes its row to $out/rows/NAME)
   local result=ok
   [[ $status -eq 124 ]] && result="timed out (${limit} s)"
   [[ $status -ne 0 && $status -ne 124 ]] && result="FAILED (exit $status)"
+  # A suite that passed nothing tested nothing ("skipped: no CUDA device" where CUDA is not usable).
+  [[ $result == ok && $counts == 0\ \|* ]] && result="FAILED (nothing ran)"
   echo "| $name | $result | $counts | $secs |" > "$out/rows/$name"
+  write_summary
+}
+write_summary() {  # the rows so far (a run cut short still leaves them), then the benchmark's tables
+  {
+    echo "# GPU checks, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
+    echo
+    echo "| check | result | passed | failed | skipped | seconds |"
+    echo "|---|---|---|---|---|---|"
+    cat "$out/rows/"* 2>/dev/null
+    echo
+    echo "Total: $(( $(date +%s) - start )) s."
+    if [[ -s "$out/bench.txt" ]]; then
+      echo
+      echo '```'
+      cat "$out/bench.txt"
+      echo '```'
+    fi
+  } > "$summary"
 }
 show() {  # show NAME: its output into the log, once it has ended
   echo "===== $1"
@@ -103,12 +125,27 @@ show() {  # show NAME: its output into the log, once it has ended
 
 nvidia-smi -L || echo "run: nvidia-smi found no GPU"
 check info 60 "$bin/shardscope-engine" info
+# Every check below needs the cuda backend: where `info` does not find it
+# (no driver new enough for this CUDA, no cuBLAS), they would all skip.
+if ! grep -q "cuda  available" "$out/info.out"; then
+  echo "| cuda backend | FAILED ($(grep -m1 "cuda  " "$out/info.out" | sed 's/^ *//; s/|/,/g')) | - | - | - | 0 |" > "$out/rows/cuda"
+  write_summary
+fi
 show info
 # `check` sets a run's simulated peak against what each rank's GPU has free (cuda_default_capacity).
 check forecast 60 bash -c '"$0" check --backend cuda --model small-llama --strategy tp --devices 2 --dtype bf16 \
   --prompt-len 4096 | tee /dev/stderr | grep -q "less the CUDA context" && "$0" check --backend cuda \
   --model llama2-7b --prompt-len 16 --capacity 1GiB; test $? -eq 3' "$bin/shardscope-engine"
 show forecast
+# NCCL on one GPU: a one-rank communicator and the tp_sp mesh's two split
+# from it (init, all-reduce, split, finalize, the watchdog), against one cpu
+# device by verify; the run's own stream must say its collectives were NCCL's.
+check nccl 120 bash -c '"$0" verify --backend cuda --model small-llama --strategy tp_sp --mesh 1x1 --devices 1 \
+  --dtype bf16 --prompt-len 256 --decode 4 && "$0" launch --backend cuda --model small-llama --strategy tp \
+  --devices 1 --prompt-len 64 --decode 2 --events /tmp/shardscope-nccl.jsonl &&
+  grep -m1 "\"collectives\"" /tmp/shardscope-nccl.jsonl | tee /dev/stderr | grep -q "\"collectives\":\"nccl"' \
+  "$bin/shardscope-engine"
+show nccl
 limit=${SHARDSCOPE_GPU_CHECK_LIMIT:-300}
 # The multi-rank suites launch their rows one after another (processes
 # sharing the GPU where there are fewer GPUs than ranks), so each is split
@@ -131,12 +168,15 @@ wait "${pids[@]}"  # these alone: a bare wait would also wait for the log's tee
 for n in "${names[@]}"; do show "$n"; done
 # A kernel suite that failed runs again without programmatic dependent
 # launches (sm_90+, engine/cuda/README.md): passing then names them the cause.
+# Side by side, as the first pass.
+reruns=() pids=()
 for n in tst_cuda_ops tst_cuda_models; do
-  if grep -q "FAILED\|timed out" "$out/rows/$n"; then
-    SHARDSCOPE_CUDA_PDL=0 check "${n}_no_pdl" "$limit" "$bin/$n"
-    show "${n}_no_pdl"
-  fi
+  grep -q "FAILED\|timed out" "$out/rows/$n" || continue
+  SHARDSCOPE_CUDA_PDL=0 check "${n}_no_pdl" "$limit" "$bin/$n" & pids+=($!)
+  reruns+=("${n}_no_pdl")
 done
+[[ ${#pids[@]} -gt 0 ]] && wait "${pids[@]}"
+for n in "${reruns[@]}"; do show "$n"; done
 check calibrate 90 "$bin/shardscope-engine" calibrate --backend cuda --out "$out/calibrated-gpu.json"
 show calibrate
 # The benchmark SHARDSCOPE_GPU_BENCH_RUNS times (default 1), each run's
@@ -150,6 +190,7 @@ for ((i = 1; i <= runs; i++)); do
   [[ $runs -gt 1 ]] && echo "--- run $i of $runs" >> "$out/bench.txt"
   timeout "${SHARDSCOPE_GPU_BENCH_LIMIT:-180}" "$bin/shardscope-engine" bench --backend cuda >> "$out/bench.txt" 2>&1 ||
     bench_status=$?
+  write_summary
 done
 if [[ $bench_status -ne 0 ]]; then  # once more without dependent launches, to tell whether they are the cause
   echo "--- again with SHARDSCOPE_CUDA_PDL=0, after exit $bench_status" >> "$out/bench.txt"
@@ -160,21 +201,7 @@ cat "$out/bench.txt"
 echo "| bench --backend cuda | $([[ $bench_status -eq 0 ]] && echo ok || echo "FAILED (exit $bench_status)") | - | - | - | $(( $(date +%s) - t0 )) |" \
   > "$out/rows/zz-bench"
 
-{
-  echo "# GPU checks, $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
-  echo
-  echo "| check | result | passed | failed | skipped | seconds |"
-  echo "|---|---|---|---|---|---|"
-  cat "$out/rows/"*
-  echo
-  echo "Total: $(( $(date +%s) - start )) s."
-  echo
-  echo '```'
-  cat "$out/bench.txt"
-  echo '```'
-} > "$summary"
+write_summary
 rm -f "$out/bench.txt"
 rm -rf "$out/rows"
 cat "$summary"
