@@ -256,16 +256,20 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   buttons->addWidget(m_stop);
   buttons->addWidget(m_again);
   form->addRow(buttons);
-  m_compare = new QPushButton(tr("TP vs TSP"), setup);
-  m_compare->setToolTip(tr("Run this setup under tp and under tsp and compare them side by side"));
-  form->addRow(m_compare);
-  m_sweep = new QPushButton(tr("Quantization sweep"), setup);
-  m_sweep->setToolTip(tr("Run this setup under tp with bf16, int8, int4 and fp8 all-reduces against fp32"));
-  form->addRow(m_sweep);
-  m_scale = new QPushButton(tr("Scaling sweep"), setup);
-  m_scale->setToolTip(tr("Simulate every strategy on this setup's simulated hardware and devices from 4K to 1M "
-                         "tokens: where each one stops fitting"));
-  form->addRow(m_scale);
+  auto action = [&](const QString& text, const QString& tip) {
+    auto* b = new QPushButton(text, setup);
+    b->setToolTip(tip);
+    form->addRow(b);
+    return b;
+  };
+  m_compare = action(tr("TP vs TSP"), tr("Run this setup under tp and under tsp and compare them side by side"));
+  m_verify = action(tr("Check against one device"),
+                    tr("Run this setup and the same run on one CPU device, on the same weights and tokens, and "
+                       "compare their logits row by row: does the strategy compute what one device computes?"));
+  m_sweep = action(tr("Quantization sweep"), tr("Run this setup under tp with bf16, int8, int4 and fp8 all-reduces "
+                                                "against fp32"));
+  m_scale = action(tr("Scaling sweep"), tr("Simulate every strategy on this setup's simulated hardware and devices "
+                                           "from 4K to 1M tokens: where each one stops fitting"));
   m_verdict = new QLabel(setup);
   m_verdict->setWordWrap(true);
   form->addRow(m_verdict);
@@ -336,6 +340,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   connect(m_again, &QPushButton::clicked, this, &MainWindow::runAgain);
   connect(m_compare, &QPushButton::clicked, this, &MainWindow::compareTpTsp);
   connect(m_sweep, &QPushButton::clicked, this, &MainWindow::runSweep);
+  connect(m_verify, &QPushButton::clicked, this, &MainWindow::verifySetup);
   connect(m_scale, &QPushButton::clicked, this, &MainWindow::runScaling);
   connect(m_stop, &QPushButton::clicked, m_client, &EngineClient::stop);
   connect(m_client, &EngineClient::eventsReceived, this, &MainWindow::onEvents);
@@ -457,6 +462,15 @@ void MainWindow::updateSetupState() {
   const bool simulated = m_backend->currentData().toString().startsWith(QLatin1String("sim:"));
   m_nodes->setEnabled(simulated);
   m_scale->setEnabled(simulated);
+  // verify compares values: devices that compute some, a strategy to set against one cpu device (or a GPU's own).
+  const bool cuda = m_backend->currentData().toString() == QLatin1String("cuda");
+  m_verify->setVisible(!train);
+  m_verify->setEnabled(!simulated && (!single || cuda));
+  m_verify->setToolTip(simulated ? tr("Choose CPU or CUDA devices: simulated devices compute no values to compare")
+                       : single && !cuda ? tr("Choose a strategy to set against one device")
+                                         : tr("Run this setup and the same run on one CPU device, on the same weights "
+                                              "and tokens, and compare their logits row by row: does the strategy "
+                                              "compute what one device computes?"));
   m_scale->setToolTip(simulated ? tr("Simulate every strategy on this setup's simulated hardware and devices from "
                                      "4K to 1M tokens: where each one stops fitting")
                                 : tr("Choose a simulated backend: the sweep runs on simulated hardware"));
@@ -478,58 +492,6 @@ QString MainWindow::setSetup(const QString& model, const QString& backend, const
   m_promptText->clear();  // the setup gives the prompt as a length
   m_decode->setValue(decode);
   return problem;
-}
-
-QStringList MainWindow::engineArguments() const {
-  const QString backend = m_backend->currentData().toString(), strategy = m_strategy->currentText();
-  QStringList args;
-  if (training()) {
-    args << "train" << "--model" << m_model->currentText() << "--strategy" << strategy << "--dtype"
-         << m_dtype->currentData().toString() << "--seq-len" << QString::number(m_seqLen->value()) << "--micro-batch"
-         << QString::number(m_microBatch->value()) << "--steps" << QString::number(m_steps->value()) << "--lr"
-         << m_lr->text().trimmed() << "--warmup" << QString::number(std::min(10, m_steps->value() / 10))
-         << "--recompute" << m_recompute->currentText();
-    if (backend.startsWith(QLatin1String("sim:"))) {
-      args << "--backend" << "sim" << "--hardware" << backend.mid(4);
-      if (m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());
-    } else if (backend == QLatin1String("cuda")) {
-      args << "--backend" << "cuda";
-    }
-    if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
-    if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
-    for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
-    if (!m_capacity->text().trimmed().isEmpty()) args << "--capacity" << m_capacity->text().trimmed();
-    return args;
-  }
-  if (backend.startsWith(QLatin1String("sim:"))) args << "simulate" << "--hardware" << backend.mid(4);
-  else args << (strategy == QLatin1String("single") ? "run" : "launch");
-  args << "--model" << m_model->currentText() << "--strategy" << strategy << promptArguments() << "--decode"
-       << QString::number(m_decode->value()) << "--dtype" << m_dtype->currentData().toString();
-  if (backend == QLatin1String("cuda")) args << "--backend" << "cuda";
-  if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
-  if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
-  if (backend.startsWith(QLatin1String("sim:")) && m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());
-  if (strategy == QLatin1String("dp")) args << "--batch" << QString::number(m_devices->value() * m_batch->value());
-  else if (m_batch->value() > 1) args << "--batch" << QString::number(m_batch->value());
-  for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
-  const QString precision = m_precision->currentText().trimmed();
-  if (!precision.isEmpty() && precision != QLatin1String("fp32")) args << "--comm-precision" << precision;
-  if (!m_capacity->text().trimmed().isEmpty()) args << "--capacity" << m_capacity->text().trimmed();
-  return args;
-}
-
-// Whether the chosen model reads text: a folder (given, or shipped by name) with a tokenizer.json.
-bool MainWindow::modelHasTokenizer() const {
-  const QString m = m_model->currentText();
-  if (QFileInfo(m).isDir()) return QFileInfo::exists(m + "/tokenizer.json");
-  return !m.contains('/') && QFileInfo::exists(resourcesDir() + "/models/" + m + "/tokenizer.json");
-}
-
-// The prompt as the setup gives it: typed text, or a synthetic one of N tokens.
-QStringList MainWindow::promptArguments() const {
-  const QString text = m_promptText->text();
-  if (!text.isEmpty() && modelHasTokenizer()) return {"--prompt", text};
-  return {"--prompt-len", QString::number(m_prompt->value())};
 }
 
 void MainWindow::setOptions(int batch, const QString& overrides, const QString& precision, const QString& capacity) {
@@ -556,8 +518,14 @@ void MainWindow::runOnce() {
   runArguments(engineArguments(), name);
 }
 
-bool MainWindow::openStream(const QString& path) {
+// A new run, stream or session: nothing of the last one stays (its data, a failed run's reason).
+void MainWindow::clearPages() {
   m_data.clear();
+  m_summary->setNotice({});
+}
+
+bool MainWindow::openStream(const QString& path) {
+  clearPages();
   m_status->setText(tr("opening %1 ...").arg(path));
   m_redraw->start();
   return m_client->openFile(path);
@@ -565,39 +533,12 @@ bool MainWindow::openStream(const QString& path) {
 
 void MainWindow::onEvents(const EventBatch& events) { m_data.add(*events); }
 
-void MainWindow::runSweep() { runSweepOf(QStringLiteral("bf16,int8,int4,fp8"), QStringLiteral("32,128,1024")); }
-
-void MainWindow::runSweepOf(const QString& precisions, const QString& blocks) {
-  const QStringList args = QStringList{"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
-                                       QString::number(std::max(2, m_devices->value()))} +
-                           promptArguments() +
-                           QStringList{"--decode", QString::number(m_decode->value()), "--precisions", precisions,
-                                       "--blocks", blocks, "--events", "-"};
-  runArguments(args, tr("sweep · %1").arg(QFileInfo(m_model->currentText()).fileName()));
-}
-
-void MainWindow::runScaling() {
-  const QString backend = m_backend->currentData().toString();
-  if (!backend.startsWith(QLatin1String("sim:"))) return;
-  QStringList args = {"scale", "--model", m_model->currentText(), "--hardware", backend.mid(4), "--devices",
-                      QString::number(m_devices->value()), "--nodes", QString::number(m_nodes->value()), "--dtype",
-                      m_dtype->currentData().toString(), "--events", "-"};
-  if (training()) args << "--mode" << "train" << "--recompute" << m_recompute->currentText();
-  else args << "--mode" << "infer" << "--decode" << QString::number(std::min(m_decode->value(), 8));
-  for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
-  runArguments(args, tr("scaling · %1 · %2 devices · %3")
-                         .arg(QFileInfo(m_model->currentText()).fileName())
-                         .arg(m_devices->value())
-                         .arg(training() ? tr("training") : tr("inference")));
-}
-
 void MainWindow::runArguments(const QStringList& args, const QString& name) {
   if (m_client->isRunning()) {
     m_status->setText(tr("a run is in progress: stop it before starting another"));
     return;
   }
-  m_data.clear();
-  m_summary->setNotice({});
+  clearPages();
   m_lastArgs = args;
   m_lastName = name;
   m_run->setEnabled(false);
@@ -628,13 +569,6 @@ void MainWindow::refreshPages() {
 
 QString MainWindow::summaryText() const { return m_summary->text(); }
 
-void MainWindow::compareTpTsp() {
-  m_compared.clear();
-  m_queue = {QStringLiteral("tp"), QStringLiteral("tsp")};
-  m_strategy->setCurrentText(m_queue.takeFirst());
-  runOnce();
-}
-
 void MainWindow::onFinished(const RunOutcome& o) {
   if (m_recording) {
     m_recording = false;
@@ -651,8 +585,10 @@ void MainWindow::onFinished(const RunOutcome& o) {
   QString text = tr("%1 (status %2)").arg(o.message, o.status);
   if (o.rejected) text += tr("; %1 unreadable lines").arg(o.rejected);
   m_status->setText(text);
-  // A failed run says why on the Summary, with the worker's last stderr lines.
-  if (o.exitCode != 0 || o.crashed) {
+  // A failed run says why on the Summary, with the worker's last stderr lines
+  // (verify's verdict, a difference included, is its stream's own: the page shows it).
+  const bool verdict = m_data.config().contains("verify") && o.status != QLatin1String("incomplete") && !o.crashed;
+  if ((o.exitCode != 0 || o.crashed) && !verdict) {
     QStringList tail;
     for (const QString& l : o.stderrTail)
       if (!o.message.endsWith(l)) tail << l;
@@ -696,7 +632,7 @@ bool MainWindow::openSession(qint64 id) {
   m_replayTimer->stop();
   const SessionInfo info = m_store->info(id);
   if (!info.id) return false;
-  m_data.clear();
+  clearPages();
   m_store->readEvents(id, [this](std::vector<ss::proto::Event>&& batch) { m_data.add(std::move(batch)); });
   refreshPages();
   m_status->setText(tr("session '%1' (%2, %3 events)").arg(info.name, info.status).arg(info.events));
@@ -739,7 +675,7 @@ void MainWindow::replaySession(qint64 id, double speed) {
   m_replay = std::move(sorted);
   m_replayNext = 0;
   m_replaySpeed = speed;
-  m_data.clear();
+  clearPages();
   m_status->setText(speed > 0 ? tr("replaying at %1×").arg(speed) : tr("replaying as fast as possible"));
   m_tabs->setCurrentWidget(m_timeline);
   m_replayClock.start();

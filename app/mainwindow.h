@@ -53,6 +53,9 @@ class MainWindow : public QMainWindow {
   void compareTpTsp();
   // Runs a quantization sweep of the setup (tp) and shows the Quantization page.
   void runSweep();
+  // Runs the setup under its strategy and on one cpu device (`verify`) and
+  // shows, on the Summary page, how far their logits are apart.
+  void verifySetup();
   // The same with these precisions and block sizes (comma-separated).
   void runSweepOf(const QString& precisions, const QString& blocks);
   // Sets up one of the Start page's examples and runs it (app/firstscreen.cpp).
@@ -90,6 +93,8 @@ class MainWindow : public QMainWindow {
   void setTraining(bool on, int seqLen = 256, int microBatch = 1, int steps = 20, const QString& recompute = "none");
   // The last check's verdict: whether Run is allowed, and the reason shown.
   bool setupValid() const { return m_valid; }
+  // Whether "Check against one device" can run this setup (values to compare, a strategy to set against one).
+  bool canVerify() const;
   QString verdictText() const;
   bool checking() const;
   // Selects a setup programmatically (screenshots, tests).
@@ -166,6 +171,8 @@ class MainWindow : public QMainWindow {
   TrainingPage* m_training;
   QPushButton* m_sweep;
   QPushButton* m_scale;
+  QPushButton* m_verify;
+  void clearPages();
   QTimer* m_redraw;
   QTimer* m_checkDelay;
   QProcess* m_check = nullptr;

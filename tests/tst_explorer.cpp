@@ -472,6 +472,67 @@ class TestExplorer : public QObject {
     compare->window()->close();
   }
 
+  // A stream without spans (a sweep, verify) paints its timeline once, not
+  // forever: an empty range used to reset itself and ask for another paint.
+  void timelineWithoutSpansIsPaintedOnce() {
+    RunData data;
+    data.add(std::vector<ss::proto::Event>{ss::proto::Hello{1, "test", "here"},
+                                           ss::proto::Config{{{"strategy", "tp"}, {"devices", 2}}},
+                                           ss::proto::Done{"ok", 5, 0}});
+    TimelineView view(data);
+    view.resize(800, 300);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    struct Counter : QObject {
+      int paints = 0;
+      bool eventFilter(QObject*, QEvent* e) override {
+        paints += e->type() == QEvent::Paint;
+        return false;
+      }
+    } counter;
+    view.installEventFilter(&counter);
+    view.update();
+    QTest::qWait(400);
+    QVERIFY2(counter.paints >= 1 && counter.paints <= 3, qPrintable(QString::number(counter.paints)));
+  }
+
+  // "Check against one device": verify's two runs, their logits row by row
+  // on the Summary page, kept as a session; a quantized all-reduce differs.
+  void checkAgainstOneDevice() {
+    MainWindow w;
+    w.resize(1400, 820);
+    w.show();
+    w.setSetup("tiny-llama", "sim:mi300x", "tp", 2, 24, 4);
+    QVERIFY(!w.canVerify());  // simulated devices compute no values
+    w.setSetup("tiny-llama", "cpu", "single", 1, 24, 4);
+    QVERIFY(!w.canVerify());  // nothing to set against one device
+    w.setSetup("tiny-llama", "cpu", "tsp", 2, 24, 4);
+    QVERIFY(w.canVerify());
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QSignalSpy done(&w, &MainWindow::runFinished);
+    w.verifySetup();
+    QVERIFY(done.wait(120000));
+    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 0);
+    QCOMPARE(w.pages()->tabText(w.pages()->currentIndex()), QStringLiteral("Summary"));
+    QString summary = w.summaryText();
+    for (const char* said : {"tsp on 2 cpu devices against one cpu device", "It computes what one device computes",
+                             "prefill", "decode", "Top-1 token: the same in 100.0% of rows"})
+      QVERIFY2(summary.contains(QString::fromUtf8(said)), qPrintable(summary));
+    w.pages()->currentWidget()->grab().save(QDir::temp().filePath("shardscope-verify.png"));
+    // int4 all-reduces change what tp computes: past the bound, and said so.
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 4);
+    w.setOptions(1, QString(), QStringLiteral("int4:32"), QString());
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    w.verifySetup();
+    QVERIFY(done.wait(120000));
+    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 1);
+    summary = w.summaryText();
+    QVERIFY2(summary.contains(QStringLiteral("with --comm-precision int4:32 is")) &&
+                 summary.contains(QStringLiteral("past the bound")) && !summary.contains(QStringLiteral("It computes")),
+             qPrintable(summary));
+    w.pages()->currentWidget()->grab().save(QDir::temp().filePath("shardscope-verify-differs.png"));
+  }
+
   // With a capacity between tsp's peak and tp's, tp runs out of memory and
   // tsp fits; the comparison says so instead of stopping at the first.
   void tpRunsOutOfMemoryTspFits() {

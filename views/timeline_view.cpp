@@ -62,9 +62,10 @@ int64_t TimelineView::firstSpan() const {
 
 void TimelineView::resetZoom() {
   // From the first span to the last: loading weights records no spans.
-  m_t0 = double(firstSpan() - m_origin);
-  m_t1 = std::max<double>(m_t0 + 1, double(m_data.end_time() - m_origin));
-  update();
+  // Redraws only where the range changes: paintEvent resets an empty range
+  // (a stream without spans), and an update from there would paint forever.
+  const double t0 = double(firstSpan() - m_origin);
+  setRange(t0, std::max<double>(t0 + 1, double(m_data.end_time() - m_origin)));
 }
 
 void TimelineView::alignAtStart() {

@@ -377,6 +377,9 @@ int main(int argc, char** argv) {
       "verify", "run a setup under its strategy and on one cpu device, on the same weights and tokens, and compare "
                 "their logits row by row: ok within the dtype's bound (exit 0), or where they differ (exit 1)");
   add_model_options(verify, verify_opts, verify_tokens, verify_capacity);
+  std::string verify_events;
+  verify->add_option("--events", verify_events,
+                     "also write the verdict as an event stream to FILE (- for stdout: the text then goes to stderr)");
 
   auto* info = app.add_subcommand("info", "backends, devices and library versions found");
 
@@ -579,7 +582,15 @@ int main(int argc, char** argv) {
       if (!verify_tokens.empty()) verify_opts.tokens = parse_tokens(verify_tokens);
       ss::encode_prompt(verify_opts);
       if (!verify_capacity.empty()) verify_opts.capacity = ss::parse_bytes(verify_capacity);
-      return ss::run_verify(verify_opts, std::cout);
+      std::FILE* f = nullptr;
+      if (verify_events == "-") f = stdout;
+      else if (!verify_events.empty() && !(f = std::fopen(verify_events.c_str(), "w")))
+        throw ss::UsageError("--events " + verify_events + ": cannot create the file");
+      std::optional<ss::proto::Writer> w;
+      if (f) w.emplace(f);
+      const int code = ss::run_verify(verify_opts, w ? &*w : nullptr, f == stdout ? std::cerr : std::cout);
+      if (f && f != stdout) std::fclose(f);
+      return code;
     }
     if (*sweep) {
       if (!sweep_tokens.empty()) sweep_opts.run.tokens = parse_tokens(sweep_tokens);

@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "protocol/events.h"
+#include "runtime/verify.h"
 
 namespace ss {
 
@@ -27,6 +28,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   std::vector<proto::TrainStep> train_steps;    // a training run's
   std::optional<std::string> prompt_text, answer_text;  // a run whose model reads text
   std::map<std::string, std::map<std::string, double>> sweep;
+  std::map<std::string, double> own_accuracy;
   std::string status = "(no done record: the run did not finish)";
   std::string first_error;
   int64_t bad = 0;
@@ -64,6 +66,8 @@ int summarize_stream(std::istream& in, std::ostream& out) {
             if (!e.config.empty() && e.site.empty()) {
               if (!sweep.count(e.config)) sweep_order.push_back(e.config);
               sweep[e.config][e.metric] = e.value;
+            } else if (e.config.empty()) {  // this run's own (verify's): metric.site
+              own_accuracy[e.metric + (e.site.empty() ? "" : "." + e.site)] = e.value;
             }
           } else if constexpr (std::is_same_v<T, proto::ScalePoint>) scale_points.push_back(e);
           else if constexpr (std::is_same_v<T, proto::TrainStep>) train_steps.push_back(e);
@@ -118,6 +122,33 @@ int summarize_stream(std::istream& in, std::ostream& out) {
       if (!p.applicable()) out << (p.mesh.empty() ? p.strategy : p.strategy + " " + p.mesh) << " at " << p.seq_len
                                << ": " << p.reason << "\n";
     return status == "ok" ? 0 : 1;
+  }
+  if (config.contains("verify") && config["verify"].is_object()) {
+    // verify: a run against one device, row by row.
+    const auto& v = config["verify"];
+    const int64_t P = work.value("prompt_len", int64_t(0)), decode = work.value("decode", int64_t(0));
+    out << "verify: " << v.value("run", "?") << " against " << v.value("reference", "?") << " (" << model.value("name", "?")
+        << ", " << config.value("dtype", std::string("fp32")) << "; " << P << " tokens, " << decode
+        << " decode steps)\nstatus: " << status << "\n";
+    for (const char* phase : {"prefill", "decode"}) {
+      const auto rel = own_accuracy.find(std::string("rel_l2.") + phase);
+      if (rel == own_accuracy.end()) continue;
+      std::snprintf(buf, sizeof buf, "worst row relative L2 %.3g", rel->second);
+      out << "  " << phase << ", " << metrics[std::string("verify_rows.") + phase] << " rows: " << buf << " at "
+          << verify_row_place(int64_t(metrics[std::string("verify_worst_row.") + phase]), P, decode,
+                              work.value("batch", 1) > 1, false);
+      std::snprintf(buf, sizeof buf, ", largest difference %.3g\n", own_accuracy[std::string("max_abs_diff.") + phase]);
+      out << buf;
+    }
+    if (own_accuracy.count("top1")) {
+      std::snprintf(buf, sizeof buf, "  top-1 token: the same in %.1f%% of rows\n", 100 * own_accuracy["top1"]);
+      out << buf;
+    }
+    std::snprintf(buf, sizeof buf, "  bound: %.3g (%d layers)\n", v.value("bound", 0.0), v.value("layers", 0));
+    out << buf;
+    print_errors(false);
+    note_unread();
+    return 0;
   }
   if (config.contains("sweep")) {
     // A quantization sweep: no devices to account, a trade-off to show.

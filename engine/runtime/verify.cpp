@@ -8,9 +8,17 @@
 
 #include "comm/quantize.h"
 #include "core/error.h"
+#include "protocol/events.h"
 #include "runtime/child_run.h"
 
 namespace ss {
+
+std::string verify_row_place(int64_t row, int64_t prompt, int64_t decode, bool batch, bool phase) {
+  const int64_t per_sequence = prompt + decode, seq = row / per_sequence, at = row % per_sequence;
+  std::string s = at < prompt ? "position " + std::to_string(at) + (phase ? " (prefill)" : "")
+                              : "decode step " + std::to_string(at - prompt + 1);
+  return batch ? s + " of sequence " + std::to_string(seq) : s;
+}
 
 double verify_bound(DType dtype, DType kv_dtype, int layers) {
   // Unit roundoff of the coarser format: bf16 keeps 8 significant bits, fp16 11.
@@ -44,18 +52,6 @@ std::string describe(const RunOptions& o) {
 
 int64_t argmax_row(const float* z, int64_t n) { return std::max_element(z, z + n) - z; }
 
-// Where a row lies: prefill position or decode step, and its sequence.
-struct RowPlace {
-  int64_t per_sequence, prompt;
-  bool several;
-  std::string operator()(int64_t row, bool phase = true) const {
-    const int64_t seq = row / per_sequence, at = row % per_sequence;
-    std::string s = at < prompt ? "position " + std::to_string(at) + (phase ? " (prefill)" : "")
-                                : "decode step " + std::to_string(at - prompt + 1);
-    return several ? s + " of sequence " + std::to_string(seq) : s;
-  }
-};
-
 // The worst row of one phase and the largest single difference.
 struct PhaseStats {
   int64_t rows = 0, worst_row = -1;
@@ -75,7 +71,7 @@ struct Failed {
 
 }  // namespace
 
-int run_verify(const RunOptions& o, std::ostream& out) {
+int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
   if (o.backend == "sim")
     throw UsageError("verify compares computed logits, and simulated devices compute none; use --backend cpu or cuda");
   if (!o.sampling.greedy())
@@ -97,45 +93,68 @@ int run_verify(const RunOptions& o, std::ostream& out) {
   const RunPlan plan = plan_inference(o, o.backend == "cpu" ? "cpu" : o.backend);
   plan_inference(ref, "cpu");
 
-  const int64_t P = plan.tokens, per_sequence = P + o.decode;
+  const int64_t P = plan.tokens, per_sequence = P + o.decode;  // rows of each sequence
   const double bound = verify_bound(o.dtype, cache_dtype(o), plan.cfg.n_layers);
   const bool quantized = parse_comm_precision(o.comm_precision, "--comm-precision").quantizes();
   out << "verify: " << describe(o) << " against one cpu device (" << plan.cfg.name << ", "
       << compute_dtype_name(o.dtype) << "; " << (o.batch > 1 ? std::to_string(o.batch) + " sequences of " : "")
       << P << " tokens" << (o.decode ? ", " + std::to_string(o.decode) + " decode steps" : "") << ")\n";
   out.flush();
+  auto emit = [&](const proto::Event& e) {
+    if (stream) stream->write(e);
+  };
+  emit(proto::Hello{proto::kVersion, engine_version(), host_name()});
+  emit(proto::Config{{{"verify", {{"run", describe(o)}, {"reference", describe(ref)}, {"bound", bound},
+                                  {"layers", plan.cfg.n_layers}}},
+                      {"model", plan.cfg.to_json()},
+                      {"backend", o.backend},
+                      {"strategy", o.strategy},
+                      {"devices", o.devices},
+                      {"dtype", std::string(compute_dtype_name(o.dtype))},
+                      {"kv_dtype", std::string(compute_dtype_name(cache_dtype(o)))},
+                      {"comm_precision", o.comm_precision.empty() ? "fp32" : o.comm_precision},
+                      {"workload", {{"prompt_len", P}, {"decode", o.decode}, {"batch", o.batch}, {"seed", o.seed}}}}});
+  if (stream) stream->flush();
+  // The verdict's last records: an error where there is one, and done.
+  auto finish = [&](int code, const std::string& error_code, const std::string& message) {
+    if (!error_code.empty()) emit(proto::Error{error_code, -1, message, {}});
+    emit(proto::Done{code == kExitOk ? "ok" : code == kExitOom ? "oom" : "failed", 0, code});
+    if (stream) stream->flush();
+    return code;
+  };
 
   const std::string base = "/tmp/shardscope-verify-" + std::to_string(getpid());
   auto run = [&](const RunOptions& r, const char* tag) {
-    ChildRun c = run_child(r, base + tag);
+    ChildRun c = run_child(r, base + "-" + tag);
     if (!c.ok) throw Failed{c.exit_code ? c.exit_code : kExitFailure, describe(r) + " failed: " + c.error};
     out << "  " << describe(r) << ": " << fmt("%.2f s", c.seconds) << "\n";
     out.flush();
+    emit(proto::Metric{std::string("verify_seconds.") + tag, c.seconds, "s", -1});
     return std::move(c.logits);
   };
   // One device first: its greedy tokens feed both runs' decode. Where every
   // sequence of a batch decodes them, one device runs again fed them too.
   NpyArray want, got;
   try {
-    want = run(ref, "-ref");
+    want = run(ref, "reference");
     const int64_t V = want.shape.back();
     if (o.decode > 0 && o.force_decode.empty()) {
       for (int k = 0; k < o.decode; ++k)
         ref.force_decode.push_back(int32_t(argmax_row(&want.data[size_t((P - 1 + k) * V)], V)));
-      if (o.batch > 1) want = run(ref, "-ref");
+      if (o.batch > 1) want = run(ref, "reference");
     }
     RunOptions mine = o;
     mine.force_decode = ref.force_decode;
-    got = run(mine, "-run");
+    got = run(mine, "run");
     if (got.shape != want.shape)
       throw Failed{kExitFailure, "the two runs' logits differ in shape; this is a defect of the engine"};
   } catch (const Failed& f) {
     out << "failed: " << f.why << "\n";
-    return f.code;
+    return finish(f.code, f.code == kExitOom ? "oom" : "failed", f.why);
   }
 
   const int64_t V = want.shape.back();
-  const RowPlace place{per_sequence, P, o.batch > 1};
+  auto place = [&](int64_t row, bool phase = true) { return verify_row_place(row, P, o.decode, o.batch > 1, phase); };
   PhaseStats prefill, decode;
   int64_t same_top1 = 0;
   const int64_t rows = int64_t(want.data.size()) / V;
@@ -155,11 +174,17 @@ int run_verify(const RunOptions& o, std::ostream& out) {
   }
   for (const auto* phase : {&prefill, &decode}) {
     if (!phase->rows) continue;
+    const std::string name = phase == &prefill ? "prefill" : "decode";
+    emit(proto::Accuracy{"rel_l2", name, -1, phase->worst, ""});
+    emit(proto::Accuracy{"max_abs_diff", name, -1, phase->largest, ""});
+    emit(proto::Metric{"verify_rows." + name, double(phase->rows), "", -1});
+    emit(proto::Metric{"verify_worst_row." + name, double(phase->worst_row), "", -1});
     out << "  " << (phase == &prefill ? "prefill" : "decode") << ", " << phase->rows
         << " rows: worst row relative L2 " << fmt("%.3g", phase->worst) << " at " << place(phase->worst_row, false)
         << ", largest difference " << fmt("%.3g", phase->largest) << "\n";
   }
   out << "  top-1 token: the same in " << same_top1 << " of " << rows << " rows\n";
+  emit(proto::Accuracy{"top1", "", -1, double(same_top1) / double(std::max<int64_t>(rows, 1)), ""});
   const PhaseStats& worst = decode.rows && decode.worst > prefill.worst ? decode : prefill;
   const std::string bound_text = "the bound of " + fmt("%.3g", bound) + " for " + std::string(compute_dtype_name(o.dtype)) +
                                  (cache_dtype(o) != o.dtype ? " with a " + std::string(compute_dtype_name(cache_dtype(o))) + " KV cache" : "") +
@@ -167,12 +192,13 @@ int run_verify(const RunOptions& o, std::ostream& out) {
   if (worst.worst <= bound) {
     out << "ok: " << describe(o) << " computes what one device computes: its worst row is " << fmt("%.3g", worst.worst)
         << " from one device's, within " << bound_text << "\n";
-    return kExitOk;
+    return finish(kExitOk, "", "");
   }
-  out << "differs: " << describe(o) << " is " << fmt("%.3g", worst.worst) << " from one device at "
-      << place(worst.worst_row) << ", past " << bound_text
-      << (quantized ? "; that is the quantized all-reduces' error (`sweep` measures it)" : "") << "\n";
-  return kExitFailure;
+  const std::string differs = describe(o) + " is " + fmt("%.3g", worst.worst) + " from one device at " +
+                              place(worst.worst_row) + ", past " + bound_text +
+                              (quantized ? "; that is the quantized all-reduces' error (`sweep` measures it)" : "");
+  out << "differs: " << differs << "\n";
+  return finish(kExitFailure, "differs", differs);
 }
 
 }  // namespace ss

@@ -6,8 +6,11 @@
 // compared in the same context. Then row by row, against the dtype's bound.
 #pragma once
 
+#include <cstdint>
 #include <ostream>
+#include <string>
 
+#include "protocol/events.h"
 #include "runtime/run.h"
 
 namespace ss {
@@ -18,9 +21,17 @@ namespace ss {
 // fp16), growing with depth as independent roundings do.
 double verify_bound(DType dtype, DType kv_dtype, int layers);
 
+// Where row `row` of the logits lies, as verify names it: "position 8
+// (prefill)" (`phase` adds the parenthesis) or "decode step 3", and "of
+// sequence 1" in a batch.
+std::string verify_row_place(int64_t row, int64_t prompt, int64_t decode, bool batch, bool phase = true);
+
 // Runs both, prints what they differ by, and returns 0 when every row is
 // within the bound, 1 when one is not (or a run failed: its exit code).
+// `stream`, where given, gets the same as events: a config with a `verify`
+// object, each phase's worst row and largest difference, top-1 agreement,
+// and done (an error `differs` first where a row is past the bound).
 // Throws UsageError for what verify cannot compare.
-int run_verify(const RunOptions& o, std::ostream& out);
+int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out);
 
 }  // namespace ss

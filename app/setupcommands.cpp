@@ -1,0 +1,107 @@
+// The setup as engine commands: the arguments of a run, and the commands
+// beside Run (a quantization sweep, a scaling sweep, verify, TP vs TSP).
+#include <QComboBox>
+#include <QFileInfo>
+#include <QLineEdit>
+#include <QPushButton>
+#include <QSpinBox>
+
+#include <algorithm>
+
+#include "mainwindow.h"
+
+QStringList MainWindow::engineArguments() const {
+  const QString backend = m_backend->currentData().toString(), strategy = m_strategy->currentText();
+  QStringList args;
+  if (training()) {
+    args << "train" << "--model" << m_model->currentText() << "--strategy" << strategy << "--dtype"
+         << m_dtype->currentData().toString() << "--seq-len" << QString::number(m_seqLen->value()) << "--micro-batch"
+         << QString::number(m_microBatch->value()) << "--steps" << QString::number(m_steps->value()) << "--lr"
+         << m_lr->text().trimmed() << "--warmup" << QString::number(std::min(10, m_steps->value() / 10))
+         << "--recompute" << m_recompute->currentText();
+    if (backend.startsWith(QLatin1String("sim:"))) {
+      args << "--backend" << "sim" << "--hardware" << backend.mid(4);
+      if (m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());
+    } else if (backend == QLatin1String("cuda")) {
+      args << "--backend" << "cuda";
+    }
+    if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
+    if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
+    for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
+    if (!m_capacity->text().trimmed().isEmpty()) args << "--capacity" << m_capacity->text().trimmed();
+    return args;
+  }
+  if (backend.startsWith(QLatin1String("sim:"))) args << "simulate" << "--hardware" << backend.mid(4);
+  else args << (strategy == QLatin1String("single") ? "run" : "launch");
+  args << "--model" << m_model->currentText() << "--strategy" << strategy << promptArguments() << "--decode"
+       << QString::number(m_decode->value()) << "--dtype" << m_dtype->currentData().toString();
+  if (backend == QLatin1String("cuda")) args << "--backend" << "cuda";
+  if (strategy != QLatin1String("single")) args << "--devices" << QString::number(m_devices->value());
+  if (strategy == QLatin1String("tp_sp")) args << "--mesh" << m_mesh->text();
+  if (backend.startsWith(QLatin1String("sim:")) && m_nodes->value() > 1) args << "--nodes" << QString::number(m_nodes->value());
+  if (strategy == QLatin1String("dp")) args << "--batch" << QString::number(m_devices->value() * m_batch->value());
+  else if (m_batch->value() > 1) args << "--batch" << QString::number(m_batch->value());
+  for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
+  const QString precision = m_precision->currentText().trimmed();
+  if (!precision.isEmpty() && precision != QLatin1String("fp32")) args << "--comm-precision" << precision;
+  if (!m_capacity->text().trimmed().isEmpty()) args << "--capacity" << m_capacity->text().trimmed();
+  return args;
+}
+
+// Whether the chosen model reads text: a folder (given, or shipped by name) with a tokenizer.json.
+bool MainWindow::modelHasTokenizer() const {
+  const QString m = m_model->currentText();
+  if (QFileInfo(m).isDir()) return QFileInfo::exists(m + "/tokenizer.json");
+  return !m.contains('/') && QFileInfo::exists(resourcesDir() + "/models/" + m + "/tokenizer.json");
+}
+
+// The prompt as the setup gives it: typed text, or a synthetic one of N tokens.
+QStringList MainWindow::promptArguments() const {
+  const QString text = m_promptText->text();
+  if (!text.isEmpty() && modelHasTokenizer()) return {"--prompt", text};
+  return {"--prompt-len", QString::number(m_prompt->value())};
+}
+
+void MainWindow::runSweep() { runSweepOf(QStringLiteral("bf16,int8,int4,fp8"), QStringLiteral("32,128,1024")); }
+
+void MainWindow::runSweepOf(const QString& precisions, const QString& blocks) {
+  const QStringList args = QStringList{"sweep", "--model", m_model->currentText(), "--strategy", "tp", "--devices",
+                                       QString::number(std::max(2, m_devices->value()))} +
+                           promptArguments() +
+                           QStringList{"--decode", QString::number(m_decode->value()), "--precisions", precisions,
+                                       "--blocks", blocks, "--events", "-"};
+  runArguments(args, tr("sweep · %1").arg(QFileInfo(m_model->currentText()).fileName()));
+}
+
+bool MainWindow::canVerify() const { return m_verify->isVisible() && m_verify->isEnabled(); }
+
+void MainWindow::verifySetup() {
+  QStringList args = engineArguments();
+  args.first() = QStringLiteral("verify");
+  args << QStringLiteral("--events") << QStringLiteral("-");
+  runArguments(args, tr("verify · %1 · %2 on %3 devices")
+                         .arg(QFileInfo(m_model->currentText()).fileName(), m_strategy->currentText())
+                         .arg(m_strategy->currentText() == QLatin1String("single") ? 1 : m_devices->value()));
+}
+
+void MainWindow::runScaling() {
+  const QString backend = m_backend->currentData().toString();
+  if (!backend.startsWith(QLatin1String("sim:"))) return;
+  QStringList args = {"scale", "--model", m_model->currentText(), "--hardware", backend.mid(4), "--devices",
+                      QString::number(m_devices->value()), "--nodes", QString::number(m_nodes->value()), "--dtype",
+                      m_dtype->currentData().toString(), "--events", "-"};
+  if (training()) args << "--mode" << "train" << "--recompute" << m_recompute->currentText();
+  else args << "--mode" << "infer" << "--decode" << QString::number(std::min(m_decode->value(), 8));
+  for (const QString& kv : m_overrides->text().split(',', Qt::SkipEmptyParts)) args << "--set" << kv.trimmed();
+  runArguments(args, tr("scaling · %1 · %2 devices · %3")
+                         .arg(QFileInfo(m_model->currentText()).fileName())
+                         .arg(m_devices->value())
+                         .arg(training() ? tr("training") : tr("inference")));
+}
+
+void MainWindow::compareTpTsp() {
+  m_compared.clear();
+  m_queue = {QStringLiteral("tp"), QStringLiteral("tsp")};
+  m_strategy->setCurrentText(m_queue.takeFirst());
+  runOnce();
+}
