@@ -385,6 +385,7 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
 }
 
 QString MainWindow::verdictText() const { return m_verdict->text(); }
+QString MainWindow::statusText() const { return m_status->text(); }
 bool MainWindow::checking() const {
   return m_checkDelay->isActive() || (m_check && m_check->state() != QProcess::NotRunning);
 }
@@ -594,6 +595,14 @@ void MainWindow::onFinished(const RunOutcome& o) {
       if (!o.message.endsWith(l)) tail << l;
     m_summary->setNotice(o.message + (tail.isEmpty() ? QString() : QStringLiteral("\n") + tail.join('\n')));
     for (PageNotice* n : m_notices) n->refresh(m_data);  // the reason, not "no run yet"
+  }
+  // A comparison's run refused before it started (a shape its strategy
+  // cannot split) leaves nothing to compare: say which, and stop there.
+  if ((!m_queue.isEmpty() || !m_compared.empty()) && m_data.config().empty() && !o.crashed &&
+      o.status != QLatin1String("stopped")) {
+    m_status->setText(tr("TP vs TSP: %1 cannot run this setup: %2").arg(m_strategy->currentText(), o.message));
+    m_queue.clear();
+    m_compared.clear();
   }
   if (!m_queue.isEmpty() || !m_compared.empty()) {
     m_compared.emplace_back(m_strategy->currentText(), m_data);

@@ -93,6 +93,7 @@ class MainWindow : public QMainWindow {
   void setTraining(bool on, int seqLen = 256, int microBatch = 1, int steps = 20, const QString& recompute = "none");
   // The last check's verdict: whether Run is allowed, and the reason shown.
   bool setupValid() const { return m_valid; }
+  QString statusText() const;
   // Whether "Check against one device" can run this setup (values to compare, a strategy to set against one).
   bool canVerify() const;
   QString verdictText() const;

@@ -533,6 +533,29 @@ class TestExplorer : public QObject {
     w.pages()->currentWidget()->grab().save(QDir::temp().filePath("shardscope-verify-differs.png"));
   }
 
+  // A setup neither strategy can split opens no comparison: refused where
+  // the check has spoken, and stopped at the first refused run where it has
+  // not yet.
+  void tpVersusTspOfASetupThatCannotRun() {
+    MainWindow w;
+    w.setSetup("tiny-llama", "cpu", "tp", 2, 16, 2);
+    w.setOptions(1, QStringLiteral("num_attention_heads=3"), QStringLiteral("fp32"), QString());
+    QVERIFY(w.checking());
+    QSignalSpy done(&w, &MainWindow::runFinished);
+    w.compareTpTsp();  // before the check answers: tp runs, and is refused
+    QVERIFY(done.wait(60000));
+    QCOMPARE(done.size(), 1);
+    QVERIFY2(w.statusText().startsWith(QStringLiteral("TP vs TSP: tp cannot run this setup")), qPrintable(w.statusText()));
+    QTest::qWait(300);
+    QCOMPARE(done.size(), 1);  // tsp was not started
+    for (QWidget* top : QApplication::topLevelWidgets()) QVERIFY(!top->findChild<ComparePage*>());
+    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
+    QVERIFY(!w.setupValid());
+    w.compareTpTsp();  // after it: nothing starts
+    QVERIFY2(w.statusText().contains(QStringLiteral("cannot run")), qPrintable(w.statusText()));
+    QVERIFY(!w.client()->isRunning());
+  }
+
   // With a capacity between tsp's peak and tp's, tp runs out of memory and
   // tsp fits; the comparison says so instead of stopping at the first.
   void tpRunsOutOfMemoryTspFits() {
@@ -615,6 +638,11 @@ class TestExplorer : public QObject {
     }
     QVERIFY(diverging > 0);  // int4 changes some greedy choice on this tiny model
     page->grab().save(QDir::temp().filePath("shardscope-quantization.png"));
+    // The Summary points at the page, rather than reading the sweep as a run of no devices.
+    const QString summary = w.summaryText();
+    QVERIFY2(summary.startsWith(QStringLiteral("Quantization sweep · tiny-hybrid")) &&
+                 !summary.contains(QStringLiteral("on the wire")),
+             qPrintable(summary));
   }
 
   // The Scaling sweep button runs `scale` on the setup's simulated hardware;

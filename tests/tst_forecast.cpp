@@ -70,6 +70,8 @@ class TestForecast : public QObject {
     QTest::newRow("train mamba2 tsp, selective") << "train" << 2
                                                  << QStringList{"--model", "tiny-mamba2", "--strategy", "tsp", "--seq-len", "32",
                                                                 "--recompute", "selective", "--steps", "2"};
+    QTest::newRow("train llama tsp (the second step holds more)")
+        << "train" << 2 << QStringList{"--model", "tiny-llama", "--strategy", "tsp", "--seq-len", "32", "--steps", "3"};
     QTest::newRow("train hybrid dp, accumulation") << "train" << 2
                                                    << QStringList{"--model", "tiny-hybrid", "--strategy", "dp", "--seq-len", "16",
                                                                   "--micro-batch", "2", "--grad-accum", "2", "--steps", "2"};

@@ -177,6 +177,21 @@ void SummaryPage::refresh() {
     m_text->setHtml(h);
     return;
   }
+  // Sweeps run no devices of their own to summarize: their pages draw them.
+  if (c.contains("scale") || c.contains("sweep")) {
+    const bool scale = c.contains("scale");
+    h += tr("<h3>%1 · %2</h3><p>%3</p>")
+             .arg(scale ? tr("Scaling sweep") : tr("Quantization sweep"))
+             .arg(QString::fromStdString(model.value("name", std::string("?"))).toHtmlEscaped())
+             .arg(scale ? tr("Every strategy simulated from 4K to 1M tokens: the Scaling page draws each one's peak "
+                             "memory, time and traffic against length.")
+                        : tr("The setup run with each quantized all-reduce against the unquantized one: the "
+                             "Quantization page sets their wire bytes against their accuracy, token by token."));
+    for (const auto& e : m_data.errors())
+      h += QStringLiteral("<p style='color:#b00'>%1</p>").arg(QString::fromStdString(e.message).toHtmlEscaped());
+    m_text->setHtml(h);
+    return;
+  }
   if (c.contains("verify") && c["verify"].is_object()) {
     h += verifyHtml(m_data);
     for (const auto& e : m_data.errors())
@@ -191,7 +206,7 @@ void SummaryPage::refresh() {
   const double bpv = bytesPer(dtype), kvBytes = bytesPer(kvDtype);
   const double residualBytes = model.value("residual_in_fp32", false) ? 4.0 : bpv;
   // A cuda run names its GPU.
-  std::string backend = c.value("backend", c.contains("sweep") ? "cpu, quantization sweep" : "?");
+  std::string backend = c.value("backend", std::string("?"));
   if (c.contains("gpu") && c["gpu"].is_object() && c["gpu"].contains("name"))
     backend += " (" + c["gpu"].value("name", std::string()) + ")";
   h += tr("<h3>%1 · %2 · %3 device(s) · %4 · %5</h3>")

@@ -176,9 +176,12 @@ MemoryForecast forecast_inference(const RunOptions& o, const HardwareProfile* hw
 MemoryForecast forecast_training(const TrainOptions& o) {
   TrainOptions t = o;
   for_simulation(t.run);
-  // One step: the optimizer's state is allocated before it, and every later
-  // step repeats its shapes. The data's values do not change them.
-  t.steps = 1;
+  // Two steps (where the run has them): the optimizer's state is allocated
+  // before the first, and the second can hold more than the first (tsp's
+  // communication buffers, kept from the first step's backward, beside the
+  // second's forward); every later step repeats the second's shapes. The
+  // data's values do not change them.
+  t.steps = std::min(o.steps, 2);
   t.data = "synthetic";
   t.tokenizer.clear();
   t.save.clear();  // --save and --dump-grads write from the host; --resume's model and state stay
