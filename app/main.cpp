@@ -91,7 +91,15 @@ int main(int argc, char** argv) {
   }
   if (cli.isSet(compare)) {
     QList<qint64> ids;
-    for (const QString& id : cli.value(compare).split(',', Qt::SkipEmptyParts)) ids << id.toLongLong();
+    for (const QString& id : cli.value(compare).split(',', Qt::SkipEmptyParts)) {
+      bool number = false;
+      ids << id.trimmed().toLongLong(&number);
+      if (!number || !w.hasSession(ids.back())) {
+        std::fprintf(stderr, "shardscope: --compare %s: no session %s in the database (the Sessions page lists them)\n",
+                     qPrintable(cli.value(compare)), qPrintable(id.trimmed()));
+        return 2;
+      }
+    }
     ComparePage* page = w.compareSessions(ids);
     if (!page) {
       std::fprintf(stderr, "shardscope: --compare takes 2 to 4 saved session ids, e.g. --compare 1,2\n");

@@ -94,6 +94,8 @@ class MainWindow : public QMainWindow {
   // The last check's verdict: whether Run is allowed, and the reason shown.
   bool setupValid() const { return m_valid; }
   QString statusText() const;
+  // Whether the session database holds session `id`.
+  bool hasSession(qint64 id) const;
   // Whether "Check against one device" can run this setup (values to compare, a strategy to set against one).
   bool canVerify() const;
   QString verdictText() const;

@@ -136,6 +136,19 @@ class TestSessionViews : public QObject {
     QVERIFY(shot.save(QDir::temp().filePath("shardscope-compare.png")));
     page->window()->close();
     QVERIFY(!w.compareSessions({sessions[0].id}));  // one is not a comparison
+    QVERIFY(w.hasSession(sessions[0].id) && !w.hasSession(9999));
+    // From the command line, a session that is not there is refused in one line, naming it.
+    QProcess app;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("QT_QPA_PLATFORM", "offscreen");
+    app.setProcessEnvironment(env);
+    app.start(SHARDSCOPE_APP_BIN, {"--db", m_db, "--compare", QString("%1,9999").arg(sessions[0].id)});
+    QVERIFY(app.waitForFinished(60000));
+    QCOMPARE(app.exitCode(), 2);
+    const QString err = QString::fromUtf8(app.readAllStandardError()).trimmed();  // Qt's own notes may come first
+    QVERIFY2(err.section('\n', -1).startsWith("shardscope: --compare") && err.section('\n', -1).contains("no session 9999") &&
+                 err.count("shardscope:") == 1,
+             qPrintable(err));
   }
 
   void pagesExportAsPngSvgPdf() {
