@@ -472,6 +472,31 @@ class TestExplorer : public QObject {
     compare->window()->close();
   }
 
+  // A memory axis labels every tick in one unit, the unit of its step, and
+  // each label reads back as its tick.
+  void bytesAxisSpeaksOneUnit_data() {
+    QTest::addColumn<double>("top");
+    QTest::newRow("2.1 GiB") << 2.1 * (1 << 30);
+    QTest::newRow("3.5 MiB") << 3.5 * (1 << 20);
+    QTest::newRow("900 KiB") << 900.0 * 1024;
+    QTest::newRow("5 KiB") << 5000.0;
+  }
+  void bytesAxisSpeaksOneUnit() {
+    QFETCH(double, top);
+    const QSharedPointer<QCPAxisTicker> ticker = bytesTicker();
+    QVector<double> ticks, subTicks;
+    QVector<QString> labels;
+    ticker->generate(QCPRange(0, top), QLocale::c(), 'g', 3, ticks, &subTicks, &labels);
+    QVERIFY(ticks.size() >= 3);
+    const QString unit = labels.first().section(' ', 1);
+    const std::map<QString, double> scale = {{"B", 1}, {"KiB", 1024}, {"MiB", 1 << 20}, {"GiB", 1 << 30}};
+    QVERIFY2(scale.count(unit), qPrintable(labels.first()));
+    for (int i = 0; i < ticks.size(); ++i) {
+      QCOMPARE(labels[i].section(' ', 1), unit);
+      QCOMPARE(labels[i].section(' ', 0, 0).toDouble() * scale.at(unit), ticks[i]);
+    }
+  }
+
   // A stream without spans (a sweep, verify) paints its timeline once, not
   // forever: an empty range used to reset itself and ask for another paint.
   void timelineWithoutSpansIsPaintedOnce() {

@@ -13,18 +13,32 @@ namespace {
 // Byte tick labels on a plot axis.
 class BytesTicker : public QCPAxisTicker {
  protected:
-  QString getTickLabel(double tick, const QLocale&, QChar, int) override { return bytesText(tick); }
+  // Every label of an axis in the unit its step is in ("500 MiB, 1000 MiB,
+  // 1500 MiB", not "1000.0 MiB, 1.46 GiB"), as many decimals as the step has.
+  QString getTickLabel(double tick, const QLocale&, QChar, int) override {
+    static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    return QString::number(tick / std::pow(1024.0, m_unit), 'f', m_decimals) + " " + kUnits[m_unit];
+  }
   // Steps of 1, 2 or 5 (x10) in the unit the labels use (KiB, MiB, GiB), so
   // ticks read 100 MiB, 200 MiB ... rather than decimal steps in binary units.
   double getTickStep(const QCPRange& range) override {
     const double raw = range.size() / std::max(1, tickCount());
-    double unit = 1;
-    while (raw >= unit * 1024 && unit < std::pow(1024.0, 4)) unit *= 1024;
+    m_unit = 0;
+    while (raw >= std::pow(1024.0, m_unit + 1) && m_unit < 4) ++m_unit;
+    const double unit = std::pow(1024.0, m_unit);
     const double mag = std::pow(10.0, std::floor(std::log10(std::max(raw / unit, 1e-9))));
+    double step = 10 * mag;
     for (double m : {1.0, 2.0, 5.0, 10.0})
-      if (m * mag * unit >= raw) return m * mag * unit;
-    return 10 * mag * unit;
+      if (m * mag * unit >= raw) {
+        step = m * mag;
+        break;
+      }
+    m_decimals = step >= 1 ? 0 : int(std::ceil(-std::log10(step) - 1e-9));
+    return step * unit;
   }
+
+ private:
+  int m_unit = 0, m_decimals = 0;  // of the last step
 };
 
 }  // namespace
