@@ -40,6 +40,14 @@ SessionsPage::SessionsPage(SessionStore* store, QWidget* parent) : QWidget(paren
   bar->addWidget(m_status);
   layout->addLayout(bar);
 
+  m_empty = new QLabel(tr("No sessions yet. Every run is saved here as it streams (Run, or an example on the Start "
+                          "page), with its setup and headline figures: open it again, replay it, or select two to four "
+                          "and compare them. Import stream... adds a run recorded elsewhere with --events."),
+                       this);
+  m_empty->setWordWrap(true);
+  m_empty->setStyleSheet(QStringLiteral("QLabel { color: #555; padding: 12px; }"));
+  m_empty->hide();
+  layout->addWidget(m_empty);
   m_table = new QTableWidget(0, Columns, this);
   m_table->setHorizontalHeaderLabels({tr("Name"), tr("Model"), tr("Strategy"), tr("Devices"), tr("Prompt + decode"),
                                       tr("Backend"),
@@ -106,11 +114,13 @@ SessionsPage::SessionsPage(SessionStore* store, QWidget* parent) : QWidget(paren
   });
   connect(open, &QPushButton::clicked, this, [this] {
     const auto ids = selectedSessions();
-    if (!ids.isEmpty()) emit openRequested(ids.first());
+    if (ids.isEmpty()) emit message(tr("select a session to open"));
+    else emit openRequested(ids.first());
   });
   connect(replay, &QPushButton::clicked, this, [this] {
     const auto ids = selectedSessions();
-    if (!ids.isEmpty()) emit replayRequested(ids.first(), m_speed->currentData().toDouble());
+    if (ids.isEmpty()) emit message(tr("select a session to replay"));
+    else emit replayRequested(ids.first(), m_speed->currentData().toDouble());
   });
   connect(compare, &QPushButton::clicked, this, [this] {
     const auto ids = selectedSessions();
@@ -143,7 +153,8 @@ void SessionsPage::reload() {
       return h.contains(key) ? QString::number(h.value(key).toDouble(), 'f', decimals) : QString();
     };
     auto bytes = [&](const char* key) { return h.contains(key) ? bytesText(h.value(key).toDouble()) : QString(); };
-    const QString cells[Columns] = {s.name, s.model, s.strategy, QString::number(s.devices),
+    // A run that failed before its setup was recorded has no devices to count.
+    const QString cells[Columns] = {s.name, s.model, s.strategy, s.model.isEmpty() ? QString() : QString::number(s.devices),
                                     s.prompt ? QStringLiteral("%1 + %2").arg(s.prompt).arg(s.decode) : QString(),
                                     s.backend,
                                     QDateTime::fromString(s.created, Qt::ISODate).toLocalTime().toString("yyyy-MM-dd hh:mm"),
@@ -163,6 +174,7 @@ void SessionsPage::reload() {
   }
   m_table->setSortingEnabled(true);
   m_loading = false;
+  m_empty->setVisible(sessions.empty());
   applyFilter();
   selectSessions(keep);
 }

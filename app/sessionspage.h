@@ -46,6 +46,7 @@ class SessionsPage : public QWidget {
   QComboBox* m_status;
   QTableWidget* m_table;
   QLabel* m_notice;
+  QLabel* m_empty;  // what the page will hold, while it holds nothing
   QLineEdit* m_tags;
   QPlainTextEdit* m_note;
   QPushButton* m_undo;

@@ -6,6 +6,7 @@
 #include <QFile>
 
 #include <csignal>
+#include <QLabel>
 #include <QProcess>
 #include <QSignalSpy>
 #include <QTabWidget>
@@ -119,6 +120,22 @@ class TestSessionViews : public QObject {
     page->undoDelete();
     QCOMPARE(page->visibleRows(), 2);
     QCOMPARE(w.sessionStore()->lines(id).isEmpty(), false);
+  }
+
+  // An empty database's page says what it will hold; one with sessions lists them instead.
+  void emptySessionsPageSaysWhatItWillHold() {
+    for (const QString& db : {m_dir.filePath("empty.db"), m_db}) {
+      MainWindow w(nullptr, db);
+      auto* page = w.findChild<SessionsPage*>();
+      QVERIFY(page);
+      const bool empty = w.sessionStore()->list().empty();
+      QCOMPARE(empty, db != m_db);
+      QLabel* said = nullptr;
+      for (QLabel* l : page->findChildren<QLabel*>())
+        if (l->text().startsWith(QStringLiteral("No sessions yet"))) said = l;
+      QVERIFY(said);
+      QCOMPARE(said->isVisibleTo(page), empty);
+    }
   }
 
   void compareTwoSessionsOnOneAxis() {
