@@ -497,6 +497,30 @@ class TestExplorer : public QObject {
     }
   }
 
+  // Every op a training run records draws in a colour of its own on its
+  // lane (backward kernels were hashed into 8 colours, several alike).
+  void trainingOpsHaveTheirOwnColours() {
+    std::map<std::pair<std::string, bool>, int> ops;
+    for (const char* model : {"tiny-llama", "tiny-hybrid", "tiny-mamba"}) {
+      QProcess p;
+      p.start(SHARDSCOPE_ENGINE_BIN, {"train", "--model", model, "--strategy", "tsp", "--devices", "2", "--seq-len",
+                                      "16", "--steps", "1", "--events", "-"});
+      QVERIFY(p.waitForFinished(120000));
+      QCOMPARE(p.exitCode(), 0);
+      for (const QByteArray& line : p.readAllStandardOutput().split('\n')) {
+        const QJsonObject o = QJsonDocument::fromJson(line).object();
+        if (o.value("type").toString() == "span")
+          ops[{o.value("op").toString().toStdString(), o.value("stream").toString() == "comm"}] = 0;
+      }
+    }
+    QVERIFY(ops.size() > 20);
+    std::map<std::pair<QRgb, bool>, std::string> seen;
+    for (const auto& [op, n] : ops) {
+      const auto [it, fresh] = seen.emplace(std::make_pair(opColor(op.first, op.second).rgb(), op.second), op.first);
+      QVERIFY2(fresh, qPrintable(QString::fromStdString(op.first + " draws as " + it->second + " does")));
+    }
+  }
+
   // A stream without spans (a sweep, verify) paints its timeline once, not
   // forever: an empty range used to reset itself and ask for another paint.
   void timelineWithoutSpansIsPaintedOnce() {

@@ -36,6 +36,10 @@ class MemoryPage : public QWidget {
 
 // Gantt chart: a compute and a comm lane per device, spans coloured by op;
 // wheel zooms, drag pans, hover shows the span.
+// A span's colour on the timeline: the engine's kernels in cool tones,
+// collectives in warm ones, a backward kernel in its forward's hue, darker.
+QColor opColor(const std::string& op, bool comm);
+
 class TimelineView : public QWidget {
   Q_OBJECT
  public:

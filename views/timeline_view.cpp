@@ -12,9 +12,6 @@
 
 #include "palette.h"
 
-namespace {
-
-
 // A colour per op kind: the engine's kernels in cool tones, collectives in
 // warm ones, each distinct; an op not listed gets a stable hashed colour.
 QColor opColor(const std::string& op, bool comm) {
@@ -35,6 +32,14 @@ QColor opColor(const std::string& op, bool comm) {
       {"recv", QColor(194, 24, 91)},           {"all_to_all", QColor(141, 110, 99)},
       {"barrier", QColor(120, 120, 120)},      {"gather_blobs", QColor(161, 136, 127)}};
   if (auto it = known.find(op); it != known.end()) return it->second;
+  // Training: a backward kernel in its forward's hue, darker; the optimizer's
+  // and the loss's own colours.
+  static const std::string kBackward = "_backward";
+  if (op.size() > kBackward.size() && op.compare(op.size() - kBackward.size(), kBackward.size(), kBackward) == 0)
+    return opColor(op.substr(0, op.size() - kBackward.size()), comm).darker(160);
+  static const std::map<std::string, QColor> training = {
+      {"adamw", QColor(130, 119, 23)}, {"sum_squares", QColor(175, 180, 43)}, {"cross_entropy", QColor(0, 77, 64)}};
+  if (auto it = training.find(op); it != training.end()) return it->second;
   static const QColor compute[] = {QColor(66, 133, 244), QColor(52, 168, 83), QColor(0, 150, 136),
                                    QColor(121, 85, 200), QColor(96, 125, 139), QColor(3, 169, 244),
                                    QColor(139, 195, 74), QColor(63, 81, 181)};
@@ -43,8 +48,6 @@ QColor opColor(const std::string& op, bool comm) {
   const size_t h = std::hash<std::string>{}(op);
   return comm ? wire[h % 4] : compute[h % 8];
 }
-
-}  // namespace
 
 // -------------------------------------------------------------- Timeline ---
 
