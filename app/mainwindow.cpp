@@ -256,16 +256,20 @@ MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
   buttons->addWidget(m_stop);
   buttons->addWidget(m_again);
   form->addRow(buttons);
-  auto action = [&](const QString& text, const QString& tip) {
+  auto action = [&](const QString& text, const QString& tip, QHBoxLayout* row = nullptr) {
     auto* b = new QPushButton(text, setup);
     b->setToolTip(tip);
-    form->addRow(b);
+    if (row) row->addWidget(b);
+    else form->addRow(b);
     return b;
   };
-  m_compare = action(tr("TP vs TSP"), tr("Run this setup under tp and under tsp and compare them side by side"));
+  auto* checks = new QHBoxLayout;  // two to a row: the form fits the window's height
+  m_compare = action(tr("TP vs TSP"), tr("Run this setup under tp and under tsp and compare them side by side"), checks);
   m_verify = action(tr("Check against one device"),
                     tr("Run this setup and the same run on one CPU device, on the same weights and tokens, and "
-                       "compare their logits row by row: does the strategy compute what one device computes?"));
+                       "compare their logits row by row: does the strategy compute what one device computes?"),
+                    checks);
+  form->addRow(checks);
   m_sweep = action(tr("Quantization sweep"), tr("Run this setup under tp with bf16, int8, int4 and fp8 all-reduces "
                                                 "against fp32"));
   m_scale = action(tr("Scaling sweep"), tr("Simulate every strategy on this setup's simulated hardware and devices "

@@ -343,11 +343,9 @@ void ComparePage::drawMemory() {
   m_memory->yAxis->setRange(0, top * 1.15);
   m_memory->yAxis->setLabel(tr("peak memory per category"));
   m_memory->yAxis->setTicker(bytesTicker());
-  m_memory->legend->setVisible(true);
   m_memory->legend->setFont(font());
-  // The legend beside the plot, never over a bar.
-  m_memory->plotLayout()->addElement(0, 1, m_memory->legend);
-  m_memory->plotLayout()->setColumnStretchFactor(1, 0.001);
+  legendBeside(m_memory);
+  m_memory->xAxis->grid()->setZeroLinePen(Qt::NoPen);
   m_memory->replot();
 }
 

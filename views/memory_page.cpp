@@ -33,13 +33,12 @@ MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), 
   m_plot->axisRect()->setRangeDrag(Qt::Horizontal);
   m_plot->xAxis->setLabel(tr("time (ms)"));
   m_plot->yAxis->setTicker(bytesTicker());
-  m_plot->legend->setVisible(true);
-  m_plot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignLeft);
+  legendBeside(m_plot);  // clear of the peak's marker and label
   layout->addWidget(m_plot, 3);
   m_bars = new QCustomPlot(this);
   m_bars->yAxis->setTicker(bytesTicker());
-  m_bars->legend->setVisible(true);
-  m_bars->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+  legendBeside(m_bars);  // clear of the last rank's bars
+  m_bars->xAxis->grid()->setZeroLinePen(Qt::NoPen);  // rank 0 sits at x = 0: no line through its bars
   layout->addWidget(m_bars, 2);
   connect(m_rank, &QComboBox::currentIndexChanged, this, [this] {
     m_seen = ~0ull;

@@ -156,3 +156,6 @@ QString bytesText(double bytes);
 // A plot axis ticker that labels ticks with bytesText.
 class QCPAxisTicker;
 QSharedPointer<QCPAxisTicker> bytesTicker();
+// Shows the plot's legend beside it, at the top right, never over its data.
+class QCustomPlot;
+void legendBeside(QCustomPlot* plot);

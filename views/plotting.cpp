@@ -45,6 +45,20 @@ class BytesTicker : public QCPAxisTicker {
 
 QSharedPointer<QCPAxisTicker> bytesTicker() { return QSharedPointer<QCPAxisTicker>(new BytesTicker); }
 
+void legendBeside(QCustomPlot* plot) {
+  // A column right of the axis rect: the legend at its top at its own
+  // height, the rest empty (a legend given the whole height spreads its rows).
+  auto* column = new QCPLayoutGrid;
+  plot->plotLayout()->addElement(0, 1, column);
+  plot->plotLayout()->setColumnStretchFactor(1, 0.001);
+  column->addElement(0, 0, plot->legend);
+  column->addElement(1, 0, new QCPLayoutElement(plot));
+  column->setRowStretchFactor(0, 0.001);
+  column->setRowStretchFactor(1, 1);
+  column->setMargins(QMargins(0, 4, 6, 0));  // the frame clear of the widget's edge
+  plot->legend->setVisible(true);
+}
+
 QString bytesText(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

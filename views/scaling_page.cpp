@@ -11,6 +11,7 @@
 #include <qcustomplot.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <set>
 
@@ -119,9 +120,7 @@ ScalingPage::ScalingPage(const RunData& data, QWidget* parent) : QWidget(parent)
   };
   m_memory = makePlot(tr("peak memory per device"));
   m_memory->yAxis->setTicker(bytesTicker());
-  m_memory->legend->setVisible(true);
-  // Short sequences need little memory and long ones a lot: the bottom right stays clear.
-  m_memory->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignBottom | Qt::AlignRight);
+  legendBeside(m_memory);  // clear of the longest sequences' points
   m_speed = makePlot(tr("tokens/s"));
   m_speed->setToolTip(tr("Tokens per second of the whole group: a training step's, or an inference prefill's"));
   m_speed->yAxis->setScaleType(QCPAxis::stLogarithmic);
@@ -291,6 +290,24 @@ void ScalingPage::draw() {
   const double yTop = capacityShown ? std::max(double(capacity), std::min(top, std::max(double(capacity), fitting) * 2.2))
                                     : top;
   m_memory->yAxis->setRange(0, std::max(yTop, 1.0) * 1.08);
+  // Points that do not fit and leave through the top: an arrow at the top
+  // edge at their length, with how many and how high.
+  std::map<double, std::pair<int, double>> above;  // length -> (points, highest)
+  for (int i = 0; i < oomX.size(); ++i)
+    if (oomY[i] > m_memory->yAxis->range().upper) {
+      auto& [n, highest] = above[oomX[i]];
+      ++n;
+      highest = std::max(highest, oomY[i]);
+    }
+  for (const auto& [x, nh] : above) {
+    auto* arrow = new QCPItemText(m_memory);
+    arrow->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+    arrow->position->setCoords(x, 0.0);
+    arrow->setPositionAlignment(Qt::AlignHCenter | Qt::AlignTop);
+    arrow->setColor(QColor(200, 30, 30));
+    arrow->setText(nh.first == 1 ? tr("✕ ↑ %1").arg(bytesText(nh.second))
+                                 : tr("%1 ✕ ↑ to %2").arg(nh.first).arg(bytesText(nh.second)));
+  }
   m_speed->yAxis->setRange(m_speed->yAxis->range().lower / 1.25, m_speed->yAxis->range().upper * 1.25);
   m_comm->yAxis->setRange(0, std::max(m_comm->yAxis->range().upper, 1.0) * 1.08);
 

@@ -32,7 +32,7 @@ TrainingPage::TrainingPage(const RunData& data, QWidget* parent) : QWidget(paren
   m_lr->yAxis->setLabel(tr("learning rate"));
   m_lr->yAxis2->setLabel(tr("tokens/s"));
   m_lr->yAxis2->setVisible(true);
-  m_lr->legend->setVisible(true);
+  legendBeside(m_lr);  // clear of the tokens/s line
   auto* lr = m_lr->addGraph();
   lr->setName(tr("learning rate"));
   lr->setPen(QPen(QColor(90, 150, 90), 2));
