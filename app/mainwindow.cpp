@@ -742,7 +742,7 @@ ComparePage* MainWindow::showComparison(std::vector<ComparedRun> runs) {
   return page;
 }
 
-bool MainWindow::hasSession(qint64 id) const { return m_store && m_store->info(id).id == id; }
+bool MainWindow::hasSession(qint64 id) const { return id > 0 && m_store && m_store->info(id).id == id; }
 
 ComparePage* MainWindow::compareSessions(const QList<qint64>& ids) {
   if (!m_store || ids.size() < 2 || ids.size() > 4) return nullptr;

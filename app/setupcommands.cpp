@@ -2,7 +2,6 @@
 // beside Run (a quantization sweep, a scaling sweep, verify, TP vs TSP).
 #include <QComboBox>
 #include <QFileInfo>
-#include <QLabel>
 #include <QLineEdit>
 #include <QPushButton>
 #include <QSpinBox>
@@ -101,10 +100,6 @@ void MainWindow::runScaling() {
 }
 
 void MainWindow::compareTpTsp() {
-  if (!m_valid && !checking()) {  // the check said why under the form
-    m_status->setText(tr("TP vs TSP: this setup cannot run; the reason is under the form"));
-    return;
-  }
   m_compared.clear();
   m_queue = {QStringLiteral("tp"), QStringLiteral("tsp")};
   m_strategy->setCurrentText(m_queue.takeFirst());

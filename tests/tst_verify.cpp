@@ -59,6 +59,9 @@ class TestVerify : public QObject {
                                                           "--decode", "2"};
     QTest::newRow("mamba tp fp16") << QStringList{"--model", "tiny-mamba", "--strategy", "tp", "--devices", "2",
                                                   "--dtype", "fp16", "--prompt-len", "16", "--decode", "3"};
+    QTest::newRow("falcon-mamba sp, contiguous") << QStringList{"--model", "tiny-falcon-mamba", "--strategy", "sp",
+                                                               "--devices", "2", "--split", "contiguous", "--prompt-len",
+                                                               "16", "--decode", "2"};
     QTest::newRow("llama dp, a batch") << QStringList{"--model", "tiny-llama", "--strategy", "dp", "--devices", "2",
                                                       "--batch", "2", "--prompt-len", "8", "--decode", "3"};
   }
@@ -147,14 +150,50 @@ class TestVerify : public QObject {
     QVERIFY2(figure_after(last, "int4:32 is") > 1e-3, qPrintable(out));
   }
 
-  // A run that fails ends verify with its exit code and its one line.
+  // A run that fails ends verify with its exit code and its one line. The
+  // capacity is the strategy's run's: one device runs without it.
   void aFailedRunIsReported() {
+    const QString stream = QDir::tempPath() + "/tst_verify_oom.jsonl";
     const Ran r = engine({"verify", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "24",
-                          "--capacity", "64KiB"});
+                          "--capacity", "64KiB", "--events", stream});
     const QString out = QString::fromUtf8(r.out);
     QCOMPARE(r.exit_code, int(ss::kExitOom));
+    QVERIFY2(out.contains("\n  one cpu device: "), qPrintable(out));  // the reference ran, unlimited
     const QString last = out.trimmed().split('\n').last();
-    QVERIFY2(last.startsWith("failed: ") && last.contains("capacity"), qPrintable(out));
+    QVERIFY2(last.startsWith("failed: tp on 2 cpu devices failed: ") && last.contains("capacity"), qPrintable(out));
+    QFile f(stream);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const QByteArray events = f.readAll();
+    QVERIFY2(events.contains("\"code\":\"oom\"") && events.contains("\"status\":\"oom\""), events.constData());
+    f.remove();
+  }
+
+  // Stop (SIGTERM, as the explorer sends it) reaches the run verify started
+  // and everything it started: nothing is left running, no files behind.
+  void stopEndsTheRunsItStarted() {
+    QProcess p;
+    p.start(SHARDSCOPE_ENGINE_BIN, {"verify", "--model", "small-llama", "--strategy", "tp", "--devices", "2",
+                                    "--prompt-len", "256", "--decode", "400"});
+    QVERIFY(p.waitForStarted());
+    const QString base = QString("/tmp/shardscope-verify-%1-").arg(p.processId());
+    QTRY_VERIFY_WITH_TIMEOUT(QFileInfo::exists(base + "reference.err"), 60000);
+    QTest::qWait(500);
+    p.terminate();
+    QVERIFY(p.waitForFinished(60000));
+    QVERIFY(p.exitCode() != 0);
+    const QString out = QString::fromUtf8(p.readAllStandardOutput()).trimmed();
+    QVERIFY2(out.split('\n').last().startsWith("failed: one cpu device failed: "), qPrintable(out));
+    // Whatever the child started is gone (a rank may take a moment to exit).
+    auto left = [&] {
+      QStringList found;
+      for (const QString& pid : QDir("/proc").entryList(QDir::Dirs))
+        if (QFile c("/proc/" + pid + "/cmdline"); c.open(QIODevice::ReadOnly) && c.readAll().contains(base.toUtf8()))
+          found << pid;
+      return found;
+    };
+    QTRY_VERIFY2_WITH_TIMEOUT(left().isEmpty(), qPrintable(left().join(' ')), 20000);
+    for (const char* ext : {"reference.npy", "reference.jsonl", "reference.err"})
+      QVERIFY2(!QFileInfo::exists(base + ext), ext);
   }
 
   // What verify cannot compare is refused in one line, before anything runs.
@@ -169,6 +208,8 @@ class TestVerify : public QObject {
     QTest::newRow("logits-out") << run + QStringList{"--strategy", "tp", "--devices", "2", "--logits-out", "x.npy"}
                                 << "leave out --logits-out";
     QTest::newRow("single on the cpu") << run << "choose --strategy";
+    QTest::newRow("an unknown backend") << run + QStringList{"--backend", "tpu", "--strategy", "tp", "--devices", "2"}
+                                        << "--backend tpu is not available";
     QTest::newRow("shapes") << QStringList{"--model", "tiny-llama", "--strategy", "tsp", "--devices", "2", "--prompt-len", "7"}
                             << "--prompt-len 7";
   }

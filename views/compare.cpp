@@ -346,7 +346,7 @@ void ComparePage::drawMemory() {
   m_memory->legend->setFont(font());
   legendBeside(m_memory);
   m_memory->xAxis->grid()->setZeroLinePen(Qt::NoPen);
-  m_memory->replot();
+  replotWhenShown(m_memory);
 }
 
 QString ComparePage::tableText() const {

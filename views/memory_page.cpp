@@ -94,7 +94,7 @@ void MemoryPage::drawOverTime(int rank) {
     }
   }
   if (mem.empty()) {
-    m_plot->replot();
+    replotWhenShown(m_plot);
     return;
   }
   QCPGraph* below = nullptr;
@@ -183,7 +183,7 @@ void MemoryPage::drawOverTime(int rank) {
       text->setText(tr("peak %1 — out of memory here").arg(bytesText(peak)));
   m_plot->xAxis->setRange(mem.front().t * 1e-6, std::max(mem.back().t * 1e-6, mem.front().t * 1e-6 + 1e-3));
   m_plot->yAxis->setRange(0, std::max(peak, capacityOnScale ? capacity : 0.0) * 1.12 + 1);
-  m_plot->replot();
+  replotWhenShown(m_plot);
 }
 
 // Peak bytes per category on every device, as grouped bars (exact peaks from
@@ -192,7 +192,7 @@ void MemoryPage::drawAllDevices() {
   m_bars->clearPlottables();
   const auto& ranks = m_data.ranks();
   if (ranks.empty()) {
-    m_bars->replot();
+    replotWhenShown(m_bars);
     return;
   }
   auto* group = new QCPBarsGroup(m_bars);
@@ -228,5 +228,5 @@ void MemoryPage::drawAllDevices() {
   m_bars->xAxis->setRange(-0.6, ticks.size() - 0.4);
   m_bars->yAxis->setRange(0, top * 1.15);
   m_bars->yAxis->setLabel(tr("peak per category"));
-  m_bars->replot();
+  replotWhenShown(m_bars);
 }

@@ -159,3 +159,6 @@ QSharedPointer<QCPAxisTicker> bytesTicker();
 // Shows the plot's legend beside it, at the top right, never over its data.
 class QCustomPlot;
 void legendBeside(QCustomPlot* plot);
+// Replots now where the plot is on screen, else when it is next shown: a
+// hidden plot (a tab not in view) has no paint buffer to draw into.
+void replotWhenShown(QCustomPlot* plot);

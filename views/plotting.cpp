@@ -45,6 +45,35 @@ class BytesTicker : public QCPAxisTicker {
 
 QSharedPointer<QCPAxisTicker> bytesTicker() { return QSharedPointer<QCPAxisTicker>(new BytesTicker); }
 
+namespace {
+// Replots its plot the next time it is shown, once.
+class ReplotOnShow : public QObject {
+ public:
+  using QObject::QObject;
+  bool eventFilter(QObject* watched, QEvent* e) override {
+    if (e->type() == QEvent::Show) {
+      auto* plot = static_cast<QCustomPlot*>(watched);
+      plot->removeEventFilter(this);
+      plot->setProperty("shardscopeReplotPending", false);
+      plot->replot(QCustomPlot::rpQueuedReplot);  // after the layout gives it its size
+      deleteLater();
+    }
+    return false;
+  }
+};
+}  // namespace
+
+void replotWhenShown(QCustomPlot* plot) {
+  if (plot->isVisible()) {
+    // Laid out: now; shown but not yet laid out (no size, no paint buffer): once it is.
+    plot->replot(plot->width() > 0 && plot->height() > 0 ? QCustomPlot::rpRefreshHint : QCustomPlot::rpQueuedReplot);
+    return;
+  }
+  if (plot->property("shardscopeReplotPending").toBool()) return;
+  plot->setProperty("shardscopeReplotPending", true);
+  plot->installEventFilter(new ReplotOnShow(plot));
+}
+
 void legendBeside(QCustomPlot* plot) {
   // A column right of the axis rect: the legend at its top at its own
   // height, the rest empty (a legend given the whole height spreads its rows).

@@ -143,8 +143,8 @@ void QuantizationPage::refresh() {
   m_tradeoff->clearItems();
   m_sites->clearPlottables();
   if (pts.empty()) {
-    m_tradeoff->replot();
-    m_sites->replot();
+    replotWhenShown(m_tradeoff);
+    replotWhenShown(m_sites);
     return;
   }
   // All-sites points (labels without "site="), the reference excluded (KL 0).
@@ -184,7 +184,7 @@ void QuantizationPage::refresh() {
   front->setName(tr("Pareto front"));
   m_tradeoff->xAxis->setRange(0, xmax * 1.25);
   m_tradeoff->yAxis->setRange(std::max(ymin / 3, 1e-12), ymax * 3);
-  m_tradeoff->replot();
+  replotWhenShown(m_tradeoff);
 
   // Sensitivity: one bar group per spec, one bar per site.
   std::map<std::string, std::map<std::string, double>> by_spec;  // spec -> site -> KL
@@ -228,5 +228,5 @@ void QuantizationPage::refresh() {
   m_sites->xAxis->setTicker(ticker);
   m_sites->xAxis->setRange(-0.6, std::max(1.0, double(ticks.size())) - 0.4);
   if (!sites.empty()) m_sites->yAxis->setRange(std::max(smin / 3, 1e-12), smax * 3);
-  m_sites->replot();
+  replotWhenShown(m_sites);
 }

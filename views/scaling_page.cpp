@@ -337,7 +337,7 @@ void ScalingPage::draw() {
                                     : tr("Hover a point for its memory by category.");
   m_notes->setText(notApplicable.join(QStringLiteral("<br>")) +
                    (m_points > 0 ? (notApplicable.isEmpty() ? QString() : QStringLiteral("<br>")) + hint : QString()));
-  for (QCustomPlot* plot : {m_memory, m_speed, m_comm}) plot->replot();
+  for (QCustomPlot* plot : {m_memory, m_speed, m_comm}) replotWhenShown(plot);
 }
 
 const ScalePoint* ScalingPage::pointAt(const QCustomPlot* plot, QPointF pos) const {

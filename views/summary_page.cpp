@@ -177,6 +177,13 @@ void SummaryPage::refresh() {
     m_text->setHtml(h);
     return;
   }
+  // The stream's errors, one paragraph each.
+  const auto errorsHtml = [&] {
+    QString e;
+    for (const auto& err : m_data.errors())
+      e += QStringLiteral("<p style='color:#b00'>%1</p>").arg(QString::fromStdString(err.message).toHtmlEscaped());
+    return e;
+  };
   // Sweeps run no devices of their own to summarize: their pages draw them.
   if (c.contains("scale") || c.contains("sweep")) {
     const bool scale = c.contains("scale");
@@ -187,16 +194,11 @@ void SummaryPage::refresh() {
                              "memory, time and traffic against length.")
                         : tr("The setup run with each quantized all-reduce against the unquantized one: the "
                              "Quantization page sets their wire bytes against their accuracy, token by token."));
-    for (const auto& e : m_data.errors())
-      h += QStringLiteral("<p style='color:#b00'>%1</p>").arg(QString::fromStdString(e.message).toHtmlEscaped());
-    m_text->setHtml(h);
+    m_text->setHtml(h + errorsHtml());
     return;
   }
   if (c.contains("verify") && c["verify"].is_object()) {
-    h += verifyHtml(m_data);
-    for (const auto& e : m_data.errors())
-      h += QStringLiteral("<p style='color:#b00'>%1</p>").arg(QString::fromStdString(e.message).toHtmlEscaped());
-    m_text->setHtml(h);
+    m_text->setHtml(h + verifyHtml(m_data) + errorsHtml());
     return;
   }
   // The run's number formats (streams from before they existed are fp32).

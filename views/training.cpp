@@ -70,12 +70,12 @@ void TrainingPage::refresh() {
     p->rescaleAxes();
     for (QCPAxis* a : {p->yAxis, p->yAxis2}) a->scaleRange(1.1, a->range().center());  // clear of the frame
     if (!x.isEmpty()) p->xAxis->setRange(x.front() - 0.5, x.back() + 0.5);
-    p->replot();
+    replotWhenShown(p);
   }
   // Throughput from zero: a steady rate is a flat line, not noise blown up to the axis.
   const double top = tps.isEmpty() ? 1.0 : *std::max_element(tps.begin(), tps.end());
   m_lr->yAxis2->setRange(0, 1.1 * std::max(top, 1.0));
-  m_lr->replot();
+  replotWhenShown(m_lr);
   m_loss->setVisible(!simulated);
   if (!steps.empty()) {
     const auto& last = steps.back();

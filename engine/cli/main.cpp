@@ -44,6 +44,14 @@ namespace {
 
 std::vector<int32_t> parse_tokens(const std::string& s) { return ss::parse_token_ids(s, "--tokens"); }
 
+// What add_model_options left as text, once the command is known: --tokens'
+// ids, --prompt encoded to them, --capacity's bytes.
+void complete_run_options(ss::RunOptions& o, const std::string& tokens, const std::string& capacity) {
+  if (!tokens.empty()) o.tokens = parse_tokens(tokens);
+  ss::encode_prompt(o);
+  if (!capacity.empty()) o.capacity = ss::parse_bytes(capacity);
+}
+
 // --dtype and --kv-dtype: checked by CLI11 (a bad name is one line, exit 2), then parsed once.
 const CLI::Validator& dtype_check() {
   static const CLI::Validator v(
@@ -183,9 +191,7 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
 int run_command(ss::RunOptions& o, const std::string& tokens, const std::string& capacity,
                 const std::string& events) {
   std::FILE* f = stdout;
-  if (!tokens.empty()) o.tokens = parse_tokens(tokens);
-  ss::encode_prompt(o);
-  if (!capacity.empty()) o.capacity = ss::parse_bytes(capacity);
+  complete_run_options(o, tokens, capacity);
   if (!events.empty() && events != "-") {
     f = std::fopen(events.c_str(), "w");
     if (!f) throw ss::UsageError("--events " + events + ": cannot create the file");
@@ -561,9 +567,7 @@ int main(int argc, char** argv) {
     }
     if (*check) {
       // The same checks launch and simulate make before anything starts.
-      if (!check_tokens.empty()) check_opts.tokens = parse_tokens(check_tokens);
-      ss::encode_prompt(check_opts);
-      if (!check_capacity.empty()) check_opts.capacity = ss::parse_bytes(check_capacity);
+      complete_run_options(check_opts, check_tokens, check_capacity);
       std::optional<ss::HardwareProfile> hw;
       if (!check_hardware.empty()) {
         hw = ss::load_hardware(check_hardware);
@@ -579,9 +583,7 @@ int main(int argc, char** argv) {
                                      check_opts, nullptr, check_seconds);
     }
     if (*verify) {
-      if (!verify_tokens.empty()) verify_opts.tokens = parse_tokens(verify_tokens);
-      ss::encode_prompt(verify_opts);
-      if (!verify_capacity.empty()) verify_opts.capacity = ss::parse_bytes(verify_capacity);
+      complete_run_options(verify_opts, verify_tokens, verify_capacity);
       std::FILE* f = nullptr;
       if (verify_events == "-") f = stdout;
       else if (!verify_events.empty() && !(f = std::fopen(verify_events.c_str(), "w")))
@@ -593,9 +595,7 @@ int main(int argc, char** argv) {
       return code;
     }
     if (*sweep) {
-      if (!sweep_tokens.empty()) sweep_opts.run.tokens = parse_tokens(sweep_tokens);
-      ss::encode_prompt(sweep_opts.run);
-      if (!sweep_capacity.empty()) sweep_opts.run.capacity = ss::parse_bytes(sweep_capacity);
+      complete_run_options(sweep_opts.run, sweep_tokens, sweep_capacity);
       const bool to_stdout = sweep_opts.events.empty() || sweep_opts.events == "-";
       return ss::run_sweep(sweep_opts, to_stdout ? std::cerr : std::cout);
     }
@@ -616,9 +616,7 @@ int main(int argc, char** argv) {
       return code;
     }
     if (*simulate) {
-      if (!sim_tokens.empty()) sim_opts.tokens = parse_tokens(sim_tokens);
-      ss::encode_prompt(sim_opts);
-      if (!sim_capacity.empty()) sim_opts.capacity = ss::parse_bytes(sim_capacity);
+      complete_run_options(sim_opts, sim_tokens, sim_capacity);
       if (simulate->count("--backend") && sim_opts.backend != "sim")
         throw ss::UsageError("simulate runs on simulated devices (--hardware); --backend " + sim_opts.backend +
                              " is for run and launch");
@@ -635,9 +633,7 @@ int main(int argc, char** argv) {
       return r.exit_code;
     }
     if (*launch) {
-      if (!launch_tokens.empty()) launch_opts.tokens = parse_tokens(launch_tokens);
-      ss::encode_prompt(launch_opts);
-      if (!launch_capacity.empty()) launch_opts.capacity = ss::parse_bytes(launch_capacity);
+      complete_run_options(launch_opts, launch_tokens, launch_capacity);
       launch_cfg.run_args = rank_arguments(argc, argv, "launch");
       return ss::launch(launch_opts, launch_cfg);
     }

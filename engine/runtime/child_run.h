@@ -21,16 +21,26 @@ std::string shell_quote(const std::string& s);
 // another. --prompt's text goes as the --tokens it was encoded to.
 std::vector<std::string> to_arguments(const RunOptions& o);
 
+// Refuses, in one line, options a child's command line cannot carry: one
+// argument is at most 128 KiB on Linux (a prompt of some 20K tokens).
+void check_child_arguments(const RunOptions& o);
+
+// The index of the largest of n values (the first of equals).
+int64_t argmax_row(const float* z, int64_t n);
+
 struct ChildRun {
   int exit_code = 0;
-  bool ok = false;     // it exited 0 and wrote its logits
-  std::string error;   // its error event's message, or else its first stderr line
+  bool ok = false;          // it exited 0 and wrote its logits
+  std::string error;        // its error event's message, or else its first stderr line
+  std::string error_code;   // that event's code (usage, oom, ...), or one from the exit code
   double seconds = 0;  // wall time, start-up included
   NpyArray logits;     // [prompt + decoded, vocab], or [batch, ..., vocab]
 };
 
 // Runs `launch` with `o` and every row's logits (files under `base`, removed
-// after). `each` sees every event of its stream.
+// after). `each` sees every event of its stream. The child runs in a process
+// group of its own: SIGTERM or SIGINT to this process (the explorer's Stop)
+// is passed on to it, waited for, and ends the run as stopped.
 ChildRun run_child(RunOptions o, const std::string& base,
                    const std::function<void(const proto::Event&)>& each = {});
 

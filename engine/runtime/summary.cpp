@@ -127,16 +127,17 @@ int summarize_stream(std::istream& in, std::ostream& out) {
     // verify: a run against one device, row by row.
     const auto& v = config["verify"];
     const int64_t P = work.value("prompt_len", int64_t(0)), decode = work.value("decode", int64_t(0));
+    const int batch = work.value("batch", 1);
     out << "verify: " << v.value("run", "?") << " against " << v.value("reference", "?") << " (" << model.value("name", "?")
-        << ", " << config.value("dtype", std::string("fp32")) << "; " << P << " tokens, " << decode
-        << " decode steps)\nstatus: " << status << "\n";
+        << ", " << config.value("dtype", std::string("fp32")) << "; "
+        << (batch > 1 ? std::to_string(batch) + " sequences of " : "") << P << " tokens"
+        << (decode ? ", " + std::to_string(decode) + " decode steps" : "") << ")\nstatus: " << status << "\n";
     for (const char* phase : {"prefill", "decode"}) {
       const auto rel = own_accuracy.find(std::string("rel_l2.") + phase);
       if (rel == own_accuracy.end()) continue;
       std::snprintf(buf, sizeof buf, "worst row relative L2 %.3g", rel->second);
       out << "  " << phase << ", " << metrics[std::string("verify_rows.") + phase] << " rows: " << buf << " at "
-          << verify_row_place(int64_t(metrics[std::string("verify_worst_row.") + phase]), P, decode,
-                              work.value("batch", 1) > 1, false);
+          << verify_row_place(int64_t(metrics[std::string("verify_worst_row.") + phase]), P, decode, batch > 1, false);
       std::snprintf(buf, sizeof buf, ", largest difference %.3g\n", own_accuracy[std::string("max_abs_diff.") + phase]);
       out << buf;
     }

@@ -82,8 +82,6 @@ double bf16_step(double x) {
 
 }  // namespace
 
-static int64_t argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
-
 int run_sweep(const SweepOptions& given, std::ostream& table) {
   SweepOptions so = given;
   RunOptions o = so.run;
@@ -138,6 +136,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
                      "--top-k are for run and launch");
   // Refuse before any run: the setup must run, its strategy all-reduce, the grid parse.
   validate(o);
+  check_child_arguments(o);
   if (!has_tp_all_reduces(o))
     throw UsageError("sweep quantizes tensor-parallel all-reduces, and --strategy " + o.strategy +
                      " has none; use --strategy tp or tp_sp with T > 1");
@@ -200,7 +199,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   // quantized run's own greedy choice would first differ is reported apart.
   std::vector<int32_t> forced;
   for (int64_t k = 0; k < o.decode && P - 1 + k < rows; ++k)
-    forced.push_back(int32_t(argmax(&R.data[size_t((P - 1 + k) * V)], V)));
+    forced.push_back(int32_t(argmax_row(&R.data[size_t((P - 1 + k) * V)], V)));
   auto perplexity = [&](const NpyArray& L) -> double {
     if (o.tokens.empty()) return NAN;
     double nll = 0;
@@ -226,7 +225,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   std::vector<double> margin_steps;  // top-2 gap in bf16 steps, per position
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = &R.data[size_t(r * V)];
-    const int64_t a = argmax(z, V);
+    const int64_t a = argmax_row(z, V);
     double second = -INFINITY;
     for (int64_t v = 0; v < V; ++v)
       if (v != a) second = std::max(second, double(z[v]));
@@ -264,7 +263,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
     proto::Generation g;
     g.config = label;
     for (int64_t k = 0; k <= o.decode && P - 1 + k < rows; ++k)
-      g.tokens.push_back(argmax(&L.data[size_t((P - 1 + k) * V)], V));
+      g.tokens.push_back(argmax_row(&L.data[size_t((P - 1 + k) * V)], V));
     if (tokenizer) describe_tokens(g, *tokenizer);
     out.write(g);
   };
@@ -312,7 +311,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
         for (int64_t r = 0; r < rows; ++r) {
           const auto lp = log_softmax(&R.data[size_t(r * V)], V), lq = log_softmax(&Q.data[size_t(r * V)], V);
           for (int64_t v = 0; v < V; ++v) kl += std::exp(lp[size_t(v)]) * (lp[size_t(v)] - lq[size_t(v)]);
-          const bool same = argmax(&R.data[size_t(r * V)], V) == argmax(&Q.data[size_t(r * V)], V);
+          const bool same = argmax_row(&R.data[size_t(r * V)], V) == argmax_row(&Q.data[size_t(r * V)], V);
           agree += same;
           agree_decided += same && !tied[size_t(r)];
         }
@@ -320,7 +319,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
         p.top1 = double(agree) / double(rows);
         p.top1_decided = rows > ties ? double(agree_decided) / double(rows - ties) : 1.0;
         for (int64_t k = 0; k <= o.decode && P - 1 + k < rows; ++k)
-          if (argmax(&R.data[size_t((P - 1 + k) * V)], V) != argmax(&Q.data[size_t((P - 1 + k) * V)], V)) {
+          if (argmax_row(&R.data[size_t((P - 1 + k) * V)], V) != argmax_row(&Q.data[size_t((P - 1 + k) * V)], V)) {
             p.first_divergence = int(k);
             break;
           }

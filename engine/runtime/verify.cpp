@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "protocol/events.h"
 #include "runtime/child_run.h"
+#include "runtime/rank.h"
 
 namespace ss {
 
@@ -50,8 +51,6 @@ std::string describe(const RunOptions& o) {
   return s;
 }
 
-int64_t argmax_row(const float* z, int64_t n) { return std::max_element(z, z + n) - z; }
-
 // The worst row of one phase and the largest single difference.
 struct PhaseStats {
   int64_t rows = 0, worst_row = -1;
@@ -66,6 +65,7 @@ struct PhaseStats {
 // A run that did not finish: its exit code and why.
 struct Failed {
   int code;
+  std::string error_code;  // the run's own (usage, oom, stopped, ...)
   std::string why;
 };
 
@@ -89,9 +89,14 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
   ref.backend = "cpu";
   ref.comm_precision.clear();
   ref.measure_sites = false;
-  // Both refused here, with one line, before either starts.
-  const RunPlan plan = plan_inference(o, o.backend == "cpu" ? "cpu" : o.backend);
+  ref.capacity = 0;  // the reference is not the run whose memory the capacity tests
+  // Both refused here, with one line, before either starts: as launch
+  // refuses them (a backend it has no devices of included).
+  const bool gpu = o.backend == "cuda" || o.backend == "cuda-emu";
+  const RunPlan plan = plan_inference(o, gpu ? o.backend : "cpu");
+  if (o.backend == "cuda") check_gpu_count(o.devices);
   plan_inference(ref, "cpu");
+  check_child_arguments(o);
 
   const int64_t P = plan.tokens, per_sequence = P + o.decode;  // rows of each sequence
   const double bound = verify_bound(o.dtype, cache_dtype(o), plan.cfg.n_layers);
@@ -126,7 +131,7 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
   const std::string base = "/tmp/shardscope-verify-" + std::to_string(getpid());
   auto run = [&](const RunOptions& r, const char* tag) {
     ChildRun c = run_child(r, base + "-" + tag);
-    if (!c.ok) throw Failed{c.exit_code ? c.exit_code : kExitFailure, describe(r) + " failed: " + c.error};
+    if (!c.ok) throw Failed{c.exit_code ? c.exit_code : kExitFailure, c.error_code, describe(r) + " failed: " + c.error};
     out << "  " << describe(r) << ": " << fmt("%.2f s", c.seconds) << "\n";
     out.flush();
     emit(proto::Metric{std::string("verify_seconds.") + tag, c.seconds, "s", -1});
@@ -147,10 +152,10 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
     mine.force_decode = ref.force_decode;
     got = run(mine, "run");
     if (got.shape != want.shape)
-      throw Failed{kExitFailure, "the two runs' logits differ in shape; this is a defect of the engine"};
+      throw Failed{kExitFailure, "internal", "the two runs' logits differ in shape; this is a defect of the engine"};
   } catch (const Failed& f) {
     out << "failed: " << f.why << "\n";
-    return finish(f.code, f.code == kExitOom ? "oom" : "failed", f.why);
+    return finish(f.code, f.error_code, f.why);
   }
 
   const int64_t V = want.shape.back();

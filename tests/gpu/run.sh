@@ -99,6 +99,8 @@ check() {  # check NAME TIMEOUT_S COMMAND...  (writes its row to $out/rows/NAME)
   write_summary
 }
 write_summary() {  # the rows so far (a run cut short still leaves them), then the benchmark's tables
+  local tmp
+  tmp=$(mktemp "$out/.summary.XXXXXX")  # checks end side by side: each writes whole, then renames
   {
     echo "# GPU checks, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
@@ -115,7 +117,8 @@ write_summary() {  # the rows so far (a run cut short still leaves them), then t
       cat "$out/bench.txt"
       echo '```'
     fi
-  } > "$summary"
+  } > "$tmp"
+  mv -f "$tmp" "$summary"
 }
 show() {  # show NAME: its output into the log, once it has ended
   echo "===== $1"
