@@ -64,11 +64,8 @@ QString verifyHtml(const RunData& data) {
            .arg(QString::fromStdString(c.value("dtype", std::string("fp32"))))
            .arg(P)
            .arg(decode ? QObject::tr(", %1 decode steps").arg(decode) : QString());
-  // Where a row lies (as verify_row_place names it).
   const auto place = [&](double row) {
-    const int64_t r = int64_t(row), per = P + decode, at = per > 0 ? r % per : r;
-    const QString where = at < P ? QObject::tr("position %1").arg(at) : QObject::tr("decode step %1").arg(at - P + 1);
-    return batch ? QObject::tr("%1 of sequence %2").arg(where).arg(per > 0 ? r / per : 0) : where;
+    return QString::fromStdString(ss::proto::row_place(int64_t(row), P, decode, batch, false));
   };
   const auto accuracy = [&](const std::string& metric, const std::string& site) -> std::optional<double> {
     for (const auto& a : data.accuracy())

@@ -52,6 +52,14 @@ void complete_run_options(ss::RunOptions& o, const std::string& tokens, const st
   if (!capacity.empty()) o.capacity = ss::parse_bytes(capacity);
 }
 
+// Where --events sends a stream: stdout for "" or "-", else the file, created.
+std::FILE* open_events(const std::string& path) {
+  if (path.empty() || path == "-") return stdout;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw ss::UsageError("--events " + path + ": cannot create the file");
+  return f;
+}
+
 // --dtype and --kv-dtype: checked by CLI11 (a bad name is one line, exit 2), then parsed once.
 const CLI::Validator& dtype_check() {
   static const CLI::Validator v(
@@ -190,12 +198,8 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
 
 int run_command(ss::RunOptions& o, const std::string& tokens, const std::string& capacity,
                 const std::string& events) {
-  std::FILE* f = stdout;
   complete_run_options(o, tokens, capacity);
-  if (!events.empty() && events != "-") {
-    f = std::fopen(events.c_str(), "w");
-    if (!f) throw ss::UsageError("--events " + events + ": cannot create the file");
-  }
+  std::FILE* f = open_events(events);
   ss::proto::Writer w(f);
   ss::RunResult r = ss::run_inference(o, w);
   if (f != stdout) std::fclose(f);
@@ -553,8 +557,7 @@ int main(int argc, char** argv) {
       if (!train_tokens.empty()) train_opts.tokens = parse_tokens(train_tokens);
       if (!train_capacity.empty()) train_opts.run.capacity = ss::parse_bytes(train_capacity);
       if (*train_rank) {
-        std::FILE* f = rank_events.empty() || rank_events == "-" ? stdout : std::fopen(rank_events.c_str(), "w");
-        if (!f) throw ss::UsageError("--events " + rank_events + ": cannot create the file");
+        std::FILE* f = open_events(rank_events);
         ss::proto::Writer w(f);
         const int code = ss::run_training(train_opts, w).exit_code;
         if (f != stdout) std::fclose(f);
@@ -584,10 +587,7 @@ int main(int argc, char** argv) {
     }
     if (*verify) {
       complete_run_options(verify_opts, verify_tokens, verify_capacity);
-      std::FILE* f = nullptr;
-      if (verify_events == "-") f = stdout;
-      else if (!verify_events.empty() && !(f = std::fopen(verify_events.c_str(), "w")))
-        throw ss::UsageError("--events " + verify_events + ": cannot create the file");
+      std::FILE* f = verify_events.empty() ? nullptr : open_events(verify_events);  // no stream unless asked
       std::optional<ss::proto::Writer> w;
       if (f) w.emplace(f);
       const int code = ss::run_verify(verify_opts, w ? &*w : nullptr, f == stdout ? std::cerr : std::cout);
@@ -601,11 +601,7 @@ int main(int argc, char** argv) {
     }
     if (*scale) {
       scale_opts.search_micro_batch = !scale_no_search;
-      std::FILE* f = stdout;
-      if (!scale_events.empty() && scale_events != "-") {
-        f = std::fopen(scale_events.c_str(), "w");
-        if (!f) throw ss::UsageError("--events " + scale_events + ": cannot create the file");
-      }
+      std::FILE* f = open_events(scale_events);
       ss::proto::Writer w(f);
       // The table of peaks: on stdout beside a stream written to a file; on
       // stderr where the stream takes stdout by default; none with --events -
@@ -622,11 +618,7 @@ int main(int argc, char** argv) {
                              " is for run and launch");
       sim_opts.backend = "sim";
       const ss::HardwareProfile hw = ss::load_hardware(sim_hardware);
-      std::FILE* f = stdout;
-      if (!sim_events.empty() && sim_events != "-") {
-        f = std::fopen(sim_events.c_str(), "w");
-        if (!f) throw ss::UsageError("--events " + sim_events + ": cannot create the file");
-      }
+      std::FILE* f = open_events(sim_events);
       ss::proto::Writer w(f);
       ss::RunResult r = ss::simulate(sim_opts, hw, sim_nodes, sim_replicas, w);
       if (f != stdout) std::fclose(f);

@@ -1,5 +1,7 @@
 #include "protocol/events.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <stdexcept>
 
@@ -487,6 +489,14 @@ Reader::Result Reader::parse_line(std::string_view line) {
     r.error = ex.what();
   }
   return r;
+}
+
+std::string row_place(int64_t row, int64_t prompt, int64_t decode, bool batch, bool phase) {
+  const int64_t per_sequence = std::max<int64_t>(prompt + decode, 1), seq = row / per_sequence,
+                at = row % per_sequence;
+  std::string s = at < prompt ? "position " + std::to_string(at) + (phase ? " (prefill)" : "")
+                              : "decode step " + std::to_string(at - prompt + 1);
+  return batch ? s + " of sequence " + std::to_string(seq) : s;
 }
 
 }  // namespace ss::proto

@@ -270,4 +270,9 @@ class Reader {
 // the first bad field.
 Event from_json(const nlohmann::json& j);
 
+// Where row `row` of a run's logits lies (verify's `verify_worst_row.*`):
+// "position 8 (prefill)" (`phase` adds the parenthesis) or "decode step 3",
+// and "of sequence 1" in a batch; each sequence has `prompt` + `decode` rows.
+std::string row_place(int64_t row, int64_t prompt, int64_t decode, bool batch, bool phase = true);
+
 }  // namespace ss::proto

@@ -10,7 +10,6 @@
 
 #include "core/allocator.h"
 #include "protocol/events.h"
-#include "runtime/verify.h"
 
 namespace ss {
 
@@ -137,7 +136,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
       if (rel == own_accuracy.end()) continue;
       std::snprintf(buf, sizeof buf, "worst row relative L2 %.3g", rel->second);
       out << "  " << phase << ", " << metrics[std::string("verify_rows.") + phase] << " rows: " << buf << " at "
-          << verify_row_place(int64_t(metrics[std::string("verify_worst_row.") + phase]), P, decode, batch > 1, false);
+          << proto::row_place(int64_t(metrics[std::string("verify_worst_row.") + phase]), P, decode, batch > 1, false);
       std::snprintf(buf, sizeof buf, ", largest difference %.3g\n", own_accuracy[std::string("max_abs_diff.") + phase]);
       out << buf;
     }

@@ -14,13 +14,6 @@
 
 namespace ss {
 
-std::string verify_row_place(int64_t row, int64_t prompt, int64_t decode, bool batch, bool phase) {
-  const int64_t per_sequence = prompt + decode, seq = row / per_sequence, at = row % per_sequence;
-  std::string s = at < prompt ? "position " + std::to_string(at) + (phase ? " (prefill)" : "")
-                              : "decode step " + std::to_string(at - prompt + 1);
-  return batch ? s + " of sequence " + std::to_string(seq) : s;
-}
-
 double verify_bound(DType dtype, DType kv_dtype, int layers) {
   // Unit roundoff of the coarser format: bf16 keeps 8 significant bits, fp16 11.
   auto roundoff = [](DType t) { return t == DType::BF16 ? 0x1p-8 : t == DType::F16 ? 0x1p-11 : 0.0; };
@@ -159,7 +152,7 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
   }
 
   const int64_t V = want.shape.back();
-  auto place = [&](int64_t row, bool phase = true) { return verify_row_place(row, P, o.decode, o.batch > 1, phase); };
+  auto place = [&](int64_t row, bool phase = true) { return proto::row_place(row, P, o.decode, o.batch > 1, phase); };
   PhaseStats prefill, decode;
   int64_t same_top1 = 0;
   const int64_t rows = int64_t(want.data.size()) / V;

@@ -21,11 +21,6 @@ namespace ss {
 // fp16), growing with depth as independent roundings do.
 double verify_bound(DType dtype, DType kv_dtype, int layers);
 
-// Where row `row` of the logits lies, as verify names it: "position 8
-// (prefill)" (`phase` adds the parenthesis) or "decode step 3", and "of
-// sequence 1" in a batch.
-std::string verify_row_place(int64_t row, int64_t prompt, int64_t decode, bool batch, bool phase = true);
-
 // Runs both, prints what they differ by, and returns 0 when every row is
 // within the bound, 1 when one is not (or a run failed: its exit code).
 // `stream`, where given, gets the same as events: a config with a `verify`
