@@ -196,6 +196,18 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
   cmd->add_option("--dump-grads", o.dump_grads, "write step 1's whole gradient as DIR/gradients.safetensors");
 }
 
+// verify and train --verify: the verdict as text, and as an event stream
+// where --events asks for one (- for stdout: the text then goes to stderr).
+template <class Verify>
+int with_verdict_stream(const std::string& events, Verify verify) {
+  std::FILE* f = events.empty() ? nullptr : open_events(events);
+  std::optional<ss::proto::Writer> w;
+  if (f) w.emplace(f);
+  const int code = verify(w ? &*w : nullptr, f == stdout ? std::cerr : std::cout);
+  if (f && f != stdout) std::fclose(f);
+  return code;
+}
+
 int run_command(ss::RunOptions& o, const std::string& tokens, const std::string& capacity,
                 const std::string& events) {
   complete_run_options(o, tokens, capacity);
@@ -282,6 +294,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   train->add_flag("--check-only", train_opts.check_only, "validate the setup and simulate its memory (as `check` does for inference): "
                   "print ok and the fullest device's peak, and start nothing");
+  bool train_verify = false;
+  train->add_flag("--verify", train_verify,
+                  "run the setup and the same training on one cpu device and compare step 1's loss, gradient norm and "
+                  "gradient tensor by tensor: ok within the dtype's bound (exit 0), or where they differ (exit 1); "
+                  "--events then asks for the verdict as a stream");
   train->add_option("--forecast-seconds", train_opts.forecast_seconds,
                     "with --check-only: give up simulating the memory after this many seconds, saying so (0: never)")
       ->check(CLI::Range(0.0, 86400.0));
@@ -563,6 +580,12 @@ int main(int argc, char** argv) {
         if (f != stdout) std::fclose(f);
         return code;
       }
+      if (train_verify) {
+        if (!train_cfg.hostfile.empty()) throw ss::UsageError("--verify runs on this host; leave out --hostfile");
+        return with_verdict_stream(train_cfg.events, [&](ss::proto::Writer* w, std::ostream& out) {
+          return ss::run_train_verify(train_opts, w, out);
+        });
+      }
       if (train_opts.forecast_seconds > 0 && !train_opts.check_only)
         throw ss::UsageError("--forecast-seconds bounds --check-only's memory forecast; give --check-only too");
       train_cfg.run_args = rank_arguments(argc, argv, "train");
@@ -587,12 +610,9 @@ int main(int argc, char** argv) {
     }
     if (*verify) {
       complete_run_options(verify_opts, verify_tokens, verify_capacity);
-      std::FILE* f = verify_events.empty() ? nullptr : open_events(verify_events);  // no stream unless asked
-      std::optional<ss::proto::Writer> w;
-      if (f) w.emplace(f);
-      const int code = ss::run_verify(verify_opts, w ? &*w : nullptr, f == stdout ? std::cerr : std::cout);
-      if (f && f != stdout) std::fclose(f);
-      return code;
+      return with_verdict_stream(verify_events, [&](ss::proto::Writer* w, std::ostream& out) {
+        return ss::run_verify(verify_opts, w, out);
+      });
     }
     if (*sweep) {
       complete_run_options(sweep_opts.run, sweep_tokens, sweep_capacity);

@@ -32,19 +32,31 @@ std::string joined(const std::vector<T>& v) {
   for (const T& x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
   return s;
 }
+
+// What launch and train share: the model, where it runs and how it is split.
+std::vector<std::string> common_arguments(const RunOptions& o) {
+  std::vector<std::string> a = {"--model",   o.model,    "--backend", o.backend, "--strategy", o.strategy,
+                                "--devices", std::to_string(o.devices), "--split", o.split,
+                                "--dtype",   std::string(compute_dtype_name(o.dtype)),
+                                "--seed",    std::to_string(o.seed),    "--threads", std::to_string(o.threads)};
+  for (const std::string& s : o.overrides) a.insert(a.end(), {"--set", s});
+  if (!o.mesh.empty()) a.insert(a.end(), {"--mesh", o.mesh});
+  if (o.capacity > 0) a.insert(a.end(), {"--capacity", std::to_string(o.capacity)});
+  return a;
+}
+
+// A double as the digits that read back as the same double.
+std::string exact(double v) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%.17g", v);
+  return t;
+}
 }  // namespace
 
 std::vector<std::string> to_arguments(const RunOptions& o) {
-  std::vector<std::string> a = {"--model",    o.model,       "--backend", o.backend,
-                                "--strategy", o.strategy,    "--devices", std::to_string(o.devices),
-                                "--split",    o.split,       "--attention", o.attention,
-                                "--dtype",    std::string(compute_dtype_name(o.dtype)),
-                                "--decode",   std::to_string(o.decode),
-                                "--seed",     std::to_string(o.seed),
-                                "--threads",  std::to_string(o.threads)};
-  for (const std::string& s : o.overrides) a.insert(a.end(), {"--set", s});
+  std::vector<std::string> a = common_arguments(o);
+  a.insert(a.end(), {"--attention", o.attention, "--decode", std::to_string(o.decode)});
   if (o.kv_dtype) a.insert(a.end(), {"--kv-dtype", std::string(compute_dtype_name(*o.kv_dtype))});
-  if (!o.mesh.empty()) a.insert(a.end(), {"--mesh", o.mesh});
   if (!o.comm_precision.empty()) a.insert(a.end(), {"--comm-precision", o.comm_precision});
   if (o.measure_sites) a.push_back("--measure-sites");
   if (o.no_cache) a.push_back("--no-cache");
@@ -54,13 +66,38 @@ std::vector<std::string> to_arguments(const RunOptions& o) {
   else a.insert(a.end(), {"--prompt-len", std::to_string(o.prompt_len)});
   if (o.window > 0) a.insert(a.end(), {"--window", std::to_string(o.window)});  // the batch follows from it
   else if (o.batch != 1) a.insert(a.end(), {"--batch", std::to_string(o.batch)});
-  if (!o.sampling.greedy()) {
-    char t[32];
-    std::snprintf(t, sizeof t, "%.9g", double(o.sampling.temperature));
-    a.insert(a.end(), {"--temperature", t, "--top-k", std::to_string(o.sampling.top_k)});
-  }
-  if (o.capacity > 0) a.insert(a.end(), {"--capacity", std::to_string(o.capacity)});
+  if (!o.sampling.greedy())
+    a.insert(a.end(), {"--temperature", exact(double(o.sampling.temperature)), "--top-k", std::to_string(o.sampling.top_k)});
   if (!o.logits_out.empty()) a.insert(a.end(), {"--logits-out", o.logits_out});
+  return a;
+}
+
+std::vector<std::string> to_arguments(const TrainOptions& o) {
+  std::vector<std::string> a = common_arguments(o.run);
+  auto add = [&](const char* option, const std::string& value) { a.insert(a.end(), {option, value}); };
+  if (o.seq_len > 0) add("--seq-len", std::to_string(o.seq_len));
+  add("--micro-batch", std::to_string(o.micro_batch));
+  if (o.global_batch > 0) add("--global-batch", std::to_string(o.global_batch));
+  else add("--grad-accum", std::to_string(o.grad_accum));
+  add("--steps", std::to_string(o.steps));
+  add("--lr", exact(o.lr));
+  add("--min-lr-ratio", exact(o.min_lr_ratio));
+  add("--warmup", std::to_string(o.warmup));
+  if (o.schedule_steps > 0) add("--schedule-steps", std::to_string(o.schedule_steps));
+  add("--weight-decay", exact(o.weight_decay));
+  add("--clip", exact(o.clip));
+  add("--beta1", exact(o.beta1));
+  add("--beta2", exact(o.beta2));
+  add("--adam-eps", exact(o.adam_eps));
+  add("--recompute", o.recompute);
+  add("--data", o.data);
+  if (!o.tokenizer.empty()) add("--tokenizer", o.tokenizer);
+  if (!o.tokens.empty()) add("--tokens", joined(o.tokens));
+  if (!o.save.empty()) add("--save", o.save);
+  if (!o.resume.empty()) add("--resume", o.resume);
+  if (!o.dump_grads.empty()) add("--dump-grads", o.dump_grads);
+  if (!o.hardware.empty()) add("--hardware", o.hardware);
+  if (o.nodes != 1) add("--nodes", std::to_string(o.nodes));
   return a;
 }
 
@@ -87,11 +124,15 @@ extern "C" void pass_on(int sig) {
 }
 }  // namespace
 
-ChildRun run_child(RunOptions o, const std::string& base, const std::function<void(const proto::Event&)>& each) {
-  const std::string npy = base + ".npy", events = base + ".jsonl", err = base + ".err";
-  o.logits_out = npy;
-  std::string cmd = shell_quote(self_exe()) + " launch";
-  for (const std::string& a : to_arguments(o)) cmd += " " + shell_quote(a);
+namespace {
+// Runs this engine's `command` with `args`, its stream and stderr in files
+// under `base` (removed after): how it ended and why, its time; `each` sees
+// every event of its stream.
+ChildRun run_engine(const char* command, const std::vector<std::string>& args, const std::string& base,
+                    const std::function<void(const proto::Event&)>& each) {
+  const std::string events = base + ".jsonl", err = base + ".err";
+  std::string cmd = shell_quote(self_exe()) + " " + command;
+  for (const std::string& a : args) cmd += " " + shell_quote(a);
   cmd += " --events " + shell_quote(events) + " 2>" + shell_quote(err);
   ChildRun r;
   if (g_stopped) {  // stopped between two runs: start no more
@@ -138,14 +179,7 @@ ChildRun run_child(RunOptions o, const std::string& base, const std::function<vo
     }
     if (each) each(*parsed.event);
   }
-  try {
-    if (r.exit_code == 0 && std::filesystem::exists(npy)) {
-      r.logits = read_npy(npy);
-      r.ok = true;
-    }
-  } catch (const std::exception& e) {
-    r.error = e.what();
-  }
+  r.ok = r.exit_code == 0;
   if (!r.ok && r.error.empty()) {
     std::ifstream e(err);
     std::getline(e, r.error);
@@ -155,8 +189,28 @@ ChildRun run_child(RunOptions o, const std::string& base, const std::function<vo
   }
   if (!r.ok && r.error_code.empty())
     r.error_code = g_stopped ? "stopped" : r.exit_code == kExitUsage ? "usage" : r.exit_code == kExitOom ? "oom" : "internal";
-  for (const std::string& f : {npy, events, err}) std::filesystem::remove(f);
+  for (const std::string& f : {events, err}) std::filesystem::remove(f);
   return r;
+}
+}  // namespace
+
+ChildRun run_child(RunOptions o, const std::string& base, const std::function<void(const proto::Event&)>& each) {
+  const std::string npy = base + ".npy";
+  o.logits_out = npy;
+  ChildRun r = run_engine("launch", to_arguments(o), base, each);
+  try {
+    if (r.ok) r.logits = read_npy(npy);
+  } catch (const std::exception& e) {
+    r.ok = false;
+    r.error = std::string("its logits: ") + e.what();
+    r.error_code = "internal";
+  }
+  std::filesystem::remove(npy);
+  return r;
+}
+
+ChildRun run_child(const TrainOptions& o, const std::string& base, const std::function<void(const proto::Event&)>& each) {
+  return run_engine("train", to_arguments(o), base, each);
 }
 
 }  // namespace ss

@@ -1,6 +1,6 @@
 // A run of this engine started as a child: `launch` with the given options,
-// its logits written to a file and read back, its stream read for what went
-// wrong. What sweep and verify compare runs with.
+// its logits written to a file and read back, or `train` with its, its
+// stream read for what went wrong. What sweep and verify compare runs with.
 #pragma once
 
 #include <functional>
@@ -10,6 +10,7 @@
 #include "io/npy.h"
 #include "protocol/events.h"
 #include "runtime/run.h"
+#include "runtime/train.h"
 
 namespace ss {
 
@@ -20,6 +21,8 @@ std::string shell_quote(const std::string& s);
 // run options parser (cli/main.cpp's add_model_options), for a run started by
 // another. --prompt's text goes as the --tokens it was encoded to.
 std::vector<std::string> to_arguments(const RunOptions& o);
+// The same for `train` (cli/main.cpp's add_train_options).
+std::vector<std::string> to_arguments(const TrainOptions& o);
 
 // Refuses, in one line, options a child's command line cannot carry: one
 // argument is at most 128 KiB on Linux (a prompt of some 20K tokens).
@@ -42,6 +45,10 @@ struct ChildRun {
 // group of its own: SIGTERM or SIGINT to this process (the explorer's Stop)
 // is passed on to it, waited for, and ends the run as stopped.
 ChildRun run_child(RunOptions o, const std::string& base,
+                   const std::function<void(const proto::Event&)>& each = {});
+// Runs `train` with `o` (its stream's files under `base`, removed after);
+// ok where it exited 0. What it writes (--dump-grads, --save) is the caller's.
+ChildRun run_child(const TrainOptions& o, const std::string& base,
                    const std::function<void(const proto::Event&)>& each = {});
 
 }  // namespace ss

@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <map>
 
 #include "comm/quantize.h"
 #include "core/error.h"
 #include "protocol/events.h"
 #include "runtime/child_run.h"
+#include "io/safetensors.h"
 #include "runtime/rank.h"
 
 namespace ss {
@@ -62,6 +65,42 @@ struct Failed {
   std::string why;
 };
 
+// Where a verdict goes: the text to `out`, the records to `stream` where one
+// was asked for.
+struct Verdict {
+  proto::Writer* stream;
+  std::ostream& out;
+  void emit(const proto::Event& e) {
+    if (stream) stream->write(e);
+  }
+  void flush() {
+    out.flush();
+    if (stream) stream->flush();
+  }
+  // The last records: an error where there is one, and done.
+  int finish(int code, const std::string& error_code, const std::string& message) {
+    if (!error_code.empty()) emit(proto::Error{error_code, -1, message, {}});
+    emit(proto::Done{code == kExitOk ? "ok" : code == kExitOom ? "oom" : "failed", 0, code});
+    flush();
+    return code;
+  }
+  // One of the runs compared, as a child of this process (files under
+  // `base`-`tag`); its time printed and recorded. Throws Failed.
+  template <class Options>
+  ChildRun run(const Options& r, const std::string& base, const char* tag,
+               const std::function<void(const proto::Event&)>& each = {}, const std::string& label = "") {
+    const std::string name = label.empty() ? describe(run_options(r)) : label;
+    ChildRun c = run_child(r, base + "-" + tag, each);
+    if (!c.ok) throw Failed{c.exit_code ? c.exit_code : kExitFailure, c.error_code, name + " failed: " + c.error};
+    out << "  " << name << ": " << fmt("%.2f s", c.seconds) << "\n";
+    out.flush();
+    emit(proto::Metric{std::string("verify_seconds.") + tag, c.seconds, "s", -1});
+    return c;
+  }
+  static const RunOptions& run_options(const RunOptions& r) { return r; }
+  static const RunOptions& run_options(const TrainOptions& t) { return t.run; }
+};
+
 }  // namespace
 
 int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
@@ -98,9 +137,8 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
       << compute_dtype_name(o.dtype) << "; " << (o.batch > 1 ? std::to_string(o.batch) + " sequences of " : "")
       << P << " tokens" << (o.decode ? ", " + std::to_string(o.decode) + " decode steps" : "") << ")\n";
   out.flush();
-  auto emit = [&](const proto::Event& e) {
-    if (stream) stream->write(e);
-  };
+  Verdict verdict{stream, out};
+  auto emit = [&](const proto::Event& e) { verdict.emit(e); };
   emit(proto::Hello{proto::kVersion, engine_version(), host_name()});
   emit(proto::Config{{{"verify", {{"run", describe(o)}, {"reference", describe(ref)}, {"bound", bound},
                                   {"layers", plan.cfg.n_layers}}},
@@ -112,24 +150,12 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
                       {"kv_dtype", std::string(compute_dtype_name(cache_dtype(o)))},
                       {"comm_precision", o.comm_precision.empty() ? "fp32" : o.comm_precision},
                       {"workload", {{"prompt_len", P}, {"decode", o.decode}, {"batch", o.batch}, {"seed", o.seed}}}}});
-  if (stream) stream->flush();
-  // The verdict's last records: an error where there is one, and done.
+  verdict.flush();
   auto finish = [&](int code, const std::string& error_code, const std::string& message) {
-    if (!error_code.empty()) emit(proto::Error{error_code, -1, message, {}});
-    emit(proto::Done{code == kExitOk ? "ok" : code == kExitOom ? "oom" : "failed", 0, code});
-    if (stream) stream->flush();
-    return code;
+    return verdict.finish(code, error_code, message);
   };
-
   const std::string base = "/tmp/shardscope-verify-" + std::to_string(getpid());
-  auto run = [&](const RunOptions& r, const char* tag) {
-    ChildRun c = run_child(r, base + "-" + tag);
-    if (!c.ok) throw Failed{c.exit_code ? c.exit_code : kExitFailure, c.error_code, describe(r) + " failed: " + c.error};
-    out << "  " << describe(r) << ": " << fmt("%.2f s", c.seconds) << "\n";
-    out.flush();
-    emit(proto::Metric{std::string("verify_seconds.") + tag, c.seconds, "s", -1});
-    return std::move(c.logits);
-  };
+  auto run = [&](const RunOptions& r, const char* tag) { return std::move(verdict.run(r, base, tag).logits); };
   // One device first: its greedy tokens feed both runs' decode. Where every
   // sequence of a batch decodes them, one device runs again fed them too.
   NpyArray want, got;
@@ -197,6 +223,220 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
                               (quantized ? "; that is the quantized all-reduces' error (`sweep` measures it)" : "");
   out << "differs: " << differs << "\n";
   return finish(kExitFailure, "differs", differs);
+}
+
+namespace {
+
+using Gradients = std::map<std::string, std::vector<float>>;
+
+// What --dump-grads wrote: step 1's whole gradient, by tensor.
+Gradients read_gradients(const std::string& dir) {
+  Gradients g;
+  const SafetensorsIndex idx = SafetensorsIndex::open_file(dir + "/gradients.safetensors");
+  for (const auto& [name, e] : idx.entries()) {
+    const std::vector<uint8_t> bytes = idx.read(name);
+    std::vector<float>& v = g[name];
+    v.resize(size_t(numel(e.shape)));
+    widen(bytes.data(), e.dtype, int64_t(v.size()), v.data());
+  }
+  return g;
+}
+
+// Squared norms of a - b and of b, in float64 (a missing or misshapen
+// tensor is infinitely far).
+struct Distance {
+  double diff2 = 0, ref2 = 0;
+  void add(const std::vector<float>* a, const std::vector<float>& b) {
+    if (!a || a->size() != b.size()) {
+      diff2 = INFINITY;
+      return;
+    }
+    for (size_t i = 0; i < b.size(); ++i) {
+      const double d = double((*a)[i]) - double(b[i]);
+      diff2 += d * d;
+      ref2 += double(b[i]) * double(b[i]);
+    }
+  }
+  // Relative L2; absolute where the reference is all zero.
+  double rel() const { return std::isnan(diff2) ? INFINITY : ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2); }
+};
+
+const std::vector<float>* find(const Gradients& g, const std::string& name) {
+  const auto it = g.find(name);
+  return it == g.end() ? nullptr : &it->second;
+}
+
+// "model.layers.3.mlp.up_proj.weight" -> 3; -1 for tensors outside the layers.
+int layer_of(const std::string& name) {
+  const size_t at = name.find("layers.");
+  return at == std::string::npos ? -1 : std::atoi(name.c_str() + at + 7);
+}
+
+double relative(double got, double want) {
+  const double d = std::fabs(got - want);
+  return want != 0 ? d / std::fabs(want) : d;
+}
+
+}  // namespace
+
+int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream& out) {
+  const RunOptions& r = o.run;
+  if (r.backend == "sim")
+    throw UsageError("--verify compares computed gradients, and simulated devices compute none; use --backend cpu or cuda");
+  if (!o.dump_grads.empty()) throw UsageError("--verify keeps the runs' gradients itself; leave out --dump-grads");
+  if (!o.save.empty()) throw UsageError("--verify compares runs and keeps none of them; leave out --save");
+  if (o.check_only) throw UsageError("--verify runs the setup; leave out --check-only");
+  if (r.strategy == "single" && r.backend == "cpu")
+    throw UsageError("--verify sets a strategy against one cpu device: choose --strategy dp, tp, sp, tp_sp or tsp "
+                     "(or --backend cuda, to check one GPU against the cpu)");
+  // The reference: one cpu device, fed in one micro-batch what the replicas
+  // are fed together, so that a step sums the gradient of the same sequences.
+  const TrainPlan plan = plan_training(o);
+  if (r.backend == "cuda") check_gpu_count(r.devices);
+  TrainOptions one = o;
+  one.run.strategy = "single";
+  one.run.devices = 1;
+  one.run.mesh.clear();
+  one.run.backend = "cpu";
+  one.run.capacity = 0;
+  one.micro_batch = o.micro_batch * plan.replicas;
+  one.global_batch = 0;
+  one.grad_accum = plan.grad_accum;
+  plan_training(one);
+  // In bf16 a gradient that sums many terms which cancel (A_log's, D's) is
+  // far from the exact one on any device: one device's fp32 gradient
+  // measures how far one device's bf16 gradient is, and the run may be as
+  // far, not much further.
+  const bool rounded = r.dtype != DType::F32;
+  TrainOptions exact = one;
+  exact.run.dtype = DType::F32;
+  const std::string exact_label = describe(exact.run) + " in fp32";
+
+  const int L = plan.cfg.n_layers;
+  const std::string dtype(compute_dtype_name(r.dtype));
+  const double bound = verify_bound(DType::F32, DType::F32, L), loss_bound = verify_bound(r.dtype, r.dtype, L);
+  const double factor = 3;  // the run's distance from fp32 against one bf16 device's
+  const int64_t sequences = int64_t(one.micro_batch) * one.grad_accum;
+  out << "verify: " << describe(r) << " trains against one cpu device (" << plan.cfg.name << ", " << dtype << "; " << sequences << (sequences > 1 ? " sequences" : " sequence") << " of "
+      << plan.tokens << " tokens a step, " << o.steps << (o.steps > 1 ? " steps" : " step") << ")\n";
+  Verdict verdict{stream, out};
+  nlohmann::json v = {{"run", describe(r)}, {"reference", describe(one.run)}, {"bound", bound}, {"loss_bound", loss_bound},
+                      {"layers", L}, {"train", true}};
+  if (rounded) v["exact"] = exact_label, v["factor"] = factor;
+  verdict.emit(proto::Hello{proto::kVersion, engine_version(), host_name()});
+  verdict.emit(proto::Config{{{"verify", v},
+                              {"model", plan.cfg.to_json()},
+                              {"backend", r.backend},
+                              {"strategy", r.strategy},
+                              {"devices", r.devices},
+                              {"dtype", dtype},
+                              {"workload", {{"seq_len", plan.tokens}, {"sequences", sequences}, {"steps", o.steps},
+                                            {"seed", r.seed}}}}});
+  verdict.flush();
+
+  // Each run's losses by step, and step 1's gradient.
+  struct Ran {
+    std::vector<proto::TrainStep> steps;
+    Gradients grads;
+  };
+  const std::string base = "/tmp/shardscope-verify-" + std::to_string(getpid());
+  auto train = [&](TrainOptions t, const char* tag, const std::string& label = "") {
+    Ran ran;
+    t.dump_grads = base + "-" + tag + "-grads";
+    struct Remove {
+      std::string dir;
+      ~Remove() { std::filesystem::remove_all(dir); }
+    } remove{t.dump_grads};
+    verdict.run(t, base, tag, [&](const proto::Event& e) {
+      if (const auto* s = std::get_if<proto::TrainStep>(&e)) ran.steps.push_back(*s);
+    }, label);
+    ran.grads = read_gradients(t.dump_grads);
+    if (ran.steps.empty()) throw Failed{kExitFailure, "internal", describe(t.run) + " reported no step"};
+    return ran;
+  };
+  Ran want, got, fp32;
+  try {
+    want = train(one, "reference");
+    if (rounded) fp32 = train(exact, "exact", exact_label);
+    got = train(o, "run");
+  } catch (const Failed& f) {
+    out << "failed: " << f.why << "\n";
+    return verdict.finish(f.code, f.error_code, f.why);
+  }
+
+  // Step 1's loss and gradient norm, against one device in the run's dtype.
+  std::vector<std::string> past;
+  const proto::TrainStep &a = got.steps.front(), &b = want.steps.front();
+  const double loss_rel = relative(a.loss, b.loss), norm_rel = relative(a.grad_norm, b.grad_norm);
+  verdict.emit(proto::Accuracy{"rel_l2", "loss", -1, loss_rel, ""});
+  verdict.emit(proto::Accuracy{"rel_l2", "grad_norm", -1, norm_rel, ""});
+  out << "  step 1 loss " << fmt("%.7g", a.loss) << " against " << fmt("%.7g", b.loss) << ": relative "
+      << fmt("%.3g", loss_rel) << "\n  step 1 gradient norm " << fmt("%.7g", a.grad_norm) << " against "
+      << fmt("%.7g", b.grad_norm) << ": relative " << fmt("%.3g", norm_rel) << "\n";
+  if (loss_rel > loss_bound) past.push_back("its step 1 loss is " + fmt("%.3g", loss_rel) + " from one device's");
+  if (norm_rel > loss_bound) past.push_back("its gradient norm is " + fmt("%.3g", norm_rel) + " from one device's");
+
+  // Step 1's gradient, tensor by tensor: against one device's (fp32), or
+  // beside one bf16 device's, both from one device's fp32 gradient.
+  const Gradients& truth = rounded ? fp32.grads : want.grads;
+  Distance whole_run, whole_one;
+  std::string nearest;  // the tensor nearest its bound (or furthest past it)
+  double nearest_share = -1, nearest_run = 0, nearest_allowed = 0;
+  int over = 0;
+  for (const auto& [name, t] : truth) {
+    Distance d_run, d_one;
+    d_run.add(find(got.grads, name), t);
+    whole_run.add(find(got.grads, name), t);
+    if (rounded) {
+      d_one.add(find(want.grads, name), t);
+      whole_one.add(find(want.grads, name), t);
+    }
+    const double e_run = d_run.rel(), allowed = rounded ? factor * d_one.rel() + bound : bound;
+    verdict.emit(proto::Accuracy{"grad_rel_l2", name, layer_of(name), e_run, ""});
+    if (rounded) verdict.emit(proto::Accuracy{"grad_rel_l2", name, layer_of(name), d_one.rel(), "reference"});
+    over += e_run > allowed;
+    if (e_run / allowed > nearest_share) nearest_share = e_run / allowed, nearest = name, nearest_run = e_run, nearest_allowed = allowed;
+  }
+  if (got.grads.size() != truth.size()) ++over;  // a tensor one device has not
+  verdict.emit(proto::Accuracy{"grad_rel_l2", "whole", -1, whole_run.rel(), ""});
+  if (rounded) verdict.emit(proto::Accuracy{"grad_rel_l2", "whole", -1, whole_one.rel(), "reference"});
+  verdict.emit(proto::Metric{"verify_tensors", double(truth.size()), "", -1});
+  verdict.emit(proto::Metric{"verify_tensors_past", double(over), "", -1});
+  if (rounded)
+    out << "  step 1 gradient, " << truth.size() << " tensors, from one device's in fp32: the run's " << fmt("%.3g", whole_run.rel())
+        << " (relative L2), one " << dtype << " device's " << fmt("%.3g", whole_one.rel())
+        << "\n  the tensor nearest its bound (" << fmt("%.3g", factor) << " x one device's + " << fmt("%.3g", bound)
+        << "): " << nearest << ", " << fmt("%.3g", nearest_run) << " against " << fmt("%.3g", nearest_allowed) << "\n";
+  else
+    out << "  step 1 gradient, " << truth.size() << " tensors: relative L2 " << fmt("%.3g", whole_run.rel())
+        << " over the whole; the worst tensor " << nearest << ", " << fmt("%.3g", nearest_run) << "\n";
+  if (over) past.push_back(std::to_string(over) + " of its " + std::to_string(truth.size()) + " gradient tensors are past their bound (" + nearest + ": " + fmt("%.3g", nearest_run) + ")");
+
+  // Later steps: reported, not bounded. AdamW moves a weight by about the
+  // learning rate whatever its gradient's size, so a gradient within
+  // rounding of zero can move it either way: two runs' trajectories part by
+  // chance, slowly at small learning rates.
+  if (o.steps > 1) {
+    double most = 0;
+    for (size_t i = 0; i < std::min(got.steps.size(), want.steps.size()); ++i)
+      most = std::max(most, std::fabs(got.steps[i].loss - want.steps[i].loss));
+    verdict.emit(proto::Accuracy{"max_abs_diff", "loss_curve", -1, most, ""});
+    out << "  steps 1 to " << o.steps << ": the losses differ by at most " << fmt("%.3g", most)
+        << " nats (reported, not bounded: AdamW moves a weight by about the learning rate whatever its gradient's "
+           "size, so two runs part by chance)\n";
+  }
+  if (past.empty()) {
+    const std::string bounds = rounded ? fmt("%.3g", loss_bound) + " for the loss; for a tensor, " + fmt("%g", factor) +
+                                             " times one " + dtype + " device's distance from fp32"
+                                       : fmt("%.3g", bound);
+    out << "ok: " << describe(r) << " trains as one device does: step 1's loss, gradient norm and every gradient "
+        << "tensor are within their bounds (" << bounds << ", over " << L << " layers)\n";
+    return verdict.finish(kExitOk, "", "");
+  }
+  std::string why = describe(r) + " does not train as one device does: ";
+  for (size_t i = 0; i < past.size(); ++i) why += (i ? "; " : "") + past[i];
+  out << "differs: " << why << "\n";
+  return verdict.finish(kExitFailure, "differs", why);
 }
 
 }  // namespace ss

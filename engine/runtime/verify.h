@@ -1,5 +1,6 @@
 // `verify`: whether a run under its strategy computes what one device
-// computes, on this machine, for the options given. The run as given (its
+// computes, on this machine, for the options given; `train --verify`: whether
+// it trains as one device does. The run as given (its
 // strategy, devices and backend) and the same run on one cpu device, on the
 // same weights and tokens, each keep every row's logits; decode is fed one
 // device's greedy tokens in both (teacher forcing), so each decode row is
@@ -12,6 +13,7 @@
 
 #include "protocol/events.h"
 #include "runtime/run.h"
+#include "runtime/train.h"
 
 namespace ss {
 
@@ -28,5 +30,16 @@ double verify_bound(DType dtype, DType kv_dtype, int layers);
 // and done (an error `differs` first where a row is past the bound).
 // Throws UsageError for what verify cannot compare.
 int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out);
+
+// `train --verify`: the training run as given and one cpu device fed the same
+// sequences in one micro-batch, each dumping step 1's gradient. Step 1's loss
+// and gradient norm are held to verify_bound of the dtype. Each gradient
+// tensor: in fp32, to the fp32 bound; in bf16 (where a gradient summing terms
+// that cancel is far from the exact one on any device), one cpu device's
+// fp32 gradient runs too, and the run may be at most 3 times as far from it
+// as one bf16 device is (plus the fp32 bound). Later steps' losses are
+// reported, not bounded. Returns as run_verify; the stream's config carries
+// `verify.train`, its accuracy records `grad_rel_l2` per tensor.
+int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream& out);
 
 }  // namespace ss
