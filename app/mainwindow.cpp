@@ -466,13 +466,15 @@ void MainWindow::updateSetupState() {
   m_scale->setEnabled(simulated);
   // verify compares values: devices that compute some, a strategy to set against one cpu device (or a GPU's own).
   const bool cuda = m_backend->currentData().toString() == QLatin1String("cuda");
-  m_verify->setVisible(!train);
   m_verify->setEnabled(!simulated && (!single || cuda));
   m_verify->setToolTip(simulated ? tr("Choose CPU or CUDA devices: simulated devices compute no values to compare")
                        : single && !cuda ? tr("Choose a strategy to set against one device")
-                                         : tr("Run this setup and the same run on one CPU device, on the same weights "
-                                              "and tokens, and compare their logits row by row: does the strategy "
-                                              "compute what one device computes?"));
+                       : train ? tr("Train one step of this setup and the same step on one CPU device, from the same "
+                                    "weights on the same sequences, and compare the loss and the gradient tensor by "
+                                    "tensor: does the strategy train as one device does?")
+                               : tr("Run this setup and the same run on one CPU device, on the same weights "
+                                    "and tokens, and compare their logits row by row: does the strategy "
+                                    "compute what one device computes?"));
   m_scale->setToolTip(simulated ? tr("Simulate every strategy on this setup's simulated hardware and devices from "
                                      "4K to 1M tokens: where each one stops fitting")
                                 : tr("Choose a simulated backend: the sweep runs on simulated hardware"));
@@ -551,7 +553,8 @@ void MainWindow::runArguments(const QStringList& args, const QString& name) {
   const QString command = args.value(0);
   m_tabs->setCurrentWidget(command == QLatin1String("scale")   ? static_cast<QWidget*>(m_scaling)
                            : command == QLatin1String("sweep") ? static_cast<QWidget*>(m_quant)
-                           : command == QLatin1String("train") ? static_cast<QWidget*>(m_training)
+                           : command == QLatin1String("train") && !args.contains(QLatin1String("--verify"))
+                               ? static_cast<QWidget*>(m_training)
                                                                : static_cast<QWidget*>(m_summary));
   m_redraw->start();
   startRecording(name);

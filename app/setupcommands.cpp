@@ -77,7 +77,12 @@ bool MainWindow::canVerify() const { return m_verify->isVisible() && m_verify->i
 
 void MainWindow::verifySetup() {
   QStringList args = engineArguments();
-  args.first() = QStringLiteral("verify");
+  if (training()) {  // one step is what it compares: the gradient of step 1
+    args[args.indexOf(QStringLiteral("--steps")) + 1] = QStringLiteral("1");
+    args << QStringLiteral("--verify");
+  } else {
+    args.first() = QStringLiteral("verify");
+  }
   args << QStringLiteral("--events") << QStringLiteral("-");
   runArguments(args, tr("verify · %1 · %2 on %3 devices")
                          .arg(QFileInfo(m_model->currentText()).fileName(), m_strategy->currentText())

@@ -40,6 +40,18 @@ bool drive(EngineClient& client, Collected& c, const std::function<void()>& star
   return true;
 }
 
+// Presses "Check against one device" once the setup's check is done and
+// waits for the verdict: its exit code, shown on the Summary page (negative:
+// it did not get that far).
+int verdictOf(MainWindow& w) {
+  if (!QTest::qWaitFor([&] { return !w.checking(); }, 20000)) return -1;
+  QSignalSpy done(&w, &MainWindow::runFinished);
+  w.verifySetup();
+  if (!done.wait(120000)) return -2;
+  if (w.pages()->tabText(w.pages()->currentIndex()) != QLatin1String("Summary")) return -3;
+  return done.takeFirst().at(0).value<RunOutcome>().exitCode;
+}
+
 }  // namespace
 
 class TestExplorer : public QObject {
@@ -557,12 +569,7 @@ class TestExplorer : public QObject {
     QVERIFY(!w.canVerify());  // nothing to set against one device
     w.setSetup("tiny-llama", "cpu", "tsp", 2, 24, 4);
     QVERIFY(w.canVerify());
-    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
-    QSignalSpy done(&w, &MainWindow::runFinished);
-    w.verifySetup();
-    QVERIFY(done.wait(120000));
-    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 0);
-    QCOMPARE(w.pages()->tabText(w.pages()->currentIndex()), QStringLiteral("Summary"));
+    QCOMPARE(verdictOf(w), 0);
     QString summary = w.summaryText();
     for (const char* said : {"tsp on 2 cpu devices against one cpu device", "It computes what one device computes",
                              "prefill", "decode", "Top-1 token: the same in 100.0% of rows"})
@@ -571,15 +578,32 @@ class TestExplorer : public QObject {
     // int4 all-reduces change what tp computes: past the bound, and said so.
     w.setSetup("tiny-llama", "cpu", "tp", 2, 24, 4);
     w.setOptions(1, QString(), QStringLiteral("int4:32"), QString());
-    QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
-    w.verifySetup();
-    QVERIFY(done.wait(120000));
-    QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 1);
+    QCOMPARE(verdictOf(w), 1);
     summary = w.summaryText();
     QVERIFY2(summary.contains(QStringLiteral("with --comm-precision int4:32 is")) &&
                  summary.contains(QStringLiteral("past the bound")) && !summary.contains(QStringLiteral("It computes")),
              qPrintable(summary));
     w.pages()->currentWidget()->grab().save(QDir::temp().filePath("shardscope-verify-differs.png"));
+  }
+
+  // In Training mode the same button checks a training step: one step of the
+  // setup against the same step on one cpu device, tensor by tensor.
+  void checkATrainingStepAgainstOneDevice() {
+    MainWindow w;
+    w.resize(1400, 820);
+    w.show();
+    w.setSetup("tiny-mamba2", "cpu", "tsp", 2, 24, 4);
+    w.setTraining(true, 32, 1, 20, "none");
+    QVERIFY(w.canVerify());
+    QCOMPARE(verdictOf(w), 0);
+    const QString summary = w.summaryText();
+    for (const char* said : {"tsp on 2 cpu devices trains against one cpu device", "1 step.",
+                             "It trains as one device does", "Step 1: the loss is", "0 of 21 tensors past their bound",
+                             "backbone.layers."})
+      QVERIFY2(summary.contains(QString::fromUtf8(said)), qPrintable(summary));
+    w.pages()->currentWidget()->grab().save(QDir::temp().filePath("shardscope-verify-train.png"));
+    w.setSetup("tiny-mamba2", "sim:mi300x", "tsp", 2, 24, 4);
+    QVERIFY(!w.canVerify());  // simulated devices compute no gradients
   }
 
   // A setup neither strategy can split opens no comparison: it stops at the

@@ -66,8 +66,10 @@ class TestVerifyTrain : public QObject {
              qPrintable(out));
     // Each run was made and timed: in bf16, one device's fp32 gradient too.
     const bool bf16 = args.contains("bf16");
-    QVERIFY2(out.contains("\n  one cpu device: ") && out.contains("\n  one cpu device in fp32: ") == bf16, qPrintable(out));
-    if (args.contains("--steps")) QVERIFY2(out.contains("steps 1 to 3: the losses differ by at most "), qPrintable(out));
+    QVERIFY2(out.contains("\n  one cpu device: ") && out.contains("\n  one cpu device in fp32: ") == bf16,
+             qPrintable(out));
+    if (args.contains("--steps"))
+      QVERIFY2(out.contains("steps 1 to 3: the losses differ by at most "), qPrintable(out));
     // The stream: every tensor's figure, none past its bound, and done.
     const Stream s = read_stream(read_file(events));
     QCOMPARE(s.rejected, int64_t(0));
@@ -78,6 +80,13 @@ class TestVerifyTrain : public QObject {
     QCOMPARE(s.metrics().at("verify_tensors_past"), 0.0);
     if (!bf16)
       for (auto& [name, e] : figures) QVERIFY2(e <= 1e-5, name.c_str());
+    // summarize reads the verdict back.
+    const Ran sum = engine({"summarize", events});
+    const QString text = QString::fromUtf8(sum.out);
+    QVERIFY2(sum.exit_code == 0 && text.contains(" trains against one cpu device (") &&
+                 text.contains("\nstatus: ok\n") && text.contains(QString("step 1 gradient, %1 tensors: ").arg(figures.size())) &&
+                 text.contains("; 0 past their bound\n"),
+             qPrintable(text));
   }
 
   // verify's figures are the two runs' gradients as this test compares them
@@ -85,16 +94,18 @@ class TestVerifyTrain : public QObject {
   // times the sums run in one order), each dumping step 1's gradient.
   void figuresAreTheRuns() {
     QTemporaryDir dir;
-    const QStringList common{"--model", "tiny-llama", "--set", "num_hidden_layers=3", "--seq-len", "24", "--threads", "1"};
-    const Ran one = engine(QStringList{"train"} + common + QStringList{"--events", "/dev/null", "--dump-grads", dir.filePath("one")});
+    const QStringList common{"--model",   "tiny-llama", "--set",     "num_hidden_layers=3",
+                             "--seq-len", "24",         "--threads", "1"};
+    const QStringList quiet{"--events", "/dev/null", "--dump-grads"};
+    const Ran one = engine(QStringList{"train"} + common + quiet + QStringList{dir.filePath("one")});
     QVERIFY2(one.exit_code == 0, one.err.constData());
-    const Ran tsp = engine(QStringList{"train"} + common + QStringList{"--strategy", "tsp", "--devices", "2", "--events",
-                                                                          "/dev/null", "--dump-grads", dir.filePath("tsp")});
+    const QStringList tsp2{"--strategy", "tsp", "--devices", "2"};
+    const Ran tsp = engine(QStringList{"train"} + common + tsp2 + quiet + QStringList{dir.filePath("tsp")});
     QVERIFY2(tsp.exit_code == 0, tsp.err.constData());
     const Tensors want = load_tensors(dir.filePath("one/gradients.safetensors"));
     const Tensors got = load_tensors(dir.filePath("tsp/gradients.safetensors"));
 
-    const Ran r = train_verify(common + QStringList{"--strategy", "tsp", "--devices", "2", "--events", dir.filePath("v.jsonl")});
+    const Ran r = train_verify(common + tsp2 + QStringList{"--events", dir.filePath("v.jsonl")});
     QVERIFY2(r.exit_code == 0, qPrintable(QString::fromUtf8(r.out + r.err)));
     const auto theirs = tensor_figures(read_stream(read_file(dir.filePath("v.jsonl"))));
     QCOMPARE(theirs.size(), want.size());

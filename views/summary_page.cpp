@@ -114,6 +114,110 @@ QString verifyHtml(const RunData& data) {
   return h;
 }
 
+// train --verify's page: a training step against the same step on one cpu
+// device, tensor by tensor (engine/runtime/verify.h).
+QString trainVerifyHtml(const RunData& data) {
+  const nlohmann::json& c = data.config();
+  const nlohmann::json& v = c["verify"];
+  const auto work = c.value("workload", nlohmann::json::object());
+  const QString dtype = QString::fromStdString(c.value("dtype", std::string("fp32")));
+  const bool rounded = v.contains("exact");
+  const double bound = v.value("bound", 0.0), factor = v.value("factor", 0.0), loss_bound = v.value("loss_bound", 0.0);
+  const auto text = [&](const char* k) { return QString::fromStdString(v.value(k, std::string("?"))).toHtmlEscaped(); };
+  const int64_t sequences = work.value("sequences", int64_t(1)), steps = work.value("steps", int64_t(1));
+  QString h = QObject::tr("<h3>%1 trains against %2</h3>").arg(text("run"), text("reference"));
+  h += QObject::tr("<p>%1, %2; %3 of %4 tokens a step, %5. Both start from the same weights and read the same "
+                   "sequences (one device reads in one micro-batch what the replicas read together); each keeps "
+                   "step 1's whole gradient.%6</p>")
+           .arg(QString::fromStdString(c.value("model", nlohmann::json::object()).value("name", std::string("?"))))
+           .arg(dtype)
+           .arg(sequences == 1 ? QObject::tr("1 sequence") : QObject::tr("%1 sequences").arg(sequences))
+           .arg(work.value("seq_len", int64_t(0)))
+           .arg(steps == 1 ? QObject::tr("1 step") : QObject::tr("%1 steps").arg(steps))
+           .arg(rounded ? QObject::tr(" A third run, %1, gives the exact gradient both %2 gradients are measured "
+                                      "from.")
+                              .arg(text("exact"), dtype)
+                        : QString());
+  // Each tensor: the run's distance, and one device's where it was measured.
+  std::map<std::string, double> run, one;
+  std::optional<double> loss, norm, curve;
+  for (const auto& a : data.accuracy()) {
+    if (a.metric == "grad_rel_l2") (a.config.empty() ? run : one)[a.site] = a.value;
+    if (!a.config.empty()) continue;
+    if (a.metric == "rel_l2" && a.site == "loss") loss = a.value;
+    if (a.metric == "rel_l2" && a.site == "grad_norm") norm = a.value;
+    if (a.metric == "max_abs_diff" && a.site == "loss_curve") curve = a.value;
+  }
+  const auto metric = [&](const char* name) {
+    const auto it = data.metrics().find(name);
+    return it == data.metrics().end() ? 0.0 : it->second;
+  };
+  // A figure, red where it is past its bound.
+  const auto figure = [](double value, double allowed) {
+    const QString f = QString::number(value, 'g', 3);
+    return value > allowed ? QStringLiteral("<span style='color:#cf222e'>%1</span>").arg(f) : f;
+  };
+  if (data.status() == QLatin1String("ok"))
+    h += QObject::tr("<p style='color:#1a7f37'><b>It trains as one device does</b>: step 1's loss, gradient norm and "
+                     "all %1 gradient tensors are within their bounds.</p>")
+             .arg(metric("verify_tensors"));
+  else if (data.status().isEmpty())
+    h += QObject::tr("<p>Running: %1 of the %2 runs done.</p>")
+             .arg(int(data.metrics().count("verify_seconds.reference") + data.metrics().count("verify_seconds.exact") +
+                      data.metrics().count("verify_seconds.run")))
+             .arg(rounded ? 3 : 2);
+  if (loss && norm)
+    h += QObject::tr("<p>Step 1: the loss is %1 from one device's, the gradient norm %2 (relative; bound %3).</p>")
+             .arg(figure(*loss, loss_bound), figure(*norm, loss_bound))
+             .arg(loss_bound, 0, 'g', 3);
+  if (!run.empty()) {
+    // The tensors nearest their bound first (in bf16 a tensor's bound is its own).
+    auto allowed = [&](const std::string& name) { return rounded ? factor * one[name] + bound : bound; };
+    std::vector<std::string> names;
+    for (auto& [name, e] : run)
+      if (name != "whole") names.push_back(name);
+    std::sort(names.begin(), names.end(),
+              [&](const std::string& a, const std::string& b) { return run[a] / allowed(a) > run[b] / allowed(b); });
+    h += QObject::tr("<p>Step 1's gradient: %1 relative L2 over the whole from %2%3; %4 of %5 tensors past their "
+                     "bound. Nearest their bound:</p>")
+             .arg(run["whole"], 0, 'g', 3)
+             .arg(rounded ? QObject::tr("the exact (fp32) gradient") : QObject::tr("one device's"))
+             .arg(rounded ? QObject::tr(" (one %1 device's: %2)").arg(dtype).arg(one["whole"], 0, 'g', 3) : QString())
+             .arg(metric("verify_tensors_past"))
+             .arg(names.size());
+    h += QObject::tr("<table cellpadding=3><tr><th align=left>tensor</th><th>relative L2</th>%1<th>bound</th></tr>")
+             .arg(rounded ? QObject::tr("<th>one %1 device's</th>").arg(dtype) : QString());
+    for (size_t i = 0; i < std::min<size_t>(names.size(), 8); ++i) {
+      const std::string& n = names[i];
+      h += QStringLiteral("<tr><td>%1</td><td align=right>%2</td>%3<td align=right>%4</td></tr>")
+               .arg(QString::fromStdString(n).toHtmlEscaped())
+               .arg(figure(run[n], allowed(n)))
+               .arg(rounded ? QStringLiteral("<td align=right>%1</td>").arg(one[n], 0, 'g', 3) : QString())
+               .arg(allowed(n), 0, 'g', 3);
+    }
+    h += QStringLiteral("</table>");
+  }
+  if (curve)
+    h += QObject::tr("<p>Steps 1 to %1: the losses differ by at most %2 nats. Not bounded: AdamW moves a weight by "
+                     "about the learning rate whatever its gradient's size, so a gradient within rounding of zero "
+                     "moves it either way, and two runs part by chance.</p>")
+             .arg(steps)
+             .arg(*curve, 0, 'g', 3);
+  h += rounded ? QObject::tr("<p><small>The bounds: in %1 a gradient that sums many terms which cancel (A_log's, "
+                             "D's, a norm's weight) is far from the exact one on any device, so each tensor may be "
+                             "at most %2 times as far from the exact gradient as one %1 device's is (two runs' "
+                             "roundings differ by chance, most over tensors of a few values), plus %3. In fp32 "
+                             "the check is strict: 1e-5 per tensor.</small></p>")
+                     .arg(dtype)
+                     .arg(factor)
+                     .arg(bound, 0, 'g', 3)
+               : QObject::tr("<p><small>The bound: the strategy tests hold every strategy's gradient to 1e-5 "
+                             "(relative L2, per tensor) through four layers; deeper, it grows as the square root of "
+                             "the depth. A sharding error (a lost partial sum, a gradient not reduced) moves a "
+                             "tensor's gradient by far more.</small></p>");
+  return h;
+}
+
 }  // namespace
 
 SummaryPage::SummaryPage(const RunData& data, QWidget* parent) : QWidget(parent), m_data(data) {
@@ -195,7 +299,8 @@ void SummaryPage::refresh() {
     return;
   }
   if (c.contains("verify") && c["verify"].is_object()) {
-    m_text->setHtml(h + verifyHtml(m_data) + errorsHtml());
+    const bool train = c["verify"].value("train", false);
+    m_text->setHtml(h + (train ? trainVerifyHtml(m_data) : verifyHtml(m_data)) + errorsHtml());
     return;
   }
   // The run's number formats (streams from before they existed are fp32).

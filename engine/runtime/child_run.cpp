@@ -67,7 +67,8 @@ std::vector<std::string> to_arguments(const RunOptions& o) {
   if (o.window > 0) a.insert(a.end(), {"--window", std::to_string(o.window)});  // the batch follows from it
   else if (o.batch != 1) a.insert(a.end(), {"--batch", std::to_string(o.batch)});
   if (!o.sampling.greedy())
-    a.insert(a.end(), {"--temperature", exact(double(o.sampling.temperature)), "--top-k", std::to_string(o.sampling.top_k)});
+    a.insert(a.end(), {"--temperature", exact(double(o.sampling.temperature)), "--top-k",
+                       std::to_string(o.sampling.top_k)});
   if (!o.logits_out.empty()) a.insert(a.end(), {"--logits-out", o.logits_out});
   return a;
 }
@@ -209,7 +210,8 @@ ChildRun run_child(RunOptions o, const std::string& base, const std::function<vo
   return r;
 }
 
-ChildRun run_child(const TrainOptions& o, const std::string& base, const std::function<void(const proto::Event&)>& each) {
+ChildRun run_child(const TrainOptions& o, const std::string& base,
+                   const std::function<void(const proto::Event&)>& each) {
   return run_engine("train", to_arguments(o), base, each);
 }
 

@@ -27,7 +27,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   std::vector<proto::TrainStep> train_steps;    // a training run's
   std::optional<std::string> prompt_text, answer_text;  // a run whose model reads text
   std::map<std::string, std::map<std::string, double>> sweep;
-  std::map<std::string, double> own_accuracy;
+  std::map<std::string, double> own_accuracy, reference_accuracy;  // verify's: metric.site
   std::string status = "(no done record: the run did not finish)";
   std::string first_error;
   int64_t bad = 0;
@@ -65,8 +65,9 @@ int summarize_stream(std::istream& in, std::ostream& out) {
             if (!e.config.empty() && e.site.empty()) {
               if (!sweep.count(e.config)) sweep_order.push_back(e.config);
               sweep[e.config][e.metric] = e.value;
-            } else if (e.config.empty()) {  // this run's own (verify's): metric.site
-              own_accuracy[e.metric + (e.site.empty() ? "" : "." + e.site)] = e.value;
+            } else if (e.config.empty() || e.config == "reference") {  // verify's, the run's or one device's
+              (e.config.empty() ? own_accuracy : reference_accuracy)[e.metric + (e.site.empty() ? "" : "." + e.site)] =
+                  e.value;
             }
           } else if constexpr (std::is_same_v<T, proto::ScalePoint>) scale_points.push_back(e);
           else if constexpr (std::is_same_v<T, proto::TrainStep>) train_steps.push_back(e);
@@ -121,6 +122,62 @@ int summarize_stream(std::istream& in, std::ostream& out) {
       if (!p.applicable()) out << (p.mesh.empty() ? p.strategy : p.strategy + " " + p.mesh) << " at " << p.seq_len
                                << ": " << p.reason << "\n";
     return status == "ok" ? 0 : 1;
+  }
+  if (config.contains("verify") && config["verify"].is_object() && config["verify"].value("train", false)) {
+    // train --verify: a training step against one device's, tensor by tensor.
+    const auto& v = config["verify"];
+    const int64_t sequences = work.value("sequences", int64_t(1)), steps = work.value("steps", int64_t(1));
+    const bool rounded = v.contains("exact");
+    const std::string dtype = config.value("dtype", std::string("fp32"));
+    out << "verify: " << v.value("run", "?") << " trains against " << v.value("reference", "?") << " ("
+        << model.value("name", "?") << ", " << dtype << "; " << sequences << (sequences > 1 ? " sequences" : " sequence")
+        << " of " << work.value("seq_len", int64_t(0)) << " tokens a step, " << steps << (steps > 1 ? " steps" : " step")
+        << ")\nstatus: " << status << "\n";
+    if (own_accuracy.count("rel_l2.loss")) {
+      std::snprintf(buf, sizeof buf, "  step 1: loss %.3g from one device's, gradient norm %.3g (relative)\n",
+                    own_accuracy["rel_l2.loss"], own_accuracy["rel_l2.grad_norm"]);
+      out << buf;
+    }
+    // The tensors furthest from the reference, worst first.
+    std::vector<std::pair<double, std::string>> tensors;
+    for (auto& [key, value] : own_accuracy)
+      if (key.rfind("grad_rel_l2.", 0) == 0 && key != "grad_rel_l2.whole") tensors.push_back({value, key.substr(12)});
+    std::sort(tensors.rbegin(), tensors.rend());
+    if (own_accuracy.count("grad_rel_l2.whole")) {
+      std::snprintf(buf, sizeof buf, "  step 1 gradient, %zu tensors: %.3g relative L2 from %s", tensors.size(),
+                    own_accuracy["grad_rel_l2.whole"], rounded ? "one device's fp32 gradient" : "one device's");
+      out << buf;
+      if (rounded) {
+        std::snprintf(buf, sizeof buf, " (one %s device's: %.3g)", dtype.c_str(),
+                      reference_accuracy["grad_rel_l2.whole"]);
+        out << buf;
+      }
+      out << "; " << int64_t(metrics["verify_tensors_past"]) << " past their bound\n";
+    }
+    for (size_t i = 0; i < std::min<size_t>(tensors.size(), 3); ++i) {
+      std::snprintf(buf, sizeof buf, "    %-48s %.3g", tensors[i].second.c_str(), tensors[i].first);
+      out << buf;
+      if (rounded) {
+        std::snprintf(buf, sizeof buf, "  (one device's %.3g)", reference_accuracy["grad_rel_l2." + tensors[i].second]);
+        out << buf;
+      }
+      out << "\n";
+    }
+    if (own_accuracy.count("max_abs_diff.loss_curve")) {
+      std::snprintf(buf, sizeof buf, "  steps 1 to %lld: the losses differ by at most %.3g nats (not bounded)\n",
+                    static_cast<long long>(steps), own_accuracy["max_abs_diff.loss_curve"]);
+      out << buf;
+    }
+    if (rounded)
+      std::snprintf(buf, sizeof buf, "  bounds: %.3g for the loss and norm; a tensor %g x one device's distance + %.3g"
+                    " (%d layers)\n", v.value("loss_bound", 0.0), v.value("factor", 0.0), v.value("bound", 0.0),
+                    v.value("layers", 0));
+    else
+      std::snprintf(buf, sizeof buf, "  bound: %.3g (%d layers)\n", v.value("bound", 0.0), v.value("layers", 0));
+    out << buf;
+    print_errors(false);
+    note_unread();
+    return 0;
   }
   if (config.contains("verify") && config["verify"].is_object()) {
     // verify: a run against one device, row by row.

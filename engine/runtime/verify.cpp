@@ -282,7 +282,8 @@ double relative(double got, double want) {
 int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream& out) {
   const RunOptions& r = o.run;
   if (r.backend == "sim")
-    throw UsageError("--verify compares computed gradients, and simulated devices compute none; use --backend cpu or cuda");
+    throw UsageError("--verify compares computed gradients, and simulated devices compute none; use --backend cpu "
+                     "or cuda");
   if (!o.dump_grads.empty()) throw UsageError("--verify keeps the runs' gradients itself; leave out --dump-grads");
   if (!o.save.empty()) throw UsageError("--verify compares runs and keeps none of them; leave out --save");
   if (o.check_only) throw UsageError("--verify runs the setup; leave out --check-only");
@@ -315,13 +316,18 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
   const int L = plan.cfg.n_layers;
   const std::string dtype(compute_dtype_name(r.dtype));
   const double bound = verify_bound(DType::F32, DType::F32, L), loss_bound = verify_bound(r.dtype, r.dtype, L);
-  const double factor = 3;  // the run's distance from fp32 against one bf16 device's
+  // The run's distance from fp32 against one bf16 device's: two runs'
+  // roundings differ by chance, most over tensors of a few values (measured:
+  // at most 2.2 times, over dp, tp, sp, tsp and tp_sp of every tiny preset
+  // at 2 and 8 layers and 64 tokens; A_log, D and dt_bias of 8 values each).
+  const double factor = 4;
   const int64_t sequences = int64_t(one.micro_batch) * one.grad_accum;
-  out << "verify: " << describe(r) << " trains against one cpu device (" << plan.cfg.name << ", " << dtype << "; " << sequences << (sequences > 1 ? " sequences" : " sequence") << " of "
-      << plan.tokens << " tokens a step, " << o.steps << (o.steps > 1 ? " steps" : " step") << ")\n";
+  out << "verify: " << describe(r) << " trains against one cpu device (" << plan.cfg.name << ", " << dtype << "; "
+      << sequences << (sequences > 1 ? " sequences" : " sequence") << " of " << plan.tokens << " tokens a step, "
+      << o.steps << (o.steps > 1 ? " steps" : " step") << ")\n";
   Verdict verdict{stream, out};
-  nlohmann::json v = {{"run", describe(r)}, {"reference", describe(one.run)}, {"bound", bound}, {"loss_bound", loss_bound},
-                      {"layers", L}, {"train", true}};
+  nlohmann::json v = {{"run", describe(r)},         {"reference", describe(one.run)}, {"bound", bound},
+                      {"loss_bound", loss_bound}, {"layers", L},                     {"train", true}};
   if (rounded) v["exact"] = exact_label, v["factor"] = factor;
   verdict.emit(proto::Hello{proto::kVersion, engine_version(), host_name()});
   verdict.emit(proto::Config{{{"verify", v},
@@ -395,7 +401,8 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
     verdict.emit(proto::Accuracy{"grad_rel_l2", name, layer_of(name), e_run, ""});
     if (rounded) verdict.emit(proto::Accuracy{"grad_rel_l2", name, layer_of(name), d_one.rel(), "reference"});
     over += e_run > allowed;
-    if (e_run / allowed > nearest_share) nearest_share = e_run / allowed, nearest = name, nearest_run = e_run, nearest_allowed = allowed;
+    if (e_run / allowed > nearest_share)
+      nearest_share = e_run / allowed, nearest = name, nearest_run = e_run, nearest_allowed = allowed;
   }
   if (got.grads.size() != truth.size()) ++over;  // a tensor one device has not
   verdict.emit(proto::Accuracy{"grad_rel_l2", "whole", -1, whole_run.rel(), ""});
@@ -403,14 +410,16 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
   verdict.emit(proto::Metric{"verify_tensors", double(truth.size()), "", -1});
   verdict.emit(proto::Metric{"verify_tensors_past", double(over), "", -1});
   if (rounded)
-    out << "  step 1 gradient, " << truth.size() << " tensors, from one device's in fp32: the run's " << fmt("%.3g", whole_run.rel())
-        << " (relative L2), one " << dtype << " device's " << fmt("%.3g", whole_one.rel())
+    out << "  step 1 gradient, " << truth.size() << " tensors, from one device's in fp32: the run's "
+        << fmt("%.3g", whole_run.rel()) << " (relative L2), one " << dtype << " device's " << fmt("%.3g", whole_one.rel())
         << "\n  the tensor nearest its bound (" << fmt("%.3g", factor) << " x one device's + " << fmt("%.3g", bound)
         << "): " << nearest << ", " << fmt("%.3g", nearest_run) << " against " << fmt("%.3g", nearest_allowed) << "\n";
   else
     out << "  step 1 gradient, " << truth.size() << " tensors: relative L2 " << fmt("%.3g", whole_run.rel())
         << " over the whole; the worst tensor " << nearest << ", " << fmt("%.3g", nearest_run) << "\n";
-  if (over) past.push_back(std::to_string(over) + " of its " + std::to_string(truth.size()) + " gradient tensors are past their bound (" + nearest + ": " + fmt("%.3g", nearest_run) + ")");
+  if (over)
+    past.push_back(std::to_string(over) + " of its " + std::to_string(truth.size()) +
+                   " gradient tensors are past their bound (" + nearest + ": " + fmt("%.3g", nearest_run) + ")");
 
   // Later steps: reported, not bounded. AdamW moves a weight by about the
   // learning rate whatever its gradient's size, so a gradient within

@@ -36,7 +36,7 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out);
 // and gradient norm are held to verify_bound of the dtype. Each gradient
 // tensor: in fp32, to the fp32 bound; in bf16 (where a gradient summing terms
 // that cancel is far from the exact one on any device), one cpu device's
-// fp32 gradient runs too, and the run may be at most 3 times as far from it
+// fp32 gradient runs too, and the run may be at most 4 times as far from it
 // as one bf16 device is (plus the fp32 bound). Later steps' losses are
 // reported, not bounded. Returns as run_verify; the stream's config carries
 // `verify.train`, its accuracy records `grad_rel_l2` per tensor.
