@@ -89,6 +89,22 @@ class TestVerifyTrain : public QObject {
              qPrintable(text));
   }
 
+  // A GPU's training step against the cpu's: the emulated device (the cuda
+  // kernels, backward ones included, on the host) with NCCL's communicator
+  // of one rank and the tp_sp mesh's split from it, on the stand-in library,
+  // as tests/gpu/run.sh runs it on a GPU.
+  void emulatedGpuTrainsAsCpu() {
+    if (qEnvironmentVariable("SHARDSCOPE_NCCL_LIBRARY").isEmpty())
+      QSKIP("this build has no cuda emulator and NCCL stand-in (no nvcc or NCCL header when it was configured)");
+    const Ran r = train_verify({"--backend", "cuda-emu", "--model", "tiny-hybrid", "--strategy", "tp_sp", "--mesh",
+                                "1x1", "--devices", "1", "--dtype", "bf16", "--seq-len", "32"});
+    const QString out = QString::fromUtf8(r.out);
+    QVERIFY2(r.exit_code == 0, qPrintable(out + r.err));
+    QVERIFY2(out.trimmed().split('\n').last().startsWith("ok: tp_sp 1x1 on one cuda-emu device trains as one device "
+                                                         "does"),
+             qPrintable(out));
+  }
+
   // verify's figures are the two runs' gradients as this test compares them
   // itself: the same two runs made here (one thread each, so that both
   // times the sums run in one order), each dumping step 1's gradient.

@@ -149,6 +149,13 @@ check nccl 120 bash -c '"$0" verify --backend cuda --model small-llama --strateg
   grep -m1 "\"collectives\"" /tmp/shardscope-nccl.jsonl | tee /dev/stderr | grep -q "\"collectives\":\"nccl"' \
   "$bin/shardscope-engine"
 show nccl
+# Training on the GPU: a step of the cuda backend's forward and backward
+# kernels, with NCCL's mesh reducing the gradient, against one cpu device's
+# step, tensor by tensor (train --verify; bf16, so one cpu device's fp32
+# gradient runs too).
+check train-verify 180 "$bin/shardscope-engine" train --verify --backend cuda --model small-llama --strategy tp_sp \
+  --mesh 1x1 --devices 1 --dtype bf16 --seq-len 256
+show train-verify
 limit=${SHARDSCOPE_GPU_CHECK_LIMIT:-300}
 # The multi-rank suites launch their rows one after another (processes
 # sharing the GPU where there are fewer GPUs than ranks), so each is split
