@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine_process.h"
+#include "protocol/analysis.h"
 #include "protocol/events.h"
 
 using namespace ss::proto;
@@ -122,14 +123,23 @@ class TestScale : public QObject {
     QCOMPARE(s.points.size(), size_t(1));
     const ScalePoint& p = *s.points.front();
     QVERIFY2(p.applicable(), p.reason.c_str());
+    // Two steps, as a training point runs: the second can hold more than the first (tsp).
     QStringList args = {"train", "--backend", "sim", "--hardware", "h100-sxm", "--model", model, "--strategy", strategy,
                         "--devices", QString::number(devices), "--seq-len", "64", "--micro-batch", "2", "--dtype",
-                        "bf16", "--recompute", recompute};
+                        "bf16", "--recompute", recompute, "--steps", "2"};
     if (!mesh.isEmpty()) args << "--mesh" << mesh;
     const Ran r = engine(args);
     QVERIFY2(r.exit_code == 0, qPrintable(one_line(r.err)));
     const QString diff = compare_point(p, read_stream(r.out));
     QVERIFY2(diff.isEmpty(), qPrintable(diff));
+    // Its traffic is a step's: the busiest device's bytes in a run of one step.
+    args[args.indexOf("--steps") + 1] = "1";
+    const Ran one = engine(args);
+    QVERIFY2(one.exit_code == 0, qPrintable(one_line(one.err)));
+    double busiest = 0;
+    for (auto& [rank, rs] : analyze(read_stream(one.out).events).ranks) busiest = std::max(busiest, double(rs.comm_bytes));
+    QVERIFY(busiest > 0);
+    QCOMPARE(p.comm_activation_bytes + p.comm_weight_bytes, busiest);
   }
 
   void inferPointEqualsSimulatedRun_data() {
@@ -168,8 +178,8 @@ class TestScale : public QObject {
     }
   }
 
-  // The simulator charges what the cpu backend allocates: a point equals a
-  // real training step on cpu ranks of this machine.
+  // The simulator charges what the cpu backend allocates: a point equals
+  // real training steps on cpu ranks of this machine.
   void trainPointEqualsCpuRun() {
     QString failure;
     const Sweep s = scale({"--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "2", "--strategies", "tsp",
@@ -178,7 +188,7 @@ class TestScale : public QObject {
     QVERIFY2(failure.isEmpty(), qPrintable(failure));
     QCOMPARE(s.points.size(), size_t(1));
     const Ran r = engine({"train", "--model", "tiny-llama", "--strategy", "tsp", "--devices", "2", "--seq-len", "64",
-                          "--dtype", "bf16"},
+                          "--dtype", "bf16", "--steps", "2"},
                          240000);
     QVERIFY2(r.exit_code == 0, qPrintable(one_line(r.err)));
     const QString diff = compare_point(*s.points.front(), read_stream(r.out));
@@ -364,7 +374,7 @@ class TestScale : public QObject {
     for (int mb : {p.max_micro_batch, p.max_micro_batch + 1}) {
       const Ran r = engine(QStringList{"train", "--backend", "sim", "--hardware", "a6000-pcie", "--model", "small-llama",
                                        "--strategy", strategy, "--devices", D, "--seq-len", "8192", "--micro-batch",
-                                       QString::number(mb), "--dtype", "bf16"} +
+                                       QString::number(mb), "--dtype", "bf16", "--steps", "2"} +
                            meshArgs);
       QCOMPARE(r.exit_code, mb == p.max_micro_batch ? 0 : 3);  // 3: out of memory
     }

@@ -52,6 +52,12 @@ class TestVerifyTrain : public QObject {
     QTest::newRow("mamba dp, micro-batches of 2, 2 of them")
         << QStringList{"--model", "tiny-mamba", "--strategy", "dp", "--devices", "2", "--micro-batch", "2",
                        "--grad-accum", "2"};
+    // The replicas' micro-batches from --global-batch: one device reads 2 sequences at a time, twice.
+    QTest::newRow("llama dp, a global batch of 4")
+        << QStringList{"--model", "tiny-llama", "--strategy", "dp", "--devices", "2", "--global-batch", "4"};
+    QTest::newRow("llama tp, one explicit sequence")
+        << QStringList{"--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--tokens",
+                       "5,9,14,2,77,31,8,8,101,64,3,12,250,7,19,40,41"};
     QTest::newRow("falcon-mamba sp, contiguous") << QStringList{"--model", "tiny-falcon-mamba", "--strategy", "sp",
                                                                 "--devices", "2", "--split", "contiguous"};
   }
@@ -59,14 +65,16 @@ class TestVerifyTrain : public QObject {
     QFETCH(QStringList, args);
     QTemporaryDir dir;
     const QString events = dir.filePath("verdict.jsonl");
-    const Ran r = train_verify(args + QStringList{"--seq-len", "32", "--events", events});
+    const QStringList length = args.contains("--tokens") ? QStringList{} : QStringList{"--seq-len", "32"};
+    const Ran r = train_verify(args + length + QStringList{"--events", events});
     const QString out = QString::fromUtf8(r.out);
     QVERIFY2(!r.crashed && r.exit_code == 0, qPrintable(out + r.err));
     QVERIFY2(out.trimmed().split('\n').last().startsWith("ok: " + args[args.indexOf("--strategy") + 1] + " "),
              qPrintable(out));
     // Each run was made and timed: in bf16, one device's fp32 gradient too.
     const bool bf16 = args.contains("bf16");
-    QVERIFY2(out.contains("\n  one cpu device: ") && out.contains("\n  one cpu device in fp32: ") == bf16,
+    QVERIFY2(out.contains(bf16 ? "\n  one cpu device in bf16: " : "\n  one cpu device: ") &&
+                 out.contains("\n  one cpu device in fp32: ") == bf16,
              qPrintable(out));
     if (args.contains("--steps"))
       QVERIFY2(out.contains("steps 1 to 3: the losses differ by at most "), qPrintable(out));
@@ -142,7 +150,13 @@ class TestVerifyTrain : public QObject {
   // another norm epsilon, appended to their command line by a stand-in
   // mpirun; one device runs in-process, unaffected): verify says it differs,
   // in what, and ends with its own error record.
+  void aRankThatComputesOtherwiseIsCaught_data() {
+    QTest::addColumn<QString>("dtype");
+    QTest::newRow("fp32") << "fp32";
+    QTest::newRow("bf16") << "bf16";
+  }
   void aRankThatComputesOtherwiseIsCaught() {
+    QFETCH(QString, dtype);
     const QString mpirun = QStandardPaths::findExecutable("mpirun");
     QVERIFY2(!mpirun.isEmpty(), "mpirun not found");
     QTemporaryDir dir;
@@ -154,7 +168,7 @@ class TestVerifyTrain : public QObject {
     QVERIFY(f.setPermissions(f.permissions() | QFileDevice::ExeOwner));
     const QString events = dir.filePath("v.jsonl");
     const Ran r = train_verify({"--model", "tiny-llama", "--seq-len", "32", "--strategy", "sp", "--devices", "2",
-                                "--events", events},
+                                "--dtype", dtype, "--events", events},
                                {{"SHARDSCOPE_MPIRUN", script}});
     const QString out = QString::fromUtf8(r.out);
     QCOMPARE(r.exit_code, 1);
@@ -194,6 +208,7 @@ class TestVerifyTrain : public QObject {
     QTest::newRow("save") << run + tp + QStringList{"--save", "/tmp/x"} << "leave out --save";
     QTest::newRow("check-only") << run + tp + QStringList{"--check-only"} << "leave out --check-only";
     QTest::newRow("hostfile") << run + tp + QStringList{"--hostfile", "hosts"} << "leave out --hostfile";
+    QTest::newRow("timeout") << run + tp + QStringList{"--timeout", "60"} << "leave out --timeout";
     QTest::newRow("single on the cpu") << run << "choose --strategy";
     QTest::newRow("shapes") << QStringList{"--model", "tiny-llama", "--seq-len", "30", "--strategy", "sp", "--devices", "4"}
                             << "30";

@@ -323,7 +323,7 @@ void ScalingPage::draw() {
                          .arg(QString::fromStdString(model), QString::fromStdString(hw))
                          .arg(number(c, "devices"))
                          .arg(number(c, "nodes", 1))
-                         .arg(text(sc, "mode") == "train" ? tr("training, one step") : tr("inference"),
+                         .arg(text(sc, "mode") == "train" ? tr("training (peak over two steps)") : tr("inference"),
                               QString::fromStdString(text(c, "dtype")),
                               text(sc, "mode") == "train"
                                   ? tr(", recomputation %1").arg(QString::fromStdString(text(sc, "recompute", "none")))

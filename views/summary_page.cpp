@@ -128,7 +128,7 @@ QString trainVerifyHtml(const RunData& data) {
   QString h = QObject::tr("<h3>%1 trains against %2</h3>").arg(text("run"), text("reference"));
   h += QObject::tr("<p>%1, %2; %3 of %4 tokens a step, %5. Both start from the same weights and read the same "
                    "sequences (one device reads in one micro-batch what the replicas read together); each keeps "
-                   "step 1's whole gradient.%6</p>")
+                   "its first step's whole gradient.%6</p>")
            .arg(QString::fromStdString(c.value("model", nlohmann::json::object()).value("name", std::string("?"))))
            .arg(dtype)
            .arg(sequences == 1 ? QObject::tr("1 sequence") : QObject::tr("%1 sequences").arg(sequences))
@@ -157,19 +157,23 @@ QString trainVerifyHtml(const RunData& data) {
     const QString f = QString::number(value, 'g', 3);
     return value > allowed ? QStringLiteral("<span style='color:#cf222e'>%1</span>").arg(f) : f;
   };
+  // Step 1, or the step after the one a resumed run starts from.
+  const qint64 first = data.metrics().count("verify_first_step") ? qint64(metric("verify_first_step")) : 1;
   if (data.status() == QLatin1String("ok"))
-    h += QObject::tr("<p style='color:#1a7f37'><b>It trains as one device does</b>: step 1's loss, gradient norm and "
-                     "all %1 gradient tensors are within their bounds.</p>")
-             .arg(metric("verify_tensors"));
+    h += QObject::tr("<p style='color:#1a7f37'><b>It trains as one device does</b>: step %2's loss, gradient norm "
+                     "and all %1 gradient tensors are within their bounds.</p>")
+             .arg(metric("verify_tensors"))
+             .arg(first);
   else if (data.status().isEmpty())
     h += QObject::tr("<p>Running: %1 of the %2 runs done.</p>")
              .arg(int(data.metrics().count("verify_seconds.reference") + data.metrics().count("verify_seconds.exact") +
                       data.metrics().count("verify_seconds.run")))
              .arg(rounded ? 3 : 2);
   if (loss && norm)
-    h += QObject::tr("<p>Step 1: the loss is %1 from one device's, the gradient norm %2 (relative; bound %3).</p>")
+    h += QObject::tr("<p>Step %4: the loss is %1 from one device's, the gradient norm %2 (relative; bound %3).</p>")
              .arg(figure(*loss, loss_bound), figure(*norm, loss_bound))
-             .arg(loss_bound, 0, 'g', 3);
+             .arg(loss_bound, 0, 'g', 3)
+             .arg(first);
   if (!run.empty()) {
     // The tensors nearest their bound first (in bf16 a tensor's bound is its own).
     auto allowed = [&](const std::string& name) { return rounded ? factor * one[name] + bound : bound; };
@@ -178,13 +182,14 @@ QString trainVerifyHtml(const RunData& data) {
       if (name != "whole") names.push_back(name);
     std::sort(names.begin(), names.end(),
               [&](const std::string& a, const std::string& b) { return run[a] / allowed(a) > run[b] / allowed(b); });
-    h += QObject::tr("<p>Step 1's gradient: %1 relative L2 over the whole from %2%3; %4 of %5 tensors past their "
-                     "bound. Nearest their bound:</p>")
+    h += QObject::tr("<p>Step %6's gradient: %1 relative L2 over the whole from %2%3; %4 of %5 tensors past "
+                     "their bound. Nearest their bound:</p>")
              .arg(run["whole"], 0, 'g', 3)
              .arg(rounded ? QObject::tr("the exact (fp32) gradient") : QObject::tr("one device's"))
              .arg(rounded ? QObject::tr(" (one %1 device's: %2)").arg(dtype).arg(one["whole"], 0, 'g', 3) : QString())
              .arg(metric("verify_tensors_past"))
-             .arg(names.size());
+             .arg(names.size())
+             .arg(first);
     h += QObject::tr("<table cellpadding=3><tr><th align=left>tensor</th><th>relative L2</th>%1<th>bound</th></tr>")
              .arg(rounded ? QObject::tr("<th>one %1 device's</th>").arg(dtype) : QString());
     for (size_t i = 0; i < std::min<size_t>(names.size(), 8); ++i) {
@@ -198,16 +203,18 @@ QString trainVerifyHtml(const RunData& data) {
     h += QStringLiteral("</table>");
   }
   if (curve)
-    h += QObject::tr("<p>Steps 1 to %1: the losses differ by at most %2 nats. Not bounded: AdamW moves a weight by "
+    h += QObject::tr("<p>Steps %3 to %1: the losses differ by at most %2 nats. Not bounded: AdamW moves a weight by "
                      "about the learning rate whatever its gradient's size, so a gradient within rounding of zero "
                      "moves it either way, and two runs part by chance.</p>")
-             .arg(steps)
-             .arg(*curve, 0, 'g', 3);
+             .arg(first + steps - 1)
+             .arg(*curve, 0, 'g', 3)
+             .arg(first);
   h += rounded ? QObject::tr("<p><small>The bounds: in %1 a gradient that sums many terms which cancel (A_log's, "
                              "D's, a norm's weight) is far from the exact one on any device, so each tensor may be "
                              "at most %2 times as far from the exact gradient as one %1 device's is (two runs' "
                              "roundings differ by chance, most over tensors of a few values), plus %3. In fp32 "
-                             "the check is strict: 1e-5 per tensor.</small></p>")
+                             "each tensor is held to the strategy tests' 1e-5 (growing as the square root of the "
+                             "depth past four layers).</small></p>")
                      .arg(dtype)
                      .arg(factor)
                      .arg(bound, 0, 'g', 3)

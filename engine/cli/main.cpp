@@ -581,7 +581,12 @@ int main(int argc, char** argv) {
         return code;
       }
       if (train_verify) {
+        // Its runs start with train's own limits, on this host.
         if (!train_cfg.hostfile.empty()) throw ss::UsageError("--verify runs on this host; leave out --hostfile");
+        if (train_cfg.timeout_s != 0 || train_cfg.rank_timeout_s != ss::LaunchOptions{}.rank_timeout_s ||
+            train_opts.forecast_seconds != 0)
+          throw ss::UsageError("--verify starts its runs with train's own limits; leave out --timeout, "
+                               "--rank-timeout and --forecast-seconds");
         return with_verdict_stream(train_cfg.events, [&](ss::proto::Writer* w, std::ostream& out) {
           return ss::run_train_verify(train_opts, w, out);
         });

@@ -1,7 +1,8 @@
 // `shardscope-engine scale`: where each strategy runs out of memory. For a
 // model, a hardware profile and a device count it simulates every applicable
 // strategy (single, dp, tp, sp, tp_sp over every mesh T x S = D, tsp) at each
-// sequence length and micro-batch, in training (one step) or inference
+// sequence length and micro-batch, in training (two steps: the second can
+// hold more than the first; time, traffic and MFU are a step's) or inference
 // (prefill + decode), and streams one `scale_point` per point: the peak the
 // fullest device needs (simulated without a capacity limit), whether it fits
 // the device, step time, throughput, MFU, communication by kind, and the
@@ -24,7 +25,7 @@ struct ScaleOptions {
   std::vector<std::string> overrides;
   std::string hardware = "mi300x";
   int devices = 8, nodes = 1;
-  std::string mode = "train";            // train (one step) | infer (prefill + decode)
+  std::string mode = "train";            // train (two steps) | infer (prefill + decode)
   DType dtype = DType::BF16;
   std::string recompute = "none";        // training: none | selective | full
   std::vector<int64_t> seq_lens;         // empty: 4K, 8K, ... 1M

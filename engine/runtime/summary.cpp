@@ -133,18 +133,24 @@ int summarize_stream(std::istream& in, std::ostream& out) {
         << model.value("name", "?") << ", " << dtype << "; " << sequences << (sequences > 1 ? " sequences" : " sequence")
         << " of " << work.value("seq_len", int64_t(0)) << " tokens a step, " << steps << (steps > 1 ? " steps" : " step")
         << ")\nstatus: " << status << "\n";
+    const std::string first = "step " + std::to_string(metrics.count("verify_first_step")
+                                                           ? int64_t(metrics["verify_first_step"]) : int64_t(1));
     if (own_accuracy.count("rel_l2.loss")) {
-      std::snprintf(buf, sizeof buf, "  step 1: loss %.3g from one device's, gradient norm %.3g (relative)\n",
-                    own_accuracy["rel_l2.loss"], own_accuracy["rel_l2.grad_norm"]);
+      std::snprintf(buf, sizeof buf, "  %s: loss %.3g from one device's, gradient norm %.3g (relative)\n",
+                    first.c_str(), own_accuracy["rel_l2.loss"], own_accuracy["rel_l2.grad_norm"]);
       out << buf;
     }
-    // The tensors furthest from the reference, worst first.
-    std::vector<std::pair<double, std::string>> tensors;
+    // The tensors nearest their bound first (in bf16 each has its own).
+    const double bound = v.value("bound", 0.0), factor = v.value("factor", 0.0);
+    std::vector<std::pair<double, std::string>> tensors;  // (share of its bound, name)
     for (auto& [key, value] : own_accuracy)
-      if (key.rfind("grad_rel_l2.", 0) == 0 && key != "grad_rel_l2.whole") tensors.push_back({value, key.substr(12)});
+      if (key.rfind("grad_rel_l2.", 0) == 0 && key != "grad_rel_l2.whole") {
+        const double allowed = rounded ? factor * reference_accuracy[key] + bound : bound;
+        tensors.push_back({allowed > 0 ? value / allowed : value, key.substr(12)});
+      }
     std::sort(tensors.rbegin(), tensors.rend());
     if (own_accuracy.count("grad_rel_l2.whole")) {
-      std::snprintf(buf, sizeof buf, "  step 1 gradient, %zu tensors: %.3g relative L2 from %s", tensors.size(),
+      std::snprintf(buf, sizeof buf, "  %s gradient, %zu tensors: %.3g relative L2 from %s", first.c_str(), tensors.size(),
                     own_accuracy["grad_rel_l2.whole"], rounded ? "one device's fp32 gradient" : "one device's");
       out << buf;
       if (rounded) {
@@ -155,25 +161,25 @@ int summarize_stream(std::istream& in, std::ostream& out) {
       out << "; " << int64_t(metrics["verify_tensors_past"]) << " past their bound\n";
     }
     for (size_t i = 0; i < std::min<size_t>(tensors.size(), 3); ++i) {
-      std::snprintf(buf, sizeof buf, "    %-48s %.3g", tensors[i].second.c_str(), tensors[i].first);
+      const std::string key = "grad_rel_l2." + tensors[i].second;
+      std::snprintf(buf, sizeof buf, "    %-48s %.3g", tensors[i].second.c_str(), own_accuracy[key]);
       out << buf;
       if (rounded) {
-        std::snprintf(buf, sizeof buf, "  (one device's %.3g)", reference_accuracy["grad_rel_l2." + tensors[i].second]);
+        std::snprintf(buf, sizeof buf, "  (one device's %.3g)", reference_accuracy[key]);
         out << buf;
       }
       out << "\n";
     }
     if (own_accuracy.count("max_abs_diff.loss_curve")) {
-      std::snprintf(buf, sizeof buf, "  steps 1 to %lld: the losses differ by at most %.3g nats (not bounded)\n",
-                    static_cast<long long>(steps), own_accuracy["max_abs_diff.loss_curve"]);
+      std::snprintf(buf, sizeof buf, "  %d steps from %s: the losses differ by at most %.3g nats (not bounded)\n",
+                    int(steps), first.c_str(), own_accuracy["max_abs_diff.loss_curve"]);
       out << buf;
     }
     if (rounded)
       std::snprintf(buf, sizeof buf, "  bounds: %.3g for the loss and norm; a tensor %g x one device's distance + %.3g"
-                    " (%d layers)\n", v.value("loss_bound", 0.0), v.value("factor", 0.0), v.value("bound", 0.0),
-                    v.value("layers", 0));
+                    " (%d layers)\n", v.value("loss_bound", 0.0), factor, bound, v.value("layers", 0));
     else
-      std::snprintf(buf, sizeof buf, "  bound: %.3g (%d layers)\n", v.value("bound", 0.0), v.value("layers", 0));
+      std::snprintf(buf, sizeof buf, "  bound: %.3g (%d layers)\n", bound, v.value("layers", 0));
     out << buf;
     print_errors(false);
     note_unread();

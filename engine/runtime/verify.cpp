@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "comm/quantize.h"
@@ -57,6 +58,10 @@ struct PhaseStats {
     largest = std::max(largest, diff);
   }
 };
+
+// A figure as a record can carry it: JSON has no infinity (a NaN in a run
+// makes a distance infinite), so that is the largest double.
+double recordable(double v) { return std::isfinite(v) ? v : std::numeric_limits<double>::max(); }
 
 // A run that did not finish: its exit code and why.
 struct Failed {
@@ -199,8 +204,8 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
   for (const auto* phase : {&prefill, &decode}) {
     if (!phase->rows) continue;
     const std::string name = phase == &prefill ? "prefill" : "decode";
-    emit(proto::Accuracy{"rel_l2", name, -1, phase->worst, ""});
-    emit(proto::Accuracy{"max_abs_diff", name, -1, phase->largest, ""});
+    emit(proto::Accuracy{"rel_l2", name, -1, recordable(phase->worst), ""});
+    emit(proto::Accuracy{"max_abs_diff", name, -1, recordable(phase->largest), ""});
     emit(proto::Metric{"verify_rows." + name, double(phase->rows), "", -1});
     emit(proto::Metric{"verify_worst_row." + name, double(phase->worst_row), "", -1});
     out << "  " << (phase == &prefill ? "prefill" : "decode") << ", " << phase->rows
@@ -229,7 +234,7 @@ namespace {
 
 using Gradients = std::map<std::string, std::vector<float>>;
 
-// What --dump-grads wrote: step 1's whole gradient, by tensor.
+// What --dump-grads wrote: the first step's whole gradient, by tensor.
 Gradients read_gradients(const std::string& dir) {
   Gradients g;
   const SafetensorsIndex idx = SafetensorsIndex::open_file(dir + "/gradients.safetensors");
@@ -312,9 +317,10 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
   TrainOptions exact = one;
   exact.run.dtype = DType::F32;
   const std::string exact_label = describe(exact.run) + " in fp32";
+  const std::string dtype(compute_dtype_name(r.dtype));
+  const std::string one_label = describe(one.run) + (rounded ? " in " + dtype : "");
 
   const int L = plan.cfg.n_layers;
-  const std::string dtype(compute_dtype_name(r.dtype));
   const double bound = verify_bound(DType::F32, DType::F32, L), loss_bound = verify_bound(r.dtype, r.dtype, L);
   // The run's distance from fp32 against one bf16 device's: two runs'
   // roundings differ by chance, most over tensors of a few values (measured:
@@ -324,7 +330,8 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
   const int64_t sequences = int64_t(one.micro_batch) * one.grad_accum;
   out << "verify: " << describe(r) << " trains against one cpu device (" << plan.cfg.name << ", " << dtype << "; "
       << sequences << (sequences > 1 ? " sequences" : " sequence") << " of " << plan.tokens << " tokens a step, "
-      << o.steps << (o.steps > 1 ? " steps" : " step") << ")\n";
+      << o.steps << (o.steps > 1 ? " steps" : " step") << (rounded ? "; " + exact_label + " gives the exact gradient" : "")
+      << ")\n";
   Verdict verdict{stream, out};
   nlohmann::json v = {{"run", describe(r)},         {"reference", describe(one.run)}, {"bound", bound},
                       {"loss_bound", loss_bound}, {"layers", L},                     {"train", true}};
@@ -340,7 +347,7 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
                                             {"seed", r.seed}}}}});
   verdict.flush();
 
-  // Each run's losses by step, and step 1's gradient.
+  // Each run's losses by step, and its first step's gradient.
   struct Ran {
     std::vector<proto::TrainStep> steps;
     Gradients grads;
@@ -351,7 +358,10 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
     t.dump_grads = base + "-" + tag + "-grads";
     struct Remove {
       std::string dir;
-      ~Remove() { std::filesystem::remove_all(dir); }
+      ~Remove() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+      }
     } remove{t.dump_grads};
     verdict.run(t, base, tag, [&](const proto::Event& e) {
       if (const auto* s = std::get_if<proto::TrainStep>(&e)) ran.steps.push_back(*s);
@@ -362,24 +372,31 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
   };
   Ran want, got, fp32;
   try {
-    want = train(one, "reference");
+    want = train(one, "reference", one_label);
     if (rounded) fp32 = train(exact, "exact", exact_label);
     got = train(o, "run");
   } catch (const Failed& f) {
     out << "failed: " << f.why << "\n";
     return verdict.finish(f.code, f.error_code, f.why);
+  } catch (const std::exception& e) {  // the gradients a run wrote could not be read
+    const std::string why = std::string("reading the runs' gradients: ") + e.what();
+    out << "failed: " << why << "\n";
+    return verdict.finish(kExitFailure, "internal", why);
   }
 
-  // Step 1's loss and gradient norm, against one device in the run's dtype.
+  // The first step's loss and gradient norm (step 1, or --resume's next),
+  // against one device in the run's dtype.
   std::vector<std::string> past;
   const proto::TrainStep &a = got.steps.front(), &b = want.steps.front();
+  const std::string first = "step " + std::to_string(a.step);
   const double loss_rel = relative(a.loss, b.loss), norm_rel = relative(a.grad_norm, b.grad_norm);
-  verdict.emit(proto::Accuracy{"rel_l2", "loss", -1, loss_rel, ""});
-  verdict.emit(proto::Accuracy{"rel_l2", "grad_norm", -1, norm_rel, ""});
-  out << "  step 1 loss " << fmt("%.7g", a.loss) << " against " << fmt("%.7g", b.loss) << ": relative "
-      << fmt("%.3g", loss_rel) << "\n  step 1 gradient norm " << fmt("%.7g", a.grad_norm) << " against "
-      << fmt("%.7g", b.grad_norm) << ": relative " << fmt("%.3g", norm_rel) << "\n";
-  if (loss_rel > loss_bound) past.push_back("its step 1 loss is " + fmt("%.3g", loss_rel) + " from one device's");
+  verdict.emit(proto::Metric{"verify_first_step", double(a.step), "", -1});
+  verdict.emit(proto::Accuracy{"rel_l2", "loss", -1, recordable(loss_rel), ""});
+  verdict.emit(proto::Accuracy{"rel_l2", "grad_norm", -1, recordable(norm_rel), ""});
+  out << "  " << first << " loss " << fmt("%.7g", a.loss) << " against one device's " << fmt("%.7g", b.loss)
+      << ": relative " << fmt("%.3g", loss_rel) << "\n  " << first << " gradient norm " << fmt("%.7g", a.grad_norm)
+      << " against one device's " << fmt("%.7g", b.grad_norm) << ": relative " << fmt("%.3g", norm_rel) << "\n";
+  if (loss_rel > loss_bound) past.push_back("its " + first + " loss is " + fmt("%.3g", loss_rel) + " from one device's");
   if (norm_rel > loss_bound) past.push_back("its gradient norm is " + fmt("%.3g", norm_rel) + " from one device's");
 
   // Step 1's gradient, tensor by tensor: against one device's (fp32), or
@@ -398,24 +415,25 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
       whole_one.add(find(want.grads, name), t);
     }
     const double e_run = d_run.rel(), allowed = rounded ? factor * d_one.rel() + bound : bound;
-    verdict.emit(proto::Accuracy{"grad_rel_l2", name, layer_of(name), e_run, ""});
-    if (rounded) verdict.emit(proto::Accuracy{"grad_rel_l2", name, layer_of(name), d_one.rel(), "reference"});
+    verdict.emit(proto::Accuracy{"grad_rel_l2", name, layer_of(name), recordable(e_run), ""});
+    if (rounded)
+      verdict.emit(proto::Accuracy{"grad_rel_l2", name, layer_of(name), recordable(d_one.rel()), "reference"});
     over += e_run > allowed;
     if (e_run / allowed > nearest_share)
       nearest_share = e_run / allowed, nearest = name, nearest_run = e_run, nearest_allowed = allowed;
   }
-  if (got.grads.size() != truth.size()) ++over;  // a tensor one device has not
-  verdict.emit(proto::Accuracy{"grad_rel_l2", "whole", -1, whole_run.rel(), ""});
-  if (rounded) verdict.emit(proto::Accuracy{"grad_rel_l2", "whole", -1, whole_one.rel(), "reference"});
+  for (const auto& [name, g] : got.grads) over += !truth.count(name);  // a tensor one device has not
+  verdict.emit(proto::Accuracy{"grad_rel_l2", "whole", -1, recordable(whole_run.rel()), ""});
+  if (rounded) verdict.emit(proto::Accuracy{"grad_rel_l2", "whole", -1, recordable(whole_one.rel()), "reference"});
   verdict.emit(proto::Metric{"verify_tensors", double(truth.size()), "", -1});
   verdict.emit(proto::Metric{"verify_tensors_past", double(over), "", -1});
   if (rounded)
-    out << "  step 1 gradient, " << truth.size() << " tensors, from one device's in fp32: the run's "
+    out << "  " << first << " gradient, " << truth.size() << " tensors, from one device's in fp32: the run's "
         << fmt("%.3g", whole_run.rel()) << " (relative L2), one " << dtype << " device's " << fmt("%.3g", whole_one.rel())
         << "\n  the tensor nearest its bound (" << fmt("%.3g", factor) << " x one device's + " << fmt("%.3g", bound)
         << "): " << nearest << ", " << fmt("%.3g", nearest_run) << " against " << fmt("%.3g", nearest_allowed) << "\n";
   else
-    out << "  step 1 gradient, " << truth.size() << " tensors: relative L2 " << fmt("%.3g", whole_run.rel())
+    out << "  " << first << " gradient, " << truth.size() << " tensors: relative L2 " << fmt("%.3g", whole_run.rel())
         << " over the whole; the worst tensor " << nearest << ", " << fmt("%.3g", nearest_run) << "\n";
   if (over)
     past.push_back(std::to_string(over) + " of its " + std::to_string(truth.size()) +
@@ -429,16 +447,18 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
     double most = 0;
     for (size_t i = 0; i < std::min(got.steps.size(), want.steps.size()); ++i)
       most = std::max(most, std::fabs(got.steps[i].loss - want.steps[i].loss));
-    verdict.emit(proto::Accuracy{"max_abs_diff", "loss_curve", -1, most, ""});
-    out << "  steps 1 to " << o.steps << ": the losses differ by at most " << fmt("%.3g", most)
+    verdict.emit(proto::Accuracy{"max_abs_diff", "loss_curve", -1, recordable(most), ""});
+    out << "  steps " << a.step << " to " << got.steps.back().step << ": the losses differ by at most " << fmt("%.3g", most)
         << " nats (reported, not bounded: AdamW moves a weight by about the learning rate whatever its gradient's "
            "size, so two runs part by chance)\n";
   }
   if (past.empty()) {
     const std::string bounds = rounded ? fmt("%.3g", loss_bound) + " for the loss; for a tensor, " + fmt("%g", factor) +
-                                             " times one " + dtype + " device's distance from fp32"
+                                             " times one " + dtype + " device's distance from fp32, plus " +
+                                             fmt("%.3g", bound)
                                        : fmt("%.3g", bound);
-    out << "ok: " << describe(r) << " trains as one device does: step 1's loss, gradient norm and every gradient "
+    out << "ok: " << describe(r) << " trains as one device does: " << first
+        << "'s loss, gradient norm and every gradient "
         << "tensor are within their bounds (" << bounds << ", over " << L << " layers)\n";
     return verdict.finish(kExitOk, "", "");
   }
