@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   QObject::connect(recorder, &SessionRecorder::finished, &app, [&] { done = true; });
   QObject::connect(recorder, &SessionRecorder::failed, &app,
                    [&](const QString& m) { std::fprintf(stderr, "bench-sessions: %s\n", qPrintable(m)); });
-  QMetaObject::invokeMethod(recorder, "begin", Qt::QueuedConnection, Q_ARG(QString, QStringLiteral("bench")));
+  QMetaObject::invokeMethod(recorder, "begin", Qt::QueuedConnection, Q_ARG(QString, QStringLiteral("bench")),
+                            Q_ARG(QStringList, QStringList()));
   clock.start();
   stalls.start();
   // The batches go out a few per turn of the event loop, as readyRead would.

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   cli.addVersionOption();
   QCommandLineOption runOnce(QStringLiteral("run-once"), QStringLiteral("run the default setup once, print the summary and quit"));
   QCommandLineOption screenshot(QStringLiteral("screenshot"),
-                                QStringLiteral("with --run-once or --open: save a PNG of each page as FILE-<page>.png "
+                                QStringLiteral("with --run-once, --open or --session: save a PNG of each page as FILE-<page>.png "
                                                "and quit; with --compare: FILE-compare.png"),
                                 QStringLiteral("file"));
   QCommandLineOption replay(QStringLiteral("open"), QStringLiteral("open a recorded stream"), QStringLiteral("file"));
@@ -49,7 +49,10 @@ int main(int argc, char** argv) {
                         QStringLiteral("the session database (default: $SHARDSCOPE_DB, else the app-data folder)"),
                         QStringLiteral("file"));
   cli.addOption(db);
-  QCommandLineOption session(QStringLiteral("session"), QStringLiteral("open a saved session by its id"),
+  // Not --session: QGuiApplication takes -session and --session for itself
+  // (the desktop's session manager) before this parser sees them.
+  QCommandLineOption session(QStringLiteral("open-session"),
+                             QStringLiteral("open a saved session by its id (its setup fills the form)"),
                              QStringLiteral("id"));
   QCommandLineOption compare(QStringLiteral("compare"),
                              QStringLiteral("compare 2-4 saved sessions, e.g. --compare 1,2 (with --screenshot: save "
@@ -85,9 +88,15 @@ int main(int argc, char** argv) {
       });
     w.openStream(cli.value(replay));
   }
-  if (cli.isSet(session) && !w.openSession(cli.value(session).toLongLong())) {
-    std::fprintf(stderr, "shardscope: no session %s in the database\n", qPrintable(cli.value(session)));
-    return 2;
+  if (cli.isSet(session)) {
+    if (!w.openSession(cli.value(session).toLongLong())) {
+      std::fprintf(stderr, "shardscope: no session %s in the database\n", qPrintable(cli.value(session)));
+      return 2;
+    }
+    if (cli.isSet(screenshot) && !cli.isSet(compare) && !cli.isSet(runOnce)) {
+      savePages();
+      return 0;
+    }
   }
   if (cli.isSet(compare)) {
     QList<qint64> ids;

@@ -123,7 +123,9 @@ void MainWindow::openDatabase(const QString& path) {
 
 void MainWindow::startRecording(const QString& name) {
   m_recording = m_recorder != nullptr;
-  if (m_recording) QMetaObject::invokeMethod(m_recorder, "begin", Qt::QueuedConnection, Q_ARG(QString, name));
+  if (m_recording)
+    QMetaObject::invokeMethod(m_recorder, "begin", Qt::QueuedConnection, Q_ARG(QString, name),
+                              Q_ARG(QStringList, m_lastArgs));
 }
 
 MainWindow::MainWindow(QWidget* parent, const QString& dbPath)
@@ -649,6 +651,13 @@ bool MainWindow::openSession(qint64 id) {
   m_store->readEvents(id, [this](std::vector<ss::proto::Event>&& batch) { m_data.add(std::move(batch)); });
   refreshPages();
   m_status->setText(tr("session '%1' (%2, %3 events)").arg(info.name, info.status).arg(info.events));
+  // The setup it was run with (sessions saved since schema 3): the form, and Run again.
+  if (!info.command.isEmpty()) {
+    setFormFrom(info.command);
+    m_lastArgs = info.command;
+    m_lastName = info.name;
+    m_again->setEnabled(!m_client->isRunning());
+  }
   showBestPage();
   return true;
 }

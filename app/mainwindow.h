@@ -108,6 +108,10 @@ class MainWindow : public QMainWindow {
   void setOptions(int batch, const QString& overrides, const QString& precision, const QString& capacity);
   // Runs the last run's arguments again, whatever the form says now.
   void runAgain();
+  // Sets the form to what an engine command (engineArguments' or another
+  // button's) ran: a reopened session's setup. What the command does not
+  // name keeps its value.
+  void setFormFrom(const QStringList& args);
 
  signals:
   void runFinished(const RunOutcome& outcome);

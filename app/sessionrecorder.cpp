@@ -7,7 +7,7 @@
 SessionRecorder::SessionRecorder(const QString& dbPath) : m_path(dbPath) {}
 SessionRecorder::~SessionRecorder() = default;
 
-void SessionRecorder::begin(const QString& name) {
+void SessionRecorder::begin(const QString& name, const QStringList& command) {
   if (!m_timer) {
     m_timer = new QTimer(this);
     m_timer->setInterval(kFlushMs);
@@ -27,6 +27,7 @@ void SessionRecorder::begin(const QString& name) {
   m_batches.clear();
   m_pending = 0;
   m_session = m_store->create(name);
+  if (m_session && !command.isEmpty()) m_store->setCommand(m_session, command);  // a failing disk shows at the first append
   if (!m_session) {
     m_broken = true;
     emit failed(tr("this run is not saved: %1").arg(m_store->error()));

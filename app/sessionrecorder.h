@@ -28,7 +28,8 @@ class SessionRecorder : public QObject {
   static constexpr size_t kFlushEvents = 50000;  // or this many events
 
  public slots:
-  void begin(const QString& name);
+  // A session named `name`, run as `command` (the engine's arguments; empty: none to keep).
+  void begin(const QString& name, const QStringList& command = {});
   void add(const QByteArray& rawLines, EventBatch events);
   void finish(const QString& status);
 

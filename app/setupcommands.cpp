@@ -48,6 +48,59 @@ QStringList MainWindow::engineArguments() const {
   return args;
 }
 
+void MainWindow::setFormFrom(const QStringList& args) {
+  const auto value = [&](const char* option) {
+    const qsizetype at = args.indexOf(QLatin1String(option));
+    return at > 0 && at + 1 < args.size() ? args[at + 1] : QString();
+  };
+  const auto setNumber = [&](QSpinBox* box, const char* option) {
+    bool ok = false;
+    const int n = value(option).toInt(&ok);
+    if (ok) box->setValue(n);
+  };
+  const QString command = args.value(0);
+  const bool train = command == QLatin1String("train") ||
+                     (command == QLatin1String("scale") && value("--mode") == QLatin1String("train"));
+  m_mode->setCurrentIndex(train ? 1 : 0);
+  if (!value("--model").isEmpty()) m_model->setCurrentText(value("--model"));
+  QString backend = value("--backend");
+  if (command == QLatin1String("simulate") || command == QLatin1String("scale") || backend == QLatin1String("sim"))
+    backend = QStringLiteral("sim:") + value("--hardware");
+  if (const int b = m_backend->findData(backend.isEmpty() ? QStringLiteral("cpu") : backend); b >= 0)
+    m_backend->setCurrentIndex(b);
+  if (const int s = m_strategy->findText(value("--strategy")); s >= 0) m_strategy->setCurrentIndex(s);
+  setNumber(m_devices, "--devices");
+  setNumber(m_nodes, "--nodes");
+  if (!value("--mesh").isEmpty()) m_mesh->setText(value("--mesh"));
+  if (const int d = m_dtype->findData(value("--dtype")); d >= 0) m_dtype->setCurrentIndex(d);
+  QStringList overrides;
+  for (qsizetype i = 1; i + 1 < args.size(); ++i)
+    if (args[i] == QLatin1String("--set")) overrides << args[i + 1];
+  m_overrides->setText(overrides.join(QStringLiteral(", ")));
+  m_capacity->setText(value("--capacity"));
+  if (train) {
+    setNumber(m_seqLen, "--seq-len");
+    setNumber(m_microBatch, "--micro-batch");
+    setNumber(m_steps, "--steps");
+    if (!value("--lr").isEmpty()) m_lr->setText(value("--lr"));
+    if (!value("--recompute").isEmpty()) m_recompute->setCurrentText(value("--recompute"));
+    return;
+  }
+  if (!value("--prompt").isEmpty()) {
+    m_promptText->setText(value("--prompt"));
+  } else {
+    m_promptText->clear();
+    setNumber(m_prompt, "--prompt-len");
+  }
+  setNumber(m_decode, "--decode");
+  // dp's --batch is every replica's sequences: the form asks for one replica's.
+  bool ok = false;
+  const int batch = value("--batch").toInt(&ok);
+  const bool dp = value("--strategy") == QLatin1String("dp");
+  m_batch->setValue(!ok ? 1 : dp ? std::max(1, batch / std::max(1, m_devices->value())) : batch);
+  m_precision->setCurrentText(value("--comm-precision").isEmpty() ? QStringLiteral("fp32") : value("--comm-precision"));
+}
+
 // Whether the chosen model reads text: a folder (given, or shipped by name) with a tokenizer.json.
 bool MainWindow::modelHasTokenizer() const {
   const QString m = m_model->currentText();

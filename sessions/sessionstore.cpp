@@ -3,6 +3,7 @@
 #include <QDateTime>
 #include <QFile>
 #include <QFileInfo>
+#include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QSqlError>
@@ -206,6 +207,8 @@ bool SessionStore::migrate() {
   m_migrating = true;
   if (ok && version < 2) ok = migrateFrom1();
   m_migrating = false;
+  // Schema 3: the engine command a session was run with.
+  if (ok && version < 3) ok = exec(QStringLiteral("ALTER TABLE sessions ADD COLUMN command TEXT NOT NULL DEFAULT '[]'"));
   m_writing.clear();
   if (ok) ok = exec(QStringLiteral("PRAGMA user_version = %1").arg(kSchemaVersion));
   if (!ok) {
@@ -574,6 +577,12 @@ bool SessionStore::setTags(qint64 session, const QString& tags) {
                 QStringLiteral("UPDATE sessions SET tags = ? WHERE id = ?"),
                 {tags.isNull() ? QStringLiteral("") : tags, session});
 }
+bool SessionStore::setCommand(qint64 session, const QStringList& args) {
+  const QString json = QString::fromUtf8(QJsonDocument(QJsonArray::fromStringList(args)).toJson(QJsonDocument::Compact));
+  return update(m_db, [this](const QString& e) { return fail(e); },
+                QStringLiteral("UPDATE sessions SET command = ? WHERE id = ?"), {json, session});
+}
+
 bool SessionStore::remove(qint64 session) {
   return update(m_db, [this](const QString& e) { return fail(e); },
                 QStringLiteral("UPDATE sessions SET deleted = 1 WHERE id = ?"), {session});
@@ -607,11 +616,12 @@ static SessionInfo readInfo(const QSqlQuery& q) {
       QJsonDocument::fromJson(q.value(13).toString().toUtf8()).object().value("workload").toObject();
   s.prompt = work.value("prompt_len").toInteger();
   s.decode = work.value("decode").toInteger();
+  for (const QJsonValue& a : QJsonDocument::fromJson(q.value(14).toString().toUtf8()).array()) s.command << a.toString();
   return s;
 }
 static const char* kInfoColumns =
-    "SELECT id, name, model, strategy, backend, devices, status, created, ended, note, tags, events, headline, config "
-    "FROM sessions ";
+    "SELECT id, name, model, strategy, backend, devices, status, created, ended, note, tags, events, headline, config, "
+    "command FROM sessions ";
 
 QVector<SessionInfo> SessionStore::list() const {
   QVector<SessionInfo> out;

@@ -42,11 +42,12 @@ struct SessionInfo {
   qint64 events = 0;
   QString headline;  // JSON object of headline figures (tokens/s, TTFT, peak bytes, comm bytes)
   qint64 prompt = 0, decode = 0;  // the workload, from the config
+  QStringList command;  // the engine's arguments the explorer ran it with (empty: imported, or saved before schema 3)
 };
 
 class SessionStore {
  public:
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
   enum class Mode { ReadWrite, ReadOnly };
   // Whether open() verifies the file (SQLite quick_check); a second
   // connection to a database already verified by this process may skip it.
@@ -75,6 +76,8 @@ class SessionStore {
   // stream's config record arrives (then setConfig fills the setup columns).
   qint64 create(const QString& name, const QString& configJson = {});
   bool setConfig(qint64 session, const QString& configJson);
+  // The engine's arguments the run was started with (what reopening it sets the setup to).
+  bool setCommand(qint64 session, const QStringList& args);
   // Appends one batch in one transaction: the raw bytes of whole lines as
   // they arrived, and the events parsed from them (for the derived tables).
   bool append(qint64 session, const QByteArray& rawLines, const std::vector<const ss::proto::Event*>& events);

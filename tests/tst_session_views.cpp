@@ -99,6 +99,44 @@ class TestSessionViews : public QObject {
     QVERIFY(contents(w.data()) == live);
   }
 
+  // A reopened session sets the setup to what it ran: the form gives the
+  // same command again (training and inference, their options included),
+  // and Run again runs it.
+  void reopenedSessionSetsTheSetup() {
+    MainWindow w(nullptr, m_dir.filePath("setups.db"));  // its own: the browser's counts below are the shared one's
+    w.setSetup("tiny-mamba2", "cpu", "tsp", 2, 16, 4);
+    w.setTraining(true, 32, 2, 2, "selective");
+    w.setOptions(1, QStringLiteral("n_groups=2"), QStringLiteral("fp32"), QStringLiteral("1GiB"));
+    QSignalSpy saved(&w, &MainWindow::sessionSaved);
+    w.runOnce();
+    QVERIFY(saved.wait(180000));
+    const qint64 trained = w.lastSession();
+    const QStringList trainArgs = w.engineArguments();
+    QCOMPARE(w.sessionStore()->info(trained).command, trainArgs);
+    w.setTraining(false);
+    w.setOptions(1, QStringLiteral("num_hidden_layers=3"), QStringLiteral("int8:32"), QString());
+    QVERIFY(runAndSave(w, "tiny-llama", "tp", 2));
+    const qint64 inferred = w.lastSession();
+    const QStringList inferArgs = w.engineArguments();
+    QVERIFY(!w.training() && inferArgs.contains("int8:32") && inferArgs.contains("num_hidden_layers=3"));
+    // Another setup in the form; each session reopened brings its own back.
+    w.setTraining(false);
+    w.setSetup("brown-llama", "sim:mi300x", "single", 1, 64, 1);
+    w.setOptions(1, QString(), QStringLiteral("fp32"), QString());
+    QVERIFY(w.openSession(trained));
+    QVERIFY(w.training());
+    QCOMPARE(w.engineArguments(), trainArgs);
+    QVERIFY(w.openSession(inferred));
+    QVERIFY(!w.training());
+    QCOMPARE(w.engineArguments(), inferArgs);
+    // Run again runs the reopened session's command.
+    QSignalSpy done(&w, &MainWindow::runFinished);
+    QVERIFY(w.openSession(trained));
+    w.runAgain();
+    QVERIFY(done.wait(180000));
+    QCOMPARE(w.sessionStore()->info(w.lastSession()).command, trainArgs);
+  }
+
   void browserFiltersRenamesAndUndoesDelete() {
     MainWindow w(nullptr, m_db);
     QVERIFY(runAndSave(w, "tiny-mamba2", "tsp", 2));
@@ -166,6 +204,18 @@ class TestSessionViews : public QObject {
     QVERIFY2(err.section('\n', -1).startsWith("shardscope: --compare") && err.section('\n', -1).contains("no session 9999") &&
                  err.count("shardscope:") == 1,
              qPrintable(err));
+    // --open-session likewise; one that is there opens, its pages saved as PNGs.
+    app.start(SHARDSCOPE_APP_BIN, {"--db", m_db, "--open-session", "9999"});
+    QVERIFY(app.waitForFinished(60000));
+    QCOMPARE(app.exitCode(), 2);
+    QVERIFY2(QString::fromUtf8(app.readAllStandardError()).contains("shardscope: no session 9999 in the database"),
+             "--open-session 9999");
+    QTemporaryDir shots;
+    app.start(SHARDSCOPE_APP_BIN, {"--db", m_db, "--open-session", QString::number(sessions[0].id), "--screenshot",
+                                   shots.filePath("s")});
+    QVERIFY(app.waitForFinished(60000));
+    QCOMPARE(app.exitCode(), 0);
+    QVERIFY(QImage(shots.filePath("s-summary.png")).width() > 600);
   }
 
   void pagesExportAsPngSvgPdf() {

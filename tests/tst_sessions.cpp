@@ -143,6 +143,7 @@ class TestSessions : public QObject {
     QCOMPARE(list[0].strategy, QStringLiteral("tp"));
     QCOMPARE(list[0].status, QStringLiteral("done"));
     QCOMPARE(list[1].name, QStringLiteral("mamba2 single"));
+    QVERIFY(list[0].command.isEmpty());  // schema 3's column: no command was kept then
     for (int i = 0; i < 2; ++i) {
       const QByteArray original = readAll(kFixtures + QStringLiteral("/sessions-v1-run%1.jsonl").arg(i + 1));
       QCOMPARE(store.lines(list[i].id), linesOf(original));
@@ -173,6 +174,8 @@ class TestSessions : public QObject {
       QVERIFY(store.setNote(id, text));
       QVERIFY(store.setTags(id, text));
       QVERIFY(store.rename(id, text + text));
+      // A command's arguments, any text among them (a prompt).
+      QVERIFY(store.setCommand(id, {"launch", "--prompt", text, "--set", "x=1"}));
     }
     SessionStore store;
     QVERIFY(store.open(db));
@@ -181,6 +184,7 @@ class TestSessions : public QObject {
     QCOMPARE(list[0].name, text + text);
     QCOMPARE(list[0].note, text);
     QCOMPARE(list[0].tags, text);
+    QCOMPARE(list[0].command, (QStringList{"launch", "--prompt", text, "--set", "x=1"}));
   }
 
   void newerDatabaseIsRefusedAndKept() {
