@@ -428,7 +428,7 @@ void MainWindow::checkSetup() {
     else
       m_verdict->setText(QStringLiteral("<span style='color:%1'>%2</span>")
                              .arg(oom ? QStringLiteral("#9a6700") : QStringLiteral("#b00"),
-                                  (reason.isEmpty() ? tr("the engine could not check this setup") : reason).toHtmlEscaped()));
+                                  reason.isEmpty() ? tr("the engine could not check this setup") : inFormTerms(reason)));
     m_run->setEnabled(m_valid && !m_client->isRunning());
   });
   m_check->start(EngineClient::enginePath(), args);

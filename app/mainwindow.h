@@ -112,6 +112,9 @@ class MainWindow : public QMainWindow {
   // button's) ran: a reopened session's setup. What the command does not
   // name keeps its value.
   void setFormFrom(const QStringList& args);
+  // An engine message in the form's terms, as HTML: each option it names
+  // (--prompt-len) as the field that sets it (Prompt tokens), in bold.
+  QString inFormTerms(const QString& message) const;
 
  signals:
   void runFinished(const RunOutcome& outcome);

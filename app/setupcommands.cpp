@@ -2,6 +2,9 @@
 // beside Run (a quantization sweep, a scaling sweep, verify, TP vs TSP).
 #include <QComboBox>
 #include <QFileInfo>
+#include <QFormLayout>
+#include <QLabel>
+#include <QRegularExpression>
 #include <QLineEdit>
 #include <QPushButton>
 #include <QSpinBox>
@@ -99,6 +102,22 @@ void MainWindow::setFormFrom(const QStringList& args) {
   const bool dp = value("--strategy") == QLatin1String("dp");
   m_batch->setValue(!ok ? 1 : dp ? std::max(1, batch / std::max(1, m_devices->value())) : batch);
   m_precision->setCurrentText(value("--comm-precision").isEmpty() ? QStringLiteral("fp32") : value("--comm-precision"));
+}
+
+QString MainWindow::inFormTerms(const QString& message) const {
+  const std::pair<const char*, QWidget*> fields[] = {
+      {"--prompt-len", m_prompt},   {"--prompt", m_promptText},     {"--decode", m_decode},
+      {"--batch", m_batch},         {"--seq-len", m_seqLen},        {"--micro-batch", m_microBatch},
+      {"--steps", m_steps},         {"--lr", m_lr},                 {"--recompute", m_recompute},
+      {"--set", m_overrides},       {"--backend", m_backend},       {"--strategy", m_strategy},
+      {"--dtype", m_dtype},         {"--devices", m_devices},       {"--nodes", m_nodes},
+      {"--mesh", m_mesh},           {"--comm-precision", m_precision}, {"--capacity", m_capacity}};
+  QString html = message.toHtmlEscaped();
+  for (const auto& [option, field] : fields)
+    if (const auto* label = qobject_cast<const QLabel*>(m_form->labelForField(field)))
+      html.replace(QRegularExpression(QRegularExpression::escape(QLatin1String(option)) + QStringLiteral("(?![\\w-])")),
+                   QStringLiteral("<b>%1</b>").arg(label->text().toHtmlEscaped()));
+  return html.replace(QStringLiteral("`scale`"), tr("the Scaling sweep"));
 }
 
 // Whether the chosen model reads text: a folder (given, or shipped by name) with a tokenizer.json.

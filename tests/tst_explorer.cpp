@@ -205,13 +205,16 @@ class TestExplorer : public QObject {
     w.setSetup("tiny-mamba2", "cpu", "sp", 4, 20, 4);  // 20 tokens do not split into 8 zigzag chunks
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY(!w.setupValid());
-    QVERIFY2(w.verdictText().contains(QStringLiteral("--prompt-len 20")), qPrintable(w.verdictText()));
+    // Named as the form names it: the field that sets --prompt-len.
+    QVERIFY2(w.verdictText().contains(QStringLiteral("<b>Prompt tokens</b> 20 does not split")), qPrintable(w.verdictText()));
     // A mistyped dimension is named with the field it most likely meant.
     w.setSetup("tiny-mamba2", "cpu", "sp", 2, 32, 4);
     w.setOptions(1, "hidden_size=128, headdim=32", "fp32", "");
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY(!w.setupValid());
-    QVERIFY2(w.verdictText().contains(QStringLiteral("did you mean 'head_dim'")), qPrintable(w.verdictText()));
+    QVERIFY2(w.verdictText().contains(QStringLiteral("<b>Dimensions</b> 'headdim=32'")) &&
+                 w.verdictText().contains(QStringLiteral("did you mean 'head_dim'")),
+             qPrintable(w.verdictText()));
     w.resize(1400, 820);
     w.grab().save(QDir::temp().filePath("shardscope-setup-mistyped.png"));
     w.setOptions(1, "hidden_size=128, head_dim=32", "fp32", "");
@@ -225,7 +228,8 @@ class TestExplorer : public QObject {
     QTRY_VERIFY_WITH_TIMEOUT(!w.checking(), 20000);
     QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
     QVERIFY2(w.verdictText().contains(QStringLiteral("would run out of memory")) &&
-                 w.verdictText().contains(QStringLiteral("more than its 100.00 KiB (--capacity)")),
+                 w.verdictText().contains(QStringLiteral("more than its 100.00 KiB (<b>Capacity per device</b>)")) &&
+                 w.verdictText().contains(QStringLiteral("the Scaling sweep shows which strategies fit")),
              qPrintable(w.verdictText()));
     w.grab().save(QDir::temp().filePath("shardscope-setup-oom.png"));
   }

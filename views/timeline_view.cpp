@@ -147,10 +147,11 @@ void TimelineView::paintEvent(QPaintEvent*) {
     p.setPen(QPen(QColor(60, 60, 60), 1, Qt::DashLine));
     p.drawLine(QPointF(x, 22), QPointF(x, 24 + row * kLane));
     const QString name = QString::fromStdString(ph.name);
-    if (x < named_to) continue;
+    const double advance = p.fontMetrics().horizontalAdvance(name);
+    if (x < named_to || x + 3 + advance > width()) continue;  // a name cut off at the edge is none
     p.setPen(QColor(60, 60, 60));
     p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), name);
-    named_to = x + 3 + p.fontMetrics().horizontalAdvance(name) + 6;
+    named_to = x + 3 + advance + 6;
   }
   // The colour of every op kind, below the lanes.
   {
