@@ -195,7 +195,7 @@ ComparePage::ComparePage(std::vector<ComparedRun> runs, QWidget* parent) : QWidg
     return;
   }
 
-  m_memory = new QCustomPlot(split);
+  m_memory = newPlot(split);
   m_memory->setMinimumHeight(220);
   drawMemory();
 

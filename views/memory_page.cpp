@@ -27,7 +27,7 @@ MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), 
   top->addWidget(m_hideWeights);
   top->addStretch();
   layout->addLayout(top);
-  m_plot = new QCustomPlot(this);
+  m_plot = newPlot(this);
   m_plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
   m_plot->axisRect()->setRangeZoom(Qt::Horizontal);
   m_plot->axisRect()->setRangeDrag(Qt::Horizontal);
@@ -35,7 +35,7 @@ MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), 
   m_plot->yAxis->setTicker(bytesTicker());
   legendBeside(m_plot);  // clear of the peak's marker and label
   layout->addWidget(m_plot, 3);
-  m_bars = new QCustomPlot(this);
+  m_bars = newPlot(this);
   m_bars->yAxis->setTicker(bytesTicker());
   legendBeside(m_bars);  // clear of the last rank's bars
   m_bars->xAxis->grid()->setZeroLinePen(Qt::NoPen);  // rank 0 sits at x = 0: no line through its bars

@@ -162,3 +162,8 @@ void legendBeside(QCustomPlot* plot);
 // Replots now where the plot is on screen, else when it is next shown: a
 // hidden plot (a tab not in view) has no paint buffer to draw into.
 void replotWhenShown(QCustomPlot* plot);
+// A plot for a page: one that does not redraw itself at an empty size (a
+// page not yet laid out, or grabbed while hidden), which QCustomPlot would
+// try, into a paint buffer of no pixels, warning each time.
+class QWidget;
+QCustomPlot* newPlot(QWidget* parent);

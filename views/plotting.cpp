@@ -61,7 +61,24 @@ class ReplotOnShow : public QObject {
     return false;
   }
 };
+
+// Swallows a plot's resizes to an empty size: QCustomPlot replots on every
+// resize, and at no pixels its paint buffers cannot be painted. Its next
+// resize to a real size replots it as usual.
+class NoEmptyResize : public QObject {
+ public:
+  using QObject::QObject;
+  bool eventFilter(QObject* watched, QEvent* e) override {
+    return e->type() == QEvent::Resize && static_cast<QResizeEvent*>(e)->size().isEmpty() && watched->isWidgetType();
+  }
+};
 }  // namespace
+
+QCustomPlot* newPlot(QWidget* parent) {
+  auto* plot = new QCustomPlot(parent);
+  plot->installEventFilter(new NoEmptyResize(plot));
+  return plot;
+}
 
 void replotWhenShown(QCustomPlot* plot) {
   if (plot->isVisible()) {

@@ -24,13 +24,13 @@ QuantizationPage::QuantizationPage(const RunData& data, QWidget* parent) : QWidg
   m_hint->setWordWrap(true);
   layout->addWidget(m_hint);
   auto* row = new QHBoxLayout;
-  m_tradeoff = new QCustomPlot(this);
+  m_tradeoff = newPlot(this);
   m_tradeoff->xAxis->setLabel(tr("bytes on the wire per rank"));
   m_tradeoff->xAxis->setTicker(bytesTicker());
   m_tradeoff->yAxis->setLabel(tr("logits KL against the unquantized run"));
   m_tradeoff->yAxis->setScaleType(QCPAxis::stLogarithmic);
   m_tradeoff->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
-  m_sites = new QCustomPlot(this);
+  m_sites = newPlot(this);
   m_sites->yAxis->setLabel(tr("KL with only this site quantized"));
   m_sites->yAxis->setScaleType(QCPAxis::stLogarithmic);
   m_sites->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));

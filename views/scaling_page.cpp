@@ -109,7 +109,7 @@ ScalingPage::ScalingPage(const RunData& data, QWidget* parent) : QWidget(parent)
   layout->addLayout(top);
 
   auto makePlot = [this](const QString& ylabel) {
-    auto* p = new QCustomPlot(this);
+    auto* p = newPlot(this);
     p->xAxis->setLabel(tr("sequence length (tokens)"));
     p->xAxis->setScaleType(QCPAxis::stLogarithmic);
     p->xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new LengthTicker));

@@ -14,7 +14,7 @@ TrainingPage::TrainingPage(const RunData& data, QWidget* parent) : QWidget(paren
   auto* layout = new QVBoxLayout(this);
   m_caption = new QLabel(tr("No training run yet: choose Training in the setup and press Run."), this);
   m_caption->setWordWrap(true);
-  m_loss = new QCustomPlot(this);
+  m_loss = newPlot(this);
   m_loss->xAxis->setLabel(tr("step"));
   m_loss->yAxis->setLabel(tr("loss (mean cross-entropy, nats)"));
   m_loss->yAxis2->setLabel(tr("gradient norm (before clipping)"));
@@ -27,7 +27,7 @@ TrainingPage::TrainingPage(const RunData& data, QWidget* parent) : QWidget(paren
   auto* norm = m_loss->addGraph(m_loss->xAxis, m_loss->yAxis2);
   norm->setName(tr("gradient norm"));
   norm->setPen(QPen(QColor(200, 120, 40), 1));
-  m_lr = new QCustomPlot(this);
+  m_lr = newPlot(this);
   m_lr->xAxis->setLabel(tr("step"));
   m_lr->yAxis->setLabel(tr("learning rate"));
   m_lr->yAxis2->setLabel(tr("tokens/s"));
@@ -39,6 +39,13 @@ TrainingPage::TrainingPage(const RunData& data, QWidget* parent) : QWidget(paren
   auto* tps = m_lr->addGraph(m_lr->xAxis, m_lr->yAxis2);
   tps->setName(tr("tokens/s"));
   tps->setPen(QPen(QColor(140, 140, 140), 1));
+  // Steps are whole: ticks at whole steps (multiples of 1, 2, 5, 10 ...), none at 1.5.
+  for (QCustomPlot* plot : {m_loss, m_lr}) {
+    QSharedPointer<QCPAxisTickerFixed> steps(new QCPAxisTickerFixed);
+    steps->setTickStep(1);
+    steps->setScaleStrategy(QCPAxisTickerFixed::ssMultiples);
+    plot->xAxis->setTicker(steps);
+  }
   layout->addWidget(m_caption);
   layout->addWidget(m_loss, 3);
   layout->addWidget(m_lr, 1);
