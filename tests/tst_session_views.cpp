@@ -216,6 +216,9 @@ class TestSessionViews : public QObject {
     QVERIFY(app.waitForFinished(60000));
     QCOMPARE(app.exitCode(), 0);
     QVERIFY(QImage(shots.filePath("s-summary.png")).width() > 600);
+    // Every page drawn, the hidden ones too, without a plot painting into no pixels.
+    const QString said = QString::fromUtf8(app.readAllStandardError());
+    QVERIFY2(!said.contains("QPainter") && !said.contains("paint buffer"), qPrintable(said.left(2000)));
   }
 
   void pagesExportAsPngSvgPdf() {
