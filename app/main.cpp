@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   cli.addVersionOption();
   QCommandLineOption runOnce(QStringLiteral("run-once"), QStringLiteral("run the default setup once, print the summary and quit"));
   QCommandLineOption screenshot(QStringLiteral("screenshot"),
-                                QStringLiteral("with --run-once, --open or --session: save a PNG of each page as FILE-<page>.png "
+                                QStringLiteral("with --run-once, --open or --open-session: save a PNG of each page as FILE-<page>.png "
                                                "and quit; with --compare: FILE-compare.png"),
                                 QStringLiteral("file"));
   QCommandLineOption replay(QStringLiteral("open"), QStringLiteral("open a recorded stream"), QStringLiteral("file"));

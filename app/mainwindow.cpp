@@ -651,12 +651,13 @@ bool MainWindow::openSession(qint64 id) {
   m_store->readEvents(id, [this](std::vector<ss::proto::Event>&& batch) { m_data.add(std::move(batch)); });
   refreshPages();
   m_status->setText(tr("session '%1' (%2, %3 events)").arg(info.name, info.status).arg(info.events));
-  // The setup it was run with (sessions saved since schema 3): the form, and Run again.
-  if (!info.command.isEmpty()) {
+  // The setup it was run with (sessions saved since schema 3): the form, and
+  // Run again; not while a run, or TP vs TSP's second, still needs the form's.
+  if (!info.command.isEmpty() && !m_client->isRunning() && m_queue.isEmpty()) {
     setFormFrom(info.command);
     m_lastArgs = info.command;
     m_lastName = info.name;
-    m_again->setEnabled(!m_client->isRunning());
+    m_again->setEnabled(true);
   }
   showBestPage();
   return true;

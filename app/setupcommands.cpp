@@ -56,46 +56,54 @@ void MainWindow::setFormFrom(const QStringList& args) {
     const qsizetype at = args.indexOf(QLatin1String(option));
     return at > 0 && at + 1 < args.size() ? args[at + 1] : QString();
   };
-  const auto setNumber = [&](QSpinBox* box, const char* option) {
+  const auto setNumber = [&](QSpinBox* box, const char* option, int absent) {
     bool ok = false;
     const int n = value(option).toInt(&ok);
     if (ok) box->setValue(n);
+    else if (absent > 0) box->setValue(absent);
   };
   const QString command = args.value(0);
+  // A run's command names its whole setup: what it leaves out is the form's
+  // default. A sweep's names part of one: the rest keeps its value.
+  const bool whole = QStringList{"run", "launch", "simulate", "verify", "train"}.contains(command);
   const bool train = command == QLatin1String("train") ||
                      (command == QLatin1String("scale") && value("--mode") == QLatin1String("train"));
   m_mode->setCurrentIndex(train ? 1 : 0);
   if (!value("--model").isEmpty()) m_model->setCurrentText(value("--model"));
   QString backend = value("--backend");
   if (command == QLatin1String("simulate") || command == QLatin1String("scale") || backend == QLatin1String("sim"))
-    backend = QStringLiteral("sim:") + value("--hardware");
-  if (const int b = m_backend->findData(backend.isEmpty() ? QStringLiteral("cpu") : backend); b >= 0)
-    m_backend->setCurrentIndex(b);
+    backend = QStringLiteral("sim:") + QFileInfo(value("--hardware")).completeBaseName();  // a profile's name or file
+  if (backend.isEmpty()) backend = QStringLiteral("cpu");
+  if (const int b = m_backend->findData(backend); b >= 0) m_backend->setCurrentIndex(b);
+  else m_status->setText(tr("this session ran on %1, which this machine does not offer: the form keeps %2")
+                             .arg(backend, m_backend->currentText()));
   if (const int s = m_strategy->findText(value("--strategy")); s >= 0) m_strategy->setCurrentIndex(s);
-  setNumber(m_devices, "--devices");
-  setNumber(m_nodes, "--nodes");
+  setNumber(m_devices, "--devices", 0);
+  setNumber(m_nodes, "--nodes", whole || command == QLatin1String("scale") ? 1 : 0);
   if (!value("--mesh").isEmpty()) m_mesh->setText(value("--mesh"));
   if (const int d = m_dtype->findData(value("--dtype")); d >= 0) m_dtype->setCurrentIndex(d);
   QStringList overrides;
   for (qsizetype i = 1; i + 1 < args.size(); ++i)
     if (args[i] == QLatin1String("--set")) overrides << args[i + 1];
   m_overrides->setText(overrides.join(QStringLiteral(", ")));
-  m_capacity->setText(value("--capacity"));
+  if (whole) m_capacity->setText(value("--capacity"));
   if (train) {
-    setNumber(m_seqLen, "--seq-len");
-    setNumber(m_microBatch, "--micro-batch");
-    setNumber(m_steps, "--steps");
+    setNumber(m_seqLen, "--seq-len", 0);
+    setNumber(m_microBatch, "--micro-batch", 0);
+    if (!args.contains(QLatin1String("--verify"))) setNumber(m_steps, "--steps", 0);  // verify's one step is not the setup's
     if (!value("--lr").isEmpty()) m_lr->setText(value("--lr"));
     if (!value("--recompute").isEmpty()) m_recompute->setCurrentText(value("--recompute"));
     return;
   }
   if (!value("--prompt").isEmpty()) {
     m_promptText->setText(value("--prompt"));
-  } else {
+  } else if (!value("--prompt-len").isEmpty()) {
     m_promptText->clear();
-    setNumber(m_prompt, "--prompt-len");
+    setNumber(m_prompt, "--prompt-len", 0);
   }
-  setNumber(m_decode, "--decode");
+  if (command == QLatin1String("scale")) return;  // its --decode is capped for the sweep, not the setup's
+  setNumber(m_decode, "--decode", 0);
+  if (!whole) return;
   // dp's --batch is every replica's sequences: the form asks for one replica's.
   bool ok = false;
   const int batch = value("--batch").toInt(&ok);
@@ -105,19 +113,23 @@ void MainWindow::setFormFrom(const QStringList& args) {
 }
 
 QString MainWindow::inFormTerms(const QString& message) const {
+  // "--decode steps" before "--decode": "fewer Decode steps", not "fewer Decode steps steps".
   const std::pair<const char*, QWidget*> fields[] = {
-      {"--prompt-len", m_prompt},   {"--prompt", m_promptText},     {"--decode", m_decode},
-      {"--batch", m_batch},         {"--seq-len", m_seqLen},        {"--micro-batch", m_microBatch},
-      {"--steps", m_steps},         {"--lr", m_lr},                 {"--recompute", m_recompute},
-      {"--set", m_overrides},       {"--backend", m_backend},       {"--strategy", m_strategy},
-      {"--dtype", m_dtype},         {"--devices", m_devices},       {"--nodes", m_nodes},
-      {"--mesh", m_mesh},           {"--comm-precision", m_precision}, {"--capacity", m_capacity}};
+      {"--decode steps", m_decode}, {"--prompt-len", m_prompt},      {"--prompt", m_promptText},
+      {"--decode", m_decode},       {"--batch", m_batch},            {"--seq-len", m_seqLen},
+      {"--micro-batch", m_microBatch}, {"--steps", m_steps},         {"--lr", m_lr},
+      {"--recompute", m_recompute}, {"--set", m_overrides},          {"--backend", m_backend},
+      {"--strategy", m_strategy},   {"--dtype", m_dtype},            {"--devices", m_devices},
+      {"--nodes", m_nodes},         {"--mesh", m_mesh},              {"--comm-precision", m_precision},
+      {"--capacity", m_capacity}};
   QString html = message.toHtmlEscaped();
   for (const auto& [option, field] : fields)
     if (const auto* label = qobject_cast<const QLabel*>(m_form->labelForField(field)))
       html.replace(QRegularExpression(QRegularExpression::escape(QLatin1String(option)) + QStringLiteral("(?![\\w-])")),
                    QStringLiteral("<b>%1</b>").arg(label->text().toHtmlEscaped()));
-  return html.replace(QStringLiteral("`scale`"), tr("the Scaling sweep"));
+  const bool simulated = m_backend->currentData().toString().startsWith(QLatin1String("sim:"));
+  return html.replace(QStringLiteral("`scale`"),
+                      simulated ? tr("the Scaling sweep") : tr("the Scaling sweep (on a simulated backend)"));
 }
 
 // Whether the chosen model reads text: a folder (given, or shipped by name) with a tokenizer.json.

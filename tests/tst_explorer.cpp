@@ -229,7 +229,7 @@ class TestExplorer : public QObject {
     QVERIFY2(w.setupValid(), qPrintable(w.verdictText()));
     QVERIFY2(w.verdictText().contains(QStringLiteral("would run out of memory")) &&
                  w.verdictText().contains(QStringLiteral("more than its 100.00 KiB (<b>Capacity per device</b>)")) &&
-                 w.verdictText().contains(QStringLiteral("the Scaling sweep shows which strategies fit")),
+                 w.verdictText().contains(QStringLiteral("the Scaling sweep (on a simulated backend) shows which strategies fit")),
              qPrintable(w.verdictText()));
     w.grab().save(QDir::temp().filePath("shardscope-setup-oom.png"));
   }

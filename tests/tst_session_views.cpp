@@ -129,6 +129,14 @@ class TestSessionViews : public QObject {
     QVERIFY(w.openSession(inferred));
     QVERIFY(!w.training());
     QCOMPARE(w.engineArguments(), inferArgs);
+    // A scaling point's run names its profile by file; a one-node run sets Nodes back to 1.
+    w.setFormFrom({"simulate", "--hardware", "mi300x", "--nodes", "3", "--model", "tiny-llama", "--strategy", "tp",
+                   "--devices", "4", "--prompt-len", "64", "--decode", "2"});
+    QVERIFY2(w.engineArguments().join(' ').contains("--nodes 3"), qPrintable(w.engineArguments().join(' ')));
+    w.setFormFrom({"simulate", "--hardware", qEnvironmentVariable("SHARDSCOPE_RESOURCES") + "/hardware/h100-sxm.json", "--model",
+                   "tiny-llama", "--strategy", "tp", "--devices", "2", "--prompt-len", "64", "--decode", "2"});
+    const QString simulated = w.engineArguments().join(' ');
+    QVERIFY2(simulated.startsWith("simulate --hardware h100-sxm ") && !simulated.contains("--nodes"), qPrintable(simulated));
     // Run again runs the reopened session's command.
     QSignalSpy done(&w, &MainWindow::runFinished);
     QVERIFY(w.openSession(trained));

@@ -435,8 +435,9 @@ QStringList ScalingPage::runArguments(const nlohmann::json& config, const ScaleP
   // The point needed more than the device has: run it with room to finish, so its memory can be seen.
   if (!p.fits) args << "--capacity" << QString::number(std::min<int64_t>(p.peak_bytes, INT64_MAX / 2) + (int64_t(1) << 20));
   if (train) {
+    // Two steps, as the point ran: tsp's peak is its second step's.
     args << "--seq-len" << QString::number(p.seq_len) << "--micro-batch" << QString::number(p.micro_batch)
-         << "--steps" << "1" << "--recompute" << QString::fromStdString(text(sc, "recompute", "none"));
+         << "--steps" << "2" << "--recompute" << QString::fromStdString(text(sc, "recompute", "none"));
   } else {
     const int64_t batch = int64_t(p.micro_batch) * (p.strategy == "dp" ? p.devices : 1);
     args << "--prompt-len" << QString::number(p.seq_len) << "--decode" << QString::number(int(std::clamp(number(sc, "decode", 1), 0.0, 1e6)));
