@@ -3,7 +3,9 @@
 #pragma once
 
 #include <QByteArray>
+#include <QFile>
 #include <QProcess>
+#include <QStandardPaths>
 #include <QString>
 #include <QStringList>
 
@@ -95,6 +97,19 @@ inline Stream read_stream(const QByteArray& bytes, qsizetype chunk = 4096) {
   reader.finish(on_event, on_error);
   s.rejected = reader.rejected();
   return s;
+}
+
+// A stand-in for mpirun (for SHARDSCOPE_MPIRUN): a shell script in `dir`
+// running `body`, where "$MPIRUN" is the real one. Empty where there is no
+// mpirun or the script cannot be written.
+inline QString stand_in_mpirun(const QString& dir, const QString& body) {
+  const QString mpirun = QStandardPaths::findExecutable("mpirun");
+  const QString script = dir + "/mpirun";
+  QFile f(script);
+  if (mpirun.isEmpty() || !f.open(QIODevice::WriteOnly)) return {};
+  f.write(QString("#!/bin/sh\nMPIRUN='%1'\n%2").arg(mpirun, body).toUtf8());
+  f.close();
+  return f.setPermissions(f.permissions() | QFileDevice::ExeOwner) ? script : QString();
 }
 
 // An engine's stderr as one trimmed string (the one line bad input gets).

@@ -18,6 +18,7 @@
 
 #include <map>
 
+#include "engine_process.h"
 #include "protocol/events.h"
 #include "text/corpus.h"
 
@@ -289,20 +290,13 @@ class TestSweep : public QObject {
   // and fails. Here every launch after the reference's is refused by a
   // stand-in for mpirun.
   void aFailedConfigurationFailsTheSweep() {
-    const QString mpirun = QStandardPaths::findExecutable("mpirun");
-    QVERIFY2(!mpirun.isEmpty(), "mpirun not found");
     QTemporaryDir dir;
-    const QString script = dir.filePath("mpirun");
-    QFile f(script);
-    QVERIFY(f.open(QIODevice::WriteOnly));
-    f.write(QString("#!/bin/sh\n"
-                    "n=$(cat '%1/count' 2>/dev/null || echo 0); n=$((n + 1)); echo $n > '%1/count'\n"
-                    "if [ $n -gt 1 ]; then echo \"stand-in mpirun: launch $n refused\" >&2; exit 1; fi\n"
-                    "exec '%2' \"$@\"\n")
-                .arg(dir.path(), mpirun)
-                .toUtf8());
-    f.close();
-    QVERIFY(f.setPermissions(f.permissions() | QFileDevice::ExeOwner));
+    const QString script =
+        stand_in_mpirun(dir.path(), QString("n=$(cat '%1/count' 2>/dev/null || echo 0); n=$((n + 1)); echo $n > '%1/count'\n"
+                                            "if [ $n -gt 1 ]; then echo \"stand-in mpirun: launch $n refused\" >&2; exit 1; fi\n"
+                                            "exec \"$MPIRUN\" \"$@\"\n")
+                                        .arg(dir.path()));
+    QVERIFY2(!script.isEmpty(), "no mpirun, or its stand-in cannot be written");
     QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
     env.insert("SHARDSCOPE_MPIRUN", script);
     const SweepRun r = sweep({"--model", "tiny-mamba2", "--strategy", "tp", "--devices", "2", "--prompt-len", "16",

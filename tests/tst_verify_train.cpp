@@ -157,15 +157,9 @@ class TestVerifyTrain : public QObject {
   }
   void aRankThatComputesOtherwiseIsCaught() {
     QFETCH(QString, dtype);
-    const QString mpirun = QStandardPaths::findExecutable("mpirun");
-    QVERIFY2(!mpirun.isEmpty(), "mpirun not found");
     QTemporaryDir dir;
-    const QString script = dir.filePath("mpirun");
-    QFile f(script);
-    QVERIFY(f.open(QIODevice::WriteOnly));
-    f.write(QString("#!/bin/sh\nexec '%1' \"$@\" --set rms_norm_eps=0.25\n").arg(mpirun).toUtf8());
-    f.close();
-    QVERIFY(f.setPermissions(f.permissions() | QFileDevice::ExeOwner));
+    const QString script = stand_in_mpirun(dir.path(), "exec \"$MPIRUN\" \"$@\" --set rms_norm_eps=0.25\n");
+    QVERIFY2(!script.isEmpty(), "no mpirun, or its stand-in cannot be written");
     const QString events = dir.filePath("v.jsonl");
     const Ran r = train_verify({"--model", "tiny-llama", "--seq-len", "32", "--strategy", "sp", "--devices", "2",
                                 "--dtype", dtype, "--events", events},

@@ -63,6 +63,27 @@ struct PhaseStats {
 // makes a distance infinite), so that is the largest double.
 double recordable(double v) { return std::isfinite(v) ? v : std::numeric_limits<double>::max(); }
 
+// Squared norms of a - b and of b in float64, and the largest |a - b|: a
+// row of logits or a gradient tensor against one device's (a missing or
+// misshapen tensor is infinitely far).
+struct Distance {
+  double diff2 = 0, ref2 = 0, largest = 0;
+  void add(const float* a, const float* b, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = double(a[i]) - double(b[i]);
+      diff2 += d * d;
+      ref2 += double(b[i]) * double(b[i]);
+      largest = std::max(largest, std::fabs(d));
+    }
+  }
+  void add(const std::vector<float>* a, const std::vector<float>& b) {
+    if (!a || a->size() != b.size()) diff2 = INFINITY;
+    else add(a->data(), b.data(), int64_t(b.size()));
+  }
+  // Relative L2; absolute where the reference is all zero.
+  double rel() const { return std::isnan(diff2) ? INFINITY : ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2); }
+};
+
 // A run that did not finish: its exit code and why.
 struct Failed {
   int code;
@@ -189,16 +210,9 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
   const int64_t rows = int64_t(want.data.size()) / V;
   for (int64_t r = 0; r < rows; ++r) {
     const float *a = &got.data[size_t(r * V)], *b = &want.data[size_t(r * V)];
-    double diff2 = 0, ref2 = 0, largest = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const double d = double(a[v]) - double(b[v]);
-      diff2 += d * d;
-      ref2 += double(b[v]) * double(b[v]);
-      largest = std::max(largest, std::fabs(d));
-    }
-    // A row whose reference is all zero compares absolutely.
-    const double rel = std::isnan(diff2) ? INFINITY : ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
-    (r % per_sequence < P ? prefill : decode).add(r, rel, largest);
+    Distance row;
+    row.add(a, b, V);
+    (r % per_sequence < P ? prefill : decode).add(r, row.rel(), row.largest);
     same_top1 += argmax_row(a, V) == argmax_row(b, V);
   }
   for (const auto* phase : {&prefill, &decode}) {
@@ -246,25 +260,6 @@ Gradients read_gradients(const std::string& dir) {
   }
   return g;
 }
-
-// Squared norms of a - b and of b, in float64 (a missing or misshapen
-// tensor is infinitely far).
-struct Distance {
-  double diff2 = 0, ref2 = 0;
-  void add(const std::vector<float>* a, const std::vector<float>& b) {
-    if (!a || a->size() != b.size()) {
-      diff2 = INFINITY;
-      return;
-    }
-    for (size_t i = 0; i < b.size(); ++i) {
-      const double d = double((*a)[i]) - double(b[i]);
-      diff2 += d * d;
-      ref2 += double(b[i]) * double(b[i]);
-    }
-  }
-  // Relative L2; absolute where the reference is all zero.
-  double rel() const { return std::isnan(diff2) ? INFINITY : ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2); }
-};
 
 const std::vector<float>* find(const Gradients& g, const std::string& name) {
   const auto it = g.find(name);
