@@ -1,7 +1,8 @@
 // `shardscope-engine scale` against the runs it summarises. Every point is a
 // whole simulated run, so its memory must equal, to the byte, what `train
 // --backend sim` (or `simulate`) reports for the same configuration, and
-// what a real cpu run measures where one fits this machine. Beyond that: the
+// what a real cpu run measures where one fits this machine, and its rate,
+// step time and MFU are that run's. Beyond that: the
 // TSP paper's ordering on a 7B Transformer trained on 8 MI300X-class devices,
 // the SSM state cache constant in length while activations grow (Mamba2,
 // the hybrid), the closed-form parameter count against the engine's, a
@@ -130,8 +131,22 @@ class TestScale : public QObject {
     if (!mesh.isEmpty()) args << "--mesh" << mesh;
     const Ran r = engine(args);
     QVERIFY2(r.exit_code == 0, qPrintable(one_line(r.err)));
-    const QString diff = compare_point(p, read_stream(r.out));
+    const Stream run = read_stream(r.out);
+    const QString diff = compare_point(p, run);
     QVERIFY2(diff.isEmpty(), qPrintable(diff));
+    // Its rate is the run's; its step reads a step's tokens at that rate; its
+    // MFU is three times the run's forward FLOPs a step (the backward's two
+    // GEMMs per forward one) over the devices' datasheet bf16 rate that long.
+    QCOMPARE(p.tokens_per_s, run.metrics().at("train_tokens_per_s"));
+    const double tokens = 64.0 * 2 * (strategy == "dp" ? devices : 1);
+    QVERIFY2(std::abs(p.step_s * p.tokens_per_s / tokens - 1) < 1e-9, qPrintable(QString::number(p.step_s)));
+    QFile profile(qEnvironmentVariable("SHARDSCOPE_RESOURCES") + "/hardware/h100-sxm.json");
+    QVERIFY2(profile.open(QIODevice::ReadOnly), qPrintable(profile.fileName()));
+    const double peak = nlohmann::json::parse(profile.readAll().toStdString())["device"]["bf16_tflops"].get<double>() * 1e12;
+    double forward = 0;
+    for (auto& [rank, rs] : analyze(run.events).ranks) forward += rs.forward_flops / 2;
+    QVERIFY(forward > 0 && p.mfu > 0);
+    QVERIFY2(std::abs(p.mfu / (3 * forward / (p.step_s * peak * devices)) - 1) < 1e-9, qPrintable(QString::number(p.mfu)));
     // Its traffic is a step's: the busiest device's bytes in a run of one step.
     args[args.indexOf("--steps") + 1] = "1";
     const Ran one = engine(args);

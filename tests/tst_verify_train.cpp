@@ -2,9 +2,12 @@
 // the same step on one cpu device. Its verdicts across families, dtypes and
 // batching; its figures against the test's own comparison of the two runs'
 // dumped gradients; a rank that computes something else, which it must call
-// a difference; a run that fails; and what it refuses before starting.
+// a difference; a run that fails; the scratch files a killed one left; and
+// what it refuses before starting.
 #include <QTemporaryDir>
 #include <QtTest>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 
@@ -188,6 +191,28 @@ class TestVerifyTrain : public QObject {
     QVERIFY2(out.contains("\n  one cpu device: "), qPrintable(out));
     const QString last = out.trimmed().split('\n').last();
     QVERIFY2(last.startsWith("failed: tp on 2 cpu devices failed: ") && last.contains("capacity"), qPrintable(out));
+  }
+
+  // A verify killed outright leaves its scratch files in /tmp; the next one
+  // removes those of processes no longer running, and no one else's.
+  void scratchOfAKilledVerifyIsRemoved() {
+    const pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    QVERIFY(dead > 0);
+    QCOMPARE(waitpid(dead, nullptr, 0), dead);
+    const QString stale = QString("/tmp/shardscope-verify-%1-run-grads").arg(dead);
+    const QString alive = QString("/tmp/shardscope-verify-%1-run-grads").arg(getpid());  // this test's own
+    for (const QString& d : {stale, alive}) {
+      QVERIFY(QDir().mkpath(d));
+      QFile f(d + "/gradients.safetensors");
+      QVERIFY(f.open(QIODevice::WriteOnly) && f.write("x") == 1);
+    }
+    const Ran r = train_verify({"--model", "tiny-llama", "--seq-len", "32", "--strategy", "tp", "--devices", "2",
+                                "--capacity", "64KiB"});
+    QCOMPARE(r.exit_code, int(ss::kExitOom));
+    QVERIFY2(!QFileInfo::exists(stale), qPrintable(stale));
+    QVERIFY2(QFileInfo::exists(alive + "/gradients.safetensors"), qPrintable(alive));
+    QVERIFY(QDir(alive).removeRecursively());
   }
 
   // What --verify cannot compare is refused in one line, before anything runs.

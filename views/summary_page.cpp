@@ -16,6 +16,7 @@
 
 #include "palette.h"
 #include "training.h"
+#include "protocol/analysis.h"
 
 // --------------------------------------------------------------- Summary ---
 
@@ -176,7 +177,7 @@ QString trainVerifyHtml(const RunData& data) {
              .arg(first);
   if (!run.empty()) {
     // The tensors nearest their bound first (in bf16 a tensor's bound is its own).
-    auto allowed = [&](const std::string& name) { return rounded ? factor * one[name] + bound : bound; };
+    auto allowed = [&](const std::string& name) { return ss::proto::train_verify_tensor_bound(v, one[name]); };
     std::vector<std::string> names;
     for (auto& [name, e] : run)
       if (name != "whole") names.push_back(name);

@@ -137,21 +137,29 @@ void TimelineView::paintEvent(QPaintEvent*) {
     row += 2;
   }
   // Where prefill and decode (training: each step's forward, backward and
-  // optimizer) begin: a dashed line across the lanes, named where there is
-  // room (zoom in to name them all).
-  double named_to = -1e9;
-  for (const auto& ph : m_data.phases()) {
-    if (ph.name == "load") continue;
-    const double x = xOf(ph.t);
+  // optimizer) begin: a dashed line across the lanes, named where the name
+  // fits before the next phase begins, or its short form does (zoom in to
+  // name them all): a short optimizer phase never takes the room of the
+  // forward after it.
+  std::vector<std::pair<double, QString>> marks;  // (x, name)
+  for (const auto& ph : m_data.phases())
+    if (ph.name != "load") marks.push_back({xOf(ph.t), QString::fromStdString(ph.name)});
+  for (size_t i = 0; i < marks.size(); ++i) {
+    const auto& [x, name] = marks[i];
     if (x < kLabel || x > width()) continue;
     p.setPen(QPen(QColor(60, 60, 60), 1, Qt::DashLine));
     p.drawLine(QPointF(x, 22), QPointF(x, 24 + row * kLane));
-    const QString name = QString::fromStdString(ph.name);
-    const double advance = p.fontMetrics().horizontalAdvance(name);
-    if (x < named_to || x + 3 + advance > width()) continue;  // a name cut off at the edge is none
+    const double room = std::min<double>(i + 1 < marks.size() ? marks[i + 1].first : width(), width()) - x - 6;
+    static const std::map<QString, QString> kShort = {
+        {"forward", "fwd"}, {"backward", "bwd"}, {"optimizer", "opt"}, {"prefill", "pre"}, {"decode", "dec"}};
+    QString shown = name;
+    if (p.fontMetrics().horizontalAdvance(shown) + 3 > room) {
+      const auto it = kShort.find(name);
+      shown = it != kShort.end() && p.fontMetrics().horizontalAdvance(it->second) + 3 <= room ? it->second : QString();
+    }
+    if (shown.isEmpty()) continue;  // a name cut off is none
     p.setPen(QColor(60, 60, 60));
-    p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), name);
-    named_to = x + 3 + advance + 6;
+    p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), shown);
   }
   // The colour of every op kind, below the lanes.
   {

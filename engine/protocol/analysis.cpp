@@ -144,4 +144,9 @@ RunStats analyze(const std::vector<Event>& events) {
   return st;
 }
 
+double train_verify_tensor_bound(const nlohmann::json& verify, double one_device_rel_l2) {
+  const double bound = verify.value("bound", 0.0);
+  return verify.contains("exact") ? verify.value("factor", 0.0) * one_device_rel_l2 + bound : bound;
+}
+
 }  // namespace ss::proto

@@ -50,4 +50,11 @@ RunStats analyze(const std::vector<Event>& events);
 // conjugates, scalars): the tokens'.
 bool is_weight_comm(const Span& s);
 
+// train --verify's bound on one gradient tensor's relative L2 distance, as
+// the stream's config.verify states it: `bound` where the run is compared
+// with one device's gradient (fp32); where the dtype rounds (`exact` names a
+// third, fp32 run), `factor` times one device's own distance from that exact
+// gradient, plus `bound`. The engine's verdict and both renderings use it.
+double train_verify_tensor_bound(const nlohmann::json& verify, double one_device_rel_l2);
+
 }  // namespace ss::proto

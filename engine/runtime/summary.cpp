@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/allocator.h"
+#include "protocol/analysis.h"
 #include "protocol/events.h"
 
 namespace ss {
@@ -145,7 +146,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
     std::vector<std::pair<double, std::string>> tensors;  // (share of its bound, name)
     for (auto& [key, value] : own_accuracy)
       if (key.rfind("grad_rel_l2.", 0) == 0 && key != "grad_rel_l2.whole") {
-        const double allowed = rounded ? factor * reference_accuracy[key] + bound : bound;
+        const double allowed = proto::train_verify_tensor_bound(v, reference_accuracy[key]);
         tensors.push_back({allowed > 0 ? value / allowed : value, key.substr(12)});
       }
     std::sort(tensors.rbegin(), tensors.rend());
