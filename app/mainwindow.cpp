@@ -28,6 +28,7 @@
 #include <QSvgGenerator>
 
 #include <algorithm>
+#include <utility>
 #include <thread>
 
 #include "compare.h"
@@ -532,6 +533,7 @@ void MainWindow::clearPages() {
 
 bool MainWindow::openStream(const QString& path) {
   clearPages();
+  m_openedStream = true;
   m_status->setText(tr("opening %1 ...").arg(path));
   m_redraw->start();
   return m_client->openFile(path);
@@ -545,6 +547,7 @@ void MainWindow::runArguments(const QStringList& args, const QString& name) {
     return;
   }
   clearPages();
+  m_openedStream = false;
   m_lastArgs = args;
   m_lastName = name;
   m_run->setEnabled(false);
@@ -592,6 +595,16 @@ void MainWindow::onFinished(const RunOutcome& o) {
   QString text = tr("%1 (status %2)").arg(o.message, o.status);
   if (o.rejected) text += tr("; %1 unreadable lines").arg(o.rejected);
   m_status->setText(text);
+  // A stream read from a file puts the command it was written by (its
+  // config's, where the engine recorded one) in the form, as a session does.
+  if (std::exchange(m_openedStream, false) && m_queue.isEmpty() && m_compared.empty() && !m_client->isRunning()) {
+    const nlohmann::json& c = m_data.config();
+    QStringList command;
+    if (c.contains("command") && c["command"].is_array())
+      for (const auto& a : c["command"])
+        if (a.is_string()) command << QString::fromStdString(a.get<std::string>());
+    if (!command.isEmpty()) setFormFrom(command);
+  }
   // A failed run says why on the Summary, with the worker's last stderr lines
   // (verify's verdict, a difference included, is its stream's own: the page shows it).
   const bool verdict = m_data.config().contains("verify") && o.status != QLatin1String("incomplete") && !o.crashed;

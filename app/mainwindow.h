@@ -167,6 +167,7 @@ class MainWindow : public QMainWindow {
   QPushButton* m_again;
   QStringList m_lastArgs;   // what Run again repeats
   QString m_lastName;
+  bool m_openedStream = false;  // what finishes next is a stream read from a file (openStream)
   QPushButton* m_stop;
   QLabel* m_status;
   QTabWidget* m_tabs;

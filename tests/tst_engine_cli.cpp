@@ -392,11 +392,34 @@ class TestEngineCli : public QObject {
         << QStringList{"simulate", "--model", "tiny-llama", "--prompt-len", "4", "--backend", "cuda"} << "--backend cuda";
     QTest::newRow("export dtype") << QStringList{"export", "--model", "tiny-llama", "--dtype", "bf17", "--out", "/tmp/x"}
                                   << "'bf17' is not a compute dtype";
+    // The counts offered are those every layer splits over: tiny-llama's 4
+    // heads split over 4, its 2 KV heads do not; tiny-hybrid's Mamba2 heads
+    // split over 8, its attention's KV heads over 2 only.
+    const QStringList tp3{"--strategy", "tp", "--devices", "3", "--prompt-len", "8"};
+    QTest::newRow("launch: counts that split every layer")
+        << QStringList{"launch", "--model", "tiny-llama"} + tp3
+        << "num_attention_heads 4 does not split over 3 ranks; use a device count that every layer splits over (2)";
+    QTest::newRow("launch: counts that split every layer of a hybrid")
+        << QStringList{"launch", "--model", "tiny-hybrid"} + tp3 << "does not split over 3 ranks; use a device count that every layer splits over (2)";
+    QTest::newRow("launch: a token outside the vocabulary, before any rank starts")
+        << QStringList{"launch", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2", "--tokens", "1,2,300"}
+        << "shardscope-engine: error: --tokens: id 300 is outside the vocabulary [0, 256)";
+    QTest::newRow("launch: a mesh that is not TxS")
+        << QStringList{"launch", "--model", "tiny-llama", "--strategy", "tp_sp", "--mesh", "2by2", "--devices", "4",
+                       "--prompt-len", "8"}
+        << "--mesh '2by2' is not TxS";
+    QTest::newRow("summarize: not a stream") << QStringList{"summarize", "/dev/null"}
+                                             << "/dev/null: not an event stream (no hello line)";
+    QTest::newRow("summarize: no such file") << QStringList{"summarize", "/nonexistent/run.jsonl"}
+                                             << "/nonexistent/run.jsonl: cannot open (No such file or directory)";
   }
   void otherCommandsRefuseInOneLine() {
     QFETCH(QStringList, args);
     QFETCH(QString, says);
-    refusedInOneLine(engine(args), says);
+    const Ran r = engine(args);
+    refusedInOneLine(r, says);
+    QVERIFY2(!one_line(r.err).contains("exited"), r.err.constData());  // refused here, not by a rank
+    QVERIFY2(r.out.isEmpty() || args.first() != "summarize", r.out.constData());
   }
 
   // bench --sim's per-op run is STRATEGY:D[:MESH]; anything else is refused

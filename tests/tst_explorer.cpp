@@ -740,6 +740,24 @@ class TestExplorer : public QObject {
     QCOMPARE(points.size(), size_t(5 * 9));  // single, dp, tp, sp, tsp at 4K ... 1M
     QCOMPARE(page->lines(), 5);
     QCOMPARE(page->points(), 45);
+    // A dp device holds what single's does: dp's line lies on single's, and
+    // is dashed so that single's shows beneath it.
+    {
+      QCPGraph *single = nullptr, *dp = nullptr;
+      for (int g = 0; g < page->memoryPlot()->graphCount(); ++g) {
+        QCPGraph* graph = page->memoryPlot()->graph(g);
+        if (graph->name() == "single") single = graph;
+        if (graph->name() == "dp") dp = graph;
+      }
+      QVERIFY(single && dp && single->dataCount() == 9 && dp->dataCount() == 9);
+      for (int k = 0; k < 9; ++k) QCOMPARE(dp->data()->at(k)->value, single->data()->at(k)->value);
+      QCOMPARE(single->pen().style(), Qt::SolidLine);
+      QCOMPARE(dp->pen().style(), Qt::DashLine);
+      QCPGraph* tspLine = nullptr;
+      for (int g = 0; g < page->memoryPlot()->graphCount(); ++g)
+        if (page->memoryPlot()->graph(g)->name() == "tsp") tspLine = page->memoryPlot()->graph(g);
+      QVERIFY(tspLine && tspLine->pen().style() == Qt::SolidLine);
+    }
     // Every drawn point is found where it is drawn, and says what it holds.
     QCustomPlot* plot = page->memoryPlot();
     const ss::proto::ScalePoint* tsp = nullptr;
@@ -779,6 +797,35 @@ class TestExplorer : public QObject {
     QCOMPARE(w.pages()->currentWidget(), static_cast<QWidget*>(w.findChild<SummaryPage*>()));
   }
 
+  // A stream written on the command line carries the command that wrote it
+  // (a launched run's ranks record the user's command, not their own, and
+  // not --events): opened, it puts that setup in the form, as a reopened
+  // session does.
+  void openedStreamSetsTheForm() {
+    QTemporaryDir dir;
+    const QString stream = dir.filePath("train.jsonl");
+    const QStringList command{"train",     "--model",        "tiny-mamba2", "--strategy", "tsp",     "--devices",
+                              "2",         "--seq-len",      "32",          "--micro-batch", "2",    "--steps",
+                              "3",         "--dtype",        "bf16"};
+    QProcess p;
+    p.start(SHARDSCOPE_ENGINE_BIN, command + QStringList{"--events", stream});
+    QVERIFY(p.waitForFinished(120000));
+    QCOMPARE(p.exitCode(), 0);
+    MainWindow w;
+    QSignalSpy done(w.client(), &EngineClient::finished);
+    QVERIFY(w.openStream(stream));
+    QVERIFY(done.wait(60000));
+    QStringList recorded;
+    for (const auto& a : w.data().config().at("command")) recorded << QString::fromStdString(a.get<std::string>());
+    QCOMPARE(recorded, command);
+    const QStringList form = w.engineArguments();
+    QCOMPARE(form.value(0), QString("train"));
+    for (qsizetype i = 1; i + 1 < command.size(); i += 2) {
+      const qsizetype at = form.indexOf(command[i]);
+      QVERIFY2(at > 0 && form.value(at + 1) == command[i + 1], qPrintable(command[i] + ": " + form.join(' ')));
+    }
+  }
+
   void scalingStreamExportsCsv() {
     QTemporaryDir dir;
     const QString stream = dir.filePath("scale.jsonl");
@@ -794,6 +841,9 @@ class TestExplorer : public QObject {
     QVERIFY(done.wait(60000));
     QCOMPARE(w.pages()->currentWidget(), w.scalingPage());  // a sweep opens on its page
     w.scalingPage()->refresh();
+    // The Summary page says what this sweep covered (not the explorer's own sweep's 4K to 1M).
+    QVERIFY2(w.summaryText().contains("tp, sp, tsp training on 4 simulated devices, at 64 to 256 tokens"),
+             qPrintable(w.summaryText()));
     // tp cannot split tiny-llama's 2 KV heads over 4 devices, nor can tsp: said, not drawn.
     QCOMPARE(w.scalingPage()->lines(), 1);
     bool said = false;

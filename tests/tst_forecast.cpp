@@ -189,8 +189,12 @@ class TestForecast : public QObject {
                                  "or more devices (tp splits the cache by head; sp, tp_sp and tsp by token);";
     QTest::newRow("weights") << QStringList{"check", "--model", "llama2-7b", "--hardware", "h100-sxm", "--capacity", "20GiB",
                                             "--prompt-len", "16"}
-                             << "its largest part is weights: try a strategy that shards the weights over more devices "
-                                "(tp, tsp) or --dtype bf16";
+                             << "its largest part is weights: try a strategy that shards the weights (tp or tsp) or "
+                                "--dtype bf16";
+    QTest::newRow("weights, already sharded")
+        << QStringList{"check", "--model", "llama2-7b", "--hardware", "h100-sxm", "--capacity", "10GiB", "--strategy",
+                       "tsp", "--devices", "2", "--prompt-len", "16"}
+        << "its largest part is weights: try more --devices (tsp shards the weights over all of them) or --dtype bf16";
   }
   void adviceFollowsTheLargestPart() {
     QFETCH(QStringList, args);

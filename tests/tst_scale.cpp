@@ -432,6 +432,17 @@ class TestScale : public QObject {
     const QRegularExpression row("\\nsp +" + QRegularExpression::escape(want[0]) + " +" +
                                  QRegularExpression::escape(want[1]) + " *\\n");
     QVERIFY2(row.match(text).hasMatch(), qPrintable(text));
+    // A tiny model's peaks in KiB (not rows of 0.0 GiB); a length sp cannot
+    // split named as the sweep names it (a point's length, not a --prompt-len).
+    const QString tiny = dir.filePath("tiny.jsonl");
+    QCOMPARE(engine({"scale", "--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "3", "--strategies",
+                     "single,sp", "--mode", "infer", "--seq-lens", "64", "--events", tiny})
+                 .exit_code,
+             0);
+    const QString tinyText = QString::fromUtf8(engine({"summarize", tiny}).out);
+    QVERIFY2(tinyText.contains("peak memory per device (KiB;") &&
+                 tinyText.contains("sp at 64: the length 64 does not split into 6 equal zigzag chunks"),
+             qPrintable(tinyText));
   }
 
   void badOptionsOneLine_data() {

@@ -175,13 +175,17 @@ void MemoryPage::drawOverTime(int rank) {
   mark->setPen(QPen(Qt::black));
   auto* text = new QCPItemText(m_plot);
   text->position->setCoords(peak_t, peak);
-  text->setPositionAlignment(Qt::AlignHCenter | Qt::AlignBottom);
+  // Centred over the peak, or starting (ending) at it near the plot's left (right) edge, so it is never cut.
+  const double t0 = mem.front().t * 1e-6, t1 = std::max(mem.back().t * 1e-6, t0 + 1e-3);
+  const double along = (peak_t - t0) / (t1 - t0);
+  text->setPositionAlignment((along < 0.2 ? Qt::AlignLeft : along > 0.8 ? Qt::AlignRight : Qt::AlignHCenter) |
+                             Qt::AlignBottom);
   text->setText(m_hideWeights->isChecked() ? tr("peak %1 without weights").arg(bytesText(peak)) : tr("peak %1").arg(bytesText(peak)));
   text->setPadding(QMargins(0, 0, 0, 6));
   for (const auto& e : m_data.errors())
     if (e.code == "oom" && (rank < 0 || e.rank == rank))
       text->setText(tr("peak %1 — out of memory here").arg(bytesText(peak)));
-  m_plot->xAxis->setRange(mem.front().t * 1e-6, std::max(mem.back().t * 1e-6, mem.front().t * 1e-6 + 1e-3));
+  m_plot->xAxis->setRange(t0, t1);
   m_plot->yAxis->setRange(0, std::max(peak, capacityOnScale ? capacity : 0.0) * 1.12 + 1);
   replotWhenShown(m_plot);
 }

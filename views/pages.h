@@ -167,3 +167,6 @@ void replotWhenShown(QCustomPlot* plot);
 // try, into a paint buffer of no pixels, warning each time.
 class QWidget;
 QCustomPlot* newPlot(QWidget* parent);
+// A token count as the axes and text name it: 4096 as 4K, 1048576 as 1M,
+// others as they are.
+QString lengthText(double tokens);

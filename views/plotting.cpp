@@ -74,6 +74,12 @@ class NoEmptyResize : public QObject {
 };
 }  // namespace
 
+QString lengthText(double tokens) {
+  if (tokens >= 1 << 20 && std::fmod(tokens, 1 << 20) == 0) return QString::number(tokens / (1 << 20)) + "M";
+  if (tokens >= 1024 && std::fmod(tokens, 1024) == 0) return QString::number(tokens / 1024) + "K";
+  return QString::number(tokens);
+}
+
 QCustomPlot* newPlot(QWidget* parent) {
   auto* plot = new QCustomPlot(parent);
   plot->installEventFilter(new NoEmptyResize(plot));

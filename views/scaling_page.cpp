@@ -14,6 +14,7 @@
 #include <map>
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "pages.h"
 #include "palette.h"
@@ -44,12 +45,6 @@ size_t entries(const json& j, const char* key) {
   return v.is_array() ? v.size() : 0;
 }
 
-QString lengthText(double tokens) {
-  if (tokens >= 1 << 20 && std::fmod(tokens, 1 << 20) == 0) return QString::number(tokens / (1 << 20)) + "M";
-  if (tokens >= 1024 && std::fmod(tokens, 1024) == 0) return QString::number(tokens / 1024) + "K";
-  return QString::number(tokens);
-}
-
 // Sequence lengths on a log-2 axis, labelled 4K, 8K, ... 1M.
 class LengthTicker : public QCPAxisTickerLog {
  public:
@@ -57,6 +52,36 @@ class LengthTicker : public QCPAxisTickerLog {
 
  protected:
   QString getTickLabel(double tick, const QLocale&, QChar, int) override { return lengthText(tick); }
+};
+
+// Rates on a log axis: 1, 2 and 5 times the powers of ten in range (every
+// digit where the range spans less; the powers alone where it spans many),
+// labelled 50K, 2M. QCustomPlot's log ticker crowds its labels into the top
+// of a range narrower than a decade.
+class RateTicker : public QCPAxisTicker {
+ protected:
+  QVector<double> createTickVector(double, const QCPRange& range) override {
+    QVector<double> ticks;
+    if (!(range.lower > 0) || !(range.upper > range.lower)) return ticks;
+    const double first = std::pow(10.0, std::floor(std::log10(range.lower)));
+    for (const std::vector<double>& mantissas : {std::vector<double>{1, 2, 5}, std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9},
+                                                 std::vector<double>{1}}) {
+      ticks.clear();
+      for (double decade = first; decade <= range.upper && ticks.size() < 200; decade *= 10)
+        for (double m : mantissas)
+          if (m * decade >= range.lower && m * decade <= range.upper) ticks << m * decade;
+      if (mantissas.size() == 3 && ticks.size() < 3) continue;  // too few: every digit
+      if (mantissas.size() != 1 && ticks.size() > 10) continue;  // too many: the powers alone
+      break;
+    }
+    return ticks;
+  }
+  QVector<double> createSubTickVector(int, const QVector<double>&) override { return {}; }
+  QString getTickLabel(double tick, const QLocale&, QChar, int) override {
+    if (tick >= 1e6) return QString::number(tick / 1e6, 'g', 3) + "M";
+    if (tick >= 1e3) return QString::number(tick / 1e3, 'g', 3) + "K";
+    return QString::number(tick, 'g', 3);
+  }
 };
 
 QString lineName(const ScalePoint& p) {
@@ -124,7 +149,7 @@ ScalingPage::ScalingPage(const RunData& data, QWidget* parent) : QWidget(parent)
   m_speed = makePlot(tr("tokens/s"));
   m_speed->setToolTip(tr("Tokens per second of the whole group: a training step's, or an inference prefill's"));
   m_speed->yAxis->setScaleType(QCPAxis::stLogarithmic);
-  m_speed->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
+  m_speed->yAxis->setTicker(QSharedPointer<QCPAxisTicker>(new RateTicker));
   m_comm = makePlot(tr("bytes communicated per device"));
   m_comm->yAxis->setTicker(bytesTicker());
   layout->addWidget(m_memory, 3);
@@ -231,9 +256,19 @@ void ScalingPage::draw() {
       ++m_points;
     }
     auto add = [&](QCustomPlot* plot, const QVector<double>& y, bool legend) {
+      // A line on top of one already drawn (dp's memory is single's) is
+      // dashed, so that the one beneath shows through.
+      bool covers = false;
+      for (int i = 0; i < plot->graphCount() && !covers; ++i) {
+        const QCPGraph* under = plot->graph(i);
+        covers = under->dataCount() == x.size();
+        for (int k = 0; covers && k < x.size(); ++k)
+          covers = under->data()->at(k)->key == x[k] && std::abs(under->data()->at(k)->value - y[k]) <=
+                                                            1e-6 * std::max(std::abs(y[k]), 1.0);
+      }
       QCPGraph* g = plot->addGraph();
       g->setName(name);
-      g->setPen(QPen(line.color, 2));
+      g->setPen(QPen(line.color, 2, covers ? Qt::DashLine : Qt::SolidLine));
       g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, line.color, Qt::white, 6));
       g->setData(x, y, true);
       if (!legend) g->removeFromLegend();

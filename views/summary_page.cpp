@@ -268,6 +268,33 @@ QString SummaryPage::text() const {
   return out;
 }
 
+namespace {
+// What a scaling sweep covers, from its config: its strategies, mode, devices
+// and lengths.
+QString scaleSweepText(const nlohmann::json& c) {
+  const auto& sc = c["scale"];
+  QStringList strategies;
+  double shortest = 0, longest = 0;
+  if (sc.contains("strategies") && sc["strategies"].is_array())
+    for (const auto& st : sc["strategies"])
+      if (st.is_string()) strategies << QString::fromStdString(st.get<std::string>()).replace(':', ' ');
+  if (sc.contains("seq_lens") && sc["seq_lens"].is_array())
+    for (const auto& n : sc["seq_lens"])
+      if (n.is_number()) {
+        shortest = shortest > 0 ? std::min(shortest, n.get<double>()) : n.get<double>();
+        longest = std::max(longest, n.get<double>());
+      }
+  const bool training = sc.value("mode", std::string("train")) == "train";
+  return QObject::tr("%1 %2 on %3 simulated devices, at %4 tokens: the Scaling page draws each one's peak memory, "
+                     "time and traffic against length.")
+      .arg(strategies.isEmpty() ? QObject::tr("Every strategy") : strategies.join(", "))
+      .arg(training ? QObject::tr("training") : QObject::tr("inference"))
+      .arg(c.value("devices", 0))
+      .arg(shortest == longest ? lengthText(longest)
+                               : QObject::tr("%1 to %2").arg(lengthText(shortest), lengthText(longest)));
+}
+}  // namespace
+
 void SummaryPage::setNotice(const QString& notice) {
   m_notice = notice;
   m_seen = ~0ull;  // redraw with it
@@ -299,8 +326,7 @@ void SummaryPage::refresh() {
     h += tr("<h3>%1 · %2</h3><p>%3</p>")
              .arg(scale ? tr("Scaling sweep") : tr("Quantization sweep"))
              .arg(QString::fromStdString(model.value("name", std::string("?"))).toHtmlEscaped())
-             .arg(scale ? tr("Every strategy simulated from 4K to 1M tokens: the Scaling page draws each one's peak "
-                             "memory, time and traffic against length.")
+             .arg(scale ? scaleSweepText(c)
                         : tr("The setup run with each quantized all-reduce against the unquantized one: the "
                              "Quantization page sets their wire bytes against their accuracy, token by token."));
     m_text->setHtml(h + errorsHtml());
@@ -321,9 +347,12 @@ void SummaryPage::refresh() {
   std::string backend = c.value("backend", std::string("?"));
   if (c.contains("gpu") && c["gpu"].is_object() && c["gpu"].contains("name"))
     backend += " (" + c["gpu"].value("name", std::string()) + ")";
+  // tp_sp with its mesh, TxS.
+  QString strategyName = QString::fromStdString(c.value("strategy", "?"));
+  if (strategyName == QLatin1String("tp_sp") && c.contains("mesh") && c["mesh"].is_object())
+    strategyName += QStringLiteral(" %1x%2").arg(c["mesh"].value("tp", 0)).arg(c["mesh"].value("sp", 0));
   h += tr("<h3>%1 · %2 · %3 device(s) · %4 · %5</h3>")
-                  .arg(QString::fromStdString(model.value("name", "?")),
-                       QString::fromStdString(c.value("strategy", "?")))
+                  .arg(QString::fromStdString(model.value("name", "?")), strategyName.toHtmlEscaped())
                   .arg(c.value("devices", 1))
                   .arg(QString::fromStdString(backend).toHtmlEscaped())
                   .arg(kvDtype == dtype ? dtype : tr("%1, KV cache %2").arg(dtype, kvDtype));

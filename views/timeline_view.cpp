@@ -138,28 +138,48 @@ void TimelineView::paintEvent(QPaintEvent*) {
   }
   // Where prefill and decode (training: each step's forward, backward and
   // optimizer) begin: a dashed line across the lanes, named where the name
-  // fits before the next phase begins, or its short form does (zoom in to
+  // fits before the next phase begins, or a shorter form does (zoom in to
   // name them all): a short optimizer phase never takes the room of the
-  // forward after it.
-  std::vector<std::pair<double, QString>> marks;  // (x, name)
-  for (const auto& ph : m_data.phases())
-    if (ph.name != "load") marks.push_back({xOf(ph.t), QString::fromStdString(ph.name)});
+  // forward after it. A step's first forward carries the step's number.
+  struct Mark {
+    double x;
+    QStringList names;  // longest first
+  };
+  std::vector<Mark> marks;
+  {
+    int step = m_data.trainSteps().empty() ? 1 : m_data.trainSteps().front().step;
+    bool stepNamed = false;
+    for (const auto& ph : m_data.phases()) {
+      if (ph.name == "load") continue;
+      const QString name = QString::fromStdString(ph.name);
+      QStringList names{name};
+      if (ph.name == "forward" && !stepNamed) {
+        names = QStringList{tr("step %1 forward").arg(step), tr("step %1").arg(step), QString::number(step)};
+        stepNamed = true;
+      } else if (ph.name == "optimizer") {
+        names << QStringLiteral("opt");
+        ++step;
+        stepNamed = false;
+      } else {
+        static const std::map<std::string, QString> kShort = {
+            {"forward", "fwd"}, {"backward", "bwd"}, {"prefill", "pre"}, {"decode", "dec"}};
+        if (const auto it = kShort.find(ph.name); it != kShort.end()) names << it->second;
+      }
+      marks.push_back({xOf(ph.t), names});
+    }
+  }
   for (size_t i = 0; i < marks.size(); ++i) {
-    const auto& [x, name] = marks[i];
+    const double x = marks[i].x;
     if (x < kLabel || x > width()) continue;
     p.setPen(QPen(QColor(60, 60, 60), 1, Qt::DashLine));
     p.drawLine(QPointF(x, 22), QPointF(x, 24 + row * kLane));
-    const double room = std::min<double>(i + 1 < marks.size() ? marks[i + 1].first : width(), width()) - x - 6;
-    static const std::map<QString, QString> kShort = {
-        {"forward", "fwd"}, {"backward", "bwd"}, {"optimizer", "opt"}, {"prefill", "pre"}, {"decode", "dec"}};
-    QString shown = name;
-    if (p.fontMetrics().horizontalAdvance(shown) + 3 > room) {
-      const auto it = kShort.find(name);
-      shown = it != kShort.end() && p.fontMetrics().horizontalAdvance(it->second) + 3 <= room ? it->second : QString();
-    }
-    if (shown.isEmpty()) continue;  // a name cut off is none
-    p.setPen(QColor(60, 60, 60));
-    p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), shown);
+    const double room = std::min<double>(i + 1 < marks.size() ? marks[i + 1].x : width(), width()) - x - 6;
+    for (const QString& name : marks[i].names)
+      if (p.fontMetrics().horizontalAdvance(name) + 3 <= room) {
+        p.setPen(QColor(60, 60, 60));
+        p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), name);
+        break;
+      }  // none fits: a name cut off is none
   }
   // The colour of every op kind, below the lanes.
   {

@@ -2,8 +2,10 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <utility>
 
@@ -157,7 +159,7 @@ void add_train_options(CLI::App* cmd, ss::TrainOptions& o, std::string& tokens, 
   cmd->add_option("--strategy", r.strategy, "single, dp, tp, sp, tp_sp or tsp")->capture_default_str();
   cmd->add_option("--devices", r.devices, "devices (ranks) of the run")->capture_default_str();
   cmd->add_option("--mesh", r.mesh, "tp_sp mesh TxS, e.g. 2x2");
-  cmd->add_option("--split", r.split, "sequence split for sp/tp_sp: zigzag or contiguous")->capture_default_str();
+  cmd->add_option("--split", r.split, "sequence split for sp/tp_sp/tsp: zigzag or contiguous")->capture_default_str();
   add_dtype_options(cmd, r.dtype, nullptr);
   cmd->add_option("--seed", r.seed, "seed of synthetic weights and the synthetic corpus")->capture_default_str();
   cmd->add_option("--capacity", capacity, "memory per device, e.g. 2GiB (over it: an oom error event)");
@@ -247,6 +249,7 @@ int main(int argc, char** argv) {
 #endif
        [](const ss::CudaBenchOptions& o, std::ostream& out) { return ss::cuda_emu::run_bench(o, out); },
        [](bool quick, std::ostream& log) { return ss::cuda_emu::calibrate(quick, log); }});
+  ss::set_invocation(argc, argv);  // every config's `command`
   // Hand-written kernels and OpenBLAS take turns on the cores: idle OpenMP
   // threads must sleep rather than spin.
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
@@ -256,7 +259,7 @@ int main(int argc, char** argv) {
   // step), while a long OpenBLAS call still finds them asleep.
   setenv("GOMP_SPINCOUNT", "20000", 0);
 
-  CLI::App app{"shardscope-engine: runs and measures model-parallel inference (events as JSON Lines)"};
+  CLI::App app{"shardscope-engine: runs, trains, simulates and measures model-parallel models (events as JSON Lines)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", ss::engine_version());
 
@@ -313,10 +316,14 @@ int main(int argc, char** argv) {
   train_rank->group("");  // not listed: train starts it
 
   ss::RunOptions sim_opts;
+  sim_opts.backend = "sim";
   std::string sim_tokens, sim_capacity, sim_events, sim_hardware = "h100-sxm";
   int sim_nodes = 1;
   auto* simulate = app.add_subcommand("simulate", "run the same engine on simulated devices of a hardware profile");
   add_model_options(simulate, sim_opts, sim_tokens, sim_capacity);
+  // Simulated devices compute no values and take no host threads.
+  for (const char* own : {"--logits-out", "--threads"}) simulate->remove_option(simulate->get_option(own));
+  simulate->get_option("--backend")->description("sim: simulate always runs on simulated devices (--hardware)");
   simulate->add_option("--hardware", sim_hardware, "profile name in resources/hardware, or a JSON file")
       ->capture_default_str();
   simulate->add_option("--nodes", sim_nodes, "nodes the devices are spread over")->capture_default_str();
@@ -362,7 +369,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   scale->add_option("--devices", scale_opts.devices, "devices of the model-parallel group")->capture_default_str();
   scale->add_option("--nodes", scale_opts.nodes, "nodes the devices are spread over")->capture_default_str();
-  scale->add_option("--mode", scale_opts.mode, "train (one step) or infer (prefill + decode)")->capture_default_str();
+  scale->add_option("--mode", scale_opts.mode,
+                    "train (two steps: a point's peak over both, its time and traffic a step's) or infer (prefill + "
+                    "decode)")
+      ->capture_default_str();
   scale->add_option_function<std::string>(
            "--dtype", [&](const std::string& s) { scale_opts.dtype = ss::parse_compute_dtype(s); },
            "compute dtype: fp32, bf16 or fp16 (default bf16)")
@@ -731,10 +741,10 @@ int main(int argc, char** argv) {
     }
     if (*bench) return ss::run_bench(bench_opts, std::cout);
     if (*summarize) {
-      if (summary_file == "-") return ss::summarize_stream(std::cin, std::cout);
+      if (summary_file == "-") return ss::summarize_stream(std::cin, std::cout, "stdin");
       std::ifstream in(summary_file);
-      if (!in) throw ss::UsageError(summary_file + ": cannot open");
-      return ss::summarize_stream(in, std::cout);
+      if (!in) throw ss::UsageError(summary_file + ": cannot open (" + std::strerror(errno) + ")");
+      return ss::summarize_stream(in, std::cout, summary_file);
     }
   } catch (const ss::UsageError& e) {
     std::fprintf(stderr, "shardscope-engine: error: %s\n", e.what());

@@ -82,6 +82,37 @@ MambaShard mamba_shard(const ModelConfig& c, int index, int count) {
   return s;
 }
 
+namespace {
+// Why the model's layers do not split over `shards` tensor-parallel ranks
+// (heads, KV heads, FFN or SSM channels); empty where they do.
+std::string split_problem(const ModelConfig& c, int shards) {
+  const auto over = [&](const char* what, int64_t n) {
+    return std::string(what) + " " + std::to_string(n) + " does not split over " + std::to_string(shards) + " ranks";
+  };
+  for (int i = 0; i < c.n_layers; ++i) {
+    switch (c.layer_kind(i)) {
+      case LayerKind::Attention:
+        if (c.n_heads % shards) return over("num_attention_heads", c.n_heads);
+        if (c.n_kv_heads % shards) return over("num_key_value_heads", c.n_kv_heads);
+        if (c.ffn_dim % shards) return over("intermediate_size", c.ffn_dim);
+        break;
+      case LayerKind::Mamba2: {
+        if (c.ssm_heads % shards) return over("Mamba2 num_heads", c.ssm_heads);
+        const int hpg = c.ssm_heads / c.n_groups, local = c.ssm_heads / shards;
+        if (local % hpg && hpg % local)
+          return "Mamba2 heads per rank (" + std::to_string(local) + ") and heads per group (" + std::to_string(hpg) +
+                 ") must divide one another over " + std::to_string(shards) + " ranks (or change n_groups)";
+        break;
+      }
+      case LayerKind::Mamba:
+        if (c.d_inner % shards) return over("Mamba intermediate size", c.d_inner);
+        break;
+    }
+  }
+  return {};
+}
+}  // namespace
+
 void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, int64_t P, bool zigzag, int batch,
                        const ShapeFlags& flags) {
   auto refuse = [](const std::string& m) { throw UsageError(m); };
@@ -100,45 +131,16 @@ void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, in
   }
   const int shards = s == Strategy::TSP ? D : T;
   const int seq = s == Strategy::TSP ? D : S;
-  // "; use a device count that divides it (2, 4, 8)": the counts that work.
-  auto divides = [&](int n) {
-    std::string counts;
-    int listed = 0;
-    for (int k = 2; k <= std::min(n, 1024) && listed < 8; ++k)
-      if (n % k == 0) counts += (listed++ ? ", " : "") + std::to_string(k);
-    return std::string("; use ") + (s == Strategy::TPSP ? "a mesh T" : "a device count") + " that divides it" +
-           (counts.empty() ? "" : " (" + counts + ")");
-  };
-  for (int i = 0; i < c.n_layers && shards > 1; ++i) {
-    switch (c.layer_kind(i)) {
-      case LayerKind::Attention:
-        if (c.n_heads % shards)
-          refuse("num_attention_heads " + std::to_string(c.n_heads) + " does not split over " + std::to_string(shards) +
-                 " ranks" + divides(c.n_heads));
-        if (c.n_kv_heads % shards)
-          refuse("num_key_value_heads " + std::to_string(c.n_kv_heads) + " does not split over " +
-                 std::to_string(shards) + " ranks" + divides(c.n_kv_heads));
-        if (c.ffn_dim % shards)
-          refuse("intermediate_size " + std::to_string(c.ffn_dim) + " does not split over " + std::to_string(shards) +
-                 " ranks" + divides(c.ffn_dim));
-        break;
-      case LayerKind::Mamba2: {
-        const int hpg = c.ssm_heads / c.n_groups, local = c.ssm_heads / std::max(shards, 1);
-        if (c.ssm_heads % shards)
-          refuse("Mamba2 num_heads " + std::to_string(c.ssm_heads) + " does not split over " + std::to_string(shards) +
-                 " ranks" + divides(c.ssm_heads));
-        if (local % hpg && hpg % local)
-          refuse("Mamba2 heads per rank (" + std::to_string(local) + ") and heads per group (" + std::to_string(hpg) +
-                 ") must divide one another; change n_groups or the device count");
-        break;
-      }
-      case LayerKind::Mamba:
-        if (c.d_inner % shards)
-          refuse("Mamba intermediate size " + std::to_string(c.d_inner) + " does not split over " +
-                 std::to_string(shards) + " ranks" + divides(c.d_inner));
-        break;
+  if (shards > 1)
+    if (const std::string why = split_problem(c, shards); !why.empty()) {
+      // "; use a device count that divides it (2, 4, 8)": the counts every layer splits over.
+      std::string counts;
+      int listed = 0;
+      for (int k = 2; k <= 1024 && listed < 8; ++k)
+        if (split_problem(c, k).empty()) counts += (listed++ ? ", " : "") + std::to_string(k);
+      refuse(why + "; use " + (s == Strategy::TPSP ? "a mesh T" : "a device count") + " that every layer splits over" +
+             (counts.empty() ? " (none does: run it unsharded, under sp or dp)" : " (" + counts + ")"));
     }
-  }
   if (seq > 1 && P > 0) {
     const int chunks = zigzag ? 2 * seq : seq;
     if (P % chunks) {

@@ -73,7 +73,12 @@ std::string advice(const MemoryForecast& f, const RunOptions& o, const TrainOpti
   const bool sequence_split = o.strategy == "sp" || o.strategy == "tp_sp" || o.strategy == "tsp";
   const char* shorter = training ? "a shorter --seq-len" : "a shorter prompt";
   if (part == "weights" || part == "grads" || part == "optimizer_state") {
-    ways.push_back("a strategy that shards the weights over more devices (tp, tsp)");
+    if (o.strategy == "tp" || o.strategy == "tsp")
+      ways.push_back("more --devices (" + o.strategy + " shards the weights over all of them)");
+    else if (o.strategy == "tp_sp")
+      ways.push_back("a larger T in --mesh, or more --devices (the weights shard over T)");
+    else
+      ways.push_back("a strategy that shards the weights (tp or tsp)");
     // Training in bf16 keeps an fp32 master copy: 16 bytes a parameter either way.
     if (o.dtype == DType::F32 && !training) ways.push_back("--dtype bf16");
   } else if (part == "activations" || part == "kv_cache") {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -59,6 +60,29 @@ std::vector<Range> merge_ranges(std::vector<Range> r) {
 
 std::string engine_version() { return SHARDSCOPE_VERSION; }
 
+namespace {
+nlohmann::json g_invocation = nlohmann::json::array();
+}
+
+void set_invocation(int argc, char** argv) {
+  if (const char* given = std::getenv("SHARDSCOPE_COMMAND")) {
+    g_invocation = nlohmann::json::parse(given, nullptr, false);
+    if (g_invocation.is_array()) return;
+  }
+  g_invocation = nlohmann::json::array();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--events") ++i;
+    else if (a.rfind("--events=", 0) != 0) g_invocation.push_back(a);
+  }
+  // (An environment string holds at most 128 KiB: a longer command, a long
+  // --tokens list, is recorded by each process as it was started.)
+  const std::string text = g_invocation.dump();
+  if (text.size() < (64 << 10)) setenv("SHARDSCOPE_COMMAND", text.c_str(), 1);
+}
+
+const nlohmann::json& invocation() { return g_invocation; }
+
 std::string host_name() {
   char buf[256] = {0};
   gethostname(buf, sizeof buf - 1);
@@ -68,12 +92,16 @@ std::string host_name() {
 int64_t peak_rss_bytes() { return status_field("VmHWM:"); }
 int64_t current_rss_bytes() { return status_field("VmRSS:"); }
 
+void check_token_ids(const std::vector<int32_t>& tokens, int64_t vocab) {
+  for (int32_t t : tokens)
+    if (t < 0 || t >= vocab)
+      throw UsageError("--tokens: id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                       std::to_string(vocab) + ")");
+}
+
 std::vector<int32_t> make_prompt(const RunOptions& o, int64_t vocab) {
   if (!o.tokens.empty()) {
-    for (int32_t t : o.tokens)
-      if (t < 0 || t >= vocab)
-        throw UsageError("--tokens: id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                         std::to_string(vocab) + ")");
+    check_token_ids(o.tokens, vocab);
     return o.tokens;
   }
   std::vector<int32_t> p(static_cast<size_t>(o.prompt_len));
@@ -97,8 +125,10 @@ std::pair<int, int> mesh_of(const RunOptions& o) {
       int t = 0, sp = 0;
       char x = 0;
       std::istringstream in(o.mesh);
-      if (o.mesh.empty() || !(in >> t >> x >> sp) || (x != 'x' && x != 'X') || t < 1 || sp < 1 || !in.eof())
+      if (o.mesh.empty())
         throw UsageError("--strategy tp_sp needs --mesh TxS with T*S = --devices, e.g. --mesh 2x2 for 4 devices");
+      if (!(in >> t >> x >> sp) || (x != 'x' && x != 'X') || t < 1 || sp < 1 || !in.eof())
+        throw UsageError("--mesh '" + o.mesh + "' is not TxS (two counts of at least 1 joined by x); use e.g. --mesh 2x2");
       return {t, sp};
     }
     default: return {1, 1};
@@ -174,6 +204,7 @@ RunPlan plan_inference(const RunOptions& o, const std::string& backend) {
   plan.cfg.dtype = o.dtype;
   plan.cfg.kv_dtype = cache_dtype(o);
   plan.tokens = o.window ? o.window : o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
+  check_token_ids(o.tokens, plan.cfg.vocab);
   validate_parallel(plan.cfg, plan.strategy, o.devices, plan.tp, plan.sp, plan.tokens, plan.zigzag, o.batch);
   return plan;
 }
@@ -267,6 +298,7 @@ static RunResult run_rank(const RunOptions& o, proto::Writer* out, Group& g, Rec
                                                              {"top_k", o.sampling.top_k}}},
           {"capacity", o.capacity},
           {"threads", cpu::threads()},
+          {"command", invocation()},
       };
       hello();
       if (setup.config.is_object()) conf.update(setup.config);  // the simulator's hardware profile and nodes

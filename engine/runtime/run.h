@@ -64,6 +64,8 @@ struct RunResult {
   int64_t peak_bytes = 0;
 };
 
+// Refuses (UsageError) a --tokens id outside [0, vocab).
+void check_token_ids(const std::vector<int32_t>& tokens, int64_t vocab);
 // The prompt a run uses: the given tokens, or prompt_len tokens drawn from the seed.
 std::vector<int32_t> make_prompt(const RunOptions& o, int64_t vocab);
 
@@ -108,5 +110,13 @@ int64_t current_rss_bytes();
 
 std::string engine_version();
 std::string host_name();
+
+// The command line the user gave (after the program name, less --events and
+// its file), which every config records as `command`: the explorer refills
+// its form from a stream's. Set once at start; what this process starts
+// (launch's and train's ranks, verify's runs) inherits it through
+// SHARDSCOPE_COMMAND and records the user's command, not its own.
+void set_invocation(int argc, char** argv);
+const nlohmann::json& invocation();
 
 }  // namespace ss

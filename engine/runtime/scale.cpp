@@ -36,6 +36,19 @@ std::vector<int64_t> default_lengths() {
   return v;
 }
 
+// A point's refusal in the sweep's terms: its run's --prompt-len or
+// --seq-len is the point's length (one of --seq-lens), its --batch or
+// --micro-batch the point's micro-batch.
+std::string in_sweep_terms(std::string why) {
+  static const std::pair<std::string, std::string> kTerms[] = {
+      {"--prompt-len of ", "a length of "}, {"--seq-len of ", "a length of "}, {"--prompt-len ", "the length "},
+      {"--seq-len ", "the length "},        {"--micro-batch ", "micro-batch "}, {"--batch ", "micro-batch "}};
+  for (const auto& [from, to] : kTerms)
+    for (size_t at = why.find(from); at != std::string::npos; at = why.find(from, at + to.size()))
+      why.replace(at, from.size(), to);
+  return why;
+}
+
 struct ScaleCase {
   ScaleVariant v;
   int64_t seq_len = 0;
@@ -66,7 +79,7 @@ class Sweep {
     try {
       events = run_point(p);
     } catch (const UsageError& e) {  // the model does not split this way
-      sp.reason = e.what();
+      sp.reason = in_sweep_terms(e.what());
       return sp;
     }
     const proto::RunStats st = proto::analyze(events);
@@ -75,7 +88,7 @@ class Sweep {
       const std::string why = st.errors.empty() ? "the simulation ended " + st.status : st.errors.front().message;
       if (st.errors.empty() || st.errors.front().code != "usage")
         throw std::runtime_error(p.v.strategy + " at " + std::to_string(p.seq_len) + " tokens: " + why);
-      sp.reason = why;
+      sp.reason = in_sweep_terms(why);
       return sp;
     }
     for (auto& [rank, r] : st.ranks)
@@ -323,9 +336,16 @@ void print_scale_table(const std::vector<proto::ScalePoint>& pts, std::ostream& 
     return rank(a.first) != rank(b.first) ? rank(a.first) < rank(b.first)
                                           : std::strtoll(a.second.c_str(), nullptr, 10) < std::strtoll(b.second.c_str(), nullptr, 10);
   });
+  // In the unit of the largest peak: a tiny model's KiB are not 0.0 GiB.
+  int64_t largest = 0;
+  for (auto& p : pts)
+    if (p.applicable()) largest = std::max(largest, p.peak_bytes);
+  const auto [unit, unit_bytes] = largest >= (int64_t(1) << 30) ? std::pair{"GiB", double(1 << 30)}
+                                  : largest >= (int64_t(1) << 20) ? std::pair{"MiB", double(1 << 20)}
+                                                                   : std::pair{"KiB", 1024.0};
   char buf[64];
   for (int mb : batch_set) {
-    os << "peak memory per device (GiB; "
+    os << "peak memory per device (" << unit << "; "
        << (capacity > 0 ? "* does not fit the " + format_bytes(capacity) + " device; " : std::string())
        << "- not applicable), micro-batch " << mb << "\n";
     std::snprintf(buf, sizeof buf, "%-12s", "strategy");
@@ -342,7 +362,7 @@ void print_scale_table(const std::vector<proto::ScalePoint>& pts, std::ostream& 
         auto it = at.find({strategy, mesh, L, mb});
         if (it == at.end() || !it->second->applicable()) std::snprintf(buf, sizeof buf, "%10s", "-");
         else
-          std::snprintf(buf, sizeof buf, "%9.1f%s", double(it->second->peak_bytes) / double(1 << 30),
+          std::snprintf(buf, sizeof buf, "%9.1f%s", double(it->second->peak_bytes) / unit_bytes,
                         it->second->fits ? " " : "*");
         os << buf;
       }
@@ -412,7 +432,8 @@ int run_scale(const ScaleOptions& o, proto::Writer& out, std::ostream& progress,
                            {"nodes", o.nodes},
                            {"capacity", hw.memory_bytes},
                            {"dtype", std::string(compute_dtype_name(o.dtype))},
-                           {"seed", o.seed}}});
+                           {"seed", o.seed},
+                           {"command", invocation()}}});
   out.flush();
 
   // Points run on `jobs` threads (each simulation runs its ranks as threads

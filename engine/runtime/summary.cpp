@@ -9,12 +9,13 @@
 #include <string>
 
 #include "core/allocator.h"
+#include "core/error.h"
 #include "protocol/analysis.h"
 #include "protocol/events.h"
 
 namespace ss {
 
-int summarize_stream(std::istream& in, std::ostream& out) {
+int summarize_stream(std::istream& in, std::ostream& out, const std::string& name) {
   proto::Reader reader;
   nlohmann::json config;
   std::map<std::string, double> metrics;
@@ -40,10 +41,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
         ++bad;
         if (first_error.empty()) first_error = r.error;
       }
-      if (reader.refused()) {
-        out << "cannot read this stream: " << r.error << "\n";
-        return 2;
-      }
+      if (reader.refused()) throw UsageError(name + ": cannot read this stream: " + r.error);
       continue;
     }
     std::visit(
@@ -81,10 +79,10 @@ int summarize_stream(std::istream& in, std::ostream& out) {
         },
         *r.event);
   }
-  if (reader.version() == 0) {
-    out << "cannot read this stream: no hello line" << (first_error.empty() ? "" : " (" + first_error + ")") << "\n";
-    return 2;
-  }
+  if (reader.version() == 0)
+    throw UsageError(name + ": not an event stream (no hello line" +
+                     (first_error.empty() ? std::string(")") : "; " + first_error + ")") +
+                     "; give a file written with --events");
   // The run's errors (with their code and rank where there are devices), and
   // what could not be read.
   auto print_errors = [&](bool detailed) {
@@ -239,9 +237,15 @@ int summarize_stream(std::istream& in, std::ostream& out) {
     note_unread();
     return 0;
   }
-  out << (config.value("mode", std::string()) == "train" ? "train: " : "run: ") << model.value("name", "?") << " (" << model.value("family", "?") << ", "
-      << config.value("parameters", 0LL) / 1e6 << " M parameters), backend " << config.value("backend", "?")
-      << ", strategy " << config.value("strategy", "?") << ", " << config.value("devices", 1) << " device(s), "
+  const double parameters = config.value("parameters", 0.0);
+  std::snprintf(buf, sizeof buf, parameters >= 1e9 ? "%.2f B" : parameters >= 1e6 ? "%.1f M" : "%.1f K",
+                parameters >= 1e9 ? parameters / 1e9 : parameters >= 1e6 ? parameters / 1e6 : parameters / 1e3);
+  std::string strategy = config.value("strategy", std::string("?"));
+  if (strategy == "tp_sp" && config.contains("mesh") && config["mesh"].is_object())
+    strategy += " " + std::to_string(config["mesh"].value("tp", 0)) + "x" + std::to_string(config["mesh"].value("sp", 0));
+  out << (config.value("mode", std::string()) == "train" ? "train: " : "run: ") << model.value("name", "?") << " ("
+      << model.value("family", "?") << ", " << buf << " parameters), backend " << config.value("backend", "?")
+      << ", strategy " << strategy << ", " << config.value("devices", 1) << " device(s), "
       << config.value("dtype", std::string("fp32"))
       << (config.value("kv_dtype", config.value("dtype", std::string("fp32"))) != config.value("dtype", std::string("fp32"))
               ? " (KV cache " + config.value("kv_dtype", std::string()) + ")"
@@ -250,9 +254,12 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   const bool training = config.value("mode", std::string()) == "train";
   if (training) {
     const auto& t = config.value("training", nlohmann::json::object());
-    out << "workload: training, " << t.value("steps", 0) << " steps of " << t.value("micro_batch", 1) << " x "
-        << t.value("grad_accum", 1) << " x " << t.value("replicas", 1) << " sequences of " << t.value("seq_len", 0)
-        << " tokens; data " << t.value("data", std::string("?")) << "; weights " << config.value("weights", "?") << "\n";
+    const int64_t micro = t.value("micro_batch", int64_t(1)), accum = t.value("grad_accum", int64_t(1)),
+                  replicas = t.value("replicas", int64_t(1));
+    out << "workload: training, " << t.value("steps", 0) << " steps, each " << micro * accum * replicas
+        << " sequences of " << t.value("seq_len", 0) << " tokens (micro-batch " << micro << " x " << accum
+        << " accumulated x " << replicas << (replicas == 1 ? " replica" : " replicas") << "); data "
+        << t.value("data", std::string("?")) << "; weights " << config.value("weights", "?") << "\n";
   } else {
     out << "workload: prompt " << work.value("prompt_len", 0) << " tokens, " << work.value("decode", 0)
         << " decode steps; weights " << config.value("weights", "?") << "\n";
@@ -298,7 +305,7 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   metric("total_devices", "devices in all", "%.0f");
   metric("aggregate_prefill_tokens_per_s", "prefill, all replicas", "%.1f tokens/s");
   metric("aggregate_decode_tokens_per_s", "decode, all replicas", "%.1f tokens/s");
-  out << "peak memory per device (accounted):\n";
+  if (!peak_mem.empty()) out << "peak memory per device (accounted):\n";
   for (auto& [rank, m] : peak_mem) {
     int64_t tot = 0;
     for (auto b : m.bytes) tot += b;
@@ -311,11 +318,19 @@ int summarize_stream(std::istream& in, std::ostream& out) {
   std::sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
   double total_ns = 0;
   for (auto& o : ops) total_ns += o.second.first;
-  out << "time by op (all ranks, all phases):\n";
-  for (size_t i = 0; i < std::min<size_t>(ops.size(), 8); ++i) {
+  if (!ops.empty()) out << "time by op (all ranks, all phases):\n";
+  constexpr size_t kOpsShown = 8;
+  for (size_t i = 0; i < std::min(ops.size(), kOpsShown); ++i) {
     std::snprintf(buf, sizeof buf, "  %-30s %10.2f ms %6.1f%%  (%d calls)\n", ops[i].first.c_str(),
                   ops[i].second.first * 1e-6, 100.0 * ops[i].second.first / std::max(total_ns, 1.0),
                   ops[i].second.second);
+    out << buf;
+  }
+  if (ops.size() > kOpsShown) {
+    double rest = 0;
+    for (size_t i = kOpsShown; i < ops.size(); ++i) rest += ops[i].second.first;
+    std::snprintf(buf, sizeof buf, "  ... %zu more ops                   %10.2f ms %6.1f%%\n", ops.size() - kOpsShown,
+                  rest * 1e-6, 100.0 * rest / std::max(total_ns, 1.0));
     out << buf;
   }
   note_unread();

@@ -4,10 +4,12 @@
 
 #include <istream>
 #include <ostream>
+#include <string>
 
 namespace ss {
 
-// Returns 0, or 2 when the stream could not be read (the reason is printed).
-int summarize_stream(std::istream& in, std::ostream& out);
+// Returns 0; throws UsageError, naming the stream `name`, where it is not an
+// event stream or a newer version than this engine reads.
+int summarize_stream(std::istream& in, std::ostream& out, const std::string& name);
 
 }  // namespace ss

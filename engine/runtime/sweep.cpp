@@ -176,7 +176,8 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
   const std::string dtype(compute_dtype_name(o.dtype));
   out.write(proto::Config{{{"sweep", sweep}, {"model", cfg.to_json()}, {"strategy", o.strategy},
                            {"devices", o.devices}, {"dtype", dtype},
-                           {"kv_dtype", std::string(compute_dtype_name(cache_dtype(o)))}, {"workload", {{"prompt_len", o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size())}, {"decode", o.decode}, {"seed", o.seed}}}}});
+                           {"kv_dtype", std::string(compute_dtype_name(cache_dtype(o)))}, {"workload", {{"prompt_len", o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size())}, {"decode", o.decode}, {"seed", o.seed}}},
+                           {"command", invocation()}}});
   out.flush();
 
   const std::string base = "/tmp/shardscope-sweep-" + std::to_string(getpid());

@@ -139,10 +139,7 @@ TrainPlan plan_training(const TrainOptions& o) {
   plan.grad_accum = grad_accum_of(o);
   const ModelConfig& cfg = plan.cfg;
   TrainModel::check_supported(cfg, s == Strategy::TP || s == Strategy::TSP ? r.devices : s == Strategy::TPSP ? T : 1);
-  for (int32_t t : o.tokens)
-    if (t < 0 || t >= cfg.vocab)
-      throw UsageError("--tokens: id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                       std::to_string(cfg.vocab) + ")");
+  check_token_ids(o.tokens, cfg.vocab);
   validate_parallel(cfg, s, r.devices, T, S, plan.tokens, plan.zigzag, o.micro_batch * plan.replicas,
                     ShapeFlags{"--seq-len", "--micro-batch"});
   if (!plan.dir.empty()) {
@@ -228,6 +225,7 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
             {"data", corpus->describe()}, {"seed", r.seed}}},
           {"capacity", r.capacity},
           {"threads", cpu::threads()},
+          {"command", invocation()},
       };
       hello();
       if (setup.config.is_object()) conf.update(setup.config);

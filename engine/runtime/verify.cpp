@@ -197,7 +197,8 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
                       {"dtype", std::string(compute_dtype_name(o.dtype))},
                       {"kv_dtype", std::string(compute_dtype_name(cache_dtype(o)))},
                       {"comm_precision", o.comm_precision.empty() ? "fp32" : o.comm_precision},
-                      {"workload", {{"prompt_len", P}, {"decode", o.decode}, {"batch", o.batch}, {"seed", o.seed}}}}});
+                      {"workload", {{"prompt_len", P}, {"decode", o.decode}, {"batch", o.batch}, {"seed", o.seed}}},
+                      {"command", invocation()}}});
   verdict.flush();
   auto finish = [&](int code, const std::string& error_code, const std::string& message) {
     return verdict.finish(code, error_code, message);
@@ -361,7 +362,8 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
                               {"devices", r.devices},
                               {"dtype", dtype},
                               {"workload", {{"seq_len", plan.tokens}, {"sequences", sequences}, {"steps", o.steps},
-                                            {"seed", r.seed}}}}});
+                                            {"seed", r.seed}}},
+                              {"command", invocation()}}});
   verdict.flush();
 
   // Each run's losses by step, and its first step's gradient.
