@@ -533,7 +533,7 @@ void MainWindow::clearPages() {
 
 bool MainWindow::openStream(const QString& path) {
   clearPages();
-  m_openedStream = true;
+  m_openedStream = path;
   m_status->setText(tr("opening %1 ...").arg(path));
   m_redraw->start();
   return m_client->openFile(path);
@@ -547,7 +547,7 @@ void MainWindow::runArguments(const QStringList& args, const QString& name) {
     return;
   }
   clearPages();
-  m_openedStream = false;
+  m_openedStream.clear();
   m_lastArgs = args;
   m_lastName = name;
   m_run->setEnabled(false);
@@ -596,15 +596,20 @@ void MainWindow::onFinished(const RunOutcome& o) {
   if (o.rejected) text += tr("; %1 unreadable lines").arg(o.rejected);
   m_status->setText(text);
   // A stream read from a file puts the command it was written by (its
-  // config's, where the engine recorded one) in the form, as a session does.
-  if (std::exchange(m_openedStream, false) && m_queue.isEmpty() && m_compared.empty() && !m_client->isRunning()) {
-    const nlohmann::json& c = m_data.config();
-    QStringList command;
-    if (c.contains("command") && c["command"].is_array())
-      for (const auto& a : c["command"])
-        if (a.is_string()) command << QString::fromStdString(a.get<std::string>());
-    if (!command.isEmpty()) setFormFrom(command);
-  }
+  // config's, where the engine recorded one) in the form, as a reopened
+  // session does; Run again runs a run's setup as the form now holds it.
+  const QString opened = std::exchange(m_openedStream, QString());
+  if (!opened.isEmpty() && m_queue.isEmpty() && m_compared.empty() && !m_client->isRunning())
+    if (const QStringList command = streamCommand(m_data.config()); !command.isEmpty()) {
+      setFormFrom(command);
+      const bool run = QStringList{"run", "launch", "simulate", "train"}.contains(command[0]) &&
+                       !command.contains(QLatin1String("--verify"));
+      if (run) {
+        m_lastArgs = engineArguments();
+        m_lastName = QFileInfo(opened).completeBaseName();
+        m_again->setEnabled(true);
+      }
+    }
   // A failed run says why on the Summary, with the worker's last stderr lines
   // (verify's verdict, a difference included, is its stream's own: the page shows it).
   const bool verdict = m_data.config().contains("verify") && o.status != QLatin1String("incomplete") && !o.crashed;

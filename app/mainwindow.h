@@ -108,10 +108,15 @@ class MainWindow : public QMainWindow {
   void setOptions(int batch, const QString& overrides, const QString& precision, const QString& capacity);
   // Runs the last run's arguments again, whatever the form says now.
   void runAgain();
+  const QStringList& lastArguments() const { return m_lastArgs; }
   // Sets the form to what an engine command (engineArguments' or another
   // button's) ran: a reopened session's setup. What the command does not
   // name keeps its value.
   void setFormFrom(const QStringList& args);
+  // The command that wrote a stream, from its config (empty where it records
+  // none), with every setup option it left to the engine's default named as
+  // the config resolved it: what setFormFrom needs to set the whole form.
+  static QStringList streamCommand(const nlohmann::json& config);
   // An engine message in the form's terms, as HTML: each option it names
   // (--prompt-len) as the field that sets it (Prompt tokens), in bold.
   QString inFormTerms(const QString& message) const;
@@ -167,7 +172,7 @@ class MainWindow : public QMainWindow {
   QPushButton* m_again;
   QStringList m_lastArgs;   // what Run again repeats
   QString m_lastName;
-  bool m_openedStream = false;  // what finishes next is a stream read from a file (openStream)
+  QString m_openedStream;  // the file whose stream finishes next (openStream), else empty
   QPushButton* m_stop;
   QLabel* m_status;
   QTabWidget* m_tabs;

@@ -51,6 +51,71 @@ QStringList MainWindow::engineArguments() const {
   return args;
 }
 
+QStringList MainWindow::streamCommand(const nlohmann::json& config) {
+  QStringList args;
+  if (!config.contains("command") || !config["command"].is_array()) return args;
+  for (const auto& a : config["command"]) {
+    if (!a.is_string()) return {};
+    const QString arg = QString::fromStdString(a.get<std::string>());
+    const qsizetype eq = arg.indexOf('=');
+    if (arg.startsWith(QLatin1String("--")) && eq > 2) args << arg.left(eq) << arg.mid(eq + 1);  // --opt=value
+    else args << arg;
+  }
+  if (args.isEmpty()) return args;
+  const auto text = [&](const nlohmann::json& j, const char* key) {
+    if (!j.is_object() || !j.contains(key)) return QString();
+    const nlohmann::json& v = j[key];
+    return v.is_string() ? QString::fromStdString(v.get<std::string>())
+           : v.is_number_integer() ? QString::number(v.get<int64_t>())
+           : v.is_number() ? QString::number(v.get<double>())
+                            : QString();
+  };
+  // An option the command left out, as the run resolved it.
+  const auto name = [&](const char* option, const QString& value) {
+    if (!value.isEmpty() && !args.contains(QLatin1String(option))) args << option << value;
+  };
+  const QString command = args[0];
+  const bool simulated = command == QLatin1String("simulate") || command == QLatin1String("scale") ||
+                         text(config, "backend") == QLatin1String("sim");
+  if (simulated) {
+    const QString file = text(config, "hardware_file");
+    name("--hardware", file.isEmpty() ? text(config, "hardware") : QFileInfo(file).completeBaseName());
+    name("--nodes", text(config, "nodes"));
+  } else if (command != QLatin1String("scale")) {
+    name("--backend", text(config, "backend"));
+  }
+  if (command == QLatin1String("scale")) {
+    const nlohmann::json& sc = config["scale"].is_object() ? config["scale"] : nlohmann::json::object();
+    name("--mode", text(sc, "mode"));
+    name("--recompute", text(sc, "recompute"));
+  } else {
+    name("--strategy", text(config, "strategy"));
+    if (text(config, "strategy") == QLatin1String("tp_sp") && config.contains("mesh") && config["mesh"].is_object())
+      name("--mesh", text(config["mesh"], "tp") + "x" + text(config["mesh"], "sp"));
+  }
+  name("--devices", text(config, "devices"));
+  name("--dtype", text(config, "dtype"));
+  const nlohmann::json& training = config.contains("training") ? config["training"] : nlohmann::json::object();
+  if (command == QLatin1String("train") && training.is_object()) {
+    name("--seq-len", text(training, "seq_len"));
+    name("--micro-batch", text(training, "micro_batch"));
+    name("--steps", text(training, "steps"));
+    name("--lr", text(training, "lr"));
+    name("--recompute", text(training, "recompute"));
+  }
+  const nlohmann::json& work = config.contains("workload") ? config["workload"] : nlohmann::json::object();
+  if (command != QLatin1String("train") && work.is_object()) {
+    if (!args.contains(QLatin1String("--prompt")) && !args.contains(QLatin1String("--tokens")))
+      name("--prompt-len", text(work, "prompt_len"));
+    else if (args.contains(QLatin1String("--tokens")))  // the form has no field for ids: their count
+      name("--prompt-len", text(work, "prompt_len"));
+    name("--decode", text(work, "decode"));
+    name("--batch", text(work, "batch"));
+  }
+  name("--comm-precision", text(config, "comm_precision"));
+  return args;
+}
+
 void MainWindow::setFormFrom(const QStringList& args) {
   const auto value = [&](const char* option) {
     const qsizetype at = args.indexOf(QLatin1String(option));

@@ -818,12 +818,33 @@ class TestExplorer : public QObject {
     QStringList recorded;
     for (const auto& a : w.data().config().at("command")) recorded << QString::fromStdString(a.get<std::string>());
     QCOMPARE(recorded, command);
+    const auto holds = [](const QStringList& form, const QStringList& options) {
+      for (qsizetype i = 0; i + 1 < options.size(); i += 2) {
+        const qsizetype at = form.indexOf(options[i]);
+        if (at <= 0 || form.value(at + 1) != options[i + 1]) return options[i] + ": " + form.join(' ');
+      }
+      return QString();
+    };
+    QCOMPARE(w.engineArguments().value(0), QString("train"));
+    QString wrong = holds(w.engineArguments(), command.mid(1));
+    QVERIFY2(wrong.isEmpty(), qPrintable(wrong));
+    QCOMPARE(w.engineArguments(), w.lastArguments());  // Run again runs it
+    // A command that leaves options to the engine (no strategy, hardware or
+    // dtype; --decode=2): the form takes them as the run resolved them, not
+    // as the form held them (tsp, bf16, training).
+    const QString second = dir.filePath("simulate.jsonl");
+    p.start(SHARDSCOPE_ENGINE_BIN, {"simulate", "--model", "tiny-llama", "--prompt-len", "16", "--decode=2", "--events",
+                                    second});
+    QVERIFY(p.waitForFinished(120000));
+    QCOMPARE(p.exitCode(), 0);
+    QVERIFY(w.openStream(second));
+    QVERIFY(done.wait(60000));
     const QStringList form = w.engineArguments();
-    QCOMPARE(form.value(0), QString("train"));
-    for (qsizetype i = 1; i + 1 < command.size(); i += 2) {
-      const qsizetype at = form.indexOf(command[i]);
-      QVERIFY2(at > 0 && form.value(at + 1) == command[i + 1], qPrintable(command[i] + ": " + form.join(' ')));
-    }
+    QCOMPARE(form.value(0), QString("simulate"));
+    wrong = holds(form, {"--hardware", "h100-sxm", "--strategy", "single", "--dtype",
+                         QString::fromStdString(w.data().config().at("dtype").get<std::string>()), "--prompt-len", "16",
+                         "--decode", "2"});
+    QVERIFY2(wrong.isEmpty(), qPrintable(wrong));
   }
 
   void scalingStreamExportsCsv() {

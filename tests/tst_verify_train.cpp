@@ -6,6 +6,8 @@
 // what it refuses before starting.
 #include <QTemporaryDir>
 #include <QtTest>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -193,26 +195,35 @@ class TestVerifyTrain : public QObject {
     QVERIFY2(last.startsWith("failed: tp on 2 cpu devices failed: ") && last.contains("capacity"), qPrintable(out));
   }
 
-  // A verify killed outright leaves its scratch files in /tmp; the next one
-  // removes those of processes no longer running, and no one else's.
+  // A verify killed outright leaves its scratch files in /tmp beside its
+  // lock file; the next one removes those whose lock nobody holds, and
+  // leaves a live process's (here this test's, its lock held) alone.
   void scratchOfAKilledVerifyIsRemoved() {
     const pid_t dead = fork();
     if (dead == 0) _exit(0);
     QVERIFY(dead > 0);
     QCOMPARE(waitpid(dead, nullptr, 0), dead);
-    const QString stale = QString("/tmp/shardscope-verify-%1-run-grads").arg(dead);
-    const QString alive = QString("/tmp/shardscope-verify-%1-run-grads").arg(getpid());  // this test's own
-    for (const QString& d : {stale, alive}) {
-      QVERIFY(QDir().mkpath(d));
-      QFile f(d + "/gradients.safetensors");
+    const QString stale = QString("/tmp/shardscope-verify-%1").arg(dead);
+    const QString alive = QString("/tmp/shardscope-verify-%1").arg(getpid());
+    for (const QString& base : {stale, alive}) {
+      QVERIFY(QDir().mkpath(base + "-run-grads"));
+      QFile f(base + "-run-grads/gradients.safetensors");
       QVERIFY(f.open(QIODevice::WriteOnly) && f.write("x") == 1);
+      QFile lock(base + ".lock");
+      QVERIFY(lock.open(QIODevice::WriteOnly));
     }
+    const int held = open(qPrintable(alive + ".lock"), O_RDWR | O_CLOEXEC);
+    QVERIFY(held >= 0 && flock(held, LOCK_EX | LOCK_NB) == 0);
     const Ran r = train_verify({"--model", "tiny-llama", "--seq-len", "32", "--strategy", "tp", "--devices", "2",
                                 "--capacity", "64KiB"});
+    close(held);
+    const bool staleGone = !QFileInfo::exists(stale + "-run-grads") && !QFileInfo::exists(stale + ".lock");
+    const bool aliveKept = QFileInfo::exists(alive + "-run-grads/gradients.safetensors");
+    QDir(alive + "-run-grads").removeRecursively();
+    QFile::remove(alive + ".lock");
     QCOMPARE(r.exit_code, int(ss::kExitOom));
-    QVERIFY2(!QFileInfo::exists(stale), qPrintable(stale));
-    QVERIFY2(QFileInfo::exists(alive + "/gradients.safetensors"), qPrintable(alive));
-    QVERIFY(QDir(alive).removeRecursively());
+    QVERIFY2(staleGone, qPrintable(stale));
+    QVERIFY2(aliveKept, qPrintable(alive));
   }
 
   // What --verify cannot compare is refused in one line, before anything runs.

@@ -56,11 +56,12 @@ class LengthTicker : public QCPAxisTickerLog {
 
 // Rates on a log axis: 1, 2 and 5 times the powers of ten in range (every
 // digit where the range spans less; the powers alone where it spans many),
-// labelled 50K, 2M. QCustomPlot's log ticker crowds its labels into the top
-// of a range narrower than a decade.
+// labelled 50K, 2M (evenly spaced where fewer than two fall in range).
+// QCustomPlot's log ticker crowds its labels into the top of a range
+// narrower than a decade.
 class RateTicker : public QCPAxisTicker {
  protected:
-  QVector<double> createTickVector(double, const QCPRange& range) override {
+  QVector<double> createTickVector(double tickStep, const QCPRange& range) override {
     QVector<double> ticks;
     if (!(range.lower > 0) || !(range.upper > range.lower)) return ticks;
     const double first = std::pow(10.0, std::floor(std::log10(range.lower)));
@@ -74,10 +75,12 @@ class RateTicker : public QCPAxisTicker {
       if (mantissas.size() != 1 && ticks.size() > 10) continue;  // too many: the powers alone
       break;
     }
-    return ticks;
+    // Within one digit of a decade (say 130K to 170K): evenly spaced ticks.
+    return ticks.size() >= 2 ? ticks : QCPAxisTicker::createTickVector(tickStep, range);
   }
   QVector<double> createSubTickVector(int, const QVector<double>&) override { return {}; }
   QString getTickLabel(double tick, const QLocale&, QChar, int) override {
+    if (tick >= 1e9) return QString::number(tick / 1e9, 'g', 3) + "G";
     if (tick >= 1e6) return QString::number(tick / 1e6, 'g', 3) + "M";
     if (tick >= 1e3) return QString::number(tick / 1e3, 'g', 3) + "K";
     return QString::number(tick, 'g', 3);

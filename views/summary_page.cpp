@@ -269,29 +269,31 @@ QString SummaryPage::text() const {
 }
 
 namespace {
-// What a scaling sweep covers, from its config: its strategies, mode, devices
-// and lengths.
+// What a scaling sweep covers, from its config (as the engine writes it;
+// anything else is left out): its strategies, mode, devices and lengths.
 QString scaleSweepText(const nlohmann::json& c) {
-  const auto& sc = c["scale"];
+  const nlohmann::json& sc = c["scale"].is_object() ? c["scale"] : nlohmann::json::object();
   QStringList strategies;
   double shortest = 0, longest = 0;
   if (sc.contains("strategies") && sc["strategies"].is_array())
     for (const auto& st : sc["strategies"])
-      if (st.is_string()) strategies << QString::fromStdString(st.get<std::string>()).replace(':', ' ');
+      if (st.is_string()) strategies << QString::fromStdString(st.get<std::string>()).replace(':', ' ').toHtmlEscaped();
   if (sc.contains("seq_lens") && sc["seq_lens"].is_array())
     for (const auto& n : sc["seq_lens"])
-      if (n.is_number()) {
+      if (n.is_number() && n.get<double>() > 0) {
         shortest = shortest > 0 ? std::min(shortest, n.get<double>()) : n.get<double>();
         longest = std::max(longest, n.get<double>());
       }
-  const bool training = sc.value("mode", std::string("train")) == "train";
-  return QObject::tr("%1 %2 on %3 simulated devices, at %4 tokens: the Scaling page draws each one's peak memory, "
-                     "time and traffic against length.")
-      .arg(strategies.isEmpty() ? QObject::tr("Every strategy") : strategies.join(", "))
-      .arg(training ? QObject::tr("training") : QObject::tr("inference"))
-      .arg(c.value("devices", 0))
-      .arg(shortest == longest ? lengthText(longest)
-                               : QObject::tr("%1 to %2").arg(lengthText(shortest), lengthText(longest)));
+  const bool training = !(sc.contains("mode") && sc["mode"] == "infer");
+  const int devices = c.contains("devices") && c["devices"].is_number_integer() ? c["devices"].get<int>() : 0;
+  QString what = QObject::tr("%1 %2").arg(strategies.isEmpty() ? QObject::tr("Every strategy") : strategies.join(", "),
+                                          training ? QObject::tr("training") : QObject::tr("inference"));
+  if (devices > 0) what += QObject::tr(" on %1 simulated devices").arg(devices);
+  if (longest > 0)
+    what += QObject::tr(", at %1 tokens")
+                .arg(shortest == longest ? lengthText(longest)
+                                         : QObject::tr("%1 to %2").arg(lengthText(shortest), lengthText(longest)));
+  return what + QObject::tr(": the Scaling page draws each one's peak memory, time and traffic against length.");
 }
 }  // namespace
 
@@ -347,12 +349,9 @@ void SummaryPage::refresh() {
   std::string backend = c.value("backend", std::string("?"));
   if (c.contains("gpu") && c["gpu"].is_object() && c["gpu"].contains("name"))
     backend += " (" + c["gpu"].value("name", std::string()) + ")";
-  // tp_sp with its mesh, TxS.
-  QString strategyName = QString::fromStdString(c.value("strategy", "?"));
-  if (strategyName == QLatin1String("tp_sp") && c.contains("mesh") && c["mesh"].is_object())
-    strategyName += QStringLiteral(" %1x%2").arg(c["mesh"].value("tp", 0)).arg(c["mesh"].value("sp", 0));
   h += tr("<h3>%1 · %2 · %3 device(s) · %4 · %5</h3>")
-                  .arg(QString::fromStdString(model.value("name", "?")), strategyName.toHtmlEscaped())
+                  .arg(QString::fromStdString(model.value("name", "?")),
+                       QString::fromStdString(ss::proto::strategy_label(c)).toHtmlEscaped())
                   .arg(c.value("devices", 1))
                   .arg(QString::fromStdString(backend).toHtmlEscaped())
                   .arg(kvDtype == dtype ? dtype : tr("%1, KV cache %2").arg(dtype, kvDtype));

@@ -113,6 +113,16 @@ std::string split_problem(const ModelConfig& c, int shards) {
 }
 }  // namespace
 
+std::string training_split_problem(const ModelConfig& c, int shards) {
+  for (int i = 0; i < c.n_layers && shards > 1; ++i)
+    if (c.layer_kind(i) == LayerKind::Mamba2 && c.n_groups % shards)
+      return "training needs Mamba2's n_groups (" + std::to_string(c.n_groups) +
+             ") to be a multiple of the weight shard count " + std::to_string(shards) +
+             " (tp's, tp_sp's T or tsp's devices: a gated-norm group split over ranks has no backward yet, nor B and "
+             "C rows shared by tsp shards)";
+  return {};
+}
+
 void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, int64_t P, bool zigzag, int batch,
                        const ShapeFlags& flags) {
   auto refuse = [](const std::string& m) { throw UsageError(m); };
@@ -133,11 +143,17 @@ void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, in
   const int seq = s == Strategy::TSP ? D : S;
   if (shards > 1)
     if (const std::string why = split_problem(c, shards); !why.empty()) {
-      // "; use a device count that divides it (2, 4, 8)": the counts every layer splits over.
+      // "; use a device count that divides it (2, 4, 8)": the counts every
+      // layer splits over (in training, by its rule too; under tsp, the
+      // counts the length also splits over).
+      const auto splits = [&](int k) {
+        return split_problem(c, k).empty() && (!flags.training || training_split_problem(c, k).empty()) &&
+               (s != Strategy::TSP || P <= 0 || P % (zigzag ? 2 * k : k) == 0);
+      };
       std::string counts;
       int listed = 0;
       for (int k = 2; k <= 1024 && listed < 8; ++k)
-        if (split_problem(c, k).empty()) counts += (listed++ ? ", " : "") + std::to_string(k);
+        if (splits(k)) counts += (listed++ ? ", " : "") + std::to_string(k);
       refuse(why + "; use " + (s == Strategy::TPSP ? "a mesh T" : "a device count") + " that every layer splits over" +
              (counts.empty() ? " (none does: run it unsharded, under sp or dp)" : " (" + counts + ")"));
     }

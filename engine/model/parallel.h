@@ -84,7 +84,11 @@ MambaShard mamba_shard(const ModelConfig& c, int index, int count);
 struct ShapeFlags {
   const char* length = "--prompt-len";
   const char* batch = "--batch";
+  bool training = false;  // the device counts offered also meet training_split_problem's rule
 };
+// What training adds to a split over `shards` weight shards (Mamba2's
+// n_groups a multiple of them); empty where there is nothing.
+std::string training_split_problem(const ModelConfig& c, int shards);
 void validate_parallel(const ModelConfig& c, Strategy s, int devices, int tp, int sp, int64_t prompt_len,
                        bool zigzag, int batch, const ShapeFlags& flags = {});
 

@@ -144,6 +144,13 @@ RunStats analyze(const std::vector<Event>& events) {
   return st;
 }
 
+std::string strategy_label(const nlohmann::json& config) {
+  std::string s = config.contains("strategy") && config["strategy"].is_string() ? config["strategy"].get<std::string>() : "?";
+  if (s == "tp_sp" && config.contains("mesh") && config["mesh"].is_object())
+    s += " " + std::to_string(config["mesh"].value("tp", 0)) + "x" + std::to_string(config["mesh"].value("sp", 0));
+  return s;
+}
+
 double train_verify_tensor_bound(const nlohmann::json& verify, double one_device_rel_l2) {
   const double bound = verify.value("bound", 0.0);
   return verify.contains("exact") ? verify.value("factor", 0.0) * one_device_rel_l2 + bound : bound;

@@ -50,6 +50,9 @@ RunStats analyze(const std::vector<Event>& events);
 // conjugates, scalars): the tokens'.
 bool is_weight_comm(const Span& s);
 
+// A run's strategy as its config names it, tp_sp with its mesh: "tp_sp 2x2".
+std::string strategy_label(const nlohmann::json& config);
+
 // train --verify's bound on one gradient tensor's relative L2 distance, as
 // the stream's config.verify states it: `bound` where the run is compared
 // with one device's gradient (fp32); where the dtype rounds (`exact` names a

@@ -1,7 +1,10 @@
 #include "runtime/child_run.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +16,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
 
 #include "core/error.h"
 #include "runtime/process.h"
@@ -194,6 +200,55 @@ ChildRun run_engine(const char* command, const std::vector<std::string>& args, c
   return r;
 }
 }  // namespace
+
+std::string scratch_base(const std::string& kind) {
+  namespace fs = std::filesystem;
+  const std::string prefix = "shardscope-" + kind + "-", mine = "/tmp/" + prefix + std::to_string(getpid());
+  // The locks this process holds, one a kind, given up (and their files
+  // removed) as it exits; a process that dies releases its own.
+  static struct Held {
+    std::map<std::string, int> fds;
+    ~Held() {
+      for (auto& [path, fd] : fds) {
+        ::unlink(path.c_str());
+        ::close(fd);
+      }
+    }
+  } held;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> guard(mutex);
+  const std::string lock = mine + ".lock";
+  if (held.fds.count(lock)) return mine;
+  // This user's entries of the kind, by the process they belong to.
+  const auto own = [](const fs::path& p) {
+    struct stat st;
+    return ::lstat(p.c_str(), &st) == 0 && st.st_uid == ::getuid();
+  };
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (auto it = fs::directory_iterator("/tmp", ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (it->path().filename().string().rfind(prefix, 0) == 0 && own(it->path())) entries.push_back(it->path());
+  // A lock file that can be taken belongs to a process that is gone: its scratch goes.
+  std::set<std::string> gone;  // "shardscope-<kind>-<pid>"
+  for (const fs::path& p : entries) {
+    const std::string name = p.filename().string();
+    if (name.size() <= 5 || name.compare(name.size() - 5, 5, ".lock") != 0 || p.string() == lock) continue;
+    const int fd = ::open(p.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) gone.insert(name.substr(0, name.size() - 5));
+    ::close(fd);
+  }
+  for (const fs::path& p : entries) {
+    const std::string name = p.filename().string();
+    for (const std::string& g : gone)
+      if (name.rfind(g, 0) == 0 && (name.size() == g.size() || name[g.size()] == '-' || name[g.size()] == '.'))
+        fs::remove_all(p, ec);
+  }
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0) held.fds[lock] = fd;
+  else if (fd >= 0) ::close(fd);
+  return mine;
+}
 
 ChildRun run_child(RunOptions o, const std::string& base, const std::function<void(const proto::Event&)>& each) {
   const std::string npy = base + ".npy";

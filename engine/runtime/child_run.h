@@ -28,6 +28,13 @@ std::vector<std::string> to_arguments(const TrainOptions& o);
 // argument is at most 128 KiB on Linux (a prompt of some 20K tokens).
 void check_child_arguments(const RunOptions& o);
 
+// Where this process keeps the scratch files of the children it compares
+// (streams, logits, gradients; each removed once read):
+// /tmp/shardscope-<kind>-<pid>, held by a lock file for the process's life.
+// The scratch a process killed outright (SIGKILL) left is removed first:
+// this user's, under a lock nobody holds.
+std::string scratch_base(const std::string& kind);
+
 // The index of the largest of n values (the first of equals).
 int64_t argmax_row(const float* z, int64_t n);
 

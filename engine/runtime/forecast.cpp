@@ -76,7 +76,7 @@ std::string advice(const MemoryForecast& f, const RunOptions& o, const TrainOpti
     if (o.strategy == "tp" || o.strategy == "tsp")
       ways.push_back("more --devices (" + o.strategy + " shards the weights over all of them)");
     else if (o.strategy == "tp_sp")
-      ways.push_back("a larger T in --mesh, or more --devices (the weights shard over T)");
+      ways.push_back("a larger T in --mesh (T x S = --devices; the weights shard over T)");
     else
       ways.push_back("a strategy that shards the weights (tp or tsp)");
     // Training in bf16 keeps an fp32 master copy: 16 bytes a parameter either way.

@@ -62,23 +62,51 @@ std::string engine_version() { return SHARDSCOPE_VERSION; }
 
 namespace {
 nlohmann::json g_invocation = nlohmann::json::array();
+
+// Whether `pid` started this process, or started what did (/proc's parents).
+bool is_ancestor(long pid) {
+  long p = long(getppid());
+  for (int hops = 0; p > 1 && hops < 64; ++hops) {
+    if (p == pid) return true;
+    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t name_end = line.rfind(')');  // "pid (name) state ppid ..."
+    if (name_end == std::string::npos) return false;
+    std::istringstream rest(line.substr(name_end + 1));
+    char state = 0;
+    if (!(rest >> state >> p)) return false;
+  }
+  return p == pid;
 }
+}  // namespace
 
 void set_invocation(int argc, char** argv) {
-  if (const char* given = std::getenv("SHARDSCOPE_COMMAND")) {
+  // The command of the engine process that started this one (launch's or
+  // train's ranks, through mpirun); not one left in the environment by
+  // another.
+  const char* given = std::getenv("SHARDSCOPE_COMMAND");
+  const char* by = std::getenv("SHARDSCOPE_COMMAND_PID");
+  if (given && by && is_ancestor(std::atol(by))) {
     g_invocation = nlohmann::json::parse(given, nullptr, false);
     if (g_invocation.is_array()) return;
   }
+  // Its own, where none is: a rank's (started on another host, where
+  // mpirun passes no environment) named as the command it is a rank of.
   g_invocation = nlohmann::json::array();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--events") ++i;
-    else if (a.rfind("--events=", 0) != 0) g_invocation.push_back(a);
+    if (a == "--events" || a == "--heartbeat") ++i;
+    else if (a.rfind("--events=", 0) != 0 && a.rfind("--heartbeat=", 0) != 0)
+      g_invocation.push_back(i == 1 && a == "train-rank" ? "train" : a);
   }
   // (An environment string holds at most 128 KiB: a longer command, a long
   // --tokens list, is recorded by each process as it was started.)
   const std::string text = g_invocation.dump();
-  if (text.size() < (64 << 10)) setenv("SHARDSCOPE_COMMAND", text.c_str(), 1);
+  if (text.size() < (64 << 10)) {
+    setenv("SHARDSCOPE_COMMAND", text.c_str(), 1);
+    setenv("SHARDSCOPE_COMMAND_PID", std::to_string(getpid()).c_str(), 1);
+  }
 }
 
 const nlohmann::json& invocation() { return g_invocation; }

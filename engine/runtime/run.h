@@ -115,7 +115,8 @@ std::string host_name();
 // its file), which every config records as `command`: the explorer refills
 // its form from a stream's. Set once at start; what this process starts
 // (launch's and train's ranks, verify's runs) inherits it through
-// SHARDSCOPE_COMMAND and records the user's command, not its own.
+// SHARDSCOPE_COMMAND (taken only from an ancestor process,
+// SHARDSCOPE_COMMAND_PID) and records the user's command, not its own.
 void set_invocation(int argc, char** argv);
 const nlohmann::json& invocation();
 

@@ -240,12 +240,9 @@ int summarize_stream(std::istream& in, std::ostream& out, const std::string& nam
   const double parameters = config.value("parameters", 0.0);
   std::snprintf(buf, sizeof buf, parameters >= 1e9 ? "%.2f B" : parameters >= 1e6 ? "%.1f M" : "%.1f K",
                 parameters >= 1e9 ? parameters / 1e9 : parameters >= 1e6 ? parameters / 1e6 : parameters / 1e3);
-  std::string strategy = config.value("strategy", std::string("?"));
-  if (strategy == "tp_sp" && config.contains("mesh") && config["mesh"].is_object())
-    strategy += " " + std::to_string(config["mesh"].value("tp", 0)) + "x" + std::to_string(config["mesh"].value("sp", 0));
   out << (config.value("mode", std::string()) == "train" ? "train: " : "run: ") << model.value("name", "?") << " ("
       << model.value("family", "?") << ", " << buf << " parameters), backend " << config.value("backend", "?")
-      << ", strategy " << strategy << ", " << config.value("devices", 1) << " device(s), "
+      << ", strategy " << proto::strategy_label(config) << ", " << config.value("devices", 1) << " device(s), "
       << config.value("dtype", std::string("fp32"))
       << (config.value("kv_dtype", config.value("dtype", std::string("fp32"))) != config.value("dtype", std::string("fp32"))
               ? " (KV cache " + config.value("kv_dtype", std::string()) + ")"

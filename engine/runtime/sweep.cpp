@@ -180,7 +180,7 @@ int run_sweep(const SweepOptions& given, std::ostream& table) {
                            {"command", invocation()}}});
   out.flush();
 
-  const std::string base = "/tmp/shardscope-sweep-" + std::to_string(getpid());
+  const std::string base = scratch_base("sweep");
   // The reference: the all-reduces unquantized, in the run's own dtype.
   SweepPoint ref;
   ref.label = dtype;

@@ -141,7 +141,7 @@ TrainPlan plan_training(const TrainOptions& o) {
   TrainModel::check_supported(cfg, s == Strategy::TP || s == Strategy::TSP ? r.devices : s == Strategy::TPSP ? T : 1);
   check_token_ids(o.tokens, cfg.vocab);
   validate_parallel(cfg, s, r.devices, T, S, plan.tokens, plan.zigzag, o.micro_batch * plan.replicas,
-                    ShapeFlags{"--seq-len", "--micro-batch"});
+                    ShapeFlags{"--seq-len", "--micro-batch", true});
   if (!plan.dir.empty()) {
     // The folder's weights must be the model's, with its shapes (checked without loading them).
     Allocator none;

@@ -1,13 +1,10 @@
 #include "runtime/verify.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -132,23 +129,6 @@ struct Verdict {
   static const RunOptions& run_options(const TrainOptions& t) { return t.run; }
 };
 
-// Where this process's runs keep their streams, logits and gradients while
-// it compares them (each removed when read): /tmp/shardscope-verify-<pid>-*.
-// A verify killed outright (SIGKILL, a power cut) leaves its files, so
-// those of processes no longer running are removed first.
-std::string scratch_base() {
-  namespace fs = std::filesystem;
-  const std::string prefix = "shardscope-verify-";
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/tmp", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-    if (pid > 0 && pid != long(getpid()) && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
-  }
-  return "/tmp/" + prefix + std::to_string(getpid());
-}
-
 }  // namespace
 
 int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
@@ -203,7 +183,7 @@ int run_verify(const RunOptions& o, proto::Writer* stream, std::ostream& out) {
   auto finish = [&](int code, const std::string& error_code, const std::string& message) {
     return verdict.finish(code, error_code, message);
   };
-  const std::string base = scratch_base();
+  const std::string base = scratch_base("verify");
   auto run = [&](const RunOptions& r, const char* tag) { return std::move(verdict.run(r, base, tag).logits); };
   // One device first: its greedy tokens feed both runs' decode. Where every
   // sequence of a batch decodes them, one device runs again fed them too.
@@ -371,7 +351,7 @@ int run_train_verify(const TrainOptions& o, proto::Writer* stream, std::ostream&
     std::vector<proto::TrainStep> steps;
     Gradients grads;
   };
-  const std::string base = scratch_base();
+  const std::string base = scratch_base("verify");
   auto train = [&](TrainOptions t, const char* tag, const std::string& label = "") {
     Ran ran;
     t.dump_grads = base + "-" + tag + "-grads";

@@ -31,14 +31,9 @@ const char* recompute_name(Recompute r) {
 }
 
 void TrainModel::check_supported(const ModelConfig& cfg, int tp) {
-  for (int i = 0; i < cfg.n_layers; ++i) {
-    const LayerKind k = cfg.layer_kind(i);
-    if (k == LayerKind::Mamba2 && tp > 1 && cfg.n_groups % tp)
-      throw UsageError("training needs Mamba2's n_groups (" + std::to_string(cfg.n_groups) + ") to be a multiple of "
-                       "the weight shard count " + std::to_string(tp) + " (tp's, tp_sp's T or tsp's devices: a gated-norm "
-                       "group split over ranks has no backward yet, nor B and C rows shared by tsp shards); use a shard "
-                       "count that divides " + std::to_string(cfg.n_groups) + ", or --set n_groups=" + std::to_string(tp));
-  }
+  if (const std::string why = training_split_problem(cfg, tp); !why.empty())
+    throw UsageError(why + "; use a shard count that divides " + std::to_string(cfg.n_groups) + ", or --set n_groups=" +
+                     std::to_string(tp));
 }
 
 TrainModel::TrainModel(Model& model, Recompute recompute)
