@@ -85,7 +85,7 @@ QStringList MainWindow::streamCommand(const nlohmann::json& config) {
     name("--backend", text(config, "backend"));
   }
   if (command == QLatin1String("scale")) {
-    const nlohmann::json& sc = config["scale"].is_object() ? config["scale"] : nlohmann::json::object();
+    const nlohmann::json sc = config.contains("scale") ? config["scale"] : nlohmann::json::object();
     name("--mode", text(sc, "mode"));
     name("--recompute", text(sc, "recompute"));
   } else {
@@ -95,19 +95,17 @@ QStringList MainWindow::streamCommand(const nlohmann::json& config) {
   }
   name("--devices", text(config, "devices"));
   name("--dtype", text(config, "dtype"));
-  const nlohmann::json& training = config.contains("training") ? config["training"] : nlohmann::json::object();
-  if (command == QLatin1String("train") && training.is_object()) {
+  const nlohmann::json training = config.contains("training") ? config["training"] : nlohmann::json::object();
+  const nlohmann::json work = config.contains("workload") ? config["workload"] : nlohmann::json::object();
+  if (command == QLatin1String("train")) {
     name("--seq-len", text(training, "seq_len"));
+    name("--seq-len", text(work, "seq_len"));  // train --verify's config names it here
     name("--micro-batch", text(training, "micro_batch"));
     name("--steps", text(training, "steps"));
     name("--lr", text(training, "lr"));
     name("--recompute", text(training, "recompute"));
-  }
-  const nlohmann::json& work = config.contains("workload") ? config["workload"] : nlohmann::json::object();
-  if (command != QLatin1String("train") && work.is_object()) {
-    if (!args.contains(QLatin1String("--prompt")) && !args.contains(QLatin1String("--tokens")))
-      name("--prompt-len", text(work, "prompt_len"));
-    else if (args.contains(QLatin1String("--tokens")))  // the form has no field for ids: their count
+  } else {
+    if (!args.contains(QLatin1String("--prompt")))  // (the form has no field for --tokens' ids: their count)
       name("--prompt-len", text(work, "prompt_len"));
     name("--decode", text(work, "decode"));
     name("--batch", text(work, "batch"));
