@@ -629,7 +629,9 @@ class TestStrategies : public QObject {
   }
 
   // Shapes that cannot be split are refused by the launcher itself: exit 2,
-  // one stderr line naming the number to change, no stream, no mpirun.
+  // one stderr line naming the number to change, no stream, no mpirun (no
+  // child process seen while it ran; not a time limit, which a loaded
+  // machine under a sanitizer missed).
   void refusedBeforeLaunch_data() {
     QTest::addColumn<QStringList>("args");
     QTest::addColumn<QStringList>("names");  // what the message must mention
@@ -677,7 +679,6 @@ class TestStrategies : public QObject {
       if (timer.elapsed() > 30000) QFAIL("the refusal did not return");
       if (!descendants(launcher).empty()) had_child = true;
     }
-    const qint64 ms = timer.elapsed();
     QCOMPARE(p.exitStatus(), QProcess::NormalExit);
     const QByteArray out = p.readAllStandardOutput();
     const QString err = QString::fromUtf8(p.readAllStandardError());
@@ -685,7 +686,6 @@ class TestStrategies : public QObject {
     QVERIFY2(out.isEmpty(),
              qPrintable("a refused run wrote a stream: " + QString::fromUtf8(out.left(300))));
     QVERIFY2(!had_child, "the launcher started a child process for a refused shape");
-    QVERIFY2(ms < 1000, qPrintable(QString("the refusal took %1 ms").arg(ms)));
     const QStringList lines = err.trimmed().split('\n');
     QVERIFY2(lines.size() == 1, qPrintable(err));
     QVERIFY2(lines.front().startsWith("shardscope-engine: error:"), qPrintable(err));
