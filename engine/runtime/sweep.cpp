@@ -1,7 +1,5 @@
 #include "runtime/sweep.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <functional>
 #include <cmath>

@@ -1,7 +1,5 @@
 #include "runtime/verify.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
