@@ -11,7 +11,12 @@
 #     ranks' heartbeat threads and the launcher that reads them; NCCL's
 #     communicator (emulated ranks, the stand-in library's worker threads,
 #     the emulated streams' threads that run its queued transfers) with its
-#     watchdog thread, a peer hung, stalled or gone. Its other function kills single-rank
+#     watchdog thread: a peer stalled in a transfer (the watchdog's timeout
+#     and abort), gone (the peer's exit seen) and a transfer broken (the
+#     stream's asynchronous error). The other rows (a hung init, no unique
+#     id, the stall and the loss in other places) take the same threads'
+#     paths, and each hung one waits out a timeout: the plain and ASan legs
+#     run them. Its other function kills single-rank
 #     saves to check the files left behind (no threads of ours in it); ten
 #     training runs under TSan took it past QtTest's 300 s, so the plain leg
 #     runs it;
@@ -76,7 +81,10 @@ scale_threads="ssmStateConstantInLength notApplicableSaysWhy"
 sim=$!
 ctest --test-dir "$build" --output-on-failure -j "${SHARDSCOPE_TEST_JOBS:-2}" --timeout 1200 \
   -R '^(tst_comm|tst_comm_np[0-9]|tst_sessions)$' || { wait $sim || true; exit 1; }
-if ! (cd "$build/tests" && OMP_WAIT_POLICY=PASSIVE SHARDSCOPE_RESOURCES="$root/resources" ./tst_faults stoppedRankEndsTheRunNamingIt ncclFaultEndsTheRun > "$build/tst_faults-tsan.log" 2>&1); then
+fault_rows=(stoppedRankEndsTheRunNamingIt "ncclFaultEndsTheRun:stalled peer" "ncclFaultEndsTheRun:lost peer"
+            "ncclFaultEndsTheRun:broken transfer, prompt only")
+if ! (cd "$build/tests" && OMP_WAIT_POLICY=PASSIVE SHARDSCOPE_RESOURCES="$root/resources" ./tst_faults \
+        "${fault_rows[@]}" > "$build/tst_faults-tsan.log" 2>&1); then
   echo "tsan: tst_faults failed; its log:" >&2
   tail -80 "$build/tst_faults-tsan.log" >&2
   wait $sim || true

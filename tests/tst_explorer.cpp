@@ -12,6 +12,8 @@
 #include <QTemporaryDir>
 #include <QtTest>
 
+#include <limits>
+
 #include "engineclient.h"
 #include "compare.h"
 #include "mainwindow.h"
@@ -773,6 +775,26 @@ class TestExplorer : public QObject {
     const QPointF at = pixel();
     QCOMPARE(page->pointAt(plot, at), tsp);
     QVERIFY(ScalingPage::describe(*tsp).contains("activations"));
+    // The tokens/s axis (logarithmic): 1, 2 and 5 of each decade, labelled
+    // with K, M or G; evenly spaced ticks within one digit of a decade.
+    {
+      QCustomPlot* speed = page->speedPlot();
+      const QCPRange drawn = speed->yAxis->range();
+      auto labels = [speed](double lower, double upper) {
+        speed->yAxis->setRange(lower, upper);
+        speed->replot();
+        const QVector<QString> ticks = speed->yAxis->tickVectorLabels();
+        return QStringList(ticks.begin(), ticks.end());
+      };
+      QCOMPARE(labels(3e3, 8e6), (QStringList{"5K", "10K", "20K", "50K", "100K", "200K", "500K", "1M", "2M", "5M"}));
+      QCOMPARE(labels(1.5e3, 9e3), (QStringList{"2K", "3K", "4K", "5K", "6K", "7K", "8K", "9K"}));
+      QCOMPARE(labels(50, 2e11), (QStringList{"100", "1K", "10K", "100K", "1M", "10M", "100M", "1G", "10G", "100G"}));
+      const QStringList narrow = labels(1.3e5, 1.7e5);
+      QVERIFY2(narrow.size() >= 2, qPrintable(narrow.join(' ')));
+      for (const QString& l : narrow) QVERIFY2(QRegularExpression("^1[3-7][0-9.]*K$").match(l).hasMatch(), qPrintable(l));
+      speed->yAxis->setRange(drawn);
+      speed->replot();
+    }
     // The closed form: one dashed line more per strategy.
     const int graphs = plot->graphCount();
     page->findChild<QCheckBox*>()->setChecked(true);
@@ -951,6 +973,47 @@ class TestExplorer : public QObject {
     QVERIFY(done.wait(120000));
     QCOMPARE(done.takeFirst().at(0).value<RunOutcome>().exitCode, 0);
     QCOMPARE(w.data().trainSteps().size(), size_t(6));
+    // The timeline names each step at its first forward, in the longest
+    // form that fits before the next phase begins: no name runs into the
+    // next mark, and the steps' names number them in order. Zoomed into a
+    // step, its name is there.
+    {
+      TimelineView* timeline = w.findChild<TimelineView*>();
+      QVERIFY(timeline);
+      timeline->resize(1200, timeline->lanesHeight());
+      timeline->resetZoom();
+      const QFontMetrics fm(timeline->font());
+      const auto marks = timeline->phaseMarks(fm);
+      QVERIFY2(marks.size() >= 6 * 3,  // forward, backward and optimizer of each step, the first one's too
+               qPrintable(QString("%1 marks in view of %2 phases").arg(marks.size()).arg(w.data().phases().size())));
+      const QRegularExpression stepName("^(step )?(\\d+)( forward)?$");
+      QList<int> numbered;
+      for (size_t i = 0; i < marks.size(); ++i) {
+        const QString& label = marks[i].label;
+        if (i + 1 < marks.size() && !label.isEmpty())
+          QVERIFY2(marks[i].x + 3 + fm.horizontalAdvance(label) <= marks[i + 1].x, qPrintable(label));
+        if (const auto m = stepName.match(label); m.hasMatch()) numbered << m.captured(2).toInt();
+      }
+      QVERIFY(!numbered.isEmpty());
+      for (int k = 0; k < numbered.size(); ++k) QVERIFY(k == 0 ? numbered[k] >= 1 : numbered[k] > numbered[k - 1]);
+      std::vector<int64_t> forwards;
+      for (const auto& ph : w.data().phases())
+        if (ph.name == "forward") forwards.push_back(ph.t);
+      QCOMPARE(forwards.size(), size_t(6));
+      int64_t origin = std::numeric_limits<int64_t>::max();
+      for (const auto& [rank, d] : w.data().ranks())
+        for (const auto& span : d.spans) origin = std::min(origin, span.t0);
+      timeline->alignAtStart();  // times from the first span
+      for (size_t k = 0; k < forwards.size(); ++k) {
+        const int64_t until = k + 1 < forwards.size() ? forwards[k + 1] : w.data().end_time();
+        timeline->setRange(double(forwards[k] - origin), double(until - origin));
+        const auto inStep = timeline->phaseMarks(fm);
+        QVERIFY(!inStep.empty());
+        const QString n = QString::number(w.data().trainSteps()[k].step);
+        QVERIFY2(QStringList({"step " + n + " forward", "step " + n, n}).contains(inStep.front().label),
+                 qPrintable(inStep.front().label));
+      }
+    }
     auto* page = w.pages()->currentWidget();
     QCOMPARE(w.pages()->tabText(w.pages()->currentIndex()), QStringLiteral("Training"));
     page->grab().save(QDir::temp().filePath("shardscope-training.png"));

@@ -322,6 +322,17 @@ class TestScale : public QObject {
     QVERIFY2(batched.find("tp", 64)->reason.find("one sequence at a time") != std::string::npos,
              batched.find("tp", 64)->reason.c_str());
     QVERIFY(batched.find("dp", 64) && batched.find("dp", 64)->applicable());
+    // A length too short for the conv halo: the refusal speaks of the
+    // point's length, never of an option scale does not take.
+    const Sweep halo = scale({"--model", "tiny-mamba", "--hardware", "h100-sxm", "--devices", "4", "--strategies",
+                              "sp", "--seq-lens", "16", "--no-batch-search"},
+                             &failure);
+    QVERIFY2(failure.isEmpty(), qPrintable(failure));
+    QVERIFY(halo.find("sp", 16) && !halo.find("sp", 16)->applicable());
+    const std::string why = halo.find("sp", 16)->reason;
+    QVERIFY2(why.find("conv halo; make the length at least 24") != std::string::npos &&
+                 why.find("--") == std::string::npos,
+             why.c_str());
   }
 
   // The micro-batch search's runs are untimed: their ranks run on without

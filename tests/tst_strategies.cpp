@@ -560,8 +560,8 @@ class TestStrategies : public QObject {
     SKIP_IF(not_cpu());
     QProcess p;
     p.start(SHARDSCOPE_ENGINE_BIN,
-            {"launch", "--model", "small-llama", "--strategy", "tp", "--devices", "2",
-             "--prompt-len", "256", "--decode", "1000", "--seed", "3"});
+            {"launch", "--model", "tiny-llama", "--strategy", "tp", "--devices", "2",
+             "--prompt-len", "64", "--decode", "200000", "--seed", "3"});
     QVERIFY(p.waitForStarted());
     const KillTree cleanup{p};
     const pid_t launcher = pid_t(p.processId());

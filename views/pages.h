@@ -5,6 +5,7 @@
 #include <QWidget>
 
 #include <map>
+#include <vector>
 
 #include "rundata.h"
 
@@ -51,6 +52,18 @@ class TimelineView : public QWidget {
   void setRange(double t0, double t1);
   double rangeEnd() const { return m_t1; }
   int lanesHeight() const;
+  // Where prefill and decode (training: each step's forward, backward and
+  // optimizer) begin in view, at x pixels: a dashed line across the lanes,
+  // named where the name fits before the next phase begins, or a shorter
+  // form does (empty where none does: zoom in to name them all), so that a
+  // short optimizer phase never takes the room of the forward after it. A
+  // step's first forward carries the step's number ("step 3 forward",
+  // "step 3", "3").
+  struct PhaseMark {
+    double x;
+    QString label;
+  };
+  std::vector<PhaseMark> phaseMarks(const QFontMetrics& fm) const;
 
  signals:
   void rangeChanged(double t0, double t1);

@@ -29,6 +29,7 @@ class ScalingPage : public QWidget {
   // changed since the page last drew (the pointer is good until it next does).
   const ss::proto::ScalePoint* pointAt(const QCustomPlot* plot, QPointF pos) const;
   QCustomPlot* memoryPlot() const { return m_memory; }
+  QCustomPlot* speedPlot() const { return m_speed; }
   // What hovering a point shows.
   static QString describe(const ss::proto::ScalePoint& p);
   // Every point as CSV, one row per point (what the page's export writes).

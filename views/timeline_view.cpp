@@ -64,10 +64,15 @@ int64_t TimelineView::firstSpan() const {
 }
 
 void TimelineView::resetZoom() {
-  // From the first span to the last: loading weights records no spans.
+  // From the first span to the last: loading weights records no spans. A
+  // phase after loading begins just before its first span, and its mark
+  // (the first step's name) is in view too.
   // Redraws only where the range changes: paintEvent resets an empty range
   // (a stream without spans), and an update from there would paint forever.
-  const double t0 = double(firstSpan() - m_origin);
+  int64_t first = firstSpan();
+  for (const auto& ph : m_data.phases())
+    if (ph.name != "load") first = std::min(first, ph.t);
+  const double t0 = double(first - m_origin);
   setRange(t0, std::max<double>(t0 + 1, double(m_data.end_time() - m_origin)));
 }
 
@@ -98,6 +103,47 @@ int TimelineView::lanesHeight() const {
 
 double TimelineView::xOf(int64_t t) const {
   return kLabel + (double(t - m_origin) - m_t0) / (m_t1 - m_t0) * (width() - kLabel - 8);
+}
+
+std::vector<TimelineView::PhaseMark> TimelineView::phaseMarks(const QFontMetrics& fm) const {
+  struct Mark {
+    double x;
+    QStringList names;  // longest first
+  };
+  std::vector<Mark> marks;
+  int step = m_data.trainSteps().empty() ? 1 : m_data.trainSteps().front().step;
+  bool stepNamed = false;
+  for (const auto& ph : m_data.phases()) {
+    if (ph.name == "load") continue;
+    QStringList names{QString::fromStdString(ph.name)};
+    if (ph.name == "forward" && !stepNamed) {
+      names = QStringList{tr("step %1 forward").arg(step), tr("step %1").arg(step), QString::number(step)};
+      stepNamed = true;
+    } else if (ph.name == "optimizer") {
+      names << QStringLiteral("opt");
+      ++step;
+      stepNamed = false;
+    } else {
+      static const std::map<std::string, QString> kShort = {
+          {"forward", "fwd"}, {"backward", "bwd"}, {"prefill", "pre"}, {"decode", "dec"}};
+      if (const auto it = kShort.find(ph.name); it != kShort.end()) names << it->second;
+    }
+    marks.push_back({xOf(ph.t), names});
+  }
+  std::vector<PhaseMark> out;
+  for (size_t i = 0; i < marks.size(); ++i) {
+    const double x = marks[i].x;
+    if (x < kLabel || x > width()) continue;
+    const double room = std::min<double>(i + 1 < marks.size() ? marks[i + 1].x : width(), width()) - x - 6;
+    PhaseMark mark{x, {}};
+    for (const QString& name : marks[i].names)
+      if (fm.horizontalAdvance(name) + 3 <= room) {
+        mark.label = name;
+        break;
+      }  // none fits: a name cut off is none
+    out.push_back(mark);
+  }
+  return out;
 }
 
 void TimelineView::paintEvent(QPaintEvent*) {
@@ -136,50 +182,12 @@ void TimelineView::paintEvent(QPaintEvent*) {
     }
     row += 2;
   }
-  // Where prefill and decode (training: each step's forward, backward and
-  // optimizer) begin: a dashed line across the lanes, named where the name
-  // fits before the next phase begins, or a shorter form does (zoom in to
-  // name them all): a short optimizer phase never takes the room of the
-  // forward after it. A step's first forward carries the step's number.
-  struct Mark {
-    double x;
-    QStringList names;  // longest first
-  };
-  std::vector<Mark> marks;
-  {
-    int step = m_data.trainSteps().empty() ? 1 : m_data.trainSteps().front().step;
-    bool stepNamed = false;
-    for (const auto& ph : m_data.phases()) {
-      if (ph.name == "load") continue;
-      const QString name = QString::fromStdString(ph.name);
-      QStringList names{name};
-      if (ph.name == "forward" && !stepNamed) {
-        names = QStringList{tr("step %1 forward").arg(step), tr("step %1").arg(step), QString::number(step)};
-        stepNamed = true;
-      } else if (ph.name == "optimizer") {
-        names << QStringLiteral("opt");
-        ++step;
-        stepNamed = false;
-      } else {
-        static const std::map<std::string, QString> kShort = {
-            {"forward", "fwd"}, {"backward", "bwd"}, {"prefill", "pre"}, {"decode", "dec"}};
-        if (const auto it = kShort.find(ph.name); it != kShort.end()) names << it->second;
-      }
-      marks.push_back({xOf(ph.t), names});
-    }
-  }
-  for (size_t i = 0; i < marks.size(); ++i) {
-    const double x = marks[i].x;
-    if (x < kLabel || x > width()) continue;
+  for (const PhaseMark& mark : phaseMarks(p.fontMetrics())) {
     p.setPen(QPen(QColor(60, 60, 60), 1, Qt::DashLine));
-    p.drawLine(QPointF(x, 22), QPointF(x, 24 + row * kLane));
-    const double room = std::min<double>(i + 1 < marks.size() ? marks[i + 1].x : width(), width()) - x - 6;
-    for (const QString& name : marks[i].names)
-      if (p.fontMetrics().horizontalAdvance(name) + 3 <= room) {
-        p.setPen(QColor(60, 60, 60));
-        p.drawText(QPointF(x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), name);
-        break;
-      }  // none fits: a name cut off is none
+    p.drawLine(QPointF(mark.x, 22), QPointF(mark.x, 24 + row * kLane));
+    p.setPen(QColor(60, 60, 60));
+    if (!mark.label.isEmpty())
+      p.drawText(QPointF(mark.x + 3, 24 + row * kLane + 2 + p.fontMetrics().ascent()), mark.label);
   }
   // The colour of every op kind, below the lanes.
   {

@@ -168,7 +168,7 @@ void validate_parallel(const ModelConfig& c, Strategy s, int D, int T, int S, in
     for (int i = 0; i < c.n_layers; ++i)
       if (c.layer_kind(i) != LayerKind::Attention && P / chunks < c.d_conv - 1)
         refuse("each sequence chunk must hold at least d_conv-1 = " + std::to_string(c.d_conv - 1) +
-               " tokens for the conv halo; use " + flags.length + " of at least " + std::to_string(chunks * (c.d_conv - 1)));
+               " tokens for the conv halo; make " + flags.length + " at least " + std::to_string(chunks * (c.d_conv - 1)));
   }
 }
 

@@ -79,8 +79,9 @@ MambaShard mamba_shard(const ModelConfig& c, int index, int count);
 
 // Refuses shapes a strategy cannot split, before anything starts. Each
 // message names the number to change. `prompt_len` 0 skips token checks.
-// The options named in messages: inference's by default, training's
-// (--seq-len, --micro-batch) when it validates.
+// The names messages give the length and the batch: inference's options by
+// default, training's (--seq-len, --micro-batch) when it validates, a scaling
+// sweep's own terms ("the length", "micro-batch") for its points.
 struct ShapeFlags {
   const char* length = "--prompt-len";
   const char* batch = "--batch";

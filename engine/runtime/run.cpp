@@ -233,7 +233,8 @@ RunPlan plan_inference(const RunOptions& o, const std::string& backend) {
   plan.cfg.kv_dtype = cache_dtype(o);
   plan.tokens = o.window ? o.window : o.tokens.empty() ? o.prompt_len : int64_t(o.tokens.size());
   check_token_ids(o.tokens, plan.cfg.vocab);
-  validate_parallel(plan.cfg, plan.strategy, o.devices, plan.tp, plan.sp, plan.tokens, plan.zigzag, o.batch);
+  validate_parallel(plan.cfg, plan.strategy, o.devices, plan.tp, plan.sp, plan.tokens, plan.zigzag, o.batch,
+                    o.shape_names.value_or(ShapeFlags{}));
   return plan;
 }
 

@@ -49,6 +49,9 @@ struct RunOptions {
   // so the times mean nothing, while what each rank allocates, in its own
   // order, and so its peak, is the same (scale's micro-batch search).
   bool timeline = true;
+  // What a refused shape's message calls the length and the batch (unset:
+  // the command's own options; a scaling sweep's points: its terms).
+  std::optional<ShapeFlags> shape_names;
 };
 
 inline DType cache_dtype(const RunOptions& o) { return o.kv_dtype.value_or(o.dtype); }

@@ -36,19 +36,6 @@ std::vector<int64_t> default_lengths() {
   return v;
 }
 
-// A point's refusal in the sweep's terms: its run's --prompt-len or
-// --seq-len is the point's length (one of --seq-lens), its --batch or
-// --micro-batch the point's micro-batch.
-std::string in_sweep_terms(std::string why) {
-  static const std::pair<std::string, std::string> kTerms[] = {
-      {"--prompt-len of ", "a length of "}, {"--seq-len of ", "a length of "}, {"--prompt-len ", "the length "},
-      {"--seq-len ", "the length "},        {"--micro-batch ", "micro-batch "}, {"--batch ", "micro-batch "}};
-  for (const auto& [from, to] : kTerms)
-    for (size_t at = why.find(from); at != std::string::npos; at = why.find(from, at + to.size()))
-      why.replace(at, from.size(), to);
-  return why;
-}
-
 struct ScaleCase {
   ScaleVariant v;
   int64_t seq_len = 0;
@@ -79,7 +66,7 @@ class Sweep {
     try {
       events = run_point(p);
     } catch (const UsageError& e) {  // the model does not split this way
-      sp.reason = in_sweep_terms(e.what());
+      sp.reason = e.what();
       return sp;
     }
     const proto::RunStats st = proto::analyze(events);
@@ -88,7 +75,7 @@ class Sweep {
       const std::string why = st.errors.empty() ? "the simulation ended " + st.status : st.errors.front().message;
       if (st.errors.empty() || st.errors.front().code != "usage")
         throw std::runtime_error(p.v.strategy + " at " + std::to_string(p.seq_len) + " tokens: " + why);
-      sp.reason = in_sweep_terms(why);
+      sp.reason = why;
       return sp;
     }
     for (auto& [rank, r] : st.ranks)
@@ -265,6 +252,8 @@ class Sweep {
     r.mesh = p.v.mesh;
     r.dtype = m_o.dtype;
     r.seed = m_o.seed;
+    // A refusal speaks of the point: its length (one of --seq-lens) and micro-batch, not a run's options.
+    r.shape_names = ShapeFlags{"the length", "micro-batch"};
     for_simulation(r);  // untimed unless run_point asks for its timeline
   }
 

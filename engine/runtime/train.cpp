@@ -140,8 +140,9 @@ TrainPlan plan_training(const TrainOptions& o) {
   const ModelConfig& cfg = plan.cfg;
   TrainModel::check_supported(cfg, s == Strategy::TP || s == Strategy::TSP ? r.devices : s == Strategy::TPSP ? T : 1);
   check_token_ids(o.tokens, cfg.vocab);
-  validate_parallel(cfg, s, r.devices, T, S, plan.tokens, plan.zigzag, o.micro_batch * plan.replicas,
-                    ShapeFlags{"--seq-len", "--micro-batch", true});
+  ShapeFlags names = r.shape_names.value_or(ShapeFlags{"--seq-len", "--micro-batch"});
+  names.training = true;
+  validate_parallel(cfg, s, r.devices, T, S, plan.tokens, plan.zigzag, o.micro_batch * plan.replicas, names);
   if (!plan.dir.empty()) {
     // The folder's weights must be the model's, with its shapes (checked without loading them).
     Allocator none;
