@@ -563,6 +563,33 @@ class TestExplorer : public QObject {
     QVERIFY2(counter.paints >= 1 && counter.paints <= 3, qPrintable(QString::number(counter.paints)));
   }
 
+  // A phase begins before its first span (the rank sets it, then issues the
+  // kernels): at the default zoom its mark is in view at the lanes' left
+  // edge, named, not cut off before it.
+  void timelineShowsThePhaseBeforeItsFirstSpan() {
+    RunData data;
+    auto span = [](const char* op, int64_t t0, int64_t t1) {
+      ss::proto::Span s;
+      s.op = op;
+      s.t0 = t0;
+      s.t1 = t1;
+      return s;
+    };
+    data.add(std::vector<ss::proto::Event>{
+        ss::proto::Hello{1, "test", "here"}, ss::proto::Config{{{"strategy", "single"}, {"devices", 1}}},
+        ss::proto::Phase{"load", 0}, ss::proto::Phase{"prefill", 1000}, span("gemm", 1500, 40000),
+        ss::proto::Phase{"decode", 50000}, span("gemm", 50500, 90000), ss::proto::Done{"ok", 100000, 0}});
+    TimelineView view(data);
+    view.resize(900, view.lanesHeight());
+    view.resetZoom();
+    const QFontMetrics fm(view.font());
+    const auto marks = view.phaseMarks(fm);
+    QCOMPARE(int(marks.size()), 2);
+    QCOMPARE(marks[0].label, QStringLiteral("prefill"));
+    QCOMPARE(marks[1].label, QStringLiteral("decode"));
+    QVERIFY(marks[0].x < marks[1].x);
+  }
+
   // "Check against one device": verify's two runs, their logits row by row
   // on the Summary page, kept as a session; a quantized all-reduce differs.
   void checkAgainstOneDevice() {
