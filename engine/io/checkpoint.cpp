@@ -77,7 +77,8 @@ void export_checkpoint(const ModelConfig& cfg, uint64_t seed, const fs::path& di
         const std::vector<uint8_t> bytes = src->read(w.name);
         widen(bytes.data(), src->find(w.name)->dtype, n, values.data());
       } else {
-        for (int64_t i = 0; i < n; ++i) values[size_t(i)] = synthetic_value(w, seed, i);
+        const SyntheticDraw draw(w, seed);
+        for (int64_t i = 0; i < n; ++i) values[size_t(i)] = draw(i);
       }
       b.bytes.resize(size_t(n * dtype_size(dtype)));
       narrow(values.data(), n, dtype, b.bytes.data());

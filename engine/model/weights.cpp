@@ -19,9 +19,11 @@ float unit(uint64_t key, int64_t index) { return float(splitmix64(key ^ splitmix
 
 }  // namespace
 
-float synthetic_value(const WeightSpec& w, uint64_t seed, int64_t index) {
-  const uint64_t key = splitmix64(seed) ^ fnv1a(w.name);
-  const float u = unit(key, index);      // [0, 1)
+SyntheticDraw::SyntheticDraw(const WeightSpec& w, uint64_t seed) : m_w(w), m_key(splitmix64(seed) ^ fnv1a(w.name)) {}
+
+float SyntheticDraw::operator()(int64_t index) const {
+  const WeightSpec& w = m_w;
+  const float u = unit(m_key, index);    // [0, 1)
   const float sym = 2.0f * u - 1.0f;     // [-1, 1), std 1/sqrt(3)
   const float sqrt3 = 1.7320508f;
   const int64_t cols = w.shape.back();
@@ -58,18 +60,19 @@ void SyntheticSource::fill(Backend& be, const WeightSpec& w, const Tensor& dst) 
   const Tensor flat = dst.reshape({dst.numel()});
   const int64_t n = dst.numel();
   std::vector<float> host(size_t(std::min(n, kBlock)));
+  const SyntheticDraw draw(w, m_seed);
   if (w.slice.mirrored()) {
     for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
       const int64_t m = std::min(kBlock, n - i0);
 #pragma omp parallel for schedule(static) if (m > (1 << 16))
-      for (int64_t i = 0; i < m; ++i) host[size_t(i)] = synthetic_value(w, m_seed, i0 + i);
+      for (int64_t i = 0; i < m; ++i) host[size_t(i)] = draw(i0 + i);
       be.upload(flat.slice(0, i0, m), host.data(), DType::F32);
     }
     return;
   }
   int64_t base = 0;  // local index of host[0]
   for_each_slice_element(w.shape, w.slice, [&](int64_t l, int64_t g) {
-    host[size_t(l - base)] = synthetic_value(w, m_seed, g);
+    host[size_t(l - base)] = draw(g);
     if (l - base + 1 == int64_t(host.size()) || l + 1 == n) {
       be.upload(flat.slice(0, base, l - base + 1), host.data(), DType::F32);
       base = l + 1;

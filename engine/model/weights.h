@@ -56,10 +56,19 @@ void for_each_slice_element(const Shape& global, const WeightSlice& slice, F&& f
         for (int64_t i = 0; i < inner; ++i) fn(local++, (o * axis_len + k) * inner + i);
 }
 
-// Deterministic synthetic value of element `index` of a weight: a counter-based
-// hash of (seed, name, index), so any slice of a tensor can be drawn on its own
-// and a sharded run draws exactly the values a single-device run draws.
-float synthetic_value(const WeightSpec& w, uint64_t seed, int64_t index);
+// Deterministic synthetic values of a weight's elements: a counter-based hash
+// of (seed, name, index), so any slice of a tensor can be drawn on its own and
+// a sharded run draws exactly the values a single-device run draws. The
+// (seed, name) part is hashed once, when the draw is made.
+class SyntheticDraw {
+ public:
+  SyntheticDraw(const WeightSpec& w, uint64_t seed);
+  float operator()(int64_t index) const;  // element `index` of the whole (global) tensor
+
+ private:
+  const WeightSpec& m_w;
+  uint64_t m_key;
+};
 
 // Where weight values come from.
 class TensorSource {
