@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
-# The fuzz leg of CI: every fuzz target (fuzz/README.md), built with clang,
-# libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer (UB fatal) in
-# the ASan leg's build (build-asan/ or $SHARDSCOPE_ASAN_BUILD_DIR:
-# sanitized-build.sh; after sanitize.sh there is nothing left to build), run
-# each from its seed corpus for a bounded number of inputs
-# ($SHARDSCOPE_FUZZ_RUNS, default 20000) and at most $SHARDSCOPE_FUZZ_SECONDS
-# seconds (default 25), as many targets at a time as there are cores
-# ($SHARDSCOPE_JOBS). A crash, leak, timeout or UB report fails the leg and
-# leaves the input in build-asan/artifacts/: fix the reader, then keep the
-# input as a regression test in fuzz/regressions/<target>/. The checked-in
-# corpus is never written to (new inputs go to a scratch copy).
+# The fuzz leg of CI: builds every fuzz target (fuzz/README.md) with clang,
+# libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer (UB fatal) into
+# build-fuzz/ (or $SHARDSCOPE_FUZZ_BUILD_DIR), then runs each one from its
+# seed corpus for a bounded number of inputs ($SHARDSCOPE_FUZZ_RUNS, default
+# 20000) and at most $SHARDSCOPE_FUZZ_SECONDS seconds (default 25), as many
+# targets at a time as there are cores ($SHARDSCOPE_JOBS). A crash,
+# leak, timeout or UB report fails the leg and leaves the input in
+# build-fuzz/artifacts/: fix the reader, then keep the input as a
+# regression test in fuzz/regressions/<target>/. The checked-in corpus is
+# never written to (new inputs go to a scratch copy).
 #   SHARDSCOPE_FUZZ_TARGETS="stream config"  runs only those targets.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/packaging/sanitized-build.sh"
-build="$asan_build"
+build="${SHARDSCOPE_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 jobs="${SHARDSCOPE_JOBS:-$(nproc)}"
 runs="${SHARDSCOPE_FUZZ_RUNS:-20000}"
 seconds="${SHARDSCOPE_FUZZ_SECONDS:-25}"
 targets="${SHARDSCOPE_FUZZ_TARGETS:-safetensors checkpoint config hardware options stream tokenizer views sessions}"
+command -v clang++ >/dev/null || { echo "fuzz: clang++ not found; packaging/setup-deps.sh installs it" >&2; exit 1; }
+flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g1"
 start=$(date +%s)
-configure_asan
+export CC=clang CXX=clang++
+configure_sanitized "$build" "$flags" "-fsanitize=address,undefined" \
+  -DSHARDSCOPE_FUZZ=ON -DSHARDSCOPE_BUILD_TESTS=OFF
 cmake --build "$build" -j "$jobs" --target fuzz_all
 echo "fuzz: built in $(($(date +%s) - start)) s"
 

@@ -590,6 +590,55 @@ class TestExplorer : public QObject {
     QVERIFY(marks[0].x < marks[1].x);
   }
 
+  // The memory page's peak label stays inside the plot wherever the peak
+  // falls (the first sample, near either edge, the last sample), in its long
+  // form too (an out-of-memory run), on a window's width and a narrow one.
+  void memoryPeakLabelStaysInsideThePlot() {
+    for (const bool oom : {false, true})
+      for (const int width : {900, 420})
+        for (const int at : {0, 3, 10, 16, 19}) {
+          RunData data;
+          std::vector<ss::proto::Event> events{ss::proto::Hello{1, "test", "here"},
+                                               ss::proto::Config{{{"strategy", "single"}, {"devices", 1}}},
+                                               ss::proto::Device{0, "cpu", "host", 0, "here"}};
+          for (int i = 0; i < 20; ++i) {
+            ss::proto::Mem m;
+            m.t = 1000 * (i + 1);
+            m.bytes[0] = int64_t(1) << 30;
+            m.bytes[1] = (i == at ? 900 : 100 + 10 * i) * (int64_t(1) << 20);
+            events.push_back(m);
+          }
+          if (oom) events.push_back(ss::proto::Error{"oom", 0, "out of memory", {}});
+          events.push_back(ss::proto::Done{oom ? "oom" : "ok", 21000, 0});
+          data.add(events);
+          MemoryPage page(data);
+          page.resize(width, 600);
+          page.show();
+          page.refresh();
+          auto* plot = page.findChildren<QCustomPlot*>().first();
+          plot->replot();
+          QCPItemText* label = nullptr;
+          for (int i = 0; i < plot->itemCount(); ++i)
+            if (auto* t = qobject_cast<QCPItemText*>(plot->item(i)); t && t->text().startsWith("peak")) label = t;
+          const QString row = QString("peak at sample %1, %2 px%3").arg(at).arg(width).arg(oom ? ", out of memory" : "");
+          QVERIFY2(label, qPrintable(row));
+          QVERIFY2(label->text().contains("out of memory") == oom, qPrintable(row + ": " + label->text()));
+          const QRect inside = plot->axisRect()->rect();
+          const QRectF drawn(label->topLeft->pixelPosition(), label->bottomRight->pixelPosition());
+          QVERIFY2(inside.contains(drawn.toAlignedRect()),
+                   qPrintable(QString("%1: the label spans x %2..%3, y %4..%5; the plot x %6..%7, y %8..%9")
+                                  .arg(row)
+                                  .arg(drawn.left())
+                                  .arg(drawn.right())
+                                  .arg(drawn.top())
+                                  .arg(drawn.bottom())
+                                  .arg(inside.left())
+                                  .arg(inside.right())
+                                  .arg(inside.top())
+                                  .arg(inside.bottom())));
+        }
+  }
+
   // "Check against one device": verify's two runs, their logits row by row
   // on the Summary page, kept as a session; a quantized all-reduce differs.
   void checkAgainstOneDevice() {

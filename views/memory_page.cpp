@@ -34,6 +34,7 @@ MemoryPage::MemoryPage(const RunData& data, QWidget* parent) : QWidget(parent), 
   m_plot->xAxis->setLabel(tr("time (ms)"));
   m_plot->yAxis->setTicker(bytesTicker());
   legendBeside(m_plot);  // clear of the peak's marker and label
+  connect(m_plot, &QCustomPlot::afterLayout, this, &MemoryPage::placePeakLabel);
   layout->addWidget(m_plot, 3);
   m_bars = newPlot(this);
   m_bars->yAxis->setTicker(bytesTicker());
@@ -174,20 +175,36 @@ void MemoryPage::drawOverTime(int rank) {
   mark->setSize(8);
   mark->setPen(QPen(Qt::black));
   auto* text = new QCPItemText(m_plot);
-  text->position->setCoords(peak_t, peak);
-  // Centred over the peak, or starting (ending) at it near the plot's left (right) edge, so it is never cut.
-  const double t0 = mem.front().t * 1e-6, t1 = std::max(mem.back().t * 1e-6, t0 + 1e-3);
-  const double along = (peak_t - t0) / (t1 - t0);
-  text->setPositionAlignment((along < 0.2 ? Qt::AlignLeft : along > 0.8 ? Qt::AlignRight : Qt::AlignHCenter) |
-                             Qt::AlignBottom);
+  text->position->setType(QCPItemPosition::ptAbsolute);  // placed in pixels at each layout (placePeakLabel)
+  text->setTextAlignment(Qt::AlignHCenter);
   text->setText(m_hideWeights->isChecked() ? tr("peak %1 without weights").arg(bytesText(peak)) : tr("peak %1").arg(bytesText(peak)));
-  text->setPadding(QMargins(0, 0, 0, 6));
   for (const auto& e : m_data.errors())
     if (e.code == "oom" && (rank < 0 || e.rank == rank))
-      text->setText(tr("peak %1 — out of memory here").arg(bytesText(peak)));
+      text->setText(tr("peak %1\nout of memory here").arg(bytesText(peak)));
+  m_peakLabel = text;
+  m_peakAt = QPointF(peak_t, peak);
+  const double t0 = mem.front().t * 1e-6, t1 = std::max(mem.back().t * 1e-6, t0 + 1e-3);
   m_plot->xAxis->setRange(t0, t1);
   m_plot->yAxis->setRange(0, std::max(peak, capacityOnScale ? capacity : 0.0) * 1.12 + 1);
   replotWhenShown(m_plot);
+}
+
+// The peak's label, placed in pixels once the plot's layout is known (at
+// every replot: a resize, a zoom): over the peak, centred where it fits and
+// moved along the peak's height to stay inside the plot near its left or
+// right edge, below the peak where the plot's top leaves no room above it,
+// and hidden while the peak is zoomed or dragged out of view.
+void MemoryPage::placePeakLabel() {
+  if (!m_peakLabel) return;
+  const QRect area = m_plot->axisRect()->rect();
+  const double x = m_plot->xAxis->coordToPixel(m_peakAt.x()), y = m_plot->yAxis->coordToPixel(m_peakAt.y());
+  m_peakLabel->setVisible(x >= area.left() && x <= area.right());
+  const QSize size = QFontMetrics(m_peakLabel->font()).size(0, m_peakLabel->text());
+  const double half = size.width() / 2.0 + 2, gap = 6;
+  const double cx = std::clamp(x, area.left() + half, std::max(area.left() + half, area.right() - half));
+  const bool above = y - gap - size.height() >= area.top();
+  m_peakLabel->setPositionAlignment(Qt::AlignHCenter | (above ? Qt::AlignBottom : Qt::AlignTop));
+  m_peakLabel->position->setCoords(cx, above ? y - gap : y + gap);
 }
 
 // Peak bytes per category on every device, as grouped bars (exact peaks from

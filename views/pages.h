@@ -2,6 +2,8 @@
 // revision changes (the main window polls at a bounded rate).
 #pragma once
 
+#include <QPointF>
+#include <QPointer>
 #include <QWidget>
 
 #include <map>
@@ -11,6 +13,7 @@
 
 class QCheckBox;
 class QComboBox;
+class QCPItemText;
 class QCustomPlot;
 class QSpinBox;
 class QTextBrowser;
@@ -26,11 +29,14 @@ class MemoryPage : public QWidget {
 
  private:
   void drawOverTime(int rank);
+  void placePeakLabel();
   void drawAllDevices();
   const RunData& m_data;
   QComboBox* m_rank;
   QCheckBox* m_hideWeights;  // weights dwarf the rest: hide them to see activations, caches, buffers
   QCustomPlot* m_plot;
+  QPointer<QCPItemText> m_peakLabel;  // on m_plot, over the peak at m_peakAt (ms, bytes)
+  QPointF m_peakAt;
   QCustomPlot* m_bars;  // peak per category per device
   uint64_t m_seen = ~0ull;
 };
