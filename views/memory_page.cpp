@@ -190,10 +190,10 @@ void MemoryPage::drawOverTime(int rank) {
 }
 
 // The peak's label, placed in pixels once the plot's layout is known (at
-// every replot: a resize, a zoom): over the peak, centred where it fits and
-// moved along the peak's height to stay inside the plot near its left or
-// right edge, below the peak where the plot's top leaves no room above it,
-// and hidden while the peak is zoomed or dragged out of view.
+// every replot: a resize, a zoom): centred over the peak where it fits, slid
+// sideways to stay inside the plot near its left or right edge, below the
+// peak where the plot's top leaves no room above it, and hidden while the
+// peak is zoomed or dragged out of view.
 void MemoryPage::placePeakLabel() {
   if (!m_peakLabel) return;
   const QRect area = m_plot->axisRect()->rect();
