@@ -54,6 +54,15 @@ int verdictOf(MainWindow& w) {
   return done.takeFirst().at(0).value<RunOutcome>().exitCode;
 }
 
+// A stream written by hand: its hello, the run's strategy on its devices,
+// then `rest`.
+std::vector<ss::proto::Event> handWritten(const char* strategy, int devices, std::vector<ss::proto::Event> rest) {
+  std::vector<ss::proto::Event> out{ss::proto::Hello{1, "test", "here"},
+                                    ss::proto::Config{{{"strategy", strategy}, {"devices", devices}}}};
+  out.insert(out.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+  return out;
+}
+
 }  // namespace
 
 class TestExplorer : public QObject {
@@ -543,9 +552,7 @@ class TestExplorer : public QObject {
   // forever: an empty range used to reset itself and ask for another paint.
   void timelineWithoutSpansIsPaintedOnce() {
     RunData data;
-    data.add(std::vector<ss::proto::Event>{ss::proto::Hello{1, "test", "here"},
-                                           ss::proto::Config{{{"strategy", "tp"}, {"devices", 2}}},
-                                           ss::proto::Done{"ok", 5, 0}});
+    data.add(handWritten("tp", 2, {ss::proto::Done{"ok", 5, 0}}));
     TimelineView view(data);
     view.resize(800, 300);
     view.show();
@@ -575,10 +582,10 @@ class TestExplorer : public QObject {
       s.t1 = t1;
       return s;
     };
-    data.add(std::vector<ss::proto::Event>{
-        ss::proto::Hello{1, "test", "here"}, ss::proto::Config{{{"strategy", "single"}, {"devices", 1}}},
-        ss::proto::Phase{"load", 0}, ss::proto::Phase{"prefill", 1000}, span("gemm", 1500, 40000),
-        ss::proto::Phase{"decode", 50000}, span("gemm", 50500, 90000), ss::proto::Done{"ok", 100000, 0}});
+    data.add(handWritten("single", 1,
+                         {ss::proto::Phase{"load", 0}, ss::proto::Phase{"prefill", 1000}, span("gemm", 1500, 40000),
+                          ss::proto::Phase{"decode", 50000}, span("gemm", 50500, 90000),
+                          ss::proto::Done{"ok", 100000, 0}}));
     TimelineView view(data);
     view.resize(900, view.lanesHeight());
     view.resetZoom();
@@ -598,9 +605,7 @@ class TestExplorer : public QObject {
       for (const int width : {900, 420})
         for (const int at : {0, 3, 10, 16, 19}) {
           RunData data;
-          std::vector<ss::proto::Event> events{ss::proto::Hello{1, "test", "here"},
-                                               ss::proto::Config{{{"strategy", "single"}, {"devices", 1}}},
-                                               ss::proto::Device{0, "cpu", "host", 0, "here"}};
+          std::vector<ss::proto::Event> events = handWritten("single", 1, {ss::proto::Device{0, "cpu", "host", 0, "here"}});
           for (int i = 0; i < 20; ++i) {
             ss::proto::Mem m;
             m.t = 1000 * (i + 1);
