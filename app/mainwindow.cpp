@@ -403,7 +403,7 @@ void MainWindow::checkSetup() {
   QStringList args = engineArguments();
   // The check simulates the run's memory; past a few seconds (thousands of
   // decode steps on many devices) it says so rather than keep Run waiting.
-  args << QStringLiteral("--forecast-seconds") << QStringLiteral("5");
+  args << QStringLiteral("--forecast-seconds") << QString::number(m_forecastSeconds);
   if (training()) {
     args << QStringLiteral("--check-only");  // train checks its own options
   } else {

@@ -100,6 +100,10 @@ class MainWindow : public QMainWindow {
   bool canVerify() const;
   QString verdictText() const;
   bool checking() const;
+  // How long a setup check may simulate the run's memory before it says it
+  // was not forecast (5 s: Run is not kept waiting). Tests that read the
+  // forecast itself raise it, so that a slow (sanitized) build still gets one.
+  void setForecastBudget(double seconds) { m_forecastSeconds = seconds; }
   // Selects a setup programmatically (screenshots, tests).
   // Returns what could not be applied (an unknown backend or strategy), or empty.
   QString setSetup(const QString& model, const QString& backend, const QString& strategy, int devices, int prompt,
@@ -192,6 +196,7 @@ class MainWindow : public QMainWindow {
   QTimer* m_redraw;
   QTimer* m_checkDelay;
   QProcess* m_check = nullptr;
+  double m_forecastSeconds = 5;
   QLabel* m_verdict;
   bool m_valid = false;
   QPushButton* m_compare;

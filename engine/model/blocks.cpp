@@ -32,6 +32,16 @@ int index_at_owner(const StepLayout& l, int k) {
 
 }  // namespace
 
+void StepLayout::append_positions(int r, std::vector<int32_t>& out) const {
+  size_t n = out.size();
+  for (auto& [range, owner] : chunks)
+    if (owner == r) n += size_t(range.second - range.first);
+  out.reserve(n);
+  for (auto& [range, owner] : chunks)
+    if (owner == r)
+      for (int64_t p = range.first; p < range.second; ++p) out.push_back(int32_t(p));
+}
+
 // Falcon-Mamba RMS-normalises x_proj's (dt, B, C) without weights; Mamba does not.
 void Model::bcdt_norm(int layer, const Tensor& dt_low, const Tensor& B, const Tensor& C) {
   if (!m_cfg.bcdt_rms) return;
@@ -103,13 +113,6 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
   a.head_dim = c.head_dim;
   a.scale = 1.0f / std::sqrt(float(c.head_dim));
   a.q_pos = positions;
-  auto positions_of = [&](int r) {  // the positions of sp rank r's tokens, in its local order
-    std::vector<int32_t> pos;
-    for (auto& [range, owner] : layout.chunks)
-      if (owner == r)
-        for (int64_t p = range.first; p < range.second; ++p) pos.push_back(int32_t(p));
-    return pos;
-  };
   if (layout.sequence_sharded && S > 1 && m_par.ring_attention) {
     // Prefill, ring: K/V blocks travel around the sp ring; each step's partial
     // is merged by log-sum-exp while the next block is in flight.
@@ -129,7 +132,7 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
         SiteScope s(rec, layer, "attn.kv_ring");
         next = m_par.sp->isendrecv(cur, (me + 1) % S, blocks[(step + 1) % 2], (me + S - 1) % S);
       }
-      const std::vector<int32_t> kp = positions_of((me - step + S) % S);
+      const std::vector<int32_t> kp = layout.positions((me - step + S) % S);
       a.k_pos = kp;
       {
         SiteScope s(rec, layer, "attn.core");
@@ -151,10 +154,8 @@ void Model::attend(int layer, const Tensor& o, const Tensor& q, const Tensor& k,
       m_par.sp->all_gather(v_all, v);
     }
     std::vector<int32_t> k_pos;
-    for (int r = 0; r < S; ++r) {
-      const auto pr = positions_of(r);
-      k_pos.insert(k_pos.end(), pr.begin(), pr.end());
-    }
+    k_pos.reserve(size_t(S * T));
+    for (int r = 0; r < S; ++r) layout.append_positions(r, k_pos);
     a.k_pos = k_pos;
     SiteScope s(rec, layer, "attn.core");
     m_be.attention(o, q, k_all, v_all, a);

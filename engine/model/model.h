@@ -58,6 +58,16 @@ struct StepLayout {
   // Decode under sp: every sp rank computes the token (redundantly), the
   // rank `kv_owner` stores its K/V, attention merges every rank's partial.
   int kv_owner = 0;
+
+  // The positions of sp rank r's tokens, in its local order (its chunks in
+  // sequence order). Appended to `out`, sized once: a 128K-token step asks
+  // for 131,072 of them per layer.
+  void append_positions(int r, std::vector<int32_t>& out) const;
+  std::vector<int32_t> positions(int r) const {
+    std::vector<int32_t> out;
+    append_positions(r, out);
+    return out;
+  }
 };
 
 // Weights that travel together under tsp: one flat buffer per rank holding

@@ -197,13 +197,10 @@ static RunResult train_rank(const TrainOptions& o, proto::Writer* out, Group& g,
     StepLayout layout;
     layout.sequence_sharded = par.sp_size > 1;
     layout.chunks = par.sp_size > 1 ? chunk_owners(L, S, zigzag) : std::vector<std::pair<Range, int>>{{{0, L}, 0}};
-    std::vector<int32_t> local_pos;
+    const std::vector<int32_t> local_pos = layout.positions(par.sp_rank);
     std::vector<Range> my_ranges;
     for (auto& [range, owner] : layout.chunks)
-      if (owner == par.sp_rank) {
-        my_ranges.push_back(range);
-        for (int64_t p = range.first; p < range.second; ++p) local_pos.push_back(int32_t(p));
-      }
+      if (owner == par.sp_rank) my_ranges.push_back(range);
     Communicator* grad_group = strategy == Strategy::DP ? par.world : par.sp_size > 1 ? par.sp : nullptr;
 
     std::vector<std::string> extra;

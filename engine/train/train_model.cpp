@@ -166,19 +166,6 @@ void TrainModel::tp_sum(const Tensor& t, int layer, const char* site) {
   m_par.tp->all_reduce(t);
 }
 
-namespace {
-
-// Positions of sp rank r's rows of a sequence, in its local order.
-std::vector<int32_t> positions_of(const StepLayout& l, int r) {
-  std::vector<int32_t> pos;
-  for (auto& [range, owner] : l.chunks)
-    if (owner == r)
-      for (int64_t p = range.first; p < range.second; ++p) pos.push_back(int32_t(p));
-  return pos;
-}
-
-}  // namespace
-
 // This rank's heads over one sequence's rows: its own keys, or (sequence
 // parallel) every rank's, in rank order (the batch keeps them).
 AttentionArgs TrainModel::attention_args(const TrainBatch& b) const {
@@ -189,10 +176,7 @@ AttentionArgs TrainModel::attention_args(const TrainBatch& b) const {
   a.scale = 1.0f / std::sqrt(float(m_cfg.head_dim));
   a.q_pos = b.positions;
   if (m_par.sp_size > 1 && b.gathered_positions.empty())
-    for (int r = 0; r < m_par.sp_size; ++r) {
-      const auto p = positions_of(b.layout, r);
-      b.gathered_positions.insert(b.gathered_positions.end(), p.begin(), p.end());
-    }
+    for (int r = 0; r < m_par.sp_size; ++r) b.layout.append_positions(r, b.gathered_positions);
   a.k_pos = m_par.sp_size > 1 ? std::span<const int32_t>(b.gathered_positions) : std::span<const int32_t>(b.positions);
   return a;
 }
