@@ -63,6 +63,8 @@ export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:die_aft
 # wrong (ctest's --timeout and the suites' own engine timeouts still bound
 # every run).
 export QTEST_FUNCTION_TIMEOUT=900000
+# TSan's report holds the stacks; QtTest's gdb dump of a sanitized process is minutes long.
+export QTEST_DISABLE_STACK_DUMP=1
 # tst_sim's functions whose runs are simulated ranks as threads (the others
 # compare with real MPI runs, or calibrate on one thread). The simulated
 # network and rank threads are the same code for every model, so of

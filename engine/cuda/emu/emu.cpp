@@ -146,6 +146,15 @@ struct Fibers : std::vector<Fiber> {
 #ifdef SS_EMU_TSAN
       __tsan_destroy_fiber(f.tsan);
 #endif
+#ifdef SS_EMU_ASAN
+      // The frames a fiber ended in never returned, so their redzones are
+      // still poisoned, and ASan does not see munmap: a later mapping at
+      // this address (a new thread's stack and TLS, which glibc maps
+      // without its interceptor) would inherit them, and a write to a
+      // __shared__ array there read as a stack-buffer-underflow (seen once
+      // in tst_cuda_ops_emu, on a stream thread's TLS).
+      __asan_unpoison_memory_region(f.stack, kStackBytes);
+#endif
       munmap(f.stack, kStackBytes);
     }
   }
