@@ -52,3 +52,27 @@ inline std::vector<ss::proto::Event> handWritten(const char* strategy, int devic
   out.insert(out.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
   return out;
 }
+
+// The engine the suites built, and a session database of their own (never
+// the user's sessions): each suite's initTestCase.
+inline void useBuiltEngineAndScratchSessions(const QTemporaryDir& db) {
+  qputenv("SHARDSCOPE_ENGINE", SHARDSCOPE_ENGINE_BIN);
+  qputenv("SHARDSCOPE_DB", db.filePath("sessions.db").toUtf8());
+}
+
+// Runs the engine with `args` to its end, its events written to `stream`:
+// empty, or why it did not end well.
+inline QString engineWrote(const QStringList& args, const QString& stream, int ms = 120000) {
+  QProcess p;
+  p.start(SHARDSCOPE_ENGINE_BIN, args + QStringList{"--events", stream});
+  if (!p.waitForFinished(ms)) return "the engine did not end within " + QString::number(ms / 1000) + " s";
+  if (p.exitStatus() != QProcess::NormalExit || p.exitCode() != 0)
+    return "the engine ended with " + QString::number(p.exitCode()) + ": " + QString::fromUtf8(p.readAllStandardError());
+  return QString();
+}
+
+// Opens a stream in the window and waits until it has been read.
+inline bool openedIn(MainWindow& w, const QString& stream) {
+  QSignalSpy done(w.client(), &EngineClient::finished);
+  return w.openStream(stream) && done.wait(60000);
+}

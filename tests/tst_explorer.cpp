@@ -24,10 +24,7 @@ class TestExplorer : public QObject {
   Q_OBJECT
   QTemporaryDir m_db;
  private slots:
-  void initTestCase() {
-    qputenv("SHARDSCOPE_ENGINE", SHARDSCOPE_ENGINE_BIN);
-    qputenv("SHARDSCOPE_DB", m_db.filePath("sessions.db").toUtf8());  // never the user's own sessions
-  }
+  void initTestCase() { useBuiltEngineAndScratchSessions(m_db); }
 
   void liveRunThenReplayGiveTheSameData() {
     QTemporaryDir dir;
@@ -494,14 +491,10 @@ class TestExplorer : public QObject {
     const QStringList command{"train",     "--model",        "tiny-mamba2", "--strategy", "tsp",     "--devices",
                               "2",         "--seq-len",      "32",          "--micro-batch", "2",    "--steps",
                               "3",         "--dtype",        "bf16"};
-    QProcess p;
-    p.start(SHARDSCOPE_ENGINE_BIN, command + QStringList{"--events", stream});
-    QVERIFY(p.waitForFinished(120000));
-    QCOMPARE(p.exitCode(), 0);
+    QString wrote = engineWrote(command, stream);
+    QVERIFY2(wrote.isEmpty(), qPrintable(wrote));
     MainWindow w;
-    QSignalSpy done(w.client(), &EngineClient::finished);
-    QVERIFY(w.openStream(stream));
-    QVERIFY(done.wait(60000));
+    QVERIFY(openedIn(w, stream));
     QStringList recorded;
     for (const auto& a : w.data().config().at("command")) recorded << QString::fromStdString(a.get<std::string>());
     QCOMPARE(recorded, command);
@@ -520,12 +513,9 @@ class TestExplorer : public QObject {
     // dtype; --decode=2): the form takes them as the run resolved them, not
     // as the form held them (tsp, bf16, training).
     const QString second = dir.filePath("simulate.jsonl");
-    p.start(SHARDSCOPE_ENGINE_BIN, {"simulate", "--model", "tiny-llama", "--prompt-len", "16", "--decode=2", "--events",
-                                    second});
-    QVERIFY(p.waitForFinished(120000));
-    QCOMPARE(p.exitCode(), 0);
-    QVERIFY(w.openStream(second));
-    QVERIFY(done.wait(60000));
+    wrote = engineWrote({"simulate", "--model", "tiny-llama", "--prompt-len", "16", "--decode=2"}, second);
+    QVERIFY2(wrote.isEmpty(), qPrintable(wrote));
+    QVERIFY(openedIn(w, second));
     const QStringList form = w.engineArguments();
     QCOMPARE(form.value(0), QString("simulate"));
     wrong = holds(form, {"--hardware", "h100-sxm", "--strategy", "single", "--dtype",

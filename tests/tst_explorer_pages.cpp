@@ -8,10 +8,7 @@ class TestExplorerPages : public QObject {
   Q_OBJECT
   QTemporaryDir m_db;
  private slots:
-  void initTestCase() {
-    qputenv("SHARDSCOPE_ENGINE", SHARDSCOPE_ENGINE_BIN);
-    qputenv("SHARDSCOPE_DB", m_db.filePath("sessions.db").toUtf8());  // never the user's own sessions
-  }
+  void initTestCase() { useBuiltEngineAndScratchSessions(m_db); }
 
   // A training run on simulated devices carries no loss (its devices hold
   // shapes, not values): the Training page and the Summary say so rather
@@ -250,17 +247,14 @@ class TestExplorerPages : public QObject {
     // (tst_sweep drives the sweep itself there); the page draws either alike.
     const QStringList blocks =
         qEnvironmentVariableIsSet("SHARDSCOPE_SANITIZER_LEG") ? QStringList{"128"} : QStringList{"32", "128"};
-    QProcess p;
-    p.start(SHARDSCOPE_ENGINE_BIN, {"sweep", "--model", "tiny-hybrid", "--strategy", "tp", "--devices", "2",
-                                    "--prompt-len", "16", "--decode", "4", "--precisions", "bf16,int8,int4",
-                                    "--blocks", blocks.join(','), "--events", stream});
-    QVERIFY(p.waitForFinished(180000));
-    QCOMPARE(p.exitCode(), 0);
+    const QString wrote = engineWrote({"sweep", "--model", "tiny-hybrid", "--strategy", "tp", "--devices", "2",
+                                       "--prompt-len", "16", "--decode", "4", "--precisions", "bf16,int8,int4",
+                                       "--blocks", blocks.join(',')},
+                                      stream, 180000);
+    QVERIFY2(wrote.isEmpty(), qPrintable(wrote));
     MainWindow w;
     w.resize(1400, 820);
-    QSignalSpy done(w.client(), &EngineClient::finished);
-    QVERIFY(w.openStream(stream));
-    QVERIFY(done.wait(60000));
+    QVERIFY(openedIn(w, stream));
     auto* page = w.findChild<QuantizationPage*>();
     QVERIFY(page);
     w.pages()->setCurrentWidget(page);
@@ -399,16 +393,13 @@ class TestExplorerPages : public QObject {
   void scalingStreamExportsCsv() {
     QTemporaryDir dir;
     const QString stream = dir.filePath("scale.jsonl");
-    QProcess p;
-    p.start(SHARDSCOPE_ENGINE_BIN, {"scale", "--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "4",
-                                    "--strategies", "tp,sp,tsp", "--seq-lens", "64,256", "--events", stream});
-    QVERIFY(p.waitForFinished(120000));
-    QCOMPARE(p.exitCode(), 0);
+    const QString wrote = engineWrote({"scale", "--model", "tiny-llama", "--hardware", "h100-sxm", "--devices", "4",
+                                       "--strategies", "tp,sp,tsp", "--seq-lens", "64,256"},
+                                      stream);
+    QVERIFY2(wrote.isEmpty(), qPrintable(wrote));
     MainWindow w;
     w.resize(1500, 950);
-    QSignalSpy done(w.client(), &EngineClient::finished);
-    QVERIFY(w.openStream(stream));
-    QVERIFY(done.wait(60000));
+    QVERIFY(openedIn(w, stream));
     QCOMPARE(w.pages()->currentWidget(), w.scalingPage());  // a sweep opens on its page
     w.scalingPage()->refresh();
     // The Summary page says what this sweep covered (not the explorer's own sweep's 4K to 1M).
