@@ -429,12 +429,20 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
     log << "  gemm " << M << "x" << N << "x" << K << ": " << rate * 1e-9 << " GFLOP/s\n";
     gemm = std::max(gemm, rate);
   }
-  // Memory bandwidth: a large copy (read + write).
-  const size_t n = size_t(64) << 20;  // 256 MiB of floats
+  // Memory bandwidth: a large copy (read + write), between blocks of the
+  // backend's own, in huge pages as a run's large tensors are
+  // (cpu/host_blocks.h). Two vectors of 256 MiB took 131072 first-touch
+  // faults of 4 KiB, 1.3 to 4 s of every calibrating rank on this kind of
+  // virtual machine, before the copy was timed at all.
+  const int64_t n = int64_t(64) << 20;  // 256 MiB of floats
   double bw = 0;
   {
-    std::vector<float> src(n, 1.0f), dst(n, 0.0f);
-    const double copy_s = best_seconds(3, [&] { std::copy(src.begin(), src.end(), dst.begin()); });
+    Tensor src = be.alloc({n}, Category::Workspace, "copy src"), dst = be.alloc({n}, Category::Workspace, "copy dst");
+    be.fill(src, 1.0f);
+    be.fill(dst, 0.0f);
+    const float* s = src.data<float>();
+    float* d = dst.data<float>();
+    const double copy_s = best_seconds(3, [&] { std::copy(s, s + n, d); });
     bw = 2.0 * double(n) * 4 / copy_s;
   }
   log << "  memory copy: " << bw * 1e-9 << " GB/s" << since(started);

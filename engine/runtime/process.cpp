@@ -65,6 +65,12 @@ std::vector<std::pair<std::string, std::string>> mpirun_environment(bool local_o
   // launch here, the same CPU time. A person's own choice stands.
   if (local_only && !std::getenv("OMPI_MCA_pml") && !std::getenv("OMPI_MCA_btl"))
     env.insert(env.end(), {{"OMPI_MCA_pml", "ob1"}, {"OMPI_MCA_btl", "self,vader"}});
+  // mpirun's PMIx server shares the job's data with its ranks through a
+  // shared-memory store it clears page by page as each job starts: 2,100 of
+  // the 9,700 first-touch faults of a 2-rank tiny-llama launch here, 345 ms
+  // of CPU against 335 ms with its hash store, which the ranks of one host
+  // read the same few keys from instead.
+  if (local_only && !std::getenv("PMIX_MCA_gds")) env.push_back({"PMIX_MCA_gds", "hash"});
   return env;
 }
 
