@@ -12,7 +12,6 @@
 #include "cli/text_commands.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
-#include "cpu/kernels.h"
 #include "cuda/bench.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/staged_communicator.h"
