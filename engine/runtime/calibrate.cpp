@@ -432,8 +432,9 @@ nlohmann::json measure_device(std::ostream& log, int ranks, const CalibrateOptio
   // Memory bandwidth: a large copy (read + write), between blocks of the
   // backend's own, in huge pages as a run's large tensors are
   // (cpu/host_blocks.h). Two vectors of 256 MiB took 131072 first-touch
-  // faults of 4 KiB, 1.3 to 4 s of every calibrating rank on this kind of
-  // virtual machine, before the copy was timed at all.
+  // faults of 4 KiB per rank before the copy was timed at all, where a fault
+  // costs 10 to 30 us (a virtual machine's): `calibrate --quick --ranks 2`
+  // took 9.3 to 9.8 s here that way, 8.6 to 9.3 s this way.
   const int64_t n = int64_t(64) << 20;  // 256 MiB of floats
   double bw = 0;
   {
