@@ -39,7 +39,7 @@ const LinkProfile& SimNetwork::link_for(const std::vector<int>& members) const {
 }
 
 std::vector<SimNetwork::Deposit> SimNetwork::exchange(uint64_t comm, uint64_t seq, int n, int index, Deposit mine,
-                                                      bool receive) {
+                                                      Receive receive) {
   std::unique_lock lock(m_mutex);
   if (m_aborted) throw std::runtime_error("the simulated run was aborted by another rank");
   Slot& s = m_slots[{comm, seq}];
@@ -50,7 +50,9 @@ std::vector<SimNetwork::Deposit> SimNetwork::exchange(uint64_t comm, uint64_t se
   if (s.arrived != n) throw std::runtime_error("the simulated run was aborted by another rank");
   std::vector<Deposit> out;
   const bool last = ++s.departed == n;
-  if (receive) out = last ? std::move(s.deposits) : s.deposits;  // the last one out takes them
+  // Every deposit is in (all arrived), and no one else reads them where one takes them.
+  if (receive == Receive::Take || (receive == Receive::Copy && last)) out = std::move(s.deposits);
+  else if (receive == Receive::Copy) out = s.deposits;
   if (last) m_slots.erase({comm, seq});
   return out;
 }
@@ -122,7 +124,8 @@ void SimCommunicator::recv(const Tensor& buf, int src) {
 void SimCommunicator::barrier() { timed("barrier", 0, {}, others())->wait(); }
 
 std::vector<std::string> SimCommunicator::gather_blobs(const std::string& blob, int root) {
-  auto all = m_net.exchange(m_id, m_seq++, size(), m_rank, {0, blob}, m_rank == root);
+  auto all = m_net.exchange(m_id, m_seq++, size(), m_rank, {0, blob},
+                            m_rank == root ? SimNetwork::Receive::Take : SimNetwork::Receive::Nothing);
   std::vector<std::string> out;
   if (m_rank == root)
     for (auto& d : all) out.push_back(std::move(d.payload));

@@ -37,12 +37,18 @@ class SimNetwork {
     double time = 0;
     std::string payload;
   };
+  // What a participant gets back from an exchange: a copy of every deposit
+  // (the last one out takes them instead), nothing (a gather's senders:
+  // copying every rank's blob to every rank made a 128K tsp training step on
+  // 8 ranks fault in 280 MB), or every deposit taken, by the one participant
+  // that receives (a gather's root: copying them was a fifth of the page
+  // faults of a simulated llama2-7b tsp prefill on 8 ranks).
+  enum class Receive { Copy, Nothing, Take };
   // Blocks until all `n` participants of (comm, seq) have deposited; returns
-  // every deposit in group-rank order, or nothing where `receive` is false (a
-  // gather's senders: copying every rank's blob to every rank made a 128K
-  // tsp training step on 8 ranks fault in 280 MB). Throws once the run is
-  // aborted.
-  std::vector<Deposit> exchange(uint64_t comm, uint64_t seq, int n, int index, Deposit mine, bool receive = true);
+  // the deposits in group-rank order, as `receive` says. Throws once the run
+  // is aborted.
+  std::vector<Deposit> exchange(uint64_t comm, uint64_t seq, int n, int index, Deposit mine,
+                                Receive receive = Receive::Copy);
   // Wakes every waiting rank with an error (a rank failed).
   void abort();
 
