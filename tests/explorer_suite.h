@@ -66,8 +66,9 @@ inline QString engineWrote(const QStringList& args, const QString& stream, int m
   QProcess p;
   p.start(SHARDSCOPE_ENGINE_BIN, args + QStringList{"--events", stream});
   if (!p.waitForFinished(ms)) return "the engine did not end within " + QString::number(ms / 1000) + " s";
-  if (p.exitStatus() != QProcess::NormalExit || p.exitCode() != 0)
-    return "the engine ended with " + QString::number(p.exitCode()) + ": " + QString::fromUtf8(p.readAllStandardError());
+  const QString err = QString::fromUtf8(p.readAllStandardError());
+  if (p.exitStatus() != QProcess::NormalExit) return "the engine crashed: " + err;  // (its exit code means nothing)
+  if (p.exitCode() != 0) return "the engine ended with " + QString::number(p.exitCode()) + ": " + err;
   return QString();
 }
 
